@@ -1,0 +1,83 @@
+"""The one exception hierarchy of shardload.
+
+Every error that shardload raises on purpose is a :class:`ShardloadError`, so a
+caller can catch them all with one clause, or one branch of the tree::
+
+    ShardloadError
+     +-- InputError            bad input to prepare/write (names file + sample)
+     +-- ShardSetError         a shard set on disk is unusable
+     |    +-- ManifestError    manifest missing, unreadable, newer, inconsistent
+     |    +-- CorruptShardError  shard missing, truncated, checksum mismatch
+     |    +-- ShardSetChangedError  re-prepared while a job had it open
+     +-- OutputError           prepare cannot write where it was told to
+     |    +-- OutputExistsError  a shard set is there and --overwrite not given
+     |    +-- OutputLockedError  another prepare is writing the same output
+     +-- PlanError             bad batching options or plans that disagree
+          +-- PlanMismatchError  ranks computed different batch counts
+
+Messages name the file, the shard or the sample, and say what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CorruptShardError",
+    "InputError",
+    "ManifestError",
+    "OutputError",
+    "OutputExistsError",
+    "OutputLockedError",
+    "PlanError",
+    "PlanMismatchError",
+    "ShardSetChangedError",
+    "ShardSetError",
+    "ShardloadError",
+]
+
+
+class ShardloadError(Exception):
+    """Base class of every error shardload raises on purpose."""
+
+
+class InputError(ShardloadError, ValueError):
+    """Input to ``prepare``/``write`` is malformed.
+
+    The message names the source file and the sample (row, line or member)
+    and what was wrong with it.
+    """
+
+
+class ShardSetError(ShardloadError):
+    """A shard set on disk cannot be used as it is."""
+
+
+class ManifestError(ShardSetError):
+    """The manifest is missing, unreadable, of a newer format, or inconsistent."""
+
+
+class CorruptShardError(ShardSetError):
+    """A shard file is missing, truncated, or does not match its checksum."""
+
+
+class ShardSetChangedError(ShardSetError):
+    """The shard set was rewritten while a job that opened it was running."""
+
+
+class OutputError(ShardloadError, OSError):
+    """``prepare`` cannot write its output where it was asked to."""
+
+
+class OutputExistsError(OutputError):
+    """The output already holds a shard set and ``overwrite`` was not given."""
+
+
+class OutputLockedError(OutputError):
+    """Another ``prepare`` is writing into the same output directory."""
+
+
+class PlanError(ShardloadError, ValueError):
+    """Batching options are invalid, or a plan cannot be built from them."""
+
+
+class PlanMismatchError(PlanError):
+    """Ranks disagree about the plan (batch counts or fingerprints differ)."""

@@ -1,0 +1,94 @@
+"""Read an Arrow shard through a memory map; every field comes back as numpy views."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from shardload.errors import CorruptShardError
+from shardload.formats.base import Columns, FieldData, ShardReader
+from shardload.schema import Field, Schema
+
+
+class ArrowShardReader(ShardReader):
+    """Memory-maps one Arrow IPC shard and exposes its buffers as numpy views.
+
+    Nothing is read until :meth:`columns` is called; the pages are then shared
+    through the OS page cache with every other process that maps the file.
+    """
+
+    name: ClassVar[str] = "arrow"
+
+    def __init__(self, path: Path, schema: Schema) -> None:
+        super().__init__(path, schema)
+        self._columns: Columns | None = None
+        self._mmap: pa.MemoryMappedFile | None = None
+
+    def columns(self) -> Columns:
+        if self._columns is None:
+            self._columns = self._open()
+        return self._columns
+
+    def close(self) -> None:
+        self._columns = None
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
+
+    def _open(self) -> Columns:
+        try:
+            self._mmap = pa.memory_map(str(self.path), "r")
+            reader = pa.ipc.open_file(self._mmap)
+            if reader.num_record_batches != 1:
+                raise CorruptShardError(
+                    f"{self.path}: expected one record batch, found {reader.num_record_batches}"
+                )
+            batch = reader.get_batch(0)
+            batch.validate()
+        except FileNotFoundError:
+            raise CorruptShardError(
+                f"shard {self.path} is missing; run `shardload verify` on the shard set and re-run prepare"
+            ) from None
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+            raise CorruptShardError(
+                f"shard {self.path} cannot be read as Arrow ({exc}); it is truncated or corrupt. "
+                "Run `shardload verify` and re-run prepare for this shard set."
+            ) from None
+        fields = {}
+        for f in self.schema.fields:
+            try:
+                col = batch.column(f.name)
+            except KeyError:
+                raise CorruptShardError(f"shard {self.path} has no column {f.name!r}") from None
+            fields[f.name] = self._field(f, col, batch.num_rows)
+        return Columns(num_samples=batch.num_rows, fields=fields)
+
+    def _field(self, f: Field, col: pa.Array, n: int) -> FieldData:
+        offsets = None
+        if f.variable:
+            # buffers(): [validity, offsets, ...child buffers]; offsets are int64 for large_list.
+            buf = col.buffers()[1]
+            offsets = np.frombuffer(buf, dtype=np.int64, count=n + 1, offset=col.offset * 8)
+            col = col.values
+        for _ in f.inner_shape:
+            col = col.flatten()
+        dtype = np.dtype(f.dtype)
+        try:
+            flat = col.to_numpy(zero_copy_only=True)
+        except pa.ArrowInvalid as exc:
+            raise CorruptShardError(f"shard {self.path}: column {f.name!r} is not zero-copy readable: {exc}") from None
+        if f.dtype == "bool":
+            flat = flat.view(np.bool_)
+        elif flat.dtype != dtype:
+            raise CorruptShardError(f"shard {self.path}: column {f.name!r} is {flat.dtype}, manifest says {dtype}")
+        values = flat.reshape(-1, *f.inner_shape)
+        if offsets is not None:
+            rows = len(values)
+            if n and (offsets[0] < 0 or offsets[-1] > rows or np.any(np.diff(offsets) < 0)):
+                raise CorruptShardError(f"shard {self.path}: offsets of column {f.name!r} are out of bounds")
+        elif len(values) != n:
+            raise CorruptShardError(f"shard {self.path}: column {f.name!r} has {len(values)} rows, expected {n}")
+        return FieldData(values, offsets)

@@ -1,0 +1,59 @@
+"""Write one shard as an uncompressed Arrow IPC file with a single record batch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from shardload.formats.base import Columns, ShardWriter
+from shardload.schema import Field, Schema
+
+#: key of the Arrow schema metadata that holds the shardload schema as JSON
+SCHEMA_METADATA_KEY = b"shardload.schema"
+
+
+def arrow_type(field: Field) -> pa.DataType:
+    """The Arrow type that stores ``field`` (bool is stored as uint8)."""
+    dtype = np.dtype("uint8") if field.dtype == "bool" else np.dtype(field.dtype)
+    typ: pa.DataType = pa.from_numpy_dtype(dtype)
+    for dim in reversed(field.inner_shape):
+        typ = pa.list_(typ, dim)
+    return pa.large_list(typ) if field.variable else typ
+
+
+def arrow_schema(schema: Schema) -> pa.Schema:
+    meta = {SCHEMA_METADATA_KEY: json.dumps(schema.to_json()).encode()}
+    return pa.schema([pa.field(f.name, arrow_type(f), nullable=False) for f in schema.fields], metadata=meta)
+
+
+def to_arrow(field: Field, values: np.ndarray, offsets: np.ndarray | None) -> pa.Array:
+    """Wrap numpy buffers as an Arrow array without a per-sample conversion."""
+    flat = np.ascontiguousarray(values).reshape(-1)
+    if field.dtype == "bool":
+        flat = flat.view(np.uint8)
+    arr: pa.Array = pa.array(flat)
+    for dim in reversed(field.inner_shape):
+        arr = pa.FixedSizeListArray.from_arrays(arr, dim)
+    if offsets is not None:
+        arr = pa.LargeListArray.from_arrays(pa.array(offsets.astype(np.int64, copy=False)), arr)
+    return arr
+
+
+class ArrowShardWriter(ShardWriter):
+    """Writes :class:`Columns` as one Arrow IPC file, uncompressed so it can be memory-mapped."""
+
+    name: ClassVar[str] = "arrow"
+    suffix: ClassVar[str] = ".arrow"
+
+    def write(self, path: Path, columns: Columns) -> None:
+        schema = arrow_schema(self.schema)
+        arrays = [
+            to_arrow(f, columns.fields[f.name].values, columns.fields[f.name].offsets) for f in self.schema.fields
+        ]
+        batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            writer.write_batch(batch)

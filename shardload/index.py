@@ -1,0 +1,49 @@
+"""Sample id <-> (shard, row) arithmetic, from the shard sample counts alone.
+
+No shard is opened here: this is what planning and locality checks use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+class ShardIndex:
+    """Where each global sample id lives.
+
+    Args:
+        shard_sizes: ``(num_shards,)`` sample count of each shard, in id order.
+    """
+
+    def __init__(self, shard_sizes: Sequence[int] | NDArray[np.integer]) -> None:
+        sizes = np.asarray(shard_sizes, dtype=np.int64)
+        # starts: (num_shards + 1,) first global id of each shard, then the total
+        self.starts: NDArray[np.int64] = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=self.starts[1:])
+        self.sizes: NDArray[np.int64] = sizes
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.starts[-1])
+
+    def locate(self, ids: NDArray[np.integer] | int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """``(shard, row)`` arrays for global sample ids (vectorised)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_samples):
+            bad = ids[(ids < 0) | (ids >= self.num_samples)][0]
+            raise IndexError(f"sample id {int(bad)} out of range for a shard set of {self.num_samples} samples")
+        shard = np.searchsorted(self.starts, ids, side="right") - 1
+        return shard, ids - self.starts[shard]
+
+    def shards_of(self, ids: NDArray[np.integer]) -> NDArray[np.int64]:
+        """Sorted distinct shard indices that hold ``ids``."""
+        if len(ids) == 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.unique(self.locate(ids)[0])

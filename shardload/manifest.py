@@ -1,0 +1,247 @@
+"""The versioned manifest of a shard set: schema, shard list, checksums, stats.
+
+``manifest.json`` is written last, atomically, by ``prepare``: a directory
+without one is never a shard set. Everything read from it is validated before
+use, so a damaged or hostile manifest cannot steer reads outside the shard set
+or cause giant allocations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from shardload.errors import ManifestError
+from shardload.schema import Schema
+
+MANIFEST_NAME = "manifest.json"
+LENGTHS_NAME = "lengths.npy"
+FORMAT_NAME = "shardload"
+#: bump when readers of the previous version could misread a new manifest
+FORMAT_VERSION = 1
+#: sanity bounds for values read from a manifest
+MAX_SAMPLES = 1 << 40
+MAX_SHARDS = 1 << 24
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard of a set: its file (relative to the set) and what it must contain."""
+
+    file: str
+    samples: int
+    bytes: int
+    checksum: str
+    first_sample: int
+    tokens: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "samples": self.samples,
+            "bytes": self.bytes,
+            "checksum": self.checksum,
+            "first_sample": self.first_sample,
+            "tokens": self.tokens,
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything about a shard set except the samples themselves.
+
+    Attributes:
+        schema: fields of a sample.
+        shard_format: registry name of the shard format (``"arrow"``).
+        shards: shards in global sample-id order.
+        total_samples: sum of ``shard.samples``.
+        total_tokens: sum of the batching lengths.
+        lengths_file: the lengths index (``.npy``, one int per sample).
+        field_lengths: per-field lengths index files, for samples with several
+            independently varying fields.
+        options: the options prepare was run with.
+        stats: summary length statistics (min, max, mean, quantiles).
+    """
+
+    schema: Schema
+    shard_format: str
+    shards: tuple[ShardInfo, ...]
+    total_samples: int
+    total_tokens: int
+    lengths_file: str = LENGTHS_NAME
+    field_lengths: Mapping[str, str] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    stats: Mapping[str, Any] = field(default_factory=dict)
+    created: str = ""
+    shardload_version: str = ""
+
+    @property
+    def fingerprint(self) -> str:
+        """A short digest that changes whenever any shard's content changes."""
+        h = hashlib.sha256(json.dumps(self.schema.to_json(), sort_keys=True).encode())
+        for s in self.shards:
+            h.update(f"{s.file}:{s.samples}:{s.checksum};".encode())
+        return h.hexdigest()[:16]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "shardload_version": self.shardload_version,
+            "created": self.created,
+            "shard_format": self.shard_format,
+            "schema": self.schema.to_json(),
+            "total_samples": self.total_samples,
+            "total_tokens": self.total_tokens,
+            "lengths": {"file": self.lengths_file, "per_field": dict(self.field_lengths)},
+            "stats": dict(self.stats),
+            "options": dict(self.options),
+            "fingerprint": self.fingerprint,
+            "shards": [s.to_json() for s in self.shards],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any, *, where: str = MANIFEST_NAME) -> Manifest:
+        """Parse and validate a manifest object."""
+        try:
+            return _parse(obj, where)
+        except ManifestError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})") from None
+
+    def write(self, directory: Path) -> Path:
+        """Write ``manifest.json`` into ``directory`` atomically (temp file, fsync, rename)."""
+        path = Path(directory) / MANIFEST_NAME
+        atomic_write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, directory: Path) -> Manifest:
+        path = Path(directory) / MANIFEST_NAME
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            hint = ""
+            if (Path(directory) / ".prepare").exists():
+                hint = " A prepare into it was interrupted: rerun it with --resume to finish it."
+            raise ManifestError(f"{directory} is not a shard set: it has no {MANIFEST_NAME}.{hint}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"{path}: cannot be read ({exc})") from None
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ManifestError(f"{path}: not valid JSON ({exc}); the shard set is damaged, re-run prepare") from None
+        return cls.from_json(obj, where=str(path))
+
+
+def _parse(obj: Any, where: str) -> Manifest:
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
+        raise ManifestError(f"{where}: not a shardload manifest")
+    version = obj.get("format_version")
+    if not isinstance(version, int) or version < 1:
+        raise ManifestError(f"{where}: invalid format_version {version!r}")
+    if version > FORMAT_VERSION:
+        raise ManifestError(
+            f"{where}: written by a newer shardload (format version {version}; this one reads up to "
+            f"{FORMAT_VERSION}). Upgrade shardload to read it."
+        )
+    schema = Schema.from_json(obj["schema"])
+    if not schema.fields:
+        raise ManifestError(f"{where}: the schema has no fields")
+    raw_shards = obj["shards"]
+    if not isinstance(raw_shards, list) or len(raw_shards) > MAX_SHARDS:
+        raise ManifestError(f"{where}: 'shards' must be a list of at most {MAX_SHARDS} entries")
+    shards = []
+    next_id = 0
+    for k, s in enumerate(raw_shards):
+        info = ShardInfo(
+            file=safe_relative_path(s["file"], where=f"{where}: shard {k}"),
+            samples=_bounded_int(s["samples"], f"{where}: shard {k} samples"),
+            bytes=_bounded_int(s["bytes"], f"{where}: shard {k} bytes"),
+            checksum=str(s["checksum"]),
+            first_sample=_bounded_int(s["first_sample"], f"{where}: shard {k} first_sample"),
+            tokens=_bounded_int(s.get("tokens", 0), f"{where}: shard {k} tokens"),
+        )
+        if info.first_sample != next_id:
+            raise ManifestError(
+                f"{where}: shard {k} ({info.file}) starts at sample {info.first_sample}, expected {next_id}"
+            )
+        next_id += info.samples
+        shards.append(info)
+    total = _bounded_int(obj["total_samples"], f"{where}: total_samples")
+    if total != next_id:
+        raise ManifestError(f"{where}: total_samples is {total} but the shards hold {next_id} samples")
+    lengths = obj.get("lengths", {})
+    per_field = {
+        str(name): safe_relative_path(file, where=f"{where}: lengths of {name}")
+        for name, file in lengths.get("per_field", {}).items()
+    }
+    return Manifest(
+        schema=schema,
+        shard_format=str(obj["shard_format"]),
+        shards=tuple(shards),
+        total_samples=total,
+        total_tokens=_bounded_int(obj.get("total_tokens", 0), f"{where}: total_tokens", limit=1 << 62),
+        lengths_file=safe_relative_path(lengths.get("file", LENGTHS_NAME), where=f"{where}: lengths"),
+        field_lengths=per_field,
+        options=dict(obj.get("options", {})),
+        stats=dict(obj.get("stats", {})),
+        created=str(obj.get("created", "")),
+        shardload_version=str(obj.get("shardload_version", "")),
+    )
+
+
+def _bounded_int(value: Any, what: str, limit: int = MAX_SAMPLES * 4096) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        raise ManifestError(f"{what}: expected an integer in [0, {limit}], got {value!r}")
+    return value
+
+
+def safe_relative_path(value: Any, *, where: str) -> str:
+    """Accept only a relative POSIX path that stays inside the shard set."""
+    if not isinstance(value, str) or not value:
+        raise ManifestError(f"{where}: expected a file name, got {value!r}")
+    p = PurePosixPath(value)
+    if p.is_absolute() or ".." in p.parts or "\\" in value or value.startswith("~"):
+        raise ManifestError(f"{where}: path {value!r} points outside the shard set; refusing to read it")
+    return value
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename inside ``directory`` durable."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def file_checksum(path: Path, chunk: int = 8 << 20) -> str:
+    """``"sha256:<hex>"`` of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return "sha256:" + h.hexdigest()

@@ -1,0 +1,69 @@
+"""Offline preparation: turn raw data into a shard set.
+
+``prepare(sources, out)`` reads files (``.npy``, ``.npz``, Parquet, Arrow,
+JSON Lines, WebDataset tars); ``write(samples, out)`` takes any Python
+iterable of sample dicts. Both run the same resumable pipeline
+(:mod:`shardload.prepare.pipeline`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from shardload.prepare.options import PrepareOptions
+from shardload.prepare.pipeline import PrepareResult, run_prepare
+from shardload.prepare.sources import SourceOptions, discover
+
+__all__ = ["PrepareOptions", "PrepareResult", "prepare", "write"]
+
+
+def prepare(
+    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    source_format: str | None = None,
+    field: str = "data",
+    allow_pickle: bool = False,
+    **options: Any,
+) -> PrepareResult:
+    """Prepare a shard set from files on disk.
+
+    Args:
+        sources: files, directories, globs or brace patterns (``data-{000..009}.tar``).
+        out: the shard set directory to create.
+        source_format: force a source kind instead of detecting it by suffix.
+        field: field name for ``.npy`` files (one unnamed array per file).
+        allow_pickle: allow pickled data (never do this with untrusted input).
+        **options: see :class:`PrepareOptions` (``num_shards``, ``shuffle``, ``workers``, ...).
+
+    >>> shardload.prepare("data/*.parquet", "out/", workers=4)  # doctest: +SKIP
+    """
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    opts = PrepareOptions(**_tupled(options))
+    source_options = SourceOptions(field=field, dtypes=dict(opts.dtypes), allow_pickle=allow_pickle)
+    units = discover(list(sources), source_format=source_format, options=source_options)
+    describe = {"source_format": source_format, "field": field, "allow_pickle": allow_pickle}
+    return run_prepare(out, options=opts, units=units, source_options=source_options, describe=describe)
+
+
+def write(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike[str], **options: Any) -> PrepareResult:
+    """Write a shard set from an iterable of samples (dicts of numpy arrays).
+
+    With ``resume=True`` the iterable must yield the same samples in the same
+    order as in the interrupted run: samples already staged are skipped.
+
+    >>> import numpy as np
+    >>> samples = ({"tokens": np.arange(n, dtype=np.int32)} for n in range(1, 100))
+    >>> shardload.write(samples, "out/", num_shards=4)  # doctest: +SKIP
+    """
+    opts = PrepareOptions(**_tupled(options))
+    return run_prepare(out, options=opts, samples=samples)
+
+
+def _tupled(options: dict[str, Any]) -> dict[str, Any]:
+    if "fixed_fields" in options:
+        options = {**options, "fixed_fields": tuple(options["fixed_fields"])}
+    return options

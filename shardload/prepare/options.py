@@ -1,0 +1,83 @@
+"""Options of ``prepare``/``write``, grouped in one frozen object."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from shardload.errors import InputError
+from shardload.formats import FORMATS
+from shardload.schema import SUPPORTED_DTYPES
+
+DEFAULT_SHARD_SIZE = 256 << 20
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    """How to lay a dataset out as a shard set.
+
+    Attributes:
+        shard_format: ``"arrow"`` (memory-mapped, zero-copy).
+        shard_size: target bytes of sample data per shard (default 256 MB).
+        num_shards: exact number of shards; overrides ``shard_size``.
+        balance: ``"samples"``: shards differ by at most one sample;
+            ``"tokens"``: that, and total length per shard evened out too.
+        shuffle: shuffle samples across shards once (seeded), so that each
+            rank's contiguous group of shards is an unbiased sample.
+        seed: seed of that shuffle.
+        workers: parallel processes for reading sources and writing shards.
+        resume: finish an interrupted run into the same output.
+        overwrite: replace an existing shard set (only once the new one is complete).
+        fixed_fields: fields whose shape never varies (stacked, not padded).
+        length_field: field whose length is the batching length (default: the
+            longest variable field of each sample).
+        dtypes: cast these fields on ingest, e.g. ``{"tokens": "int32"}``.
+        reject_nonfinite: refuse NaN/inf in float fields.
+        progress: show a progress bar (``None``: when stderr is a terminal).
+        chunk_bytes: size of the intermediate chunks prepare stages on disk.
+    """
+
+    shard_format: str = "arrow"
+    shard_size: int = DEFAULT_SHARD_SIZE
+    num_shards: int | None = None
+    balance: Literal["samples", "tokens"] = "samples"
+    shuffle: bool = True
+    seed: int = 0
+    workers: int = 1
+    resume: bool = False
+    overwrite: bool = False
+    fixed_fields: tuple[str, ...] = ()
+    length_field: str | None = None
+    dtypes: Mapping[str, str] = field(default_factory=dict)
+    reject_nonfinite: bool = False
+    progress: bool | None = None
+    chunk_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        if self.shard_format not in FORMATS:
+            raise InputError(f"unknown shard format {self.shard_format!r}; choose one of {sorted(FORMATS)}")
+        if self.shard_size <= 0:
+            raise InputError(f"shard_size must be positive, got {self.shard_size}")
+        if self.num_shards is not None and self.num_shards < 1:
+            raise InputError(f"num_shards must be at least 1, got {self.num_shards}")
+        if self.balance not in ("samples", "tokens"):
+            raise InputError(f"balance must be 'samples' or 'tokens', got {self.balance!r}")
+        if self.workers < 1:
+            raise InputError(f"workers must be at least 1, got {self.workers}")
+        if self.resume and self.overwrite:
+            raise InputError("resume and overwrite exclude each other: resume finishes a run, overwrite starts over")
+        for name, dtype in self.dtypes.items():
+            if dtype not in SUPPORTED_DTYPES:
+                raise InputError(f"dtype of {name!r}: {dtype!r} is not one of {', '.join(SUPPORTED_DTYPES)}")
+        if self.chunk_bytes <= 0:
+            raise InputError(f"chunk_bytes must be positive, got {self.chunk_bytes}")
+
+    def layout_key(self) -> dict[str, Any]:
+        """The options that decide the output bytes (compared on ``resume``)."""
+        d = asdict(self)
+        for k in ("workers", "resume", "overwrite", "progress"):
+            d.pop(k)
+        d["fixed_fields"] = list(self.fixed_fields)
+        d["dtypes"] = dict(sorted(self.dtypes.items()))
+        return d

@@ -1,0 +1,519 @@
+"""The prepare pipeline: read sources -> stage chunks -> lay out shards -> write -> commit.
+
+1. **ingest**: each source unit (in parallel, one process per unit) is read,
+   every sample is checked against the schema, and samples are staged as
+   Arrow chunks in ``OUT/.prepare/staging`` (each renamed when complete).
+2. **layout**: with every sample's length known, choose the shard count and
+   which samples go where (:mod:`shardload.prepare.layout`).
+3. **write**: each shard (in parallel) gathers its samples from the staged
+   chunks, is written to a temporary name, checksummed, and renamed.
+4. **commit**: lengths index, then ``manifest.json`` last
+   (:class:`~shardload.prepare.workdir.WorkDir`).
+
+Every step skips work whose result is already on disk, which is what makes
+``resume`` finish an interrupted run with the same bytes as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.errors import InputError, OutputError
+from shardload.formats import Columns, get_format
+from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
+from shardload.formats.base import concat_columns
+from shardload.manifest import LENGTHS_NAME, Manifest, ShardInfo, atomic_write_text, file_checksum
+from shardload.prepare.layout import assign_samples, count_shards
+from shardload.prepare.options import PrepareOptions
+from shardload.prepare.progress import Progress
+from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
+from shardload.prepare.workdir import WorkDir
+from shardload.schema import Schema
+
+logger = logging.getLogger("shardload.prepare")
+
+Located = Iterable[tuple[str, Mapping[str, Any]]]
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """What a prepare run produced (also the CLI's ``--json`` summary)."""
+
+    path: str
+    samples: int
+    shards: int
+    bytes: int
+    tokens: int
+    seconds: float
+    input_mb_per_s: float
+    samples_per_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+# -- 1. ingest --------------------------------------------------------------------------------------
+class SampleChecker:
+    """Casts, checks and measures samples against one schema."""
+
+    def __init__(self, schema: Schema, options: PrepareOptions) -> None:
+        self.schema = schema
+        self.dtypes = dict(options.dtypes)
+        self.reject_nonfinite = options.reject_nonfinite
+
+    def __call__(self, sample: Mapping[str, Any], where: str) -> dict[str, np.ndarray]:
+        if self.dtypes:
+            sample = cast_fields(sample, self.dtypes, where)
+        checked = self.schema.check(sample, where=where)
+        if self.reject_nonfinite:
+            for name, arr in checked.items():
+                if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                    raise InputError(f"{where}: field {name!r} holds NaN or inf (--reject-nonfinite is set)")
+        return checked
+
+
+def cast_fields(sample: Mapping[str, Any], dtypes: Mapping[str, str], where: str) -> dict[str, Any]:
+    """Apply ``dtypes`` overrides, refusing casts that would change values' kind or overflow."""
+    if not isinstance(sample, Mapping):
+        return sample  # type: ignore[return-value]  # Schema.check reports it
+    out = dict(sample)
+    for name, dtype in dtypes.items():
+        if name not in out:
+            continue
+        target = np.dtype(dtype)
+        value = out[name]
+        try:
+            arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+            if arr.dtype == object:
+                raise TypeError("not numeric")
+            if arr.dtype != target:
+                if not np.can_cast(arr.dtype, target, casting="same_kind") and not (
+                    arr.dtype.kind in "iub" and target.kind in "iuf"
+                ):
+                    raise TypeError(f"{arr.dtype} cannot become {target} without losing values")
+                if arr.size and target.kind in "iu" and arr.dtype.kind in "iu":
+                    info = np.iinfo(target)
+                    lo, hi = arr.min(), arr.max()
+                    if lo < info.min or hi > info.max:
+                        raise TypeError(f"values in [{lo}, {hi}] do not fit {target}")
+                arr = arr.astype(target)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"{where}: field {name!r} cannot be cast to {dtype}: {exc}") from None
+        out[name] = arr
+    return out
+
+
+def chunk_name(unit_key: str, j: int) -> str:
+    return f"{unit_key}-{j:06d}.arrow"
+
+
+def ingest(
+    unit_key: str,
+    samples: Located,
+    check: SampleChecker,
+    staging: Path,
+    chunk_bytes: int,
+) -> dict[str, Any]:
+    """Stage one unit's samples as Arrow chunks; resume after complete chunks.
+
+    Returns the unit's record: chunk names, sample count and bytes.
+    """
+    done = staging / f"{unit_key}.done"
+    if done.exists():
+        return dict(json.loads(done.read_text()))
+    schema = check.schema
+    writer = ArrowShardWriter(schema)
+    # Chunks finished by an interrupted run are kept; their samples are skipped.
+    chunks: list[str] = []
+    skip = 0
+    for j in itertools.count():
+        path = staging / chunk_name(unit_key, j)
+        if not path.exists():
+            break
+        chunks.append(path.name)
+        skip += ArrowShardReader(path, schema).columns().num_samples
+    it = iter(samples)
+    for _ in itertools.islice(it, skip):
+        pass
+    total, nbytes, pending, pending_bytes = skip, 0, [], 0
+
+    def flush() -> None:
+        nonlocal pending, pending_bytes
+        path = staging / chunk_name(unit_key, len(chunks))
+        tmp = path.with_suffix(".tmp")
+        writer.write(tmp, Columns.from_samples(schema, pending))
+        os.replace(tmp, path)
+        chunks.append(path.name)
+        pending, pending_bytes = [], 0
+
+    for where, sample in it:
+        checked = check(sample, where)
+        size = sum(a.nbytes for a in checked.values())
+        pending.append(checked)
+        pending_bytes += size
+        nbytes += size
+        total += 1
+        if pending_bytes >= chunk_bytes:
+            flush()
+    if pending:
+        flush()
+    record = {"unit": unit_key, "chunks": chunks, "samples": total, "bytes": nbytes}
+    atomic_write_text(done, json.dumps(record))
+    return record
+
+
+def _ingest_unit(args: tuple[int, SourceUnit, SourceOptions, dict[str, Any], PrepareOptions, str]) -> dict[str, Any]:
+    k, unit, source_options, schema_json, options, staging = args
+    check = SampleChecker(Schema.from_json(schema_json), options)
+    return ingest(f"u{k:08d}", read_unit(unit, source_options), check, Path(staging), options.chunk_bytes)
+
+
+# -- 2. layout --------------------------------------------------------------------------------------
+@dataclass
+class Staged:
+    """All staged chunks in source order, with every sample's lengths."""
+
+    chunk_paths: list[Path]
+    # chunk_starts: (num_chunks + 1,) first source position of each chunk
+    chunk_starts: NDArray[np.int64]
+    # lengths: (N,) batching length per source position
+    lengths: NDArray[np.int64]
+    # field_lengths: name -> (N,) first-axis length per source position
+    field_lengths: dict[str, NDArray[np.int64]]
+    # sample_bytes: (N,) payload bytes per source position
+    sample_bytes: NDArray[np.int64]
+
+
+def collect_staged(records: Sequence[Mapping[str, Any]], schema: Schema, staging: Path) -> Staged:
+    paths = [staging / name for r in records for name in r["chunks"]]
+    counts, field_parts, bytes_parts = [], {f.name: [] for f in schema.variable_fields}, []
+    for path in paths:
+        cols = ArrowShardReader(path, schema).columns()
+        counts.append(cols.num_samples)
+        per_sample = np.zeros(cols.num_samples, dtype=np.int64)
+        for f in schema.fields:
+            data = cols.fields[f.name]
+            row_bytes = f.row_size * np.dtype(f.dtype).itemsize
+            if f.variable:
+                lens = data.lengths()
+                field_parts[f.name].append(lens)
+                per_sample += lens * row_bytes
+            else:
+                per_sample += row_bytes
+        bytes_parts.append(per_sample)
+    starts = np.zeros(len(paths) + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    field_lengths = {k: _cat(v) for k, v in field_parts.items()}
+    n = int(starts[-1])
+    if schema.length_field is not None:
+        lengths = field_lengths[schema.length_field]
+    elif field_lengths:
+        lengths = np.max(np.stack(list(field_lengths.values())), axis=0) if n else np.zeros(0, np.int64)
+    else:
+        lengths = np.ones(n, dtype=np.int64)
+    return Staged(paths, starts, lengths, field_lengths, _cat(bytes_parts))
+
+
+def _cat(parts: Sequence[NDArray[np.int64]]) -> NDArray[np.int64]:
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
+
+# -- 3. write shards ----------------------------------------------------------------------------------
+def shard_file(k: int, suffix: str) -> str:
+    return f"shard-{k:06d}{suffix}"
+
+
+def gather(schema: Schema, positions: NDArray[np.int64], chunk_paths: Sequence[Path], chunk_starts: NDArray[np.int64]) -> Columns:
+    """The samples at source ``positions`` (in that order), copied out of the staged chunks."""
+    chunk_of = np.searchsorted(chunk_starts, positions, side="right") - 1
+    by_chunk = np.argsort(chunk_of, kind="stable")
+    parts = []
+    for c in np.unique(chunk_of):
+        sel = by_chunk[chunk_of[by_chunk] == c]
+        cols = ArrowShardReader(chunk_paths[c], schema).columns()
+        parts.append(cols.take(positions[sel] - chunk_starts[c]))
+    grouped = concat_columns(schema, parts)
+    # grouped holds positions[by_chunk]; put them back in the requested order.
+    inverse = np.empty_like(by_chunk)
+    inverse[by_chunk] = np.arange(len(by_chunk))
+    return grouped.take(inverse)
+
+
+def write_shard(
+    k: int,
+    positions: NDArray[np.int64],
+    tokens: int,
+    staged_paths: Sequence[str],
+    chunk_starts: NDArray[np.int64],
+    schema_json: dict[str, Any],
+    shard_format: str,
+    work: str,
+) -> dict[str, Any]:
+    """Write shard ``k`` unless a finished copy is recorded; return its record."""
+    work_dir = Path(work)
+    done = work_dir / "done" / f"{k:06d}.json"
+    if done.exists():
+        return dict(json.loads(done.read_text()))
+    schema = Schema.from_json(schema_json)
+    writer_cls, _ = get_format(shard_format)
+    name = shard_file(k, writer_cls.suffix)
+    final = work_dir / "shards" / name
+    tmp = final.with_name(final.name + ".tmp")
+    cols = gather(schema, positions, [Path(p) for p in staged_paths], chunk_starts)
+    writer_cls(schema).write(tmp, cols)
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    record = {
+        "file": f"shards/{name}",
+        "samples": int(len(positions)),
+        "bytes": tmp.stat().st_size,
+        "checksum": file_checksum(tmp),
+        "tokens": int(tokens),
+    }
+    os.replace(tmp, final)
+    atomic_write_text(done, json.dumps(record))
+    return record
+
+
+def _write_shard_star(args: tuple[Any, ...]) -> dict[str, Any]:
+    return write_shard(*args)
+
+
+# -- the whole run ------------------------------------------------------------------------------------
+def run_prepare(
+    out: str | os.PathLike[str],
+    *,
+    options: PrepareOptions,
+    units: Sequence[SourceUnit] = (),
+    source_options: SourceOptions | None = None,
+    samples: Iterable[Mapping[str, Any]] | None = None,
+    describe: Mapping[str, Any] | None = None,
+) -> PrepareResult:
+    """Run the pipeline over source ``units`` or over an iterable of ``samples``."""
+    source_options = source_options or SourceOptions()
+    with WorkDir(out, resume=options.resume, overwrite=options.overwrite) as wd:
+        if wd.committing:  # killed during the commit: everything is built, finish moving it in
+            _finish_commit(wd)
+            return _result(wd.out, 0.0, 0)
+        started = time.perf_counter()
+        schema, located = _infer_schema(units, source_options, samples, options)
+        state = {
+            "options": options.layout_key(),
+            "units": [u.describe() for u in units],
+            "source": dict(describe or {}),
+            "schema": schema.to_json(),
+        }
+        wd.check_state(state)
+        records = _ingest_all(wd, units, source_options, schema, options, located)
+        staged = collect_staged(records, schema, wd.staging)
+        n = len(staged.lengths)
+        if n == 0:
+            raise InputError("the sources hold no samples; nothing to prepare")
+        in_bytes = int(staged.sample_bytes.sum())
+        num_shards = count_shards(n, in_bytes, shard_size=options.shard_size, num_shards=options.num_shards)
+        order, bounds = assign_samples(
+            staged.lengths, num_shards, balance=options.balance, shuffle=options.shuffle, seed=options.seed
+        )
+        shard_records = _write_all(wd, staged, schema, options, order, bounds)
+        files = _write_index(wd, staged, schema, order)
+        manifest = _manifest(schema, options, shard_records, staged.lengths[order], files, describe)
+        manifest.write(wd.work)
+        wd.commit(list(files.values()) + ["origin.npy"])
+        return _result(wd.out, time.perf_counter() - started, in_bytes)
+
+
+def _infer_schema(
+    units: Sequence[SourceUnit],
+    source_options: SourceOptions,
+    samples: Iterable[Mapping[str, Any]] | None,
+    options: PrepareOptions,
+) -> tuple[Schema, Iterator[tuple[str, Mapping[str, Any]]] | None]:
+    """Schema from the first sample; for an iterable, also the iterator (first sample put back)."""
+    first: tuple[str, Mapping[str, Any]] | None = None
+    located: Iterator[tuple[str, Mapping[str, Any]]] | None = None
+    if samples is not None:
+        located = ((f"sample {i}", s) for i, s in enumerate(samples))
+        first = next(located, None)
+    else:
+        for unit in units:
+            first = next(iter(read_unit(unit, source_options)), None)
+            if first is not None:
+                break
+    if first is None:
+        raise InputError("the sources hold no samples; nothing to prepare")
+    where, sample = first
+    sample = cast_fields(sample, options.dtypes, where) if options.dtypes else sample
+    schema = Schema.infer(sample, fixed_fields=options.fixed_fields, length_field=options.length_field, where=where)
+    if located is not None:
+        located = itertools.chain([first], located)
+    return schema, located
+
+
+def _ingest_all(
+    wd: WorkDir,
+    units: Sequence[SourceUnit],
+    source_options: SourceOptions,
+    schema: Schema,
+    options: PrepareOptions,
+    samples: Iterator[tuple[str, Mapping[str, Any]]] | None,
+) -> list[dict[str, Any]]:
+    progress = Progress("read", enabled=options.progress)
+    try:
+        if samples is not None:
+            rec = ingest("it", samples, SampleChecker(schema, options), wd.staging, options.chunk_bytes)
+            progress.update(rec["samples"], rec["bytes"])
+            return [rec]
+        jobs = [(k, u, source_options, schema.to_json(), options, str(wd.staging)) for k, u in enumerate(units)]
+        records = []
+        for rec in _map(_ingest_unit, jobs, options.workers):
+            progress.update(rec["samples"], rec["bytes"])
+            records.append(rec)
+        return records
+    finally:
+        progress.close()
+
+
+def _write_all(
+    wd: WorkDir,
+    staged: Staged,
+    schema: Schema,
+    options: PrepareOptions,
+    order: NDArray[np.int64],
+    bounds: NDArray[np.int64],
+) -> list[dict[str, Any]]:
+    paths = [str(p) for p in staged.chunk_paths]
+    jobs = []
+    for k in range(len(bounds) - 1):
+        pos = order[bounds[k] : bounds[k + 1]]
+        jobs.append((k, pos, int(staged.lengths[pos].sum()), paths, staged.chunk_starts, schema.to_json(),
+                     options.shard_format, str(wd.work)))
+    progress = Progress("write", total=len(order), enabled=options.progress)
+    records = []
+    try:
+        for rec in _map(_write_shard_star, jobs, options.workers):
+            progress.update(rec["samples"], rec["bytes"])
+            records.append(rec)
+    finally:
+        progress.close()
+    return records
+
+
+def _map(fn: Callable[[Any], dict[str, Any]], jobs: Sequence[Any], workers: int) -> Iterator[dict[str, Any]]:
+    """Results in job order; in-process when one worker (debuggable), else a process pool."""
+    if workers <= 1 or len(jobs) <= 1:
+        yield from map(fn, jobs)
+        return
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+        yield from pool.map(fn, jobs)
+
+
+def _index_dtype(max_value: int) -> type[np.signedinteger[Any]]:
+    return np.int32 if max_value < 2**31 else np.int64
+
+
+def _write_index(wd: WorkDir, staged: Staged, schema: Schema, order: NDArray[np.int64]) -> dict[str, str]:
+    """Lengths index (and per-field indexes when several fields vary) in shard order."""
+    files = {"": LENGTHS_NAME}
+    arrays = {"": staged.lengths}
+    if len(staged.field_lengths) > 1:
+        for name, lens in staged.field_lengths.items():
+            files[name] = f"lengths.{name}.npy"
+            arrays[name] = lens
+    for key, lens in arrays.items():
+        dtype = _index_dtype(int(lens.max(initial=0)))
+        _save_npy(wd.work / files[key], lens[order].astype(dtype))
+    _save_npy(wd.work / "origin.npy", order)
+    return files
+
+
+def _save_npy(path: Path, arr: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        np.save(fh, arr, allow_pickle=False)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def length_stats(lengths: NDArray[np.integer]) -> dict[str, Any]:
+    if len(lengths) == 0:
+        return {}
+    q = np.quantile(lengths, [0.0, 0.5, 0.9, 0.99, 1.0])
+    return {
+        "min": int(q[0]),
+        "p50": float(q[1]),
+        "p90": float(q[2]),
+        "p99": float(q[3]),
+        "max": int(q[4]),
+        "mean": float(np.mean(lengths)),
+    }
+
+
+def _manifest(
+    schema: Schema,
+    options: PrepareOptions,
+    records: Sequence[Mapping[str, Any]],
+    lengths: NDArray[np.int64],
+    files: Mapping[str, str],
+    describe: Mapping[str, Any] | None,
+) -> Manifest:
+    from shardload import __version__
+
+    shards, first = [], 0
+    for r in records:
+        shards.append(ShardInfo(r["file"], r["samples"], r["bytes"], r["checksum"], first, r["tokens"]))
+        first += r["samples"]
+    opts = options.layout_key()
+    opts.update(describe or {})
+    return Manifest(
+        schema=schema,
+        shard_format=options.shard_format,
+        shards=tuple(shards),
+        total_samples=first,
+        total_tokens=int(lengths.sum()),
+        lengths_file=files[""],
+        field_lengths={k: v for k, v in files.items() if k},
+        options=opts,
+        stats=length_stats(lengths),
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        shardload_version=__version__,
+    )
+
+
+def _finish_commit(wd: WorkDir) -> None:
+    names = [p.name for p in wd.work.glob("*.npy")]
+    wd.commit(names)
+
+
+def _result(out: Path, seconds: float, in_bytes: int) -> PrepareResult:
+    m = Manifest.load(out)
+    if not m.shards and m.total_samples:
+        raise OutputError(f"{out}: commit left an inconsistent manifest")
+    size = sum(s.bytes for s in m.shards)
+    dt = max(seconds, 1e-9)
+    return PrepareResult(
+        path=str(out),
+        samples=m.total_samples,
+        shards=len(m.shards),
+        bytes=size,
+        tokens=m.total_tokens,
+        seconds=round(seconds, 3),
+        input_mb_per_s=round(in_bytes / dt / 1e6, 1),
+        samples_per_s=round(m.total_samples / dt, 1),
+    )
+
+
+__all__ = ["PrepareResult", "run_prepare"]

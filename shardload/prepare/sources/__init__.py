@@ -1,0 +1,111 @@
+"""Source readers for ``prepare``: find input files, split them into units, read samples.
+
+Kinds and how they are detected (``--source-format`` overrides detection):
+
+=============  ====================================  =============================
+kind           files                                 one sample is
+=============  ====================================  =============================
+``npy``        ``*.npy`` (a directory or a glob)     one file (field ``--field``)
+=============  ====================================  =============================
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from shardload.errors import InputError
+from shardload.prepare.sources import npy as _npy  # noqa: F401  (registers the reader)
+from shardload.prepare.sources.base import READERS, Sample, SourceOptions, SourceReader, SourceUnit
+
+__all__ = ["READERS", "Sample", "SourceOptions", "SourceReader", "SourceUnit", "discover", "read_unit"]
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand ``data-{000..099}.tar`` and ``{a,b}`` patterns (WebDataset style)."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    head, body, tail = pattern[: m.start()], m.group(1), pattern[m.end() :]
+    rng = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if rng:
+        lo, hi = rng.group(1), rng.group(2)
+        width = len(lo) if lo.startswith("0") else 0
+        items = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
+    else:
+        items = body.split(",")
+    return [out for item in items for out in expand_braces(head + item + tail)]
+
+
+def _detect(path: str) -> str | None:
+    low = path.lower()
+    for kind, reader in READERS.items():
+        if any(low.endswith(s) for s in reader.suffixes):
+            return kind
+    return None
+
+
+def _list_files(source: str) -> list[str]:
+    files: list[str] = []
+    for pattern in expand_braces(str(source)):
+        p = Path(pattern)
+        if p.is_dir():
+            found = sorted(str(f) for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+            if not found:
+                raise InputError(f"{p}: the directory holds no files")
+            files.extend(found)
+        elif glob.has_magic(pattern):
+            found = sorted(glob.glob(pattern, recursive=True))
+            if not found:
+                raise InputError(f"{pattern}: the pattern matches no file")
+            files.extend(found)
+        elif p.is_file():
+            files.append(str(p))
+        else:
+            raise InputError(f"{pattern}: no such file or directory")
+    return files
+
+
+def discover(
+    sources: Sequence[str | os.PathLike[str]],
+    *,
+    source_format: str | None = None,
+    options: SourceOptions | None = None,
+) -> list[SourceUnit]:
+    """Find the input files of ``sources`` and group them into units.
+
+    Raises:
+        InputError: a path that does not exist, a pattern that matches nothing,
+            a file of no known kind, or an unknown ``source_format``.
+    """
+    options = options or SourceOptions()
+    if source_format is not None and source_format not in READERS:
+        raise InputError(f"unknown --source-format {source_format!r}; choose one of {', '.join(sorted(READERS))}")
+    if not sources:
+        raise InputError("no source given: name at least one file, directory or glob")
+    by_kind: list[tuple[str, list[str]]] = []
+    for source in sources:
+        for f in _list_files(os.fspath(source)):
+            kind = source_format or _detect(f)
+            if kind is None:
+                known = sorted(s for r in READERS.values() for s in r.suffixes)
+                raise InputError(
+                    f"{f}: cannot tell the source format from the name (known: {', '.join(known)}); "
+                    "pass --source-format"
+                )
+            if by_kind and by_kind[-1][0] == kind:
+                by_kind[-1][1].append(f)
+            else:
+                by_kind.append((kind, [f]))
+    units: list[SourceUnit] = []
+    for kind, files in by_kind:
+        units.extend(READERS[kind].make_units(files, options))
+    return units
+
+
+def read_unit(unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+    """Yield ``(locator, sample)`` for every sample of ``unit``."""
+    return READERS[unit.kind].read(unit, options)

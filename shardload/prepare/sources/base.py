@@ -1,0 +1,90 @@
+"""What every source reader provides: units of work that yield samples.
+
+A *unit* is the smallest piece of input that one worker process reads on its
+own (one Parquet file, one tar shard, a group of ``.npy`` files). Units are
+small picklable descriptions; :func:`read_unit` turns one into samples. Each
+sample comes with a *locator* naming where it came from (``"data/a.jsonl:
+line 17"``), used in every error message about it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from typing import Any, ClassVar
+
+Sample = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Options that sources interpret.
+
+    Attributes:
+        field: field name for sources whose files hold one unnamed array (``.npy``).
+        dtypes: dtype per field, applied while decoding (JSON has no dtypes).
+        allow_pickle: allow pickled members/arrays; off by default because
+            unpickling untrusted data runs arbitrary code.
+        files_per_unit: how many one-sample files (``.npy``/``.npz``) one unit reads.
+    """
+
+    field: str = "data"
+    dtypes: Mapping[str, str] = dc_field(default_factory=dict)
+    allow_pickle: bool = False
+    files_per_unit: int = 1024
+
+
+@dataclass(frozen=True)
+class SourceUnit:
+    """One unit of input: a kind and the files it reads, in order."""
+
+    kind: str
+    paths: tuple[str, ...]
+
+    def describe(self) -> str:
+        if len(self.paths) == 1:
+            return f"{self.kind}:{self.paths[0]}"
+        return f"{self.kind}:{self.paths[0]}..{self.paths[-1]} ({len(self.paths)} files)"
+
+
+class SourceReader(ABC):
+    """Reads the units of one source kind. Subclasses register in ``READERS``."""
+
+    #: the ``--source-format`` name
+    kind: ClassVar[str]
+    #: file suffixes detected as this kind (lower case, with the dot)
+    suffixes: ClassVar[tuple[str, ...]]
+
+    @classmethod
+    def make_units(cls, files: Sequence[str], options: SourceOptions) -> list[SourceUnit]:
+        """Group files of this kind into units; by default one unit per file."""
+        return [SourceUnit(cls.kind, (f,)) for f in files]
+
+    @classmethod
+    @abstractmethod
+    def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+        """Yield ``(locator, sample)`` for every sample of ``unit``, in a fixed order.
+
+        Raises:
+            InputError: naming the file and the sample, for unreadable or
+                malformed input.
+        """
+
+
+READERS: dict[str, type[SourceReader]] = {}
+
+
+def register(reader: type[SourceReader]) -> type[SourceReader]:
+    """Class decorator: make a reader available under its ``kind``."""
+    READERS[reader.kind] = reader
+    return reader
+
+
+@dataclass(frozen=True)
+class UnitList:
+    """The units of a whole prepare run, in the order their samples are numbered."""
+
+    units: tuple[SourceUnit, ...] = ()
+    extra: Mapping[str, Any] = dc_field(default_factory=dict)

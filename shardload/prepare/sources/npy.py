@@ -1,0 +1,42 @@
+"""``.npy`` files, one sample per file, one field (``--field``, default ``data``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from shardload.errors import InputError
+from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, register
+
+
+@register
+class NpySource(SourceReader):
+    kind: ClassVar[str] = "npy"
+    suffixes: ClassVar[tuple[str, ...]] = (".npy",)
+
+    @classmethod
+    def make_units(cls, files: Sequence[str], options: SourceOptions) -> list[SourceUnit]:
+        k = max(1, options.files_per_unit)
+        return [SourceUnit(cls.kind, tuple(files[i : i + k])) for i in range(0, len(files), k)]
+
+    @classmethod
+    def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+        for path in unit.paths:
+            try:
+                arr = np.load(path, allow_pickle=options.allow_pickle)
+            except FileNotFoundError:
+                raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
+            except ValueError as exc:
+                if "allow_pickle" in str(exc):
+                    raise InputError(
+                        f"{path}: holds a pickled object array; refusing to unpickle untrusted data. "
+                        "Save plain numeric arrays, or pass --allow-pickle if you trust the file."
+                    ) from None
+                raise InputError(f"{path}: not a readable .npy file ({exc})") from None
+            except (OSError, EOFError) as exc:
+                raise InputError(f"{path}: not a readable .npy file ({exc})") from None
+            if not isinstance(arr, np.ndarray):
+                raise InputError(f"{path}: expected one array, found {type(arr).__name__}")
+            yield path, {options.field: arr}

@@ -1,0 +1,178 @@
+"""The output directory of a prepare run: lock, resumable state, atomic commit.
+
+Layout while a run is in progress::
+
+    OUT/.prepare.lock        flock'd by the running prepare (freed by the kernel on kill -9)
+    OUT/.prepare/state.json  options + units + schema, to check that --resume continues the same run
+    OUT/.prepare/staging/    intermediate chunks, one group per source unit, each renamed when complete
+    OUT/.prepare/shards/     finished shards, each renamed into place when complete
+    OUT/.prepare/done/       one small JSON per finished shard (size, checksum), written after its rename
+    OUT/.prepare/COMMIT      present once the old set (if any) has been removed and the new one is moving in
+
+``manifest.json`` is moved into ``OUT`` last, so a directory is a valid shard
+set exactly when it has one, and an interrupted run never looks complete.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, TextIO
+
+from shardload.errors import OutputError, OutputExistsError, OutputLockedError
+from shardload.manifest import MANIFEST_NAME, atomic_write_text, fsync_dir
+
+WORK = ".prepare"
+LOCK = ".prepare.lock"
+#: the names a shard set owns inside OUT (removed when it is overwritten)
+OWNED = ("shards", "origin.npy")
+
+
+class WorkDir:
+    """Owns ``OUT`` for the duration of one prepare run (use as a context manager)."""
+
+    def __init__(self, out: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> None:
+        self.out = Path(out)
+        self.resume = resume
+        self.overwrite = overwrite
+        self.work = self.out / WORK
+        self._lock: TextIO | None = None
+
+    # -- paths ------------------------------------------------------------------------------------
+    @property
+    def staging(self) -> Path:
+        return self.work / "staging"
+
+    @property
+    def shards(self) -> Path:
+        return self.work / "shards"
+
+    @property
+    def done(self) -> Path:
+        return self.work / "done"
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def __enter__(self) -> WorkDir:
+        out = self.out
+        if out.exists() and not out.is_dir():
+            raise OutputError(f"{out} exists and is not a directory; choose another output path")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            self._lock = open(out / LOCK, "a+")
+        except OSError as exc:
+            raise OutputError(f"{out}: cannot create the output directory ({exc.strerror})") from None
+        try:
+            fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            self._lock = None
+            raise OutputLockedError(
+                f"{out}: another prepare is writing into this directory right now; wait for it to finish "
+                "or choose another output"
+            ) from None
+        try:
+            self._check_existing()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._lock is not None:
+            fcntl.flock(self._lock.fileno(), fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None
+
+    def _check_existing(self) -> None:
+        out = self.out
+        has_set = (out / MANIFEST_NAME).exists()
+        interrupted = self.work.exists()
+        others = [p.name for p in out.iterdir() if p.name not in (LOCK, WORK, MANIFEST_NAME)]
+        if interrupted and not (self.resume or self.overwrite):
+            raise OutputExistsError(
+                f"{out}: an earlier prepare into this directory was interrupted. Rerun with --resume to finish "
+                "it, or with --overwrite to start over."
+            )
+        if has_set and not (self.overwrite or (self.resume and interrupted)):
+            raise OutputExistsError(
+                f"{out}: already holds a shard set. Pass --overwrite to replace it (the old set stays intact "
+                "until the new one is complete), or choose another output."
+            )
+        if not has_set and not interrupted and others and not _looks_like_owned(others):
+            raise OutputExistsError(
+                f"{out}: the directory is not empty and is not a shard set ({', '.join(sorted(others)[:5])}"
+                "...); refusing to write into it. Choose an empty or new directory."
+            )
+        if self.overwrite and interrupted:
+            shutil.rmtree(self.work)
+        if self.resume and not interrupted:
+            # Nothing to resume: start afresh (this makes `--resume` safe to use unconditionally).
+            pass
+        for d in (self.work, self.staging, self.shards, self.done):
+            d.mkdir(parents=True, exist_ok=True)
+
+    # -- resumable state --------------------------------------------------------------------------
+    def check_state(self, state: dict[str, Any]) -> None:
+        """Record the run's identity, or check that a resumed run is the same run."""
+        path = self.work / "state.json"
+        if path.exists():
+            old = json.loads(path.read_text())
+            if old != json.loads(json.dumps(state)):
+                diff = sorted(k for k in set(old) | set(state) if old.get(k) != json.loads(json.dumps(state)).get(k))
+                raise OutputError(
+                    f"{self.out}: the interrupted prepare used different sources or options ({', '.join(diff)} "
+                    "differ); rerun it exactly as before with --resume, or use --overwrite to start over"
+                )
+        else:
+            atomic_write_text(path, json.dumps(state, indent=1, sort_keys=True))
+
+    # -- commit -----------------------------------------------------------------------------------
+    def commit(self, files: list[str]) -> None:
+        """Replace any old set by the new one; ``manifest.json`` goes last.
+
+        ``files`` are names inside the work dir (besides ``shards/``) to move
+        into ``OUT``, e.g. the lengths index. Idempotent: an interrupted commit
+        is finished by calling it again.
+        """
+        marker = self.work / "COMMIT"
+        if not marker.exists():
+            # The old set stops being valid before any of its parts is removed.
+            (self.out / MANIFEST_NAME).unlink(missing_ok=True)
+            fsync_dir(self.out)
+            for name in OWNED:
+                _remove(self.out / name)
+            for p in self.out.glob("lengths*.npy"):
+                p.unlink()
+            atomic_write_text(marker, "committing\n")
+        if self.shards.exists():
+            _remove(self.out / "shards")
+            os.replace(self.shards, self.out / "shards")
+        for name in files:
+            src = self.work / name
+            if src.exists():
+                os.replace(src, self.out / name)
+        manifest = self.work / MANIFEST_NAME
+        if manifest.exists():
+            fsync_dir(self.out)
+            os.replace(manifest, self.out / MANIFEST_NAME)
+            fsync_dir(self.out)
+        shutil.rmtree(self.work, ignore_errors=True)
+        (self.out / LOCK).unlink(missing_ok=True)
+
+    @property
+    def committing(self) -> bool:
+        return (self.work / "COMMIT").exists()
+
+
+def _looks_like_owned(names: list[str]) -> bool:
+    return all(n in OWNED or (n.startswith("lengths") and n.endswith(".npy")) for n in names)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()

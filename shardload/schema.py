@@ -1,0 +1,227 @@
+"""Schema of a shard set: the named fields of a sample, their dtypes and shapes.
+
+A sample is a ``dict[str, numpy.ndarray]``. Each field is one of:
+
+* **variable**: the first axis varies from sample to sample (token ids
+  ``int32[L]``, a feature matrix ``float32[rows, 32]``); ``shape[0] is None``;
+* **fixed**: every sample has the same shape (a scalar label ``int64[]``, an
+  embedding declared fixed with ``fixed_fields``).
+
+The schema is taken from the first sample and every later sample is checked
+against it, so bad input fails on the sample that is wrong, by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardload.errors import InputError
+
+#: dtypes a field may have; anything else (object, strings, complex) is refused.
+SUPPORTED_DTYPES = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One named field of a sample.
+
+    Attributes:
+        name: the key in the sample dict.
+        dtype: numpy dtype name, one of :data:`SUPPORTED_DTYPES`.
+        shape: the per-sample shape; ``shape[0] is None`` for a variable field.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int | None, ...]
+
+    @property
+    def variable(self) -> bool:
+        """Whether the first axis varies from sample to sample."""
+        return len(self.shape) > 0 and self.shape[0] is None
+
+    @property
+    def inner_shape(self) -> tuple[int, ...]:
+        """Shape after the variable axis (or the whole shape if fixed)."""
+        dims = self.shape[1:] if self.variable else self.shape
+        return tuple(int(d) for d in dims if d is not None)
+
+    @property
+    def row_size(self) -> int:
+        """Number of scalar elements in one row (one step of the first axis)."""
+        return int(np.prod(self.inner_shape, dtype=np.int64))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Field:
+        shape = tuple(None if d is None else int(d) for d in obj["shape"])
+        return cls(name=str(obj["name"]), dtype=str(obj["dtype"]), shape=shape)
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The ordered fields of a sample, plus which field's length drives batching.
+
+    Attributes:
+        fields: the fields, in the order of the first sample.
+        length_field: the variable field whose first-axis length is the sample
+            length in ``lengths.npy``; ``None`` means the longest variable field
+            of each sample (the per-field lengths are stored too).
+    """
+
+    fields: tuple[Field, ...]
+    length_field: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.length_field is not None and self.length_field not in self.names:
+            raise InputError(
+                f"length_field {self.length_field!r} is not a field of the samples "
+                f"(fields: {', '.join(self.names)})"
+            )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    @property
+    def variable_fields(self) -> tuple[Field, ...]:
+        return tuple(f for f in self.fields if f.variable)
+
+    def field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fields": [f.to_json() for f in self.fields], "length_field": self.length_field}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Schema:
+        return cls(
+            fields=tuple(Field.from_json(f) for f in obj["fields"]),
+            length_field=obj.get("length_field"),
+        )
+
+    @classmethod
+    def infer(
+        cls,
+        sample: Mapping[str, Any],
+        *,
+        fixed_fields: Iterable[str] = (),
+        length_field: str | None = None,
+        where: str = "the first sample",
+    ) -> Schema:
+        """Infer a schema from one sample.
+
+        Arrays with at least one axis are variable along axis 0 unless named in
+        ``fixed_fields``; 0-d values (scalars) are fixed.
+        """
+        if not isinstance(sample, Mapping) or not sample:
+            raise InputError(f"{where}: a sample must be a non-empty dict of named arrays, got {type(sample).__name__}")
+        fixed = set(fixed_fields)
+        unknown = fixed - set(sample)
+        if unknown:
+            raise InputError(f"fixed_fields names fields the samples do not have: {sorted(unknown)}")
+        fields = []
+        for name, value in sample.items():
+            arr = as_array(value, name=name, where=where)
+            if arr.ndim == 0 or name in fixed:
+                shape: tuple[int | None, ...] = tuple(arr.shape)
+            else:
+                shape = (None, *arr.shape[1:])
+            fields.append(Field(name=str(name), dtype=arr.dtype.name, shape=shape))
+        return cls(fields=tuple(fields), length_field=length_field)
+
+    def check(self, sample: Mapping[str, Any], *, where: str) -> dict[str, np.ndarray]:
+        """Check one sample against the schema and return it as arrays.
+
+        Raises:
+            InputError: naming ``where`` (file and sample) and the field.
+        """
+        if not isinstance(sample, Mapping):
+            raise InputError(f"{where}: a sample must be a dict of named arrays, got {type(sample).__name__}")
+        if len(sample) != len(self.fields) or any(f.name not in sample for f in self.fields):
+            missing = [n for n in self.names if n not in sample]
+            extra = [str(n) for n in sample if n not in self.names]
+            raise InputError(
+                f"{where}: fields differ from the first sample"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; unexpected {extra}" if extra else "")
+                + ". Every sample must have the same fields."
+            )
+        out = {}
+        for f in self.fields:
+            arr = as_array(sample[f.name], name=f.name, where=where)
+            if arr.dtype.name != f.dtype:
+                raise InputError(
+                    f"{where}: field {f.name!r} has dtype {arr.dtype.name}, but earlier samples have {f.dtype}. "
+                    f"Cast it in the source, or choose the dtype explicitly (--dtype {f.name}={f.dtype})."
+                )
+            shape = arr.shape
+            ok = len(shape) == len(f.shape) and all(e is None or e == s for e, s in zip(f.shape, shape))
+            if not ok:
+                want = "[" + ", ".join("L" if d is None else str(d) for d in f.shape) + "]"
+                raise InputError(
+                    f"{where}: field {f.name!r} has shape {list(shape)}, but the schema says {want} "
+                    "(taken from the first sample). Only the first axis may vary between samples."
+                )
+            out[f.name] = arr
+        return out
+
+    def lengths_of(self, sample: Mapping[str, np.ndarray]) -> int:
+        """The batching length of a checked sample."""
+        if self.length_field is not None:
+            return int(sample[self.length_field].shape[0])
+        var = self.variable_fields
+        return max((int(sample[f.name].shape[0]) for f in var), default=1)
+
+
+def as_array(value: Any, *, name: str, where: str) -> np.ndarray:
+    """Convert a field value to a numpy array of a supported dtype, or raise."""
+    if isinstance(value, np.ndarray):
+        arr = value
+    else:
+        try:
+            arr = np.asarray(value)
+        except (ValueError, TypeError) as exc:  # ragged nested lists
+            raise InputError(f"{where}: field {name!r} cannot be made into an array: {exc}") from None
+    if arr.dtype.name not in SUPPORTED_DTYPES:
+        hint = " (ragged nested lists?)" if arr.dtype == object else ""
+        raise InputError(
+            f"{where}: field {name!r} has unsupported dtype {arr.dtype}{hint}; "
+            f"supported: {', '.join(SUPPORTED_DTYPES)}"
+        )
+    return arr
+
+
+def parse_dtype_overrides(items: Sequence[str]) -> dict[str, str]:
+    """Parse ``["tokens=int32", ...]`` (the ``--dtype`` option) into a mapping."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, dtype = item.partition("=")
+        if not sep or not name or dtype not in SUPPORTED_DTYPES:
+            raise InputError(
+                f"--dtype {item!r}: expected FIELD=DTYPE with DTYPE one of {', '.join(SUPPORTED_DTYPES)}"
+            )
+        out[name] = dtype
+    return out

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Create .venv with a CPU build of torch and shardload installed (editable) with its test extras.
+# Users who want a CUDA build: set TORCH_SPEC, e.g. TORCH_SPEC="torch==2.13.0" TORCH_INDEX=https://download.pytorch.org/whl/cu128
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  if [ -n "${TORCH_INDEX:-}" ]; then
+    .venv/bin/python -m pip install -q "$TORCH_SPEC" --index-url "$TORCH_INDEX"
+  else
+    .venv/bin/python -m pip install -q "$TORCH_SPEC"
+  fi
+fi
+.venv/bin/python -m pip install -q -e ".[test]"
