@@ -36,6 +36,7 @@ from shardload.formats import Columns, get_format
 from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
 from shardload.formats.base import concat_columns
 from shardload.manifest import LENGTHS_NAME, Manifest, ShardInfo, atomic_write_text, file_checksum
+from shardload.prepare.faults import crash_point
 from shardload.prepare.layout import assign_samples, count_shards
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.progress import Progress
@@ -157,6 +158,7 @@ def ingest(
         writer.write(tmp, Columns.from_samples(schema, pending))
         os.replace(tmp, path)
         chunks.append(path.name)
+        crash_point(f"staged:{len(chunks)}")
         pending, pending_bytes = [], 0
 
     for where, sample in it:
@@ -284,6 +286,7 @@ def write_shard(
         "tokens": int(tokens),
     }
     os.replace(tmp, final)
+    crash_point(f"shard:{k}")
     atomic_write_text(done, json.dumps(record))
     return record
 
@@ -329,8 +332,10 @@ def run_prepare(
         )
         shard_records = _write_all(wd, staged, schema, options, order, bounds)
         files = _write_index(wd, staged, schema, order)
+        crash_point("index")
         manifest = _manifest(schema, options, shard_records, staged.lengths[order], files, describe)
         manifest.write(wd.work)
+        crash_point("manifest")
         wd.commit(list(files.values()) + ["origin.npy"])
         return _result(wd.out, time.perf_counter() - started, in_bytes)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from shardload.errors import OutputError, OutputExistsError, OutputLockedError
+from shardload.prepare.faults import crash_point
 from shardload.manifest import MANIFEST_NAME, atomic_write_text, fsync_dir
 
 WORK = ".prepare"
@@ -142,6 +143,7 @@ class WorkDir:
             # The old set stops being valid before any of its parts is removed.
             (self.out / MANIFEST_NAME).unlink(missing_ok=True)
             fsync_dir(self.out)
+            crash_point("commit:old-invalidated")
             for name in OWNED:
                 _remove(self.out / name)
             for p in self.out.glob("lengths*.npy"):
@@ -150,6 +152,7 @@ class WorkDir:
         if self.shards.exists():
             _remove(self.out / "shards")
             os.replace(self.shards, self.out / "shards")
+            crash_point("commit:shards-moved")
         for name in files:
             src = self.work / name
             if src.exists():

@@ -1,0 +1,201 @@
+"""JSON Lines (``.jsonl``, ``.ndjson``, gzipped ``.jsonl.gz``): one sample per line.
+
+Each non-blank line is one JSON object; each of its entries is one field, in
+the order they are written. Blank lines are skipped; line numbers in messages
+count every physical line, from 1.
+
+How JSON values become arrays (JSON has no dtypes):
+
+* a number becomes a 0-d array, a list of numbers a 1-D array, a list of
+  equally long lists a 2-D array (``[[...], [...]]`` -> ``[rows, C]``), and so on;
+* the dtype of a field named in ``--dtype FIELD=DTYPE`` (``SourceOptions.dtypes``)
+  is that dtype, decoded directly (a float64 field is never rounded through
+  float32). A value is converted only if no value changes kind or range:
+  ``3.0`` may become an int32, ``3.5`` may not; ``300`` does not fit int8;
+* otherwise, integers become **int64** and floats **float32**; a list mixing
+  integers and floats is float32 (so integers above 2**24 lose precision:
+  pass ``--dtype FIELD=float64`` or ``int64`` to keep them);
+* ``true``/``false`` become **bool** (a list mixing booleans with numbers
+  counts them as 0/1);
+* an empty list ``[]`` takes the dtype and inner shape of the same field on
+  the last line of the same file where it was not empty (so ``[]`` in a
+  ``[rows, 4]`` field is a ``[0, 4]`` array); before any such line, its dtype
+  is ``--dtype`` or int64 and it is 1-D;
+* ``null``, strings, objects and ragged nested lists are refused with an
+  :class:`~shardload.errors.InputError` naming the file, line and field.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from collections.abc import Iterator, Mapping
+from typing import IO, Any, ClassVar
+
+import numpy as np
+
+from shardload.errors import InputError
+from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, register
+
+__all__ = ["JsonlSource", "json_to_array"]
+
+
+class _Refused(ValueError):
+    """A JSON value that is not numeric; the message says why (without the location)."""
+
+
+def json_to_array(value: Any, dtype: str | np.dtype | None = None) -> np.ndarray:
+    """Convert a decoded JSON value (number, bool or nested lists of them) to an array.
+
+    ``dtype`` forces the dtype (conversions that would change a value are refused);
+    without it, integers are int64, floats float32, booleans bool and
+    empty lists int64.
+
+    Raises:
+        ValueError: the value is not numeric, is ragged, or does not fit ``dtype``;
+            the message says which (the caller adds file and sample).
+
+    >>> json_to_array([1, 2.5]).dtype
+    dtype('float32')
+    """
+    try:
+        arr = np.array(value)
+    except ValueError:
+        arr = np.empty(0, dtype=object)  # ragged: let _describe_object say where
+    if arr.dtype.kind not in "biuf":
+        raise _Refused(_describe_object(value))
+    kind = arr.dtype.kind
+    if dtype is None:
+        # numpy makes [] float64; JSON gave no hint, so it counts as integers
+        kind = "i" if arr.size == 0 else kind
+        target = {"b": np.dtype(bool), "i": np.dtype(np.int64), "u": np.dtype(np.int64), "f": np.dtype(np.float32)}[kind]
+    else:
+        target = np.dtype(dtype)
+    return _cast_exact(arr, target)
+
+
+def _cast_exact(arr: np.ndarray, target: np.dtype) -> np.ndarray:
+    """``arr`` as ``target``, refusing conversions that change a value's kind or range."""
+    if arr.dtype == target:
+        return arr
+    src, dst = arr.dtype.kind, target.kind
+    if dst == "b" and src != "b":
+        raise _Refused("holds numbers, which cannot become bool; choose a numeric dtype with --dtype")
+    if src == "f" and dst in "iu":
+        if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
+            raise _Refused(f"holds non-integer numbers, which cannot become {target}; choose a float dtype with --dtype")
+    if dst in "iu" and src in "iuf" and arr.size:
+        info = np.iinfo(target)
+        lo, hi = arr.min(), arr.max()
+        if lo < info.min or hi > info.max:
+            raise _Refused(f"holds values in [{lo}, {hi}], which do not fit {target}; choose a wider dtype with --dtype")
+    if dst == "f" and src == "f":
+        with np.errstate(over="ignore"):
+            out = arr.astype(target)
+        if not np.array_equal(np.isfinite(out), np.isfinite(arr)):
+            raise _Refused(f"holds values too large for {target}; choose a wider dtype with --dtype")
+        return out
+    return arr.astype(target)
+
+
+def _describe_object(value: Any) -> str:
+    """Why numpy could not make ``value`` into a numeric array, and what to do."""
+    not_numeric = "; every field must be numbers: remove the field or encode it as numbers"
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if v is None:
+            return ("is null" if v is value else "holds a null") + "; fill in a value or drop the sample"
+        if isinstance(v, (str, bytes)):
+            return f"holds text ({_short(v)}), which is not numeric" + not_numeric
+        if isinstance(v, Mapping):
+            return "holds a JSON object, not a number or a list of numbers" + not_numeric
+        if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**64:
+            return f"holds the integer {v}, too large for 64 bits; store it as a float"
+        if isinstance(v, list):
+            stack.extend(v)
+    return "is a ragged nested list (inner lists differ in length); pad the inner lists to one length"
+
+
+def _short(text: str | bytes) -> str:
+    r = repr(text)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+@register
+class JsonlSource(SourceReader):
+    kind: ClassVar[str] = "jsonl"
+    suffixes: ClassVar[tuple[str, ...]] = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
+
+    @classmethod
+    def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+        for path in unit.paths:
+            yield from _read_file(path, options)
+
+
+def _open(path: str) -> IO[bytes]:
+    if path.lower().endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def _read_file(path: str, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+    # field -> (dtype, inner shape) of its last non-empty list, for empty lists
+    seen: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+    lineno = 0
+    try:
+        with _open(path) as fh:
+            for lineno, raw in enumerate(fh, 1):
+                where = f"{path}: line {lineno}"
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise InputError(
+                        f"{where}: not valid UTF-8 (byte {exc.start + 1} of the line); "
+                        "JSON Lines files must be UTF-8: re-encode the file"
+                    ) from None
+                if lineno == 1:
+                    text = text.lstrip("\ufeff")
+                if not text.strip():
+                    continue
+                yield where, _decode_line(text, where, options, seen)
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise InputError(
+            f"{path}: corrupt or truncated gzip data after line {lineno} ({exc}); re-create the file"
+        ) from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a JSON Lines file") from None
+
+
+def _decode_line(
+    text: str, where: str, options: SourceOptions, seen: dict[str, tuple[np.dtype, tuple[int, ...]]]
+) -> dict[str, np.ndarray]:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); fix or remove the line") from None
+    except RecursionError:
+        raise InputError(f"{where}: JSON nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise InputError(
+            f"{where}: expected a JSON object ({{\"field\": [...], ...}}), found {type(obj).__name__}; "
+            "each line must be one sample"
+        )
+    sample: dict[str, np.ndarray] = {}
+    for name, value in obj.items():
+        dtype = options.dtypes.get(name)
+        if isinstance(value, list) and not value and name in seen:
+            known_dtype, inner = seen[name]
+            sample[name] = np.empty((0, *inner), dtype=known_dtype)
+            continue
+        try:
+            arr = json_to_array(value, dtype)
+        except ValueError as exc:
+            raise InputError(f"{where}: field {name!r} {exc}") from None
+        if arr.ndim and arr.shape[0]:
+            seen[name] = (arr.dtype, arr.shape[1:])
+        sample[name] = arr
+    return sample

@@ -1,0 +1,64 @@
+"""``.npz`` files, one sample per file, one field per array (named as in the file).
+
+``np.savez(path, tokens=t, features=f)`` gives a sample with fields ``tokens``
+and ``features``, in the order they were saved; arrays saved without a name
+are ``arr_0``, ``arr_1``, ... as numpy names them. Many files are grouped into
+one unit (``SourceOptions.files_per_unit``), as for ``.npy``.
+"""
+
+from __future__ import annotations
+
+import zipfile
+import zlib
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from shardload.errors import InputError
+from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, register
+
+
+@register
+class NpzSource(SourceReader):
+    kind: ClassVar[str] = "npz"
+    suffixes: ClassVar[tuple[str, ...]] = (".npz",)
+
+    @classmethod
+    def make_units(cls, files: Sequence[str], options: SourceOptions) -> list[SourceUnit]:
+        k = max(1, options.files_per_unit)
+        return [SourceUnit(cls.kind, tuple(files[i : i + k])) for i in range(0, len(files), k)]
+
+    @classmethod
+    def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+        for path in unit.paths:
+            yield path, _load(path, options.allow_pickle)
+
+
+def _load(path: str, allow_pickle: bool) -> dict[str, np.ndarray]:
+    name = None
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+        if magic[:2] != b"PK":
+            raise InputError(f"{path}: not an .npz file (no zip header); save samples with numpy.savez")
+        with np.load(path, allow_pickle=allow_pickle) as npz:
+            sample = {}
+            for name in npz.files:
+                sample[name] = npz[name]
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
+    except ValueError as exc:
+        what = f"array {name!r}" if name is not None else "the file"
+        if "allow_pickle" in str(exc):
+            raise InputError(
+                f"{path}: {what} is a pickled object array; refusing to unpickle untrusted data. "
+                "Save plain numeric arrays, or pass --allow-pickle if you trust the file."
+            ) from None
+        raise InputError(f"{path}: {what} is not readable ({exc}); re-create the file") from None
+    except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error) as exc:
+        what = f"array {name!r}" if name is not None else "the file"
+        raise InputError(f"{path}: {what} is not readable as .npz ({exc}); re-create the file") from None
+    if not sample:
+        raise InputError(f"{path}: the .npz file holds no arrays; every sample needs at least one field")
+    return sample
