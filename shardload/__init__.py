@@ -35,7 +35,30 @@ from shardload.schema import Field, Schema
 from shardload.shardset import ShardSet
 from shardload.shardset import open_shard_set as open
 
+# torch and Lightning load only when the loading side is first used, so that
+# `import shardload` and the prepare/inspect/verify commands start fast.
+_LAZY = {
+    "Batching": "shardload.plan",
+    "ShardDataModule": "shardload.datamodule",
+    "ShardLoader": "shardload.loader",
+    "World": "shardload.world",
+    "make_loader": "shardload.loader",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardload' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
+    "Batching",
     "CorruptShardError",
     "Field",
     "InputError",
@@ -48,11 +71,15 @@ __all__ = [
     "PrepareOptions",
     "PrepareResult",
     "Schema",
+    "ShardDataModule",
+    "ShardLoader",
     "ShardSet",
     "ShardSetChangedError",
     "ShardSetError",
     "ShardloadError",
+    "World",
     "__version__",
+    "make_loader",
     "open",
     "prepare",
     "write",

@@ -2,11 +2,19 @@
 
 Kinds and how they are detected (``--source-format`` overrides detection):
 
-=============  ====================================  =============================
-kind           files                                 one sample is
-=============  ====================================  =============================
-``npy``        ``*.npy`` (a directory or a glob)     one file (field ``--field``)
-=============  ====================================  =============================
+==============  =========================================  ======================================
+kind            files                                      one sample is
+==============  =========================================  ======================================
+``npy``         ``*.npy`` (a directory or a glob)          one file (field ``--field``)
+``npz``         ``*.npz``                                  one file (one field per array)
+``parquet``     ``*.parquet``, ``*.pq``                    one row (one field per column)
+``arrow``       ``*.arrow``, ``*.feather``, ``*.ipc``      one row (one field per column)
+``jsonl``       ``*.jsonl``, ``*.ndjson`` (also ``.gz``)   one line (one field per entry)
+``webdataset``  ``*.tar``, ``*.tar.gz``, ``*.tgz``, ...    the members sharing a key
+==============  =========================================  ======================================
+
+Each kind's module says how its values become fields: :mod:`.npz`, :mod:`.columnar`
+(Parquet and Arrow), :mod:`.jsonl` (JSON dtypes), :mod:`.webdataset` (field naming).
 """
 
 from __future__ import annotations
@@ -18,7 +26,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from shardload.errors import InputError
+from shardload.prepare.sources import columnar as _columnar  # noqa: F401  (registers parquet, arrow)
+from shardload.prepare.sources import jsonl as _jsonl  # noqa: F401  (registers the reader)
 from shardload.prepare.sources import npy as _npy  # noqa: F401  (registers the reader)
+from shardload.prepare.sources import npz as _npz  # noqa: F401  (registers the reader)
+from shardload.prepare.sources import webdataset as _webdataset  # noqa: F401  (registers the reader)
 from shardload.prepare.sources.base import READERS, Sample, SourceOptions, SourceReader, SourceUnit
 
 __all__ = ["READERS", "Sample", "SourceOptions", "SourceReader", "SourceUnit", "discover", "read_unit"]

@@ -28,10 +28,11 @@ How JSON values become arrays (JSON has no dtypes):
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import zlib
 from collections.abc import Iterator, Mapping
-from typing import IO, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -69,7 +70,9 @@ def json_to_array(value: Any, dtype: str | np.dtype | None = None) -> np.ndarray
     if dtype is None:
         # numpy makes [] float64; JSON gave no hint, so it counts as integers
         kind = "i" if arr.size == 0 else kind
-        target = {"b": np.dtype(bool), "i": np.dtype(np.int64), "u": np.dtype(np.int64), "f": np.dtype(np.float32)}[kind]
+        target = {"b": np.dtype(bool), "i": np.dtype(np.int64), "u": np.dtype(np.int64), "f": np.dtype(np.float32)}[
+            kind
+        ]
     else:
         target = np.dtype(dtype)
     return _cast_exact(arr, target)
@@ -82,14 +85,15 @@ def _cast_exact(arr: np.ndarray, target: np.dtype) -> np.ndarray:
     src, dst = arr.dtype.kind, target.kind
     if dst == "b" and src != "b":
         raise _Refused("holds numbers, which cannot become bool; choose a numeric dtype with --dtype")
-    if src == "f" and dst in "iu":
-        if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
-            raise _Refused(f"holds non-integer numbers, which cannot become {target}; choose a float dtype with --dtype")
+    if src == "f" and dst in "iu" and not (np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))):
+        raise _Refused(f"holds non-integer numbers, which cannot become {target}; choose a float dtype with --dtype")
     if dst in "iu" and src in "iuf" and arr.size:
         info = np.iinfo(target)
         lo, hi = arr.min(), arr.max()
         if lo < info.min or hi > info.max:
-            raise _Refused(f"holds values in [{lo}, {hi}], which do not fit {target}; choose a wider dtype with --dtype")
+            raise _Refused(
+                f"holds values in [{lo}, {hi}], which do not fit {target}; choose a wider dtype with --dtype"
+            )
     if dst == "f" and src == "f":
         with np.errstate(over="ignore"):
             out = arr.astype(target)
@@ -134,7 +138,7 @@ class JsonlSource(SourceReader):
             yield from _read_file(path, options)
 
 
-def _open(path: str) -> IO[bytes]:
+def _open(path: str) -> io.BufferedIOBase:
     if path.lower().endswith(".gz"):
         return gzip.open(path, "rb")
     return open(path, "rb")
@@ -181,7 +185,7 @@ def _decode_line(
         raise InputError(f"{where}: JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise InputError(
-            f"{where}: expected a JSON object ({{\"field\": [...], ...}}), found {type(obj).__name__}; "
+            f'{where}: expected a JSON object ({{"field": [...], ...}}), found {type(obj).__name__}; '
             "each line must be one sample"
         )
     sample: dict[str, np.ndarray] = {}

@@ -46,6 +46,8 @@ def _load(path: str, allow_pickle: bool) -> dict[str, np.ndarray]:
             sample = {}
             for name in npz.files:
                 sample[name] = npz[name]
+    except InputError:
+        raise
     except FileNotFoundError:
         raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
     except ValueError as exc:

@@ -1,0 +1,160 @@
+"""The ``shardload`` command line: one module per command, each a thin call into the library.
+
+Where it sits: on top of the flow. ``shardload prepare`` -> :func:`shardload.prepare`,
+``inspect`` -> :func:`shardload.inspect.describe`, ``verify`` ->
+:func:`shardload.verify.verify`, ``plan`` -> :func:`shardload.plan.summarize_plan`.
+
+Adding a command is one module plus one line: write ``shardload/cli/NAME.py``
+with the four names below, and add ``"NAME"`` to :data:`COMMANDS`::
+
+    SUMMARY: str                          # one line, shown in `shardload --help`
+    EPILOG: str                           # examples, then how to load the result in Python
+    def add_arguments(parser) -> None     # the command's options
+    def run(args) -> int                  # one library call; returns an exit status
+
+A module's docstring is its description in ``shardload NAME --help``.
+Command modules import heavy or optional parts (the planner, matplotlib)
+inside ``run``, so building the parser stays cheap. Errors become one line ``shardload: error:
+...`` and an exit status (see :class:`~shardload.cli._common.Exit`);
+``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import traceback
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import ModuleType
+
+from shardload.cli._common import EXIT_CODES_HELP, CommandError, Exit
+from shardload.errors import InputError, OutputError, PlanError, ShardloadError, ShardSetError
+
+__all__ = ["COMMANDS", "Exit", "main"]
+
+#: the registry: command name -> module ``shardload.cli.<name>``, in help order
+COMMANDS: tuple[str, ...] = (
+    "prepare",
+    "inspect",
+    "verify",
+    "plan",
+)
+
+#: library errors -> exit status, most specific first
+ERROR_CODES: tuple[tuple[type[BaseException], Exit], ...] = (
+    (InputError, Exit.INPUT),
+    (OutputError, Exit.OUTPUT),
+    (ShardSetError, Exit.SHARD_SET),
+    (PlanError, Exit.PLAN),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``shardload`` command line and return its exit status.
+
+    >>> main(["verify", "out/"])   # doctest: +SKIP
+    0
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors: argparse has printed them
+        return exc.code if isinstance(exc.code, int) else Exit.USAGE
+    if getattr(args, "command", None) is None:
+        parser.print_help(sys.stderr)
+        return Exit.USAGE
+    module = _command(args.command)
+    try:
+        with _logging_to_stderr():
+            return int(module.run(args))
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+    except CommandError as exc:
+        return _fail(exc, exc.code, args.debug)
+    except ShardloadError as exc:
+        code = next((c for cls, c in ERROR_CODES if isinstance(exc, cls)), Exit.PROBLEMS)
+        return _fail(exc, code, args.debug)
+    except BrokenPipeError:  # `shardload inspect OUT | head`
+        return Exit.OK
+    except Exception as exc:  # noqa: BLE001  the one place where any failure becomes an exit status
+        if args.debug:
+            traceback.print_exc()
+        _error(f"internal error: {type(exc).__name__}: {exc}. This is a bug in shardload; rerun with --debug "
+               "and report the traceback.")
+        return Exit.INTERNAL
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser: every registered command imported and added."""
+    from shardload import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="shardload",
+        description="Prepare variable-length datasets as memory-mapped shard sets, and check, describe and "
+        "plan them for distributed training.",
+        epilog=EXIT_CODES_HELP + "\n\nRun `shardload COMMAND --help` for the options and an example of each command.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"shardload {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for name in COMMANDS:
+        module = _command(name)
+        p = sub.add_parser(
+            name,
+            help=module.SUMMARY,
+            description=module.__doc__,
+            epilog=module.EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        # SUPPRESS: `shardload --debug CMD` is not reset to False by the subcommand's default.
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
+        module.add_arguments(p)
+    return parser
+
+
+def _command(name: str) -> ModuleType:
+    return importlib.import_module(f"shardload.cli.{name}")
+
+
+def _fail(exc: BaseException, code: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    _error(str(exc))
+    return code
+
+
+def _error(message: str) -> None:
+    print(f"shardload: error: {' '.join(message.split())}", file=sys.stderr)
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time (pytest's capsys swaps it)."""
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: ANN201
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
+@contextmanager
+def _logging_to_stderr() -> Iterator[None]:
+    """INFO logs of the ``shardload`` logger to stderr for the duration of a command."""
+    logger = logging.getLogger("shardload")
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)

@@ -1,0 +1,110 @@
+"""Helpers shared by the command modules: exit codes, option parsers, output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from enum import IntEnum
+from typing import Any
+
+
+class Exit(IntEnum):
+    """Exit status of ``shardload`` (documented in ``shardload --help`` and docs/cli.md)."""
+
+    OK = 0
+    PROBLEMS = 1  # verify found problems
+    USAGE = 2  # bad command line (argparse's own code), or a missing optional dependency
+    INPUT = 3  # InputError: the input to prepare is malformed
+    OUTPUT = 4  # OutputError: cannot write the output where asked
+    SHARD_SET = 5  # ShardSetError: the shard set is missing or unusable
+    PLAN = 6  # PlanError: batching options are invalid
+    INTERNAL = 70  # an unexpected exception: a bug in shardload (EX_SOFTWARE)
+
+
+EXIT_CODES_HELP = """\
+exit status:
+  0   ok
+  1   verify found problems in the shard set
+  2   usage error (bad options), or a missing optional dependency
+  3   bad input (the sources given to prepare are malformed)
+  4   output problem (the output exists, is locked, or cannot be written)
+  5   shard set unusable (missing, not a shard set, damaged manifest or shard)
+  6   plan error (invalid batching options)
+  70  internal error (a bug: rerun with --debug and report the traceback)"""
+
+
+class CommandError(Exception):
+    """Raised by a command to stop with one error line and an exit code."""
+
+    def __init__(self, message: str, code: int = Exit.USAGE) -> None:
+        super().__init__(message)
+        self.code = int(code)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?)(b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte size: ``"256MB"`` (10^6), ``"1GiB"`` (2^30), ``"512k"``/``"512K"`` (2^10), ``"1000"``.
+
+    As in GNU coreutils, a unit with ``B`` after a letter is decimal (``kB``,
+    ``MB``), with ``iB`` or a bare letter it is binary (``KiB``, ``M``).
+
+    >>> parse_size("256MB"), parse_size("1GiB"), parse_size("4k"), parse_size("100")
+    (256000000, 1073741824, 4096, 100)
+    """
+    m = _SIZE.match(text)
+    if not m or (m.group(3) and not m.group(2)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; write e.g. 256MB, 1GiB, 512M or 1000000")
+    number, letter, binary, b = m.groups()
+    power = "kmgtp".find(letter.lower()) + 1 if letter else 0
+    base = 1000 if (letter and b and not binary) else 1024
+    value = int(float(number) * base**power)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the size must be positive")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more")
+    return value
+
+
+def print_json(obj: Any) -> None:
+    """One JSON object on one line of stdout (machine-readable: nothing else goes to stdout)."""
+    sys.stdout.write(json.dumps(_finite(obj), allow_nan=False) + "\n")
+    sys.stdout.flush()
+
+
+def _finite(obj: Any) -> Any:
+    """NaN/inf become ``null``: strict JSON parsers reject them."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def python_hint(*lines: str) -> str:
+    """The closing part of every command's help: how to use the result from Python."""
+    return "in Python:\n" + "\n".join(f"  {line}" for line in lines)

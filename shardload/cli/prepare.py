@@ -1,0 +1,129 @@
+"""Turn raw files into a shard set: Arrow shards, a lengths index and a manifest.
+
+Sources are files, directories, globs or brace patterns (data-{000..009}.tar);
+their kind is detected from the suffix (--source-format overrides it). Samples
+are checked against the schema of the first one, shuffled across shards once
+(seeded), and written in parallel. An interrupted run is finished with --resume;
+an existing shard set is replaced only with --overwrite, and only once the new
+one is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from shardload.cli._common import parse_size, positive_int, print_json, python_hint
+
+SUMMARY = "turn raw files into a shard set"
+
+EPILOG = (
+    """examples:
+  shardload prepare data/*.npy -o out/ --field tokens --shard-size 256MB --workers 8
+  shardload prepare corpus.jsonl -o out/ --dtype tokens=int32 --balance tokens
+  shardload prepare data/*.npy -o out/ --resume      # finish an interrupted run
+
+"""
+    + python_hint(
+        "import shardload",
+        "shardload.prepare('data/*.npy', 'out/', field='tokens', workers=8)   # the same run",
+        "ds = shardload.open('out/')   # len(ds), ds.lengths, ds[0]['tokens']",
+    )
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="input files, directories, globs or brace patterns")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="the shard set directory to create")
+    src = p.add_argument_group("reading the sources")
+    src.add_argument("--source-format", metavar="KIND", help=f"source kind instead of detecting it ({_kinds()})")
+    src.add_argument("--field", default=None, metavar="NAME", help="field name of single-array files (.npy; default: data)")
+    src.add_argument("--dtype", action="append", default=[], type=_dtype_item, metavar="FIELD=DTYPE",
+                     help="cast FIELD to DTYPE on ingest, e.g. tokens=int32 (repeatable)")
+    src.add_argument("--fixed-field", action="append", default=[], metavar="FIELD",
+                     help="a field whose shape never varies between samples (repeatable)")
+    src.add_argument("--length-field", metavar="FIELD",
+                     help="the field whose length is the sample length (default: the longest variable field)")
+    src.add_argument("--reject-nonfinite", action="store_true", default=None, help="refuse NaN/inf in float fields")
+    src.add_argument("--allow-pickle", action="store_true",
+                     help="allow pickled arrays (runs code from the file: only for input you trust)")
+    lay = p.add_argument_group("laying out the shards")
+    lay.add_argument("--shard-size", type=parse_size, metavar="SIZE",
+                     help="target bytes per shard: 256MB (default), 1GiB, 512M or plain bytes")
+    lay.add_argument("--num-shards", type=positive_int, metavar="N", help="exact number of shards (overrides --shard-size)")
+    lay.add_argument("--balance", choices=("samples", "tokens"),
+                     help="even out samples per shard (default), or tokens per shard too")
+    lay.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=None,
+                     help="shuffle samples across shards once (default: on)")
+    lay.add_argument("--seed", type=int, help="seed of that shuffle (default: 0)")
+    lay.add_argument("--shard-format", metavar="NAME", help="on-disk shard format (default: arrow)")
+    run_ = p.add_argument_group("running")
+    run_.add_argument("--workers", type=positive_int, metavar="N", help="parallel processes (default: 1)")
+    mode = run_.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", default=None, help="finish an interrupted run into OUT")
+    mode.add_argument("--overwrite", action="store_true", default=None, help="replace a shard set already in OUT")
+    run_.add_argument("--no-progress", action="store_true", help="no progress bar (log lines instead)")
+    run_.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    import shardload
+
+    options: dict[str, Any] = {
+        "shard_size": args.shard_size,
+        "num_shards": args.num_shards,
+        "balance": args.balance,
+        "shuffle": args.shuffle,
+        "seed": args.seed,
+        "shard_format": args.shard_format,
+        "workers": args.workers,
+        "resume": args.resume,
+        "overwrite": args.overwrite,
+        "length_field": args.length_field,
+        "reject_nonfinite": args.reject_nonfinite,
+    }
+    options = {k: v for k, v in options.items() if v is not None}  # unset: the library's default
+    if args.fixed_field:
+        options["fixed_fields"] = tuple(args.fixed_field)
+    if args.dtype:
+        options["dtypes"] = dict(args.dtype)
+    if args.field is not None:
+        options["field"] = args.field  # a keyword of prepare() itself, not a PrepareOptions field
+    options["progress"] = False if args.no_progress else None
+    result = shardload.prepare(
+        args.sources,
+        args.output,
+        source_format=args.source_format,
+        allow_pickle=args.allow_pickle,
+        **options,
+    )
+    if args.json:
+        print_json(result.to_json())
+        return 0
+    from shardload.inspect import format_bytes
+
+    print(
+        f"prepared {result.path}: {result.samples:,} samples in {result.shards:,} shards, "
+        f"{format_bytes(result.bytes)}, {result.tokens:,} tokens "
+        f"({result.seconds:.1f} s, {result.input_mb_per_s:.1f} MB/s, {result.samples_per_s:,.0f} samples/s)"
+    )
+    print(f"load it: shardload.open({result.path!r})")
+    return 0
+
+
+def _kinds() -> str:
+    from shardload.prepare.sources import READERS
+
+    return ", ".join(sorted(READERS))
+
+
+def _dtype_item(text: str) -> tuple[str, str]:
+    from shardload.errors import InputError
+    from shardload.schema import parse_dtype_overrides
+
+    try:
+        ((name, dtype),) = parse_dtype_overrides([text]).items()
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return name, dtype
+

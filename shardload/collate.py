@@ -1,0 +1,95 @@
+"""Turn the samples of one planned batch into padded numpy arrays.
+
+The batch contract (what a training step receives, as torch tensors):
+
+* for each variable field ``f``: ``batch[f]`` of shape ``[B, L_pad, *inner]``,
+  padded with the field's pad value, and ``batch[f + "_lengths"]`` (int64 ``[B]``);
+* for each fixed field ``f``: ``batch[f]`` of shape ``[B, *shape]``;
+* ``batch["sample_id"]``: int64 ``[B]``, global sample ids;
+* ``batch["weight"]``: float32 ``[B]``, 1.0 for a real sample, 0.0 for filler.
+
+``L_pad`` is the longest sample of the batch, rounded up to ``pad_to_multiple_of``.
+Each sample is copied once, as a slice, straight into the preallocated array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.formats import Columns
+from shardload.schema import Schema
+
+
+@dataclass(frozen=True)
+class PadSpec:
+    """How to pad variable fields.
+
+    Attributes:
+        pad_values: pad value per field name (default 0 for every field).
+        pad_to_multiple_of: round ``L_pad`` up to a multiple of this.
+        fields: load only these fields (default: all).
+    """
+
+    pad_values: Mapping[str, float] = field(default_factory=dict)
+    pad_to_multiple_of: int = 1
+    fields: tuple[str, ...] | None = None
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple if multiple > 1 else n
+
+
+def collate_batch(
+    schema: Schema,
+    columns_of: Callable[[int], Columns],
+    shards: NDArray[np.int64],
+    rows: NDArray[np.int64],
+    sample_ids: NDArray[np.int64],
+    weights: NDArray[np.float32],
+    pad: PadSpec,
+) -> dict[str, np.ndarray]:
+    """Build one batch.
+
+    Args:
+        schema: the shard set's schema.
+        columns_of: shard index -> its (memory-mapped) columns.
+        shards, rows: ``(B,)`` where each sample lives.
+        sample_ids, weights: ``(B,)`` global ids and weights from the plan.
+        pad: padding options.
+    """
+    b = len(sample_ids)
+    out: dict[str, np.ndarray] = {}
+    # One columns object per distinct shard; a batch usually touches one or two.
+    shard_list = shards.tolist()
+    row_list = rows.tolist()
+    cols = {s: columns_of(s) for s in set(shard_list)}
+    names = pad.fields if pad.fields is not None else schema.names
+    for name in names:
+        f = schema.field(name)
+        if not f.variable:
+            arr = np.empty((b, *f.shape), dtype=f.dtype)  # type: ignore[arg-type]
+            for i, (s, r) in enumerate(zip(shard_list, row_list)):
+                arr[i] = cols[s].fields[name].values[r]
+            out[name] = arr
+            continue
+        starts = np.empty(b, dtype=np.int64)
+        ends = np.empty(b, dtype=np.int64)
+        for i, (s, r) in enumerate(zip(shard_list, row_list)):
+            offsets = cols[s].fields[name].offsets
+            assert offsets is not None
+            starts[i] = offsets[r]
+            ends[i] = offsets[r + 1]
+        lengths = ends - starts
+        l_pad = round_up(int(lengths.max(initial=0)), pad.pad_to_multiple_of)
+        arr = np.full((b, l_pad, *f.inner_shape), pad.pad_values.get(name, 0), dtype=f.dtype)
+        for i, (s, st, en) in enumerate(zip(shard_list, starts.tolist(), ends.tolist())):
+            arr[i, : en - st] = cols[s].fields[name].values[st:en]
+        out[name] = arr
+        out[f"{name}_lengths"] = lengths
+    out["sample_id"] = np.array(sample_ids, dtype=np.int64)  # copies: plan arrays are read-only
+    out["weight"] = np.array(weights, dtype=np.float32)
+    return out

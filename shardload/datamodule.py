@@ -1,0 +1,161 @@
+"""The drop-in ``LightningDataModule``: shard sets -> plans -> loaders.
+
+Works with the Trainer's default flags (``use_distributed_sampler=True``
+included): the loaders' sampler is a ``DistributedSampler`` subclass, so
+Lightning neither replaces nor re-wraps it. Rank and world size come from the
+trainer in :meth:`setup`, so ddp, ddp_spawn, fsdp, deepspeed and multi-node
+runs need nothing special.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+
+from shardload.errors import PlanError
+from shardload.loader import ShardLoader, Stage, make_loader
+from shardload.plan import Batching
+from shardload.world import World
+
+PathLike = str | os.PathLike[str]
+
+
+class ShardDataModule(pl.LightningDataModule):
+    """Train/val/test/predict loaders over shard sets, one plan per rank.
+
+    Args:
+        train, val, test, predict: shard set directories (any may be ``None``).
+        batch_size: rows per batch; or
+        max_tokens: a token budget per batch (rows x padded length).
+        bucketing: group similar lengths to cut padding (default on).
+        pad_to_multiple_of: round padded lengths up to a multiple of this.
+        uneven: how training evens out batch counts across ranks: ``"split"``
+            (default: split the largest batches, nothing dropped or repeated),
+            ``"pad"`` (filler batches with weight 0) or ``"drop"``. Evaluation
+            never drops: it uses ``"split"`` when ``"drop"`` is asked.
+        seed: shuffle seed (the epoch comes from the trainer).
+        shard_assignment: ``"rotate"`` shard groups between epochs or keep them ``"fixed"``.
+        num_workers: DataLoader workers; the batches do not depend on it.
+        pin_memory: pin batches for faster host-to-device copies (default: when CUDA is available).
+        pad_values: pad value per field (default 0).
+        fields: load only these fields.
+        debug: ``num_workers=0``, a per-rank plan summary every epoch, and a
+            cross-rank check that raises instead of hanging.
+        persistent_workers, prefetch_factor: passed to the DataLoader.
+
+    >>> dm = ShardDataModule(train="data/train", val="data/val", max_tokens=16384)  # doctest: +SKIP
+    >>> trainer.fit(model, datamodule=dm)                                             # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        train: PathLike | None = None,
+        val: PathLike | None = None,
+        test: PathLike | None = None,
+        predict: PathLike | None = None,
+        *,
+        batch_size: int | None = None,
+        max_tokens: int | None = None,
+        bucketing: bool = True,
+        pad_to_multiple_of: int = 1,
+        uneven: Literal["split", "pad", "drop"] = "split",
+        seed: int = 0,
+        shard_assignment: Literal["rotate", "fixed"] = "rotate",
+        num_workers: int = 2,
+        pin_memory: bool | None = None,
+        pad_values: Mapping[str, float] | None = None,
+        fields: tuple[str, ...] | None = None,
+        debug: bool = False,
+        persistent_workers: bool = False,
+        prefetch_factor: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.paths: dict[Stage, PathLike | None] = {"train": train, "val": val, "test": test, "predict": predict}
+        self.batching = Batching(
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            bucketing=bucketing,
+            pad_to_multiple_of=pad_to_multiple_of,
+            uneven=uneven,
+        )
+        self.seed = seed
+        self.shard_assignment: Literal["rotate", "fixed"] = shard_assignment
+        self.num_workers = 0 if debug else num_workers
+        self.pin_memory = pin_memory
+        self.pad_values = dict(pad_values or {})
+        self.fields = fields
+        self.debug = debug
+        self.persistent_workers = persistent_workers
+        self.prefetch_factor = prefetch_factor
+        self.world: World | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        self.world = World.detect(trainer=self.trainer)
+
+    def _make(self, stage: Stage) -> ShardLoader | list[Any]:
+        path = self.paths[stage]
+        if path is None:
+            if stage == "train":
+                raise PlanError("ShardDataModule has no train shard set; pass train=PATH to fit")
+            return []  # Lightning's way of saying "no loader for this stage"
+        world = self.world or World.detect(trainer=self.trainer)
+        batching = self.batching
+        if stage != "train" and batching.uneven == "drop":
+            batching = dataclasses.replace(batching, uneven="split")
+        pin = self.pin_memory
+        if pin is None:
+            import torch
+
+            pin = torch.cuda.is_available()
+        loader = make_loader(
+            path,
+            rank=world.rank,
+            world_size=world.world_size,
+            stage=stage,
+            epoch=self.trainer.current_epoch if self.trainer is not None else 0,
+            batching=batching,
+            seed=self.seed,
+            shard_assignment=self.shard_assignment,
+            pad_values=self.pad_values,
+            fields=self.fields,
+            num_workers=self.num_workers,
+            pin_memory=pin,
+            prefetch_factor=self.prefetch_factor,
+            persistent_workers=self.persistent_workers,
+            debug=self.debug,
+        )
+        if stage == "train" and self.trainer is not None:
+            loader.progress_fn = self._train_steps_done
+        return loader
+
+    def _train_steps_done(self) -> int:
+        # Lightning fetches one batch ahead of the step it runs; what a resume must skip is
+        # the batches whose training step finished, which the fit loop counts.
+        assert self.trainer is not None
+        return int(self.trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+
+    def train_dataloader(self) -> ShardLoader | list[Any]:
+        return self._make("train")
+
+    def val_dataloader(self) -> ShardLoader | list[Any]:
+        return self._make("val")
+
+    def test_dataloader(self) -> ShardLoader | list[Any]:
+        return self._make("test")
+
+    def predict_dataloader(self) -> ShardLoader | list[Any]:
+        return self._make("predict")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "seed" in state_dict and state_dict["seed"] != self.seed:
+            raise PlanError(
+                f"the checkpoint was trained with seed {state_dict['seed']}, this DataModule has seed "
+                f"{self.seed}; resuming would change the remaining batches"
+            )

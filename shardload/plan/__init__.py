@@ -1,0 +1,39 @@
+"""Batch planning: lengths index -> one rank's ordered batches, same count on every rank.
+
+Pure numpy: no torch, no file I/O, no global state. Every rank plans on its own
+from the lengths index and gets the same number of batches as every other
+rank::
+
+    lengths (N,) + shard_sizes (S,)                   the shard set's index
+       |  assign     shards -> contiguous rank ranges  (locality)
+       |  batcher    fixed | buckets | greedy          (count all ranks, build one)
+       |  equalize   split | pad | drop                (equal batch counts)
+       v
+    RankPlan: sample_ids, weights, batch_offsets, fingerprint
+
+>>> import numpy as np
+>>> plan = plan_rank(np.array([3, 8, 5, 1]), np.array([4]), rank=0, world_size=2,
+...                  batching=Batching(batch_size=2))
+>>> len(plan), plan.num_real
+(1, 2)
+"""
+
+from __future__ import annotations
+
+from shardload.plan.options import Batching, ShardAssignment, Stage, Uneven, padded_length
+from shardload.plan.planner import EpochPlanner, RankPlan, digest_lengths, plan_rank
+from shardload.plan.summary import PlanSummary, summarize_plan
+
+__all__ = [
+    "Batching",
+    "EpochPlanner",
+    "PlanSummary",
+    "RankPlan",
+    "ShardAssignment",
+    "Stage",
+    "Uneven",
+    "digest_lengths",
+    "padded_length",
+    "plan_rank",
+    "summarize_plan",
+]

@@ -1,0 +1,181 @@
+"""Shards -> ranks: which contiguous range of samples each rank plans this epoch.
+
+The epoch's shard order (a seeded permutation for training, the natural order
+otherwise) is laid end to end, and the resulting sample sequence is cut into
+``world_size`` contiguous ranges whose sizes differ by at most one. A rank
+therefore reads whole shards plus at most two partial ones at its ends: about
+``num_shards / world_size + 2`` shards when shards have similar sizes, never
+all of them.
+
+Positions come in two kinds, named consistently below:
+
+* *epoch positions*: ``0..N-1`` along the epoch's shard order;
+* *sample ids*: ``0..N-1`` along the natural (on-disk) shard order, the ids of
+  the lengths index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.plan.shuffle import epoch_rng
+
+__all__ = ["ShardLayout", "assign_shards", "shard_order"]
+
+
+def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool) -> NDArray[np.int64]:
+    """The order in which the epoch lays shards end to end.
+
+    Args:
+        num_shards: Number of shards ``S``.
+        seed: Run seed.
+        epoch: Epoch number.
+        shuffle: ``True``: a permutation seeded by ``(seed, epoch)`` only, so
+            that every rank computes the same one. ``False``: natural order.
+
+    Returns:
+        ``(S,)`` shard ids in epoch order.
+    """
+    if not shuffle:
+        return np.arange(num_shards, dtype=np.int64)
+    return epoch_rng(seed, epoch).permutation(num_shards).astype(np.int64)
+
+
+def _segment_ids(starts: NDArray[np.int64], sizes: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Concatenate ``arange(start, start + size)`` for every segment, vectorised."""
+    # starts, sizes: (k,) segments; result: (sizes.sum(),)
+    total = int(sizes.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    out_starts = np.cumsum(sizes) - sizes  # (k,) where each segment lands in the output
+    shift = np.repeat(starts - out_starts, sizes)  # (total,)
+    shift += np.arange(total, dtype=np.int64)
+    return shift
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """One epoch's placement of shards and rank ranges.
+
+    Attributes:
+        shard_starts: ``(S + 1,)`` offsets of shards along sample ids.
+        order: ``(S,)`` shard ids in epoch order.
+        epoch_starts: ``(S + 1,)`` offsets of ``order``'s shards along epoch
+            positions.
+        rank_starts: ``(W + 1,)`` offsets of rank ranges along epoch
+            positions; rank ``r`` owns ``[rank_starts[r], rank_starts[r+1])``.
+    """
+
+    shard_starts: NDArray[np.int64]
+    order: NDArray[np.int64]
+    epoch_starts: NDArray[np.int64]
+    rank_starts: NDArray[np.int64]
+
+    @property
+    def num_samples(self) -> int:
+        """Total number of samples ``N``."""
+        return int(self.shard_starts[-1])
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks ``W``."""
+        return len(self.rank_starts) - 1
+
+    @property
+    def rank_sizes(self) -> NDArray[np.int64]:
+        """``(W,)`` number of samples each rank owns (max - min <= 1)."""
+        return np.diff(self.rank_starts)
+
+    def rank_segments(self, rank: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """The runs of consecutive sample ids that make up a rank's range.
+
+        Args:
+            rank: The rank.
+
+        Returns:
+            ``(starts, sizes)``, each ``(k,)``: sample-id runs in epoch order,
+            one per shard the rank touches, all non-empty.
+        """
+        lo, hi = int(self.rank_starts[rank]), int(self.rank_starts[rank + 1])
+        if lo == hi:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty
+        first = int(np.searchsorted(self.epoch_starts, lo, side="right")) - 1
+        stop = int(np.searchsorted(self.epoch_starts, hi, side="left"))
+        k = np.arange(first, stop)  # epoch indices of the overlapping shards
+        seg_lo = np.maximum(self.epoch_starts[k], lo)  # (k,) epoch positions
+        seg_hi = np.minimum(self.epoch_starts[k + 1], hi)
+        keep = seg_hi > seg_lo
+        k, seg_lo, seg_hi = k[keep], seg_lo[keep], seg_hi[keep]
+        starts = self.shard_starts[self.order[k]] + (seg_lo - self.epoch_starts[k])
+        return starts.astype(np.int64), (seg_hi - seg_lo).astype(np.int64)
+
+    def rank_sample_ids(self, rank: int) -> NDArray[np.int64]:
+        """``(n_r,)`` sample ids of a rank's range, in epoch order."""
+        return _segment_ids(*self.rank_segments(rank))
+
+    def rank_shards(self, rank: int) -> NDArray[np.int64]:
+        """``(k,)`` ids of the (non-empty) shards a rank's range touches, in epoch order."""
+        starts, _ = self.rank_segments(rank)
+        return (np.searchsorted(self.shard_starts, starts, side="right") - 1).astype(np.int64)
+
+    def epoch_sample_id(self, position: int) -> int:
+        """The sample id at an epoch position (``0 <= position < N``)."""
+        k = int(np.searchsorted(self.epoch_starts, position, side="right")) - 1
+        return int(self.shard_starts[self.order[k]] + position - self.epoch_starts[k])
+
+    def pieces(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """Tile all sample ids into runs that each lie in one shard and one rank.
+
+        This is what lets every rank count every rank's batches in one pass
+        over the lengths index: a run's rank is constant.
+
+        Returns:
+            ``(starts, sizes, ranks)``, each ``(P,)`` with ``P <= S + W``,
+            sorted by ``starts`` (sample ids); the runs tile ``[0, N)``.
+        """
+        cuts = np.union1d(self.epoch_starts, self.rank_starts)  # (P + 1,) epoch positions
+        lo, hi = cuts[:-1], cuts[1:]
+        k = np.searchsorted(self.epoch_starts, lo, side="right") - 1  # (P,) epoch shard index
+        ranks = np.searchsorted(self.rank_starts, lo, side="right") - 1  # (P,)
+        starts = self.shard_starts[self.order[k]] + (lo - self.epoch_starts[k])
+        by_id = np.argsort(starts, kind="stable")
+        return (
+            starts[by_id].astype(np.int64),
+            (hi - lo)[by_id].astype(np.int64),
+            ranks[by_id].astype(np.int64),
+        )
+
+
+def assign_shards(
+    shard_sizes: NDArray[np.int64], world_size: int, *, order: NDArray[np.int64]
+) -> ShardLayout:
+    """Cut the epoch's sample sequence into ``world_size`` contiguous ranges.
+
+    Guarantee: rank range sizes differ by at most one (``floor`` or ``ceil``
+    of ``N / world_size``), and each range is contiguous in epoch order, so a
+    rank touches only the shards its range overlaps.
+
+    Args:
+        shard_sizes: ``(S,)`` samples per shard, in natural order (zeros allowed).
+        world_size: Number of ranks ``W >= 1``.
+        order: ``(S,)`` shard ids in epoch order (see :func:`shard_order`).
+
+    Returns:
+        The epoch's :class:`ShardLayout`.
+
+    >>> layout = assign_shards(np.array([3, 3, 3]), 2, order=np.arange(3))
+    >>> layout.rank_sizes.tolist(), layout.rank_sample_ids(1).tolist()
+    ([4, 5], [4, 5, 6, 7, 8])
+    """
+    shard_starts = np.zeros(len(shard_sizes) + 1, dtype=np.int64)
+    np.cumsum(shard_sizes, out=shard_starts[1:])
+    epoch_starts = np.zeros(len(shard_sizes) + 1, dtype=np.int64)
+    np.cumsum(shard_sizes[order], out=epoch_starts[1:])
+    total = int(shard_starts[-1])
+    # floor(r * N / W): sizes are floor(N/W) or ceil(N/W); exact in int64 up to N*W < 2**63
+    rank_starts = np.arange(world_size + 1, dtype=np.int64) * total // world_size
+    return ShardLayout(shard_starts, np.asarray(order, dtype=np.int64), epoch_starts, rank_starts)

@@ -1,0 +1,128 @@
+"""The contract every batching strategy fills: count all ranks, build one.
+
+Planning without communication needs two things from a strategy:
+
+* :meth:`Batcher.count_batches`: every rank's batch count, vectorised and
+  cheap, because every rank computes all of them to agree on the target;
+* :meth:`Batcher.build_batches`: one rank's batches, materialised.
+
+Both must agree exactly (the count of rank ``r`` is the number of batches that
+``build_batches(r)`` returns); the tests check it for every strategy.
+Subclasses fill two hooks, :meth:`Batcher._count` and :meth:`Batcher._batch`
+(and may set up shared state in :meth:`Batcher._prepare`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.plan.assign import ShardLayout
+from shardload.plan.options import Batching
+from shardload.plan.shuffle import permute_batches, rank_rng
+
+__all__ = ["Batcher", "chunk_offsets"]
+
+
+def chunk_offsets(num_rows: int, size: int) -> NDArray[np.int64]:
+    """``(ceil(num_rows / size) + 1,)`` offsets of consecutive chunks of ``size`` rows.
+
+    >>> chunk_offsets(5, 2).tolist()
+    [0, 2, 4, 5]
+    """
+    offsets = np.arange(0, num_rows + size, size, dtype=np.int64)
+    offsets[-1] = num_rows
+    return offsets
+
+
+class Batcher(ABC):
+    """Groups each rank's samples into batches for one epoch of one stage.
+
+    Args:
+        lengths: ``(N,)`` per-sample lengths (any integer dtype, may be a memmap).
+        layout: The epoch's shard -> rank layout.
+        batching: Batching options.
+        shuffle: ``True`` for training: random order seeded by
+            ``(seed, epoch, rank)``. ``False``: deterministic order.
+        seed: Run seed.
+        epoch: Epoch number.
+        max_length: Longest length in ``lengths`` (``0`` if empty).
+    """
+
+    #: Whether training shuffles the order of batches after building them
+    #: (needed when building groups similar lengths together).
+    shuffles_batch_order: bool = False
+
+    def __init__(
+        self,
+        lengths: NDArray[np.integer],
+        layout: ShardLayout,
+        batching: Batching,
+        *,
+        shuffle: bool,
+        seed: int,
+        epoch: int,
+        max_length: int,
+    ) -> None:
+        self.lengths = lengths
+        self.layout = layout
+        self.batching = batching
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = epoch
+        self.max_length = max_length
+        self._prepare()
+
+    def _prepare(self) -> None:  # noqa: B027 (an optional hook, not abstract)
+        """Hook: set up what both counting and building need (default: nothing)."""
+
+    def count_batches(self) -> NDArray[np.int64]:
+        """``(W,)`` number of batches each rank's :meth:`build_batches` returns."""
+        counts = self._count()
+        assert counts.shape == (self.layout.world_size,)
+        return counts.astype(np.int64, copy=False)
+
+    def build_batches(self, rank: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """Materialise one rank's batches.
+
+        Args:
+            rank: The rank.
+
+        Returns:
+            ``(sample_ids, offsets)``: ``(n_r,)`` the rank's sample ids, each
+            once, in yield order, and ``(num_batches + 1,)`` batch offsets
+            into them. Every batch is non-empty.
+        """
+        ids = self.layout.rank_sample_ids(rank)  # (n_r,) epoch order
+        lens = np.asarray(self.lengths[ids], dtype=np.int64)  # (n_r,)
+        rng = rank_rng(self.seed, self.epoch, rank) if self.shuffle else None
+        sample_ids, offsets = self._batch(ids, lens, rng)
+        if rng is not None and self.shuffles_batch_order:
+            sample_ids, offsets = permute_batches(
+                sample_ids, offsets, rng.permutation(len(offsets) - 1)
+            )
+        return sample_ids, offsets
+
+    @abstractmethod
+    def _count(self) -> NDArray[np.int64]:
+        """``(W,)`` every rank's batch count, without materialising batches."""
+
+    @abstractmethod
+    def _batch(
+        self,
+        ids: NDArray[np.int64],
+        lens: NDArray[np.int64],
+        rng: np.random.Generator | None,
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """Order one rank's samples and cut them into batches.
+
+        Args:
+            ids: ``(n_r,)`` the rank's sample ids in epoch order.
+            lens: ``(n_r,)`` their lengths.
+            rng: The rank's generator when shuffling, else ``None``.
+
+        Returns:
+            ``(sample_ids, offsets)`` as in :meth:`build_batches`.
+        """

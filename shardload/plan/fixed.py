@@ -1,0 +1,39 @@
+"""Fixed-size batches without bucketing (``batch_size``, ``bucketing=False``).
+
+Batches are consecutive chunks of ``batch_size`` samples of the rank's range,
+in random order (training) or epoch order (evaluation); only the rank's last
+batch can be short. The count is a formula, ``ceil(n_r / batch_size)``, so
+counting every rank costs nothing. (Bucketed fixed-size batches live in
+:mod:`shardload.plan.buckets`.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.plan.batcher import Batcher, chunk_offsets
+
+__all__ = ["FixedSizeBatcher"]
+
+
+class FixedSizeBatcher(Batcher):
+    """Consecutive chunks of ``batch_size`` rows (the last one of a rank may be smaller)."""
+
+    @property
+    def _size(self) -> int:
+        assert self.batching.batch_size is not None
+        return self.batching.batch_size
+
+    def _count(self) -> NDArray[np.int64]:
+        return -(-self.layout.rank_sizes // self._size)
+
+    def _batch(
+        self,
+        ids: NDArray[np.int64],
+        lens: NDArray[np.int64],
+        rng: np.random.Generator | None,
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        if rng is not None:
+            ids = ids[rng.permutation(len(ids))]
+        return ids, chunk_offsets(len(ids), self._size)

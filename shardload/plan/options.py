@@ -1,0 +1,178 @@
+"""Batching options: the one config object the planner takes, and its checks.
+
+Everything here is plain data. :class:`Batching` validates itself when it is
+built, so a bad option fails where the user wrote it, with a
+:class:`~shardload.errors.PlanError` that says what to change, not deep inside
+an epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import numpy as np
+
+from shardload.errors import PlanError
+
+__all__ = [
+    "EVAL_STAGES",
+    "Batching",
+    "ShardAssignment",
+    "Stage",
+    "Uneven",
+    "padded_length",
+]
+
+Stage = Literal["train", "val", "test", "predict"]
+Uneven = Literal["split", "pad", "drop"]
+ShardAssignment = Literal["rotate", "fixed"]
+
+#: Stages that must see every sample exactly once (no shuffling, no dropping).
+EVAL_STAGES: frozenset[str] = frozenset({"val", "test", "predict"})
+
+
+def padded_length(max_len: int, pad_to_multiple_of: int = 1) -> int:
+    """Length a batch is padded to: ``max_len`` rounded up to a multiple.
+
+    This is the length the collate must pad every row of a batch to; token
+    budgets (``Batching.max_tokens``) count ``rows * padded_length(...)``.
+
+    Args:
+        max_len: Longest sample in the batch (``>= 0``).
+        pad_to_multiple_of: Round up to a multiple of this (``>= 1``).
+
+    Returns:
+        The padded length; ``0`` stays ``0``.
+
+    Raises:
+        PlanError: If ``max_len < 0`` or ``pad_to_multiple_of < 1``.
+
+    >>> padded_length(13, 8)
+    16
+    >>> padded_length(16, 8)
+    16
+    """
+    max_len = operator.index(max_len)
+    multiple = operator.index(pad_to_multiple_of)
+    if max_len < 0:
+        raise PlanError(f"padded_length: max_len must be >= 0, got {max_len}")
+    if multiple < 1:
+        raise PlanError(f"padded_length: pad_to_multiple_of must be >= 1, got {multiple}")
+    return -(-max_len // multiple) * multiple
+
+
+def _positive_int(name: str, value: object, *, hint: str) -> int:
+    """Return ``value`` as a plain int if it is an integer >= 1, else raise."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise PlanError(f"Batching({name}={value!r}): must be an integer >= 1; {hint}")
+    if value < 1:
+        raise PlanError(f"Batching({name}={value}): must be >= 1; {hint}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How a rank's samples are grouped into batches.
+
+    Set exactly one of ``batch_size`` (fixed rows per batch) or ``max_tokens``
+    (a token budget that counts padding). The other options tune bucketing and
+    what happens when ranks end up with different batch counts.
+
+    Attributes:
+        batch_size: Fixed number of rows per batch (the last batch of a rank
+            may be smaller).
+        max_tokens: Token budget per batch: ``rows * padded_length(longest row,
+            pad_to_multiple_of) <= max_tokens``. A row always costs at least
+            one token, so a batch never has more than ``max_tokens`` rows. A
+            single sample longer than the budget gets a batch of its own.
+        bucketing: Group samples of similar length to cut padding: samples
+            go to geometric length buckets (upper bounds grow by
+            ``bucket_ratio``), each bucket is cut into batches (of
+            ``batch_size`` rows, or as many rows as its upper bound fits in
+            ``max_tokens``), remainders of all buckets are cut together from
+            the longest down, and training shuffles within buckets and the
+            order of batches. Without bucketing, batches are consecutive runs
+            of the shuffled samples (fixed chunks, or a greedy fill of the
+            token budget): simple, but random lengths pad a lot.
+        pad_to_multiple_of: The collate pads each batch to a multiple of this
+            (e.g. 8 for tensor cores); budgets and buckets count it.
+        uneven: How ranks are brought to the same batch count. ``"split"``
+            (default): a rank with fewer batches splits its largest batches;
+            nothing is dropped or repeated. ``"pad"``: it appends filler
+            batches (one row, weight 0). ``"drop"``: every rank drops its
+            trailing batches down to the smallest count (training only).
+        bucket_ratio: Ratio between consecutive bucket upper bounds, in
+            ``[1.01, 4]``. Smaller pads less but makes more, smaller buckets:
+            1.05 pads ~2-3% on long-tailed lengths.
+        max_rows: ``max_tokens`` mode: optional cap on rows per batch (short
+            samples otherwise fill a batch with up to ``max_tokens`` rows).
+
+    Raises:
+        PlanError: On construction, if an option is invalid.
+
+    >>> Batching(max_tokens=16384, pad_to_multiple_of=8).uneven
+    'split'
+    """
+
+    batch_size: int | None = None
+    max_tokens: int | None = None
+    bucketing: bool = True
+    pad_to_multiple_of: int = 1
+    uneven: Uneven = "split"
+    bucket_ratio: float = 1.05
+    max_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.batch_size is None) == (self.max_tokens is None):
+            given = "both" if self.batch_size is not None else "neither"
+            raise PlanError(
+                f"Batching needs exactly one of batch_size or max_tokens, got {given}: "
+                "use Batching(batch_size=32) for a fixed number of rows per batch, "
+                "or Batching(max_tokens=16384) for a token budget that counts padding"
+            )
+        fixed: dict[str, object] = {}
+        if self.batch_size is not None:
+            fixed["batch_size"] = _positive_int(
+                "batch_size", self.batch_size, hint="it is the number of rows per batch"
+            )
+            if self.max_rows is not None:
+                raise PlanError(
+                    f"Batching(max_rows={self.max_rows}) only caps token batches; "
+                    "with batch_size the row count is already fixed: remove max_rows"
+                )
+        else:
+            fixed["max_tokens"] = _positive_int(
+                "max_tokens", self.max_tokens, hint="it is rows * padded length per batch"
+            )
+            if self.max_rows is not None:
+                fixed["max_rows"] = _positive_int(
+                    "max_rows", self.max_rows, hint="or None for no cap on rows per batch"
+                )
+        fixed["pad_to_multiple_of"] = _positive_int(
+            "pad_to_multiple_of", self.pad_to_multiple_of, hint="use 1 for no rounding"
+        )
+        if not isinstance(self.bucketing, (bool, np.bool_)):
+            raise PlanError(f"Batching(bucketing={self.bucketing!r}): must be True or False")
+        fixed["bucketing"] = bool(self.bucketing)
+        if self.uneven not in get_args(Uneven):
+            raise PlanError(
+                f"Batching(uneven={self.uneven!r}): must be one of 'split' (default, "
+                "no sample lost), 'pad' (masked filler batches) or 'drop' (training only)"
+            )
+        ratio = self.bucket_ratio
+        if (
+            isinstance(ratio, bool)
+            or not isinstance(ratio, (int, float, np.integer, np.floating))
+            or not math.isfinite(ratio)
+            or not 1.01 <= ratio <= 4.0
+        ):
+            raise PlanError(
+                f"Batching(bucket_ratio={ratio!r}): must be a number in [1.01, 4]; "
+                "1.05 pads a few percent, 1.1-1.2 makes fewer, wider buckets"
+            )
+        fixed["bucket_ratio"] = float(ratio)
+        for name, value in fixed.items():
+            object.__setattr__(self, name, value)  # plain Python values, hashable

@@ -1,0 +1,58 @@
+"""Seeded randomness of a plan, and reordering of whole batches.
+
+All randomness of a plan comes from two generators, each a pure function of
+its key, so a plan never depends on global state, call order, or which rank
+asks:
+
+* :func:`epoch_rng` ``(seed, epoch)``: shared by all ranks (the shard order);
+* :func:`rank_rng` ``(seed, epoch, rank)``: one rank's sample and batch order.
+
+The trailing stream tag keeps the two families of streams apart.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["epoch_rng", "permute_batches", "rank_rng"]
+
+_EPOCH_STREAM = 0x5348  # tags: distinct entropy for the shared and the per-rank streams
+_RANK_STREAM = 0x524B
+
+
+def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
+    """Generator shared by every rank for ``(seed, epoch)``."""
+    return np.random.default_rng([seed, epoch, _EPOCH_STREAM])
+
+
+def rank_rng(seed: int, epoch: int, rank: int) -> np.random.Generator:
+    """Generator private to one rank for ``(seed, epoch)``."""
+    return np.random.default_rng([seed, epoch, rank, _RANK_STREAM])
+
+
+def permute_batches(
+    sample_ids: NDArray[np.int64], offsets: NDArray[np.int64], perm: NDArray[np.int64]
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Reorder whole batches, keeping each batch's rows together and in order.
+
+    Args:
+        sample_ids: ``(num_rows,)`` sample ids, batch after batch.
+        offsets: ``(num_batches + 1,)`` offsets of batches into ``sample_ids``.
+        perm: ``(num_batches,)`` new order: output batch ``i`` is input batch
+            ``perm[i]``.
+
+    Returns:
+        ``(sample_ids, offsets)`` of the reordered batches.
+
+    >>> ids, off = permute_batches(np.arange(5), np.array([0, 2, 5]), np.array([1, 0]))
+    >>> ids.tolist(), off.tolist()
+    ([2, 3, 4, 0, 1], [0, 3, 5])
+    """
+    sizes = np.diff(offsets)[perm]  # (num_batches,) rows of each output batch
+    new_offsets = np.zeros(len(perm) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=new_offsets[1:])
+    # row j of output batch i comes from offsets[perm[i]] + (j - new_offsets[i])
+    source = np.repeat(offsets[:-1][perm] - new_offsets[:-1], sizes)
+    source += np.arange(len(source), dtype=np.int64)
+    return sample_ids[source], new_offsets

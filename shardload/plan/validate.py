@@ -1,0 +1,125 @@
+"""Checks of the planner's inputs: bad input raises a PlanError saying what to do.
+
+Kept apart from the algorithms so that they can assume clean input: a 1-D
+integer lengths index with no negative value, shard sizes that add up to it,
+and integer options in range.
+"""
+
+from __future__ import annotations
+
+from typing import get_args
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.errors import PlanError
+from shardload.plan.options import EVAL_STAGES, Batching, ShardAssignment, Stage
+
+__all__ = ["check_arrays", "check_call", "check_rank"]
+
+
+def _integer(name: str, value: object, *, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise PlanError(f"{name} must be an integer, got {value!r}")
+    if value < low:
+        raise PlanError(f"{name} must be >= {low}, got {value}")
+    return int(value)
+
+
+def check_rank(rank: object, world_size: int) -> int:
+    """``rank`` as an int in ``[0, world_size)``, else :class:`PlanError`."""
+    value = _integer("rank", rank, low=0)
+    if value >= world_size:
+        raise PlanError(
+            f"rank={value} is out of range for world_size={world_size}: use 0 <= rank < world_size"
+        )
+    return value
+
+
+def check_call(
+    *,
+    world_size: object,
+    batching: object,
+    stage: object,
+    seed: object,
+    epoch: object,
+    shard_assignment: object,
+) -> tuple[int, int, int]:
+    """Check the scalar arguments of a plan.
+
+    Returns:
+        ``(world_size, seed, epoch)`` as plain ints.
+
+    Raises:
+        PlanError: Naming the bad argument and its allowed values.
+    """
+    if not isinstance(batching, Batching):
+        raise PlanError(
+            f"batching must be a shardload.plan.Batching, got {type(batching).__name__}: "
+            "e.g. Batching(batch_size=32) or Batching(max_tokens=16384)"
+        )
+    if stage not in get_args(Stage):
+        raise PlanError(f"stage={stage!r}: must be one of {', '.join(get_args(Stage))}")
+    if shard_assignment not in get_args(ShardAssignment):
+        raise PlanError(f"shard_assignment={shard_assignment!r}: must be 'rotate' or 'fixed'")
+    if stage in EVAL_STAGES and batching.uneven == "drop":
+        raise PlanError(
+            f"Batching(uneven='drop') would lose samples in stage {stage!r}, which must "
+            "see every sample once: use uneven='split' (default) or 'pad' for evaluation"
+        )
+    return (
+        _integer("world_size", world_size, low=1),
+        _integer("seed", seed, low=0),
+        _integer("epoch", epoch, low=0),
+    )
+
+
+def check_arrays(
+    lengths: object, shard_sizes: object
+) -> tuple[NDArray[np.integer], NDArray[np.int64], int]:
+    """Check the lengths index and the shard sizes against each other.
+
+    The lengths are not copied (a memory map stays one); they are read once
+    for their minimum and maximum.
+
+    Returns:
+        ``(lengths, shard_sizes, max_length)``: ``(N,)`` lengths as an array,
+        ``(S,)`` sizes as int64, the longest length (0 if ``N == 0``).
+
+    Raises:
+        PlanError: Naming the problem and how to fix it.
+    """
+    lens = lengths if isinstance(lengths, np.ndarray) else np.asarray(lengths)
+    if lens.ndim != 1:
+        raise PlanError(
+            f"lengths must be a 1-D array (one length per sample), got shape {lens.shape}"
+        )
+    if lens.size == 0:
+        lens = lens.astype(np.int64)  # np.asarray([]) is float64
+    if not np.issubdtype(lens.dtype, np.integer):
+        raise PlanError(
+            f"lengths must hold integers, got dtype {lens.dtype}: cast with .astype(np.int64)"
+        )
+    sizes = np.asarray(shard_sizes)
+    if sizes.size == 0:
+        sizes = sizes.astype(np.int64)
+    if sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer):
+        raise PlanError(
+            f"shard_sizes must be a 1-D integer array (samples per shard), "
+            f"got shape {sizes.shape} dtype {sizes.dtype}"
+        )
+    sizes = sizes.astype(np.int64)
+    if sizes.size and sizes.min() < 0:
+        shard = int(np.argmin(sizes))
+        raise PlanError(f"shard_sizes[{shard}] = {sizes[shard]} is negative: sizes count samples")
+    if int(sizes.sum()) != len(lens):
+        raise PlanError(
+            f"shard_sizes add up to {int(sizes.sum())} samples but lengths has {len(lens)}: "
+            "pass the lengths index and shard sizes of the same shard set"
+        )
+    if len(lens) == 0:
+        return lens, sizes, 0
+    if lens.min() < 0:
+        sample = int(np.argmin(lens))
+        raise PlanError(f"lengths[{sample}] = {lens[sample]} is negative: lengths must be >= 0")
+    return lens, sizes, int(lens.max())

@@ -1,0 +1,318 @@
+"""Parquet (``.parquet``, ``.pq``) and Arrow IPC / Feather v2 (``.arrow``, ``.feather``, ``.ipc``) tables.
+
+One row is one sample; each column is one field, in the table's column order.
+One file is one unit. How a column's type becomes a field:
+
+=====================================================  ============================
+column type                                            field of one row
+=====================================================  ============================
+int / uint / float / bool                              0-d array (a scalar)
+``list<T>`` / ``large_list<T>``                        ``T[L]``, L varies by row
+``list<fixed_size_list<T, C>>``                        ``T[rows, C]``, rows vary
+``list<list<T>>``                                      ``T[rows, C]``: the inner lists
+                                                       of a row must be equally long
+``fixed_size_list<T, C>``                              ``T[C]`` (the same every row)
+``dictionary<T>``                                      as ``T``
+=====================================================  ============================
+
+``fixed_size_list`` may nest (``fixed_size_list<fixed_size_list<T, 3>, 2>`` is
+``T[2, 3]``). A row of a ``list<list<T>>`` column with no inner lists is
+``T[0, C]`` with the ``C`` of the previous non-empty row of the file (0 if none).
+
+Refused with an :class:`~shardload.errors.InputError` naming the file, the
+row and the column: nulls at any level, string/binary columns (not numeric:
+drop them), and other types (timestamps, decimals, structs, maps, deeper
+list nesting).
+
+Each record batch is converted with a few vectorised numpy calls (flat values
++ offsets); a row is then a slice (a view) of those arrays, never a Python
+object per value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from shardload.errors import InputError
+from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, register
+
+__all__ = ["ArrowSource", "ParquetSource", "batch_samples"]
+
+#: rows per Parquet read batch aim at about this many uncompressed bytes
+BATCH_BYTES = 64 << 20
+
+RowOf = Callable[[int], int]  # element index at some nesting level -> row of the batch
+
+
+# -- types: checked once per file, before any row is read ------------------------------------------
+def _element_ok(t: pa.DataType) -> bool:
+    """A type that converts to a dense block (primitive or fixed-size list of such)."""
+    if pa.types.is_fixed_size_list(t):
+        return _element_ok(t.value_type)
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def _leaf(t: pa.DataType) -> pa.DataType:
+    while _is_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_dictionary(t):
+        t = t.value_type
+    return t
+
+
+def check_column_type(path: str, name: str, t: pa.DataType) -> None:
+    """Raise if column ``name`` of type ``t`` cannot become a numeric field."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    ok = _element_ok(t) or (
+        _is_list(t) and (_element_ok(t.value_type) or (_is_list(t.value_type) and _element_ok(t.value_type.value_type)))
+    )
+    if ok:
+        return
+    leaf = _leaf(t)
+    if (
+        pa.types.is_string(leaf)
+        or pa.types.is_large_string(leaf)
+        or pa.types.is_binary(leaf)
+        or pa.types.is_large_binary(leaf)
+        or pa.types.is_fixed_size_binary(leaf)
+        or getattr(pa.types, "is_string_view", lambda _: False)(leaf)
+        or getattr(pa.types, "is_binary_view", lambda _: False)(leaf)
+    ):
+        raise InputError(
+            f"{path}: column {name!r} ({t}) is not numeric; every field must hold numbers. "
+            f"Drop the column before prepare (pyarrow: table.drop_columns([{name!r}]))."
+        )
+    if pa.types.is_null(leaf):
+        raise InputError(f"{path}: column {name!r} ({t}) holds only nulls; drop the column or fill in values")
+    if _leaf(t) is not t and (_element_ok(leaf)):
+        raise InputError(
+            f"{path}: column {name!r} has type {t}: lists may nest at most two deep "
+            "(list<list<T>> -> T[rows, C]); flatten the inner levels or use fixed_size_list"
+        )
+    raise InputError(
+        f"{path}: column {name!r} has type {t}, which is not supported; "
+        "cast it to an integer or float type (or lists of them), or drop it"
+    )
+
+
+def check_schema(path: str, schema: pa.Schema) -> None:
+    if len(schema) == 0:
+        raise InputError(f"{path}: the table has no columns")
+    seen = set()
+    for f in schema:
+        if f.name in seen:
+            raise InputError(f"{path}: column {f.name!r} appears twice; rename one of them")
+        seen.add(f.name)
+        check_column_type(path, f.name, f.type)
+
+
+# -- values: vectorised, once per record batch ------------------------------------------------------
+class _NullFound(Exception):
+    def __init__(self, row: int) -> None:
+        self.row = row
+
+
+def _check_nulls(arr: pa.Array, row_of: RowOf) -> None:
+    if arr.null_count:
+        first = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+        raise _NullFound(row_of(first))
+
+
+def _dense(arr: pa.Array, row_of: RowOf) -> np.ndarray:
+    """Primitive or fixed-size-list ``arr`` as one array of shape ``(len(arr), *inner)``."""
+    _check_nulls(arr, row_of)
+    t = arr.type
+    if pa.types.is_fixed_size_list(t):
+        size = t.list_size
+        inner = _dense(arr.flatten(), lambda j: row_of(j // size) if size else 0)
+        return inner.reshape(len(arr), size, *inner.shape[1:])
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def _offsets(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """List ``arr``'s offsets, rebased to start at 0, and its child values in that range."""
+    off = np.asarray(arr.offsets, dtype=np.int64)
+    child = arr.values.slice(int(off[0]), int(off[-1] - off[0]))
+    return off - off[0], child
+
+
+def _top(i: int) -> int:
+    return i
+
+
+def _row_of_child(offsets: np.ndarray, row_of: RowOf) -> RowOf:
+    return lambda j: row_of(int(np.searchsorted(offsets, j, side="right")) - 1)
+
+
+@dataclass
+class _Rows:
+    """The rows of one column of one batch, each a view into a few flat arrays."""
+
+    values: np.ndarray
+    # starts, ends: (num_rows,) first-axis range of each row in values, or None (fixed: row i is values[i])
+    starts: np.ndarray | None = None
+    ends: np.ndarray | None = None
+    # widths: (num_rows,) inner width of each row (list<list<T>> only): values are split into [-1, width]
+    widths: np.ndarray | None = None
+
+    def row(self, i: int) -> np.ndarray:
+        if self.starts is None or self.ends is None:
+            return self.values[i, ...]
+        part = self.values[self.starts[i] : self.ends[i]]
+        if self.widths is None:
+            return part
+        w = int(self.widths[i])
+        rows = part.shape[0] // w if w else 0
+        return part.reshape(rows, w, *part.shape[1:])
+
+
+class _ColumnConverter:
+    """Converts one column, batch after batch (it remembers the last inner width for empty rows)."""
+
+    def __init__(self, path: str, name: str) -> None:
+        self.path, self.name = path, name
+        self.last_width = 0
+
+    def __call__(self, arr: pa.Array, first_row: int) -> _Rows:
+        if pa.types.is_dictionary(arr.type):
+            arr = arr.dictionary_decode()
+        try:
+            return self._convert(arr, first_row)
+        except _NullFound as null:
+            raise InputError(
+                f"{self.path}: row {first_row + null.row}: column {self.name!r} holds a null; "
+                "fill in the value or drop the row before prepare"
+            ) from None
+
+    def _convert(self, arr: pa.Array, first_row: int) -> _Rows:
+        if not _is_list(arr.type):
+            return _Rows(_dense(arr, _top))
+        _check_nulls(arr, _top)
+        off, child = _offsets(arr)
+        if not _is_list(child.type):
+            return _Rows(_dense(child, _row_of_child(off, _top)), off[:-1], off[1:])
+        # list<list<T>>: each row is [rows, width]; its inner lists must be equally long
+        _check_nulls(child, _row_of_child(off, _top))
+        inner_off, values = _offsets(child)
+        dense = _dense(values, _row_of_child(inner_off, _row_of_child(off, _top)))
+        widths = np.diff(inner_off)  # (num_inner_lists,)
+        n = len(arr)
+        differs = widths[1:] != widths[:-1]
+        if differs.any():
+            row_start = np.zeros(len(widths) + 1, dtype=bool)
+            row_start[off[:-1]] = True
+            bad = np.flatnonzero(differs & ~row_start[1:-1])
+            if len(bad):
+                k = int(bad[0])
+                row = int(np.searchsorted(off, k + 1, side="right")) - 1
+                raise InputError(
+                    f"{self.path}: row {first_row + row}: column {self.name!r} holds inner lists of lengths "
+                    f"{widths[k]} and {widths[k + 1]}; the inner lists of one row must be equally long "
+                    "(they become the rows of a [rows, C] array). Pad them, or use fixed_size_list."
+                )
+        nonempty = off[1:] > off[:-1]
+        row_width = np.zeros(n, dtype=np.int64)
+        row_width[nonempty] = widths[off[:-1][nonempty]]
+        # empty rows take the width of the previous non-empty row (of this batch, else of the file)
+        last = np.maximum.accumulate(np.where(nonempty, np.arange(n), -1)) if n else np.zeros(0, np.int64)
+        row_width = np.where(last >= 0, row_width[np.maximum(last, 0)], self.last_width)
+        if n and nonempty.any():
+            self.last_width = int(row_width[-1])
+        return _Rows(dense, inner_off[off[:-1]], inner_off[off[1:]], row_width)
+
+
+def batch_samples(batches: Iterator[pa.RecordBatch], path: str, schema: pa.Schema) -> Iterator[tuple[str, Sample]]:
+    """Yield ``(locator, sample)`` for every row of ``batches``, numbering rows from 0."""
+    check_schema(path, schema)
+    names = schema.names
+    converters = [_ColumnConverter(path, n) for n in names]
+    first = 0
+    for batch in batches:
+        cols = [conv(batch.column(j), first) for j, conv in enumerate(converters)]
+        for i in range(batch.num_rows):
+            yield f"{path}: row {first + i}", {name: col.row(i) for name, col in zip(names, cols)}
+        first += batch.num_rows
+
+
+def _guarded(path: str, what: str, batches: Iterator[pa.RecordBatch], state: list[int]) -> Iterator[pa.RecordBatch]:
+    """Turn pyarrow's read errors into InputError naming the file and how far it got."""
+    try:
+        for batch in batches:
+            yield batch
+            state[0] += batch.num_rows
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(
+            f"{path}: corrupt or truncated {what} data after row {state[0]} ({exc}); re-create the file"
+        ) from None
+
+
+# -- readers -----------------------------------------------------------------------------------------
+@register
+class ParquetSource(SourceReader):
+    kind: ClassVar[str] = "parquet"
+    suffixes: ClassVar[tuple[str, ...]] = (".parquet", ".pq")
+
+    @classmethod
+    def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+        import pyarrow.parquet as pq
+
+        for path in unit.paths:
+            try:
+                pf = pq.ParquetFile(path)
+                schema = pf.schema_arrow
+            except FileNotFoundError:
+                raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
+            except (pa.ArrowException, OSError) as exc:
+                raise InputError(f"{path}: not a readable Parquet file ({exc}); re-create the file") from None
+            with pf:
+                meta = pf.metadata
+                raw = sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+                rows = max(1, meta.num_rows)
+                batch_size = int(np.clip(BATCH_BYTES * rows // max(raw, 1), 1, 65536))
+                batches = pf.iter_batches(batch_size=batch_size, use_threads=False)
+                yield from batch_samples(_guarded(path, "Parquet", batches, [0]), path, schema)
+
+
+@register
+class ArrowSource(SourceReader):
+    kind: ClassVar[str] = "arrow"
+    suffixes: ClassVar[tuple[str, ...]] = (".arrow", ".feather", ".ipc")
+
+    @classmethod
+    def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+        for path in unit.paths:
+            try:
+                source = pa.memory_map(path, "r")
+            except FileNotFoundError:
+                raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
+            except (pa.ArrowException, OSError) as exc:
+                raise InputError(f"{path}: cannot open ({exc})") from None
+            with source:
+                schema, batches = _open_ipc(path, source)
+                yield from batch_samples(_guarded(path, "Arrow IPC", batches, [0]), path, schema)
+
+
+def _open_ipc(path: str, source: pa.MemoryMappedFile) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """The schema and batches of an IPC file (random access) or stream."""
+    try:
+        reader = pa.ipc.open_file(source)
+        return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
+    except (pa.ArrowException, OSError):
+        pass
+    try:
+        source.seek(0)
+        stream = pa.ipc.open_stream(source)
+        return stream.schema, iter(stream)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(
+            f"{path}: not an Arrow IPC file or stream ({exc}). Feather v1 files are not supported: "
+            "rewrite with pyarrow.feather.write_feather(table, path) (version 2)."
+        ) from None

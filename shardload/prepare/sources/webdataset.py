@@ -1,0 +1,317 @@
+"""WebDataset tar shards (``.tar``, ``.tar.gz``, ``.tgz``, ``.tar.bz2``, ``.tar.xz``).
+
+A tar is read as a stream (nothing is extracted to disk); one tar is one unit.
+Its members are grouped into samples the WebDataset way:
+
+* a member name splits at the **first dot of its base name** into the sample
+  **key** and a **suffix**: ``train/abc.tokens.npy`` -> key ``train/abc``,
+  suffix ``tokens.npy``. The suffix is lower-cased (as WebDataset does).
+  Members of one sample must be adjacent in the tar (WebDataset writers do that).
+* the last part of the suffix is the **decoder extension** (``npy``); a final
+  ``.gz`` is gunzipped first (``abc.tokens.npy.gz``).
+* the **field name** is the suffix without its decoder extension
+  (``abc.tokens.npy`` -> ``tokens``, ``abc.a.b.npy`` -> ``a.b``); when nothing is
+  left (``abc.npy``, ``abc.cls``), the field is named by the extension itself
+  (``npy``, ``cls``), as in a WebDataset sample dict.
+
+Decoder extensions and what they give:
+
+===================================  ==============================================
+extension                            field(s)
+===================================  ==============================================
+``npy``                              the array (pickled object arrays: see below)
+``npz``                              one field per array, named as in the archive
+``json``, ``jsn``                    an object: one field per entry, named by its key;
+                                     a number or list: one field (field name as above).
+                                     Values are converted as for JSON Lines
+                                     (:mod:`~shardload.prepare.sources.jsonl`)
+``cls``, ``cls2``, ``class``,        an integer label: a 0-d int64 array
+``count``, ``index``, ``inx``, ``id``
+``txt``, ``text``                    one number: a 0-d array (int64 or float32);
+                                     any other text is refused (text fields are
+                                     not supported)
+``pyd``, ``pickle``, ``pkl``         refused unless ``allow_pickle``; then the
+                                     object is used like a decoded JSON value (an
+                                     ndarray as it is; a dict gives one field per key)
+===================================  ==============================================
+
+``--dtype FIELD=DTYPE`` applies while decoding ``json``/``txt``/class members.
+Fields coming from entries of an object (``json``, ``npz``, pickled dict) are
+named by the entry alone, so two members of one sample may not give the same
+field. Directories and members that WebDataset treats as metadata (a name
+like ``__index__`` or under ``__meta__/``) are skipped; any other member type
+is refused.
+
+Safety: member names that are absolute or contain ``..``, links (symbolic or
+hard) and device/FIFO members are refused, and a tar that ends without its
+end-of-archive marker (truncated, or corrupt in the middle) is an error rather
+than a silently shorter dataset.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import pickle
+import re
+import tarfile
+import zlib
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from shardload.errors import InputError
+from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, register
+from shardload.prepare.sources.jsonl import json_to_array
+
+__all__ = ["WebDatasetSource", "split_member_name"]
+
+NPY_EXTS = frozenset({"npy"})
+NPZ_EXTS = frozenset({"npz"})
+JSON_EXTS = frozenset({"json", "jsn"})
+CLASS_EXTS = frozenset({"cls", "cls2", "class", "count", "index", "inx", "id"})
+TEXT_EXTS = frozenset({"txt", "text"})
+PICKLE_EXTS = frozenset({"pyd", "pickle", "pkl"})
+KNOWN_EXTS = NPY_EXTS | NPZ_EXTS | JSON_EXTS | CLASS_EXTS | TEXT_EXTS | PICKLE_EXTS
+
+# WebDataset's own patterns: key = up to the first dot of the base name; __x__ names are metadata
+_KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+_META_RE = re.compile(r"__[^/]*__($|/)")
+# the header error tarfile raises at the zero block that ends an archive (not in typeshed)
+_END_OF_ARCHIVE: type[Exception] = tarfile.EOFHeaderError  # type: ignore[attr-defined]
+
+
+def split_member_name(name: str) -> tuple[str, str, str, bool] | None:
+    """``(key, field, extension, gzipped)`` of a member name, or ``None`` if it has no suffix.
+
+    >>> split_member_name("train/abc.tokens.npy")
+    ('train/abc', 'tokens', 'npy', False)
+    >>> split_member_name("abc.cls")
+    ('abc', 'cls', 'cls', False)
+    """
+    m = _KEY_RE.match(name)
+    if not m:
+        return None
+    key, suffix = m.group(1), m.group(2).lower()
+    gz = suffix.endswith(".gz")
+    if gz:
+        suffix = suffix[:-3]
+    stem, dot, ext = suffix.rpartition(".")
+    return key, (stem if dot else ext), ext, gz
+
+
+class _CheckedTarInfo(tarfile.TarInfo):
+    """Remembers why tarfile stopped reading headers (tarfile treats corruption as a quiet end)."""
+
+    @classmethod
+    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> _CheckedTarInfo:
+        try:
+            return super().fromtarfile(tarfile_)
+        except tarfile.HeaderError as exc:
+            tarfile_.shardload_stop = exc  # type: ignore[attr-defined]
+            raise
+
+
+@register
+class WebDatasetSource(SourceReader):
+    kind: ClassVar[str] = "webdataset"
+    suffixes: ClassVar[tuple[str, ...]] = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+
+    @classmethod
+    def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+        for path in unit.paths:
+            yield from _read_tar(path, options)
+
+
+def _read_tar(path: str, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+    last = "the start"  # where reading got to, for errors about the tar itself
+    done: set[str] = set()  # keys of finished samples, to catch members that are not adjacent
+    key: str | None = None
+    sample: dict[str, np.ndarray] = {}
+    stop: tarfile.HeaderError | None = None  # why tarfile stopped: must be the end-of-archive marker
+    try:
+        tf = tarfile.open(path, mode="r|*", tarinfo=_CheckedTarInfo)  # noqa: SIM115  (closed by `with tf` below)
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise InputError(f"{path}: not a readable tar file ({exc}); re-create the shard") from None
+    with tf:
+        try:
+            for member in tf:
+                tf.members = []  # type: ignore[attr-defined]  # a stream needs no index: keep memory flat
+                name = member.name
+                where = f"{path}: member {name!r}"
+                _check_member(member, where)
+                if not member.isreg() or _META_RE.match(name):
+                    continue
+                parts = split_member_name(name)
+                if parts is None:
+                    raise InputError(
+                        f"{where}: no extension, so its sample and type are unknown "
+                        "(WebDataset names members KEY.FIELD.EXT); rename or remove it"
+                    )
+                mkey, field, ext, gz = parts
+                if mkey != key:
+                    if key is not None:
+                        done.add(key)
+                        yield f"{path}: sample {key!r}", sample
+                    if mkey in done:
+                        raise InputError(
+                            f"{where}: sample {mkey!r} continues after other samples; the members of a "
+                            "sample must be adjacent in the tar (write it with webdataset.TarWriter)"
+                        )
+                    key, sample = mkey, {}
+                fh = tf.extractfile(member)
+                assert fh is not None  # a regular member
+                data = fh.read()
+                if gz:
+                    try:
+                        data = gzip.decompress(data)
+                    except (OSError, EOFError, zlib.error) as exc:
+                        raise InputError(f"{where}: corrupt gzip data ({exc}); re-create the shard") from None
+                for fname, arr in _decode(data, field, ext, where, options):
+                    if fname in sample:
+                        raise InputError(
+                            f"{where}: field {fname!r} of sample {mkey!r} is given twice; "
+                            "each field may come from one member only"
+                        )
+                    sample[fname] = arr
+                last = f"member {name!r}"
+            stop = getattr(tf, "shardload_stop", None)
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+            raise InputError(
+                f"{path}: corrupt or truncated tar after {last} ({exc}); re-create or re-download the shard"
+            ) from None
+    if not isinstance(stop, _END_OF_ARCHIVE):
+        raise InputError(
+            f"{path}: the tar ends without its end-of-archive marker after {last} "
+            f"({stop or 'no more data'}): truncated or corrupt; re-create or re-download the shard"
+        )
+    if key is not None:
+        yield f"{path}: sample {key!r}", sample
+
+
+def _check_member(member: tarfile.TarInfo, where: str) -> None:
+    name = member.name
+    if name.startswith("/") or ".." in name.split("/") or re.match(r"^[A-Za-z]:", name):
+        raise InputError(f"{where}: unsafe member name (absolute, or with '..'); refusing to read the shard")
+    if member.issym() or member.islnk():
+        raise InputError(
+            f"{where}: is a link to {member.linkname!r}; links are refused in WebDataset shards: store the data itself"
+        )
+    if not (member.isreg() or member.isdir()):
+        raise InputError(f"{where}: is a device or FIFO, not a file; refusing to read the shard")
+
+
+def _decode(data: bytes, field: str, ext: str, where: str, options: SourceOptions) -> list[tuple[str, np.ndarray]]:
+    """The fields one member contributes to its sample."""
+    if ext in NPY_EXTS:
+        return [(field, _load_npy(data, where, options))]
+    if ext in NPZ_EXTS:
+        return _load_npz(data, where, options)
+    if ext in JSON_EXTS:
+        try:
+            value = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{where}: not valid UTF-8 (byte {exc.start + 1}); JSON members must be UTF-8") from None
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{where}: invalid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})") from None
+        return _from_value(value, field, where, options)
+    if ext in CLASS_EXTS:
+        text = _text(data, where).strip()
+        try:
+            label = int(text)
+        except ValueError:
+            raise InputError(f"{where}: a .{ext} member must hold one integer, found {text[:40]!r}") from None
+        return [(field, _convert(label, field, where, options))]
+    if ext in TEXT_EXTS:
+        text = _text(data, where).strip()
+        try:
+            number: int | float = int(text)
+        except ValueError:
+            try:
+                number = float(text)
+            except ValueError:
+                raise InputError(
+                    f"{where}: text fields are not supported (a .{ext} member may only hold one number, "
+                    f"found {text[:40]!r}); tokenize the text into an .npy member, or remove it"
+                ) from None
+        return [(field, _convert(number, field, where, options))]
+    if ext in PICKLE_EXTS:
+        if not options.allow_pickle:
+            raise InputError(
+                f"{where}: a pickled member; refusing to unpickle untrusted data. "
+                "Store .npy members instead, or pass --allow-pickle if you trust the shard."
+            )
+        try:
+            value = pickle.loads(data)  # the user allowed it explicitly
+        except Exception as exc:  # noqa: BLE001  (unpickling can raise anything)
+            raise InputError(f"{where}: cannot unpickle ({type(exc).__name__}: {exc})") from None
+        return _from_value(value, field, where, options)
+    raise InputError(
+        f"{where}: member type .{ext} is not supported (supported: {', '.join(sorted(KNOWN_EXTS))}); "
+        "convert it to .npy, or remove it from the shard"
+    )
+
+
+def _text(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{where}: not valid UTF-8 (byte {exc.start + 1})") from None
+
+
+def _from_value(value: Any, field: str, where: str, options: SourceOptions) -> list[tuple[str, np.ndarray]]:
+    """A decoded JSON / unpickled value: a mapping gives one field per entry, anything else one field."""
+    if isinstance(value, Mapping):
+        if not value:
+            raise InputError(f"{where}: an empty object gives no fields; remove the member")
+        return [(str(k), _convert(v, str(k), where, options)) for k, v in value.items()]
+    return [(field, _convert(value, field, where, options))]
+
+
+def _convert(value: Any, field: str, where: str, options: SourceOptions) -> np.ndarray:
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return value
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    try:
+        return json_to_array(value, options.dtypes.get(field))
+    except ValueError as exc:
+        raise InputError(f"{where}: field {field!r} {exc}") from None
+
+
+def _load_npy(data: bytes, where: str, options: SourceOptions) -> np.ndarray:
+    try:
+        arr = np.load(io.BytesIO(data), allow_pickle=options.allow_pickle)
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise InputError(
+                f"{where}: holds a pickled object array; refusing to unpickle untrusted data. "
+                "Store numeric arrays, or pass --allow-pickle if you trust the shard."
+            ) from None
+        raise InputError(f"{where}: not a readable .npy member ({exc})") from None
+    except (OSError, EOFError) as exc:
+        raise InputError(f"{where}: not a readable .npy member ({exc})") from None
+    if not isinstance(arr, np.ndarray):
+        raise InputError(f"{where}: expected an array, found {type(arr).__name__}")
+    return arr
+
+
+def _load_npz(data: bytes, where: str, options: SourceOptions) -> list[tuple[str, np.ndarray]]:
+    import zipfile
+
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=options.allow_pickle) as npz:
+            return [(name, npz[name]) for name in npz.files]
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise InputError(
+                f"{where}: holds a pickled object array; refusing to unpickle untrusted data. "
+                "Store numeric arrays, or pass --allow-pickle if you trust the shard."
+            ) from None
+        raise InputError(f"{where}: not a readable .npz member ({exc})") from None
+    except (OSError, EOFError, AttributeError, zipfile.BadZipFile, zlib.error) as exc:
+        raise InputError(f"{where}: not a readable .npz member ({exc})") from None

@@ -1,0 +1,336 @@
+"""Check a shard set on disk against its manifest, byte for byte.
+
+Where it sits: beside the flow, after ``prepare`` (``shardload verify OUT``).
+:func:`verify` reads every shard in full (that is its point), so it is the slow,
+thorough counterpart of :func:`shardload.open`, which only checks sizes lazily.
+
+For each shard it checks, in order: the file exists, its size, its sha256
+checksum, that the format's reader can open it with the manifest's schema, its
+sample count, and that the lengths recomputed from its offsets equal its slice
+of the lengths index (and of each per-field index). Damage is *reported*, never
+raised, so one run lists everything that is wrong::
+
+    report = shardload.verify.verify("out/")
+    for p in report.problems:
+        print(p)   # shard 3 (shards/shard-000003.arrow): checksum_mismatch: ...
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.formats import Columns, get_format
+from shardload.manifest import Manifest, ShardInfo, file_checksum
+from shardload.schema import Schema
+
+__all__ = ["REASONS", "Problem", "VerifyReport", "verify"]
+
+logger = logging.getLogger("shardload.verify")
+
+#: reason codes of a :class:`Problem`, from the most to the least fundamental
+REASONS = (
+    "missing",  # the file is not there
+    "truncated",  # smaller than the manifest says
+    "size_mismatch",  # larger than the manifest says (rewritten, appended to)
+    "checksum_mismatch",  # right size, different bytes
+    "unreadable",  # the format's reader refuses it (or the lengths index is not a valid .npy)
+    "wrong_count",  # readable, but holds another number of samples
+    "lengths_mismatch",  # the lengths index disagrees with the shard's offsets
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a shard set.
+
+    Attributes:
+        shard: index of the shard in the manifest, or ``None`` for a problem of
+            the set as a whole (the lengths index).
+        file: the file concerned, relative to the shard set.
+        reason: one of :data:`REASONS`.
+        detail: what was found, in words.
+    """
+
+    shard: int | None
+    file: str
+    reason: str
+    detail: str
+
+    def __str__(self) -> str:
+        where = self.file if self.shard is None else f"shard {self.shard} ({self.file})"
+        return f"{where}: {self.reason}: {self.detail}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shard": self.shard, "file": self.file, "reason": self.reason, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The outcome of :func:`verify`.
+
+    Attributes:
+        path: the shard set directory.
+        shards: number of shards in the manifest.
+        samples: number of samples in the manifest.
+        bytes: bytes of shard data read and checksummed.
+        seconds: wall time of the check.
+        problems: everything found wrong, ordered by shard, then set-level problems.
+    """
+
+    path: str
+    shards: int
+    samples: int
+    bytes: int
+    seconds: float
+    problems: tuple[Problem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def damaged_shards(self) -> list[int]:
+        """Sorted indices of the shards with at least one problem."""
+        return sorted({p.shard for p in self.problems if p.shard is not None})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "ok": self.ok,
+            "shards": self.shards,
+            "samples": self.samples,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 3),
+            "damaged_shards": self.damaged_shards,
+            "problems": [p.to_json() for p in self.problems],
+        }
+
+
+def verify(path: str | os.PathLike[str], *, workers: int = 1, progress: bool | None = None) -> VerifyReport:
+    """Check every shard of the set at ``path`` against its manifest.
+
+    Args:
+        path: a shard set directory.
+        workers: shards checked in parallel (threads: hashing and page-ins
+            release the GIL). More than 1 helps on fast disks.
+        progress: show a progress bar; ``None`` means "if stderr is a terminal"
+            (otherwise a log line every few seconds).
+
+    Returns:
+        A :class:`VerifyReport`; ``report.ok`` is true when nothing is wrong.
+
+    Raises:
+        ManifestError: the manifest is missing, unreadable or inconsistent, so
+            there is nothing to verify against.
+
+    >>> report = verify("out/")            # doctest: +SKIP
+    >>> report.ok, [str(p) for p in report.problems]  # doctest: +SKIP
+    """
+    root = Path(path)
+    manifest = Manifest.load(root)  # ManifestError propagates: nothing to check against
+    started = time.perf_counter()
+    index_problems: list[Problem] = []
+    indexes = {"": _load_index(root, manifest.lengths_file, manifest.total_samples, index_problems)}
+    for name, file in sorted(manifest.field_lengths.items()):
+        indexes[name] = _load_index(root, file, manifest.total_samples, index_problems)
+    if indexes[""] is not None:
+        total = int(_chunked_sum(indexes[""]))
+        if total != manifest.total_tokens:
+            index_problems.append(
+                Problem(None, manifest.lengths_file, "lengths_mismatch",
+                        f"the index sums to {total} tokens, the manifest says {manifest.total_tokens}")
+            )
+    checker = _ShardChecker(root, manifest, indexes)
+    problems: list[Problem] = []
+    nbytes = 0
+    bar = _Progress(total_bytes=sum(s.bytes for s in manifest.shards), enabled=progress)
+    try:
+        for found, read in _map(checker, range(len(manifest.shards)), workers):
+            problems.extend(found)
+            nbytes += read
+            bar.update(read)
+    finally:
+        bar.close()
+    problems.extend(index_problems)
+    report = VerifyReport(
+        path=str(root),
+        shards=len(manifest.shards),
+        samples=manifest.total_samples,
+        bytes=nbytes,
+        seconds=time.perf_counter() - started,
+        problems=tuple(problems),
+    )
+    return report
+
+
+# -- the lengths index ---------------------------------------------------------------------------------
+def _load_index(root: Path, file: str, total: int, problems: list[Problem]) -> NDArray[np.integer] | None:
+    """Memory-map one lengths index, or record why it cannot be used (and return ``None``)."""
+    try:
+        arr = np.load(root / file, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        problems.append(Problem(None, file, "missing", "the lengths index is missing; re-run prepare"))
+        return None
+    except (ValueError, OSError, EOFError) as exc:
+        problems.append(Problem(None, file, "unreadable", f"not a readable .npy file ({exc})"))
+        return None
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        problems.append(
+            Problem(None, file, "lengths_mismatch", f"holds {arr.dtype} of shape {arr.shape}, expected 1-D integers")
+        )
+        return None
+    if len(arr) != total:
+        problems.append(
+            Problem(None, file, "lengths_mismatch", f"holds {len(arr)} lengths, the manifest has {total} samples")
+        )
+        return None
+    return arr
+
+
+def _chunked_sum(arr: NDArray[np.integer], chunk: int = 1 << 24) -> int:
+    # Chunks keep a billion-entry index from being summed through one giant temporary.
+    return sum(int(arr[i : i + chunk].sum(dtype=np.int64)) for i in range(0, len(arr), chunk))
+
+
+def recompute_lengths(schema: Schema, cols: Columns) -> dict[str, NDArray[np.int64]]:
+    """Lengths a shard's offsets imply: ``""`` -> batching length, plus one entry per variable field.
+
+    Mirrors how ``prepare`` builds the index: the ``length_field``'s length, else
+    the longest variable field of each sample, else 1 (no variable field).
+    """
+    per_field = {f.name: cols.fields[f.name].lengths().astype(np.int64) for f in schema.variable_fields}
+    if schema.length_field is not None:
+        main = per_field[schema.length_field]
+    elif per_field:
+        main = np.max(np.stack(list(per_field.values())), axis=0) if cols.num_samples else np.zeros(0, np.int64)
+    else:
+        main = np.ones(cols.num_samples, dtype=np.int64)
+    return {"": main, **per_field}
+
+
+# -- one shard -----------------------------------------------------------------------------------------
+class _ShardChecker:
+    def __init__(self, root: Path, manifest: Manifest, indexes: dict[str, NDArray[np.integer] | None]) -> None:
+        self.root = root
+        self.manifest = manifest
+        self.indexes = indexes
+        _, self.reader_cls = get_format(manifest.shard_format)
+
+    def __call__(self, k: int) -> tuple[list[Problem], int]:
+        """Problems of shard ``k`` and the bytes read to find them."""
+        info = self.manifest.shards[k]
+        path = self.root / info.file
+        problems: list[Problem] = []
+
+        def report(reason: str, detail: str) -> None:
+            problems.append(Problem(k, info.file, reason, detail))
+
+        read = 0
+        if not path.exists():
+            report("missing", "the file does not exist")
+            return problems, read
+        # Directory stores (chunked formats) have no single size or checksum; only regular files do.
+        if path.is_file():
+            size = path.stat().st_size
+            if size != info.bytes:
+                reason = "truncated" if size < info.bytes else "size_mismatch"
+                report(reason, f"{size} bytes on disk, the manifest says {info.bytes}")
+            else:
+                try:
+                    digest = file_checksum(path)
+                except OSError as exc:
+                    report("unreadable", f"cannot be read ({exc})")
+                    return problems, read
+                read = size
+                if digest != info.checksum:
+                    report("checksum_mismatch", f"content is {digest}, the manifest says {info.checksum}")
+        self._check_content(info, path, report)
+        return problems, read
+
+    def _check_content(self, info: ShardInfo, path: Path, report: Callable[[str, str], None]) -> None:
+        reader = self.reader_cls(path, self.manifest.schema)
+        try:
+            try:
+                cols = reader.columns()
+            except Exception as exc:  # noqa: BLE001  any failure to decode is damage to report, not to raise
+                report("unreadable", f"the {self.manifest.shard_format} reader refuses it: {_one_line(exc)}")
+                return
+            if cols.num_samples != info.samples:
+                report("wrong_count", f"holds {cols.num_samples} samples, the manifest says {info.samples}")
+                return
+            try:
+                lengths = recompute_lengths(self.manifest.schema, cols)
+            except Exception as exc:  # noqa: BLE001
+                report("unreadable", f"its offsets cannot be read: {_one_line(exc)}")
+                return
+            if int(lengths[""].sum()) != info.tokens:
+                report("lengths_mismatch",
+                       f"its samples hold {int(lengths[''].sum())} tokens, the manifest says {info.tokens}")
+            for key, index in self.indexes.items():
+                if index is None or key not in lengths:
+                    continue
+                expected = np.asarray(index[info.first_sample : info.first_sample + info.samples], dtype=np.int64)
+                diff = np.flatnonzero(expected != lengths[key])
+                if len(diff):
+                    row = int(diff[0])
+                    name = self.manifest.lengths_file if key == "" else self.manifest.field_lengths[key]
+                    report(
+                        "lengths_mismatch",
+                        f"{name} disagrees with the shard for {len(diff)} of {info.samples} samples; first: sample "
+                        f"{info.first_sample + row} (row {row}) has length {int(lengths[key][row])}, the index says "
+                        f"{int(expected[row])}",
+                    )
+        finally:
+            reader.close()
+
+
+class _Progress:
+    """Bytes checked: a tqdm bar on a terminal, else a log line every ``every`` seconds."""
+
+    def __init__(self, *, total_bytes: int, enabled: bool | None, every: float = 10.0) -> None:
+        self.total, self.done, self.every = total_bytes, 0, every
+        self.start = self.last = time.perf_counter()
+        self.bar: Any = None
+        if enabled if enabled is not None else sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total_bytes, desc="verify", unit="B", unit_scale=True, dynamic_ncols=True)
+
+    def update(self, nbytes: int) -> None:
+        self.done += nbytes
+        if self.bar is not None:
+            self.bar.update(nbytes)
+        elif time.perf_counter() - self.last >= self.every:
+            self.last = time.perf_counter()
+            rate = self.done / max(self.last - self.start, 1e-9) / 1e6
+            logger.info("verify: %.0f of %.0f MB checked, %.0f MB/s", self.done / 1e6, self.total / 1e6, rate)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _map(fn: Callable[[int], tuple[list[Problem], int]], items: Sequence[int] | range, workers: int) -> Iterator[tuple[list[Problem], int]]:
+    """Results in shard order; threads when ``workers > 1``."""
+    if workers <= 1 or len(items) <= 1:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
+        yield from pool.map(fn, items)

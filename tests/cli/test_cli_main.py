@@ -1,0 +1,107 @@
+"""The command line as a whole: registry, --version, --help, errors and exit codes."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import pytest
+
+import shardload
+from shardload.cli import COMMANDS, Exit, main
+from shardload.cli._common import parse_size
+
+
+def test_version(cli) -> None:
+    r = cli("--version")
+    assert r.code == 0 and r.out.strip() == f"shardload {shardload.__version__}"
+
+
+def test_help_lists_commands_and_exit_codes(cli) -> None:
+    r = cli("--help")
+    assert r.code == 0
+    for name in COMMANDS:
+        assert name in r.out
+    assert "exit status" in r.out and "verify found problems" in r.out
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_command_help_has_an_example_and_python(cli, name: str) -> None:
+    r = cli(name, "--help")
+    assert r.code == 0
+    assert "examples:" in r.out and f"shardload {name} " in r.out
+    # the help ends with how to load the result in Python
+    tail = r.out.rstrip().split("in Python:")[-1]
+    assert "in Python:" in r.out and "shardload" in tail
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_registry_contract(name: str) -> None:
+    module = importlib.import_module(f"shardload.cli.{name}")
+    assert module.__doc__ and module.SUMMARY and module.EPILOG
+    assert callable(module.add_arguments) and callable(module.run)
+
+
+def test_no_command_is_a_usage_error(cli) -> None:
+    r = cli()
+    assert r.code == Exit.USAGE and "usage:" in r.err
+
+
+def test_unknown_option_is_a_usage_error(cli, shard_set) -> None:
+    r = cli("verify", shard_set, "--frobnicate")
+    assert r.code == 2 and "unrecognized arguments" in r.err
+
+
+def test_missing_directory_is_exit_5_with_one_line(cli, tmp_path) -> None:
+    r = cli("inspect", tmp_path / "nowhere")
+    assert r.code == Exit.SHARD_SET == 5
+    assert r.err.startswith("shardload: error: ") and r.err.count("\n") == 1
+    assert "Traceback" not in r.err
+
+
+def test_debug_shows_the_traceback(cli, tmp_path) -> None:
+    r = cli("--debug", "inspect", tmp_path / "nowhere")
+    assert r.code == 5 and "Traceback" in r.err and "shardload: error:" in r.err
+    r = cli("inspect", "--debug", tmp_path / "nowhere")
+    assert r.code == 5 and "Traceback" in r.err
+
+
+def test_unexpected_exception_is_an_internal_error(cli, shard_set, monkeypatch) -> None:
+    import shardload.inspect
+
+    def boom(*a, **k):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(shardload.inspect, "describe", boom)
+    r = cli("inspect", shard_set)
+    assert r.code == Exit.INTERNAL and "internal error: RuntimeError: kaboom" in r.err
+
+
+def test_logging_is_restored_after_a_command(cli, shard_set) -> None:
+    logger = logging.getLogger("shardload")
+    handlers, level = list(logger.handlers), logger.level
+    cli("verify", shard_set)
+    assert logger.handlers == handlers and logger.level == level
+
+
+def test_main_defaults_to_sys_argv(monkeypatch, capsys) -> None:
+    monkeypatch.setattr("sys.argv", ["shardload", "--version"])
+    assert main() == 0
+    assert "shardload" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1000", 1000), ("256MB", 256_000_000), ("256mb", 256_000_000), ("1GiB", 1 << 30), ("512M", 512 << 20),
+     ("4k", 4096), ("1.5GB", 1_500_000_000), ("64 KiB", 65536), ("10B", 10)],
+)
+def test_parse_size(text: str, value: int) -> None:
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "MB", "12XB", "-5MB", "0", "1iB", "1.2.3"])
+def test_parse_size_rejects(text: str) -> None:
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_size(text)

@@ -1,0 +1,93 @@
+"""`shardload plan`: the dry-run table and its JSON."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shardload
+from shardload.cli import Exit
+
+
+@pytest.mark.parametrize("world_size", [1, 3, 8])
+@pytest.mark.parametrize("size", [["--batch-size", "16"], ["--max-tokens", "300"]])
+def test_plan_json(cli, shard_set, world_size, size) -> None:
+    r = cli("plan", shard_set, "--world-size", world_size, *size, "--json")
+    assert r.code == 0, r.err
+    obj = r.json()
+    assert list(obj) == ["world_size", "stage", "padding_fraction", "ranks"]
+    assert (obj["world_size"], obj["stage"]) == (world_size, "train")
+    assert 0 <= obj["padding_fraction"] < 1
+    assert [row["rank"] for row in obj["ranks"]] == list(range(world_size))
+    for row in obj["ranks"]:
+        assert list(row) == ["rank", "batches", "samples", "filler", "tokens", "padded_tokens"]
+        assert row["padded_tokens"] >= row["tokens"]
+    # Invariant: every rank has the same number of batches
+    assert len({row["batches"] for row in obj["ranks"]}) == 1
+    # the default uneven="split" loses and repeats nothing
+    assert sum(row["samples"] for row in obj["ranks"]) == 200
+
+
+def test_plan_with_ids_covers_every_sample_once_in_val(cli, shard_set) -> None:
+    r = cli("plan", shard_set, "--world-size", "3", "--batch-size", "7", "--stage", "val", "--uneven", "pad",
+            "--pad-to-multiple-of", "8", "--json", "--with-ids")
+    assert r.code == 0, r.err
+    ranks = r.json()["ranks"]
+    real = []
+    for row in ranks:
+        ids, weights = row["batch_sample_ids"], row["batch_weights"]
+        assert len(ids) == len(weights) == row["batches"]
+        assert [len(b) for b in ids] == [len(w) for w in weights]
+        real += [i for b, w in zip(ids, weights) for i, x in zip(b, w) if x > 0]
+        assert sum(x == 0 for w in weights for x in w) == row["filler"]
+    # Invariant: in evaluation every real sample is planned exactly once over all ranks
+    assert sorted(real) == list(range(200))
+
+
+def test_plan_matches_the_library(cli, shard_set) -> None:
+    from shardload.plan import Batching, plan_rank
+
+    r = cli("plan", shard_set, "--world-size", "2", "--max-tokens", "256", "--no-bucketing", "--seed", "5",
+            "--epoch", "2", "--shard-assignment", "fixed", "--json", "--with-ids")
+    ds = shardload.open(shard_set)
+    plan = plan_rank(ds.lengths, ds.index.sizes, rank=1, world_size=2, batching=Batching(max_tokens=256, bucketing=False),
+                     stage="train", seed=5, epoch=2, shard_assignment="fixed")
+    got = r.json()["ranks"][1]["batch_sample_ids"]
+    assert got == [plan.sample_ids[a:b].tolist() for a, b in zip(plan.batch_offsets[:-1], plan.batch_offsets[1:])]
+
+
+def test_plan_table(cli, shard_set) -> None:
+    r = cli("plan", shard_set, "--world-size", "4", "--max-tokens", "512")
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    assert lines[0].split()[:3] == ["rank", "batches", "samples"]
+    assert [line.split()[0] for line in lines[1:5]] == ["0", "1", "2", "3"]
+    assert any(line.startswith(" all") or line.split()[:1] == ["all"] for line in lines)
+    assert "spread:" in r.out and "padded tokens of the slowest rank" in r.out
+    # the padding column of the totals is the summary's padding fraction
+    total = next(line for line in lines if line.split()[:1] == ["all"])
+    assert total.endswith("%")
+
+
+def test_plan_error_is_exit_6(cli, shard_set) -> None:
+    r = cli("plan", shard_set, "--world-size", "2", "--batch-size", "4", "--stage", "val", "--uneven", "drop")
+    assert r.code == Exit.PLAN == 6 and "shardload: error:" in r.err and "drop" in r.err
+
+
+def test_plan_usage_errors(cli, shard_set) -> None:
+    assert cli("plan", shard_set, "--batch-size", "4").code == 2  # no --world-size
+    assert cli("plan", shard_set, "--world-size", "2").code == 2  # neither size option
+    assert cli("plan", shard_set, "--world-size", "2", "--batch-size", "4", "--max-tokens", "9").code == 2
+    assert cli("plan", shard_set, "--world-size", "0", "--batch-size", "4").code == 2
+    r = cli("plan", shard_set, "--world-size", "2", "--batch-size", "4", "--with-ids")
+    assert r.code == 2 and "--json" in r.err
+
+
+def test_plan_missing_set_is_exit_5(cli, tmp_path) -> None:
+    assert cli("plan", tmp_path, "--world-size", "2", "--batch-size", "4").code == 5
+
+
+def test_plan_lengths_are_those_of_the_index(cli, shard_set) -> None:
+    tokens = sum(row["tokens"] for row in cli("plan", shard_set, "--world-size", "3", "--batch-size", "5",
+                                              "--json").json()["ranks"])
+    assert tokens == int(np.load(shard_set / "lengths.npy").sum())

@@ -1,0 +1,73 @@
+"""`shardload prepare`: options reach the library, results and errors come back right."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+import shardload
+from shardload.cli import Exit
+
+
+def test_prepare_npy_dir_json(cli, npy_dir, tmp_path) -> None:
+    out = tmp_path / "out"
+    r = cli("prepare", npy_dir, "-o", out, "--field", "tokens", "--num-shards", "3", "--no-shuffle",
+            "--dtype", "tokens=int32", "--json", "--no-progress")
+    assert r.code == 0, r.err
+    result = r.json()
+    assert result["samples"] == 60 and result["shards"] == 3 and result["path"] == str(out)
+    ds = shardload.open(out)
+    assert ds.schema.names == ("tokens",) and ds.schema.field("tokens").dtype == "int32"
+    # --no-shuffle keeps source order: sample 0 is the first file
+    np.testing.assert_array_equal(ds[0]["tokens"], np.load(sorted(npy_dir.iterdir())[0]))
+
+
+def test_prepare_human_output_and_options(cli, npy_dir, tmp_path) -> None:
+    out = tmp_path / "out"
+    r = cli("prepare", str(npy_dir / "*.npy"), "-o", out, "--shard-size", "1kB", "--balance", "tokens",
+            "--seed", "3", "--workers", "2", "--no-progress")
+    assert r.code == 0, r.err
+    assert r.out.startswith(f"prepared {out}: 60 samples in ") and "shardload.open(" in r.out
+    m = json.loads((out / "manifest.json").read_text())
+    assert len(m["shards"]) > 1  # 1 kB shards
+    assert m["options"]["balance"] == "tokens" and m["options"]["seed"] == 3 and m["options"]["shuffle"] is True
+
+
+def test_existing_output_is_exit_4(cli, npy_dir, shard_set) -> None:
+    r = cli("prepare", npy_dir, "-o", shard_set, "--no-progress")
+    assert r.code == Exit.OUTPUT == 4
+    assert r.err.startswith("shardload: error: ") and "--overwrite" in r.err
+
+
+def test_overwrite_replaces(cli, npy_dir, shard_set) -> None:
+    r = cli("prepare", npy_dir, "-o", shard_set, "--overwrite", "--json", "--no-progress")
+    assert r.code == 0 and r.json()["samples"] == 60
+
+
+def test_bad_input_is_exit_3(cli, tmp_path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a.npy", np.arange(5, dtype=np.int64))
+    np.save(src / "b.npy", np.arange(5, dtype=np.float32))  # dtype differs from the first sample
+    r = cli("prepare", src, "-o", tmp_path / "out", "--no-progress")
+    assert r.code == Exit.INPUT == 3
+    last = r.err.splitlines()[-1]  # (progress log lines may precede it)
+    assert last.startswith("shardload: error: ") and "b.npy" in last and "Traceback" not in r.err
+
+
+def test_missing_source_is_exit_3(cli, tmp_path) -> None:
+    r = cli("prepare", tmp_path / "nothing-here", "-o", tmp_path / "out")
+    assert r.code == 3 and "no such file" in r.err
+
+
+def test_usage_errors_are_exit_2(cli, npy_dir, tmp_path) -> None:
+    out = tmp_path / "out"
+    assert cli("prepare", npy_dir).code == 2  # no -o
+    assert cli("prepare", npy_dir, "-o", out, "--shard-size", "lots").code == 2
+    assert cli("prepare", npy_dir, "-o", out, "--dtype", "tokens").code == 2
+    assert cli("prepare", npy_dir, "-o", out, "--dtype", "tokens=complex64").code == 2
+    assert cli("prepare", npy_dir, "-o", out, "--resume", "--overwrite").code == 2
+    r = cli("prepare", npy_dir, "-o", out, "--workers", "0")
+    assert r.code == 2 and "at least 1" in r.err
+    assert not out.exists()

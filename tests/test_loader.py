@@ -1,0 +1,140 @@
+"""The dataset, collate and loader: contract, zero-copy, locality, determinism, resume."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import shardload
+from shardload.loader import make_loader
+from shardload.testing import synthetic_samples
+from tests.helpers.resume import assert_resumes_identically, batch_ids
+
+
+def mapped_ranges(path: Path) -> list[tuple[int, int]]:
+    out = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5] == str(path.resolve()):
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            out.append((lo, hi))
+    return out
+
+
+def test_getitem_is_a_view_into_the_memory_mapped_shard(shard_set: shardload.ShardSet) -> None:
+    sample = shard_set[5]
+    shard_file = shard_set.path / shard_set.shards[0].file
+    ranges = mapped_ranges(shard_file)
+    assert ranges, "the shard file is not memory-mapped"
+    for name in ("tokens", "features"):
+        addr = sample[name].__array_interface__["data"][0]
+        # Invariant: zero-copy — the sample's bytes are the file's mapped pages
+        assert any(lo <= addr < hi for lo, hi in ranges), name
+        assert not sample[name].flags.owndata
+
+
+def test_batch_contract(shard_set: shardload.ShardSet, samples: list[dict]) -> None:
+    loader = make_loader(shard_set.path, rank=0, world_size=1, stage="val", batch_size=16,
+                         pad_values={"tokens": -1}, pad_to_multiple_of=8)
+    n_seen = 0
+    for batch in loader:
+        b = len(batch["sample_id"])
+        assert 1 <= b <= 16
+        assert batch["sample_id"].dtype == torch.int64 and batch["weight"].dtype == torch.float32
+        assert batch["tokens"].dtype == torch.int32 and batch["tokens"].shape[0] == b
+        assert batch["tokens"].shape[1] % 8 == 0
+        assert batch["features"].shape[0] == b and batch["features"].shape[2] == 4
+        assert batch["label"].shape == (b,) and batch["label"].dtype == torch.int64
+        assert batch["tokens_lengths"].dtype == torch.int64
+        for i, sid in enumerate(batch["sample_id"].tolist()):
+            want = samples[sid]  # the fixture set is not shuffled: id == source position
+            n = int(batch["tokens_lengths"][i])
+            assert n == len(want["tokens"])
+            np.testing.assert_array_equal(batch["tokens"][i, :n].numpy(), want["tokens"])
+            assert (batch["tokens"][i, n:] == -1).all()
+            rows = int(batch["features_lengths"][i])
+            np.testing.assert_array_equal(batch["features"][i, :rows].numpy(), want["features"])
+            assert (batch["features"][i, rows:] == 0).all()
+            assert int(batch["label"][i]) == int(want["label"])
+        n_seen += int((batch["weight"] > 0).sum())
+    assert n_seen == len(samples)
+
+
+def test_fields_selects_what_is_loaded(shard_set: shardload.ShardSet) -> None:
+    batch = next(iter(make_loader(shard_set.path, rank=0, world_size=1, batch_size=4, fields=("label",))))
+    assert set(batch) == {"label", "sample_id", "weight"}
+    with pytest.raises(shardload.PlanError, match="nope"):
+        make_loader(shard_set.path, rank=0, world_size=1, batch_size=4, fields=("nope",))
+
+
+@pytest.mark.parametrize("stage", ["train", "val"])
+def test_same_batches_for_any_num_workers(shard_set: shardload.ShardSet, stage: str) -> None:
+    def run(workers: int) -> list[list[int]]:
+        loader = make_loader(shard_set.path, rank=1, world_size=3, stage=stage, max_tokens=200,
+                             num_workers=workers, seed=4, epoch=2)
+        return batch_ids(loader)
+
+    # Invariant: debug mode (num_workers=0) yields the very same batches as workers
+    assert run(0) == run(2)
+
+
+def test_rank_opens_only_the_shards_its_plan_touches(tmp_path: Path) -> None:
+    shardload.write(synthetic_samples(400, seed=3), tmp_path / "s", num_shards=20)
+    world = 4
+    for rank in range(world):
+        loader = make_loader(tmp_path / "s", rank=rank, world_size=world, batch_size=8, stage="train", epoch=1)
+        list(loader)
+        opened = loader.dataset.shard_set.open_shards
+        planned = loader.dataset.shard_set.index.shards_of(loader.plan_sampler.plan().sample_ids)
+        # Invariant: locality — only planned shards are mapped, about shards/world_size of them
+        assert set(opened) <= set(planned.tolist())
+        assert len(opened) <= math.ceil(20 / world) + 2
+
+
+def test_epochs_reshuffle_training_but_not_evaluation(shard_set: shardload.ShardSet) -> None:
+    def ids(stage: str, epoch: int) -> list[list[int]]:
+        loader = make_loader(shard_set.path, rank=0, world_size=2, stage=stage, batch_size=8)
+        loader.set_epoch(epoch)
+        return batch_ids(loader)
+
+    assert ids("train", 0) != ids("train", 1)
+    assert ids("train", 1) == ids("train", 1)
+    assert ids("val", 0) == ids("val", 1)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_mid_epoch_in_one_process(shard_set: shardload.ShardSet, workers: int) -> None:
+    def make() -> shardload.loader.ShardLoader:
+        loader = make_loader(shard_set.path, rank=0, world_size=2, stage="train", max_tokens=160,
+                             num_workers=workers, seed=1)
+        loader.set_epoch(3)
+        return loader
+
+    assert_resumes_identically(make, stop_after=4)
+
+
+def test_resume_refuses_a_different_world_size(shard_set: shardload.ShardSet) -> None:
+    a = make_loader(shard_set.path, rank=0, world_size=2, batch_size=8)
+    state = a.state_dict()
+    b = make_loader(shard_set.path, rank=0, world_size=4, batch_size=8)
+    with pytest.raises(shardload.PlanError, match="world size 2"):
+        b.load_state_dict(state)
+
+
+def test_reprepared_set_is_detected(tmp_path: Path) -> None:
+    shardload.write(synthetic_samples(50, seed=1), tmp_path / "s", num_shards=2)
+    loader = make_loader(tmp_path / "s", rank=0, world_size=1, batch_size=8)
+    shardload.write(synthetic_samples(50, seed=2), tmp_path / "s", num_shards=2, overwrite=True)
+    with pytest.raises(shardload.ShardSetChangedError, match="re-prepared"):
+        next(iter(loader))
+
+
+def test_rank_from_environment(shard_set: shardload.ShardSet, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    loader = make_loader(shard_set.path, batch_size=8)
+    assert (loader.plan_sampler.world.rank, loader.plan_sampler.world.world_size) == (2, 3)

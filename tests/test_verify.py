@@ -1,0 +1,168 @@
+"""shardload.verify: every kind of damage is reported against the right shard, never raised."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardload
+from shardload.errors import ManifestError
+from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
+from shardload.manifest import file_checksum
+from shardload.testing import synthetic_samples
+from shardload.verify import REASONS, Problem, verify
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("verify") / "set"
+    shardload.write(synthetic_samples(200), out, num_shards=4)
+    return out
+
+
+@pytest.fixture
+def shard_set(pristine: Path, tmp_path: Path) -> Path:
+    """A private copy of the set, free to damage."""
+    return Path(shutil.copytree(pristine, tmp_path / "set"))
+
+
+def manifest_of(path: Path) -> dict:
+    return json.loads((path / "manifest.json").read_text())
+
+
+def shard_path(path: Path, k: int) -> Path:
+    return path / manifest_of(path)["shards"][k]["file"]
+
+
+def reasons(report, shard: int | None) -> set[str]:
+    return {p.reason for p in report.problems if p.shard == shard}
+
+
+def test_clean_set_verifies(shard_set: Path) -> None:
+    report = verify(shard_set)
+    assert report.ok and report.problems == ()
+    assert (report.shards, report.samples) == (4, 200)
+    # every byte of every shard was read
+    assert report.bytes == sum(s["bytes"] for s in manifest_of(shard_set)["shards"])
+    assert report.to_json()["ok"] is True
+
+
+def test_flipped_byte_is_a_checksum_mismatch_of_that_shard(shard_set: Path) -> None:
+    path = shard_path(shard_set, 2)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    report = verify(shard_set)
+    assert not report.ok
+    assert "checksum_mismatch" in reasons(report, 2)
+    assert report.damaged_shards == [2]
+    line = next(str(p) for p in report.problems if p.reason == "checksum_mismatch")
+    assert line.startswith("shard 2 (shards/") and "checksum_mismatch" in line
+
+
+def test_truncated_shard(shard_set: Path) -> None:
+    path = shard_path(shard_set, 1)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    report = verify(shard_set)
+    assert "truncated" in reasons(report, 1)
+    assert report.damaged_shards == [1]
+
+
+def test_grown_shard_is_a_size_mismatch(shard_set: Path) -> None:
+    path = shard_path(shard_set, 0)
+    with open(path, "ab") as fh:
+        fh.write(b"\0" * 16)
+    assert "size_mismatch" in reasons(verify(shard_set), 0)
+
+
+def test_deleted_shard_is_missing(shard_set: Path) -> None:
+    shard_path(shard_set, 3).unlink()
+    report = verify(shard_set)
+    assert reasons(report, 3) == {"missing"}
+    assert report.damaged_shards == [3]
+
+
+def test_every_damaged_shard_is_listed_in_one_run(shard_set: Path) -> None:
+    shard_path(shard_set, 0).unlink()
+    shard_path(shard_set, 3).write_bytes(b"not arrow")
+    report = verify(shard_set)
+    assert report.damaged_shards == [0, 3]
+    assert reasons(report, 3) >= {"truncated", "unreadable"}
+
+
+def test_edited_lengths_index_is_a_lengths_mismatch(shard_set: Path) -> None:
+    lengths = np.load(shard_set / "lengths.npy")
+    lengths[120] += 3
+    np.save(shard_set / "lengths.npy", lengths)
+    report = verify(shard_set)
+    shard = int(np.searchsorted(np.cumsum([s["samples"] for s in manifest_of(shard_set)["shards"]]), 120, "right"))
+    assert "lengths_mismatch" in reasons(report, shard)
+    detail = next(p.detail for p in report.problems if p.shard == shard)
+    assert "sample 120" in detail
+    # the total no longer matches either: a set-level problem naming the index file
+    assert any(p.shard is None and p.file == "lengths.npy" for p in report.problems)
+
+
+def test_edited_per_field_index_is_a_lengths_mismatch(shard_set: Path) -> None:
+    name = manifest_of(shard_set)["lengths"]["per_field"]["features"]
+    lengths = np.load(shard_set / name)
+    lengths[5] += 1
+    np.save(shard_set / name, lengths)
+    report = verify(shard_set)
+    assert [p.reason for p in report.problems] == ["lengths_mismatch"]
+    assert name in report.problems[0].detail
+
+
+def test_short_or_missing_lengths_index(shard_set: Path) -> None:
+    np.save(shard_set / "lengths.npy", np.load(shard_set / "lengths.npy")[:-1])
+    report = verify(shard_set)
+    assert [(p.shard, p.reason) for p in report.problems] == [(None, "lengths_mismatch")]
+    (shard_set / "lengths.npy").unlink()
+    report = verify(shard_set)
+    assert [(p.shard, p.file, p.reason) for p in report.problems] == [(None, "lengths.npy", "missing")]
+
+
+def test_consistent_file_with_wrong_count(shard_set: Path) -> None:
+    # A shard rewritten with one sample less, whose size and checksum were "fixed up" in
+    # the manifest: only opening it shows that it is short.
+    m = manifest_of(shard_set)
+    schema = shardload.open(shard_set).schema
+    path = shard_path(shard_set, 1)
+    cols = ArrowShardReader(path, schema).columns()
+    short = cols.take(np.arange(cols.num_samples - 1))
+    path.unlink()
+    ArrowShardWriter(schema).write(path, short)
+    m["shards"][1].update(bytes=path.stat().st_size, checksum=file_checksum(path))
+    (shard_set / "manifest.json").write_text(json.dumps(m))
+    assert reasons(verify(shard_set), 1) == {"wrong_count"}
+
+
+def test_bad_manifest_total_raises(shard_set: Path) -> None:
+    m = manifest_of(shard_set)
+    m["total_samples"] += 1
+    (shard_set / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match="total_samples"):
+        verify(shard_set)
+
+
+def test_not_a_shard_set_raises(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match="not a shard set"):
+        verify(tmp_path)
+
+
+def test_threads_give_the_same_report(shard_set: Path) -> None:
+    shard_path(shard_set, 2).unlink()
+    assert verify(shard_set, workers=3).problems == verify(shard_set).problems
+
+
+def test_problem_text_and_reason_codes() -> None:
+    p = Problem(3, "shards/shard-000003.arrow", "checksum_mismatch", "content differs")
+    assert str(p) == "shard 3 (shards/shard-000003.arrow): checksum_mismatch: content differs"
+    assert str(Problem(None, "lengths.npy", "missing", "gone")) == "lengths.npy: missing: gone"
+    assert set(REASONS) == {
+        "missing", "truncated", "size_mismatch", "checksum_mismatch", "wrong_count", "unreadable", "lengths_mismatch",
+    }
