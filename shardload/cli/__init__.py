@@ -41,6 +41,7 @@ COMMANDS: tuple[str, ...] = (
     "inspect",
     "verify",
     "plan",
+    "demo",
 )
 
 #: library errors -> exit status, most specific first
