@@ -185,8 +185,8 @@ def render_histogram(histogram: Mapping[str, Sequence[int]], *, width: int = 40)
     eighths of a cell), the count and its share.
 
     >>> print(render_histogram({"edges": [1, 2, 4], "counts": [3, 1]}, width=8))
-          1 │████████ 3  75.0%
-        2-3 │██▋      1  25.0%
+      1 │████████ 3  75.0%
+    2-3 │██▋      1  25.0%
     """
     edges, counts = list(histogram["edges"]), list(histogram["counts"])
     total, top = sum(counts), max(counts, default=0)

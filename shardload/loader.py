@@ -102,6 +102,9 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
                 seed=self.seed,
                 epoch=self.epoch,
                 shard_assignment=self.shard_assignment,
+                # The manifest fingerprint covers every shard's checksum, so it identifies the
+                # lengths too; this saves hashing the whole lengths index every epoch.
+                lengths_digest=ss.fingerprint,
             )
         return self._plan
 

@@ -156,10 +156,10 @@ def verify(path: str | os.PathLike[str], *, workers: int = 1, progress: bool | N
     nbytes = 0
     bar = _Progress(total_bytes=sum(s.bytes for s in manifest.shards), enabled=progress)
     try:
-        for found, read in _map(checker, range(len(manifest.shards)), workers):
+        for k, (found, read) in enumerate(_map(checker, range(len(manifest.shards)), workers)):
             problems.extend(found)
             nbytes += read
-            bar.update(read)
+            bar.update(manifest.shards[k].bytes)  # progress through the set, read or not
     finally:
         bar.close()
     problems.extend(index_problems)

@@ -13,8 +13,9 @@ with the four names below, and add ``"NAME"`` to :data:`COMMANDS`::
     def run(args) -> int                  # one library call; returns an exit status
 
 A module's docstring is its description in ``shardload NAME --help``.
-Command modules import heavy or optional parts (the planner, matplotlib)
-inside ``run``, so building the parser stays cheap. Errors become one line ``shardload: error:
+Keep the module's top level light (import the library inside ``run``): every
+module is imported to list the commands. ``add_arguments`` runs only for the
+command being run. Errors become one line ``shardload: error:
 ...`` and an exit status (see :class:`~shardload.cli._common.Exit`);
 ``--debug`` adds the traceback.
 """
@@ -59,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     >>> main(["verify", "out/"])   # doctest: +SKIP
     0
     """
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, usage errors: argparse has printed them
@@ -81,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(exc, code, args.debug)
     except BrokenPipeError:  # `shardload inspect OUT | head`
         return Exit.OK
+    except OSError as exc:  # not wrapped by the library: a full disk, a permission, an I/O error
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(CommandError(f"{where}{exc.strerror or exc}"), Exit.OUTPUT, args.debug)
     except Exception as exc:  # noqa: BLE001  the one place where any failure becomes an exit status
         if args.debug:
             traceback.print_exc()
@@ -89,8 +94,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Exit.INTERNAL
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser: every registered command imported and added."""
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; only the command named in ``argv`` gets its options added.
+
+    Every command is listed (for ``shardload --help``), but ``add_arguments``
+    runs for the chosen command alone, so one command's costly or broken
+    option setup never slows down or breaks another. ``argv=None`` adds the
+    options of every command.
+    """
     from shardload import __version__
 
     parser = argparse.ArgumentParser(
@@ -103,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"shardload {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    # The command is the first word that is not an option: the global options take no value.
+    chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     for name in COMMANDS:
         module = _command(name)
         p = sub.add_parser(
@@ -112,9 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
             epilog=module.EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        # SUPPRESS: `shardload --debug CMD` is not reset to False by the subcommand's default.
-        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
-        module.add_arguments(p)
+        if chosen is None or chosen == name:
+            # SUPPRESS: `shardload --debug CMD` is not reset to False by the subcommand's default.
+            p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                           help="show the traceback of an error")
+            module.add_arguments(p)
     return parser
 
 

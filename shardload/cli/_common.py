@@ -18,7 +18,7 @@ class Exit(IntEnum):
     PROBLEMS = 1  # verify found problems
     USAGE = 2  # bad command line (argparse's own code), or a missing optional dependency
     INPUT = 3  # InputError: the input to prepare is malformed
-    OUTPUT = 4  # OutputError: cannot write the output where asked
+    OUTPUT = 4  # OutputError: cannot write the output where asked (and other OSErrors)
     SHARD_SET = 5  # ShardSetError: the shard set is missing or unusable
     PLAN = 6  # PlanError: batching options are invalid
     INTERNAL = 70  # an unexpected exception: a bug in shardload (EX_SOFTWARE)
@@ -30,7 +30,8 @@ exit status:
   1   verify found problems in the shard set
   2   usage error (bad options), or a missing optional dependency
   3   bad input (the sources given to prepare are malformed)
-  4   output problem (the output exists, is locked, or cannot be written)
+  4   output problem (the output exists, is locked, or cannot be written), or another
+      operating-system error (disk full, permission denied)
   5   shard set unusable (missing, not a shard set, damaged manifest or shard)
   6   plan error (invalid batching options)
   70  internal error (a bug: rerun with --debug and report the traceback)"""

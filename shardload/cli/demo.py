@@ -32,9 +32,9 @@ EPILOG = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from shardload.demo import default_workdir
-
-    p.add_argument("--workdir", type=Path, default=None, help=f"where to write (default {default_workdir()})")
+    # No import of shardload.demo here: it loads torch and Lightning, which `--help` does not need.
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="where to write (default $XDG_CACHE_HOME/shardload/demo or ~/.cache/shardload/demo)")
     p.add_argument("--train-samples", type=positive_int, default=20_000, metavar="N")
     p.add_argument("--val-samples", type=positive_int, default=2_001, metavar="N")
     p.add_argument("--devices", type=positive_int, default=2, metavar="N", help="DDP processes (CPU, gloo)")

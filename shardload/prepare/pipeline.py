@@ -110,7 +110,10 @@ def cast_fields(sample: Mapping[str, Any], dtypes: Mapping[str, str], where: str
                     lo, hi = arr.min(), arr.max()
                     if lo < info.min or hi > info.max:
                         raise TypeError(f"values in [{lo}, {hi}] do not fit {target}")
-                arr = arr.astype(target)
+                cast = arr.astype(target)
+                if target.kind == "f" and arr.dtype.kind == "f" and np.isinf(cast).any() and np.isfinite(arr).all():
+                    raise TypeError(f"values overflow {target}")
+                arr = cast
         except (TypeError, ValueError) as exc:
             raise InputError(f"{where}: field {name!r} cannot be cast to {dtype}: {exc}") from None
         out[name] = arr

@@ -42,6 +42,19 @@ def test_registry_contract(name: str) -> None:
     assert callable(module.add_arguments) and callable(module.run)
 
 
+def test_only_the_chosen_command_sets_up_its_options(cli, shard_set, monkeypatch) -> None:
+    import shardload.cli.prepare
+
+    def broken(parser):
+        raise RuntimeError("prepare's options are broken")
+
+    monkeypatch.setattr(shardload.cli.prepare, "add_arguments", broken)
+    # another command, --help and --version do not depend on prepare's option setup
+    assert cli("verify", shard_set).code == 0
+    assert cli("--help").code == 0 and "prepare" in cli("--help").out
+    assert cli("--debug", "verify", shard_set).code == 0
+
+
 def test_no_command_is_a_usage_error(cli) -> None:
     r = cli()
     assert r.code == Exit.USAGE and "usage:" in r.err
@@ -75,6 +88,18 @@ def test_unexpected_exception_is_an_internal_error(cli, shard_set, monkeypatch) 
     monkeypatch.setattr(shardload.inspect, "describe", boom)
     r = cli("inspect", shard_set)
     assert r.code == Exit.INTERNAL and "internal error: RuntimeError: kaboom" in r.err
+
+
+def test_os_error_is_exit_4_without_traceback(cli, shard_set, monkeypatch) -> None:
+    import shardload.inspect
+
+    def denied(*a, **k):
+        raise PermissionError(13, "Permission denied", "/somewhere/lengths.png")
+
+    monkeypatch.setattr(shardload.inspect, "describe", denied)
+    r = cli("inspect", shard_set)
+    assert r.code == Exit.OUTPUT
+    assert r.err == "shardload: error: /somewhere/lengths.png: Permission denied\n"
 
 
 def test_logging_is_restored_after_a_command(cli, shard_set) -> None:

@@ -15,12 +15,14 @@ import shardload
 REPO = Path(shardload.__file__).resolve().parent.parent
 
 
-def run(*args: object) -> subprocess.CompletedProcess[str]:
+def python(*args: object) -> subprocess.CompletedProcess[str]:
     # The package may not be pip-installed where the tests run: point Python at this checkout.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run(
-        [sys.executable, "-m", "shardload", *map(str, args)], capture_output=True, text=True, env=env, timeout=120
-    )
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, env=env, timeout=120)
+
+
+def run(*args: object) -> subprocess.CompletedProcess[str]:
+    return python("-m", "shardload", *args)
 
 
 @pytest.mark.slow
@@ -43,3 +45,20 @@ def test_prepare_verify_inspect_subprocess(npy_dir: Path, tmp_path: Path) -> Non
     assert p.returncode == 1 and json.loads(p.stdout)["problems"][0]["reason"] == "missing"
     p = run("inspect", out / "nope")
     assert p.returncode == 5 and p.stderr.startswith("shardload: error: ") and "Traceback" not in p.stderr
+
+
+@pytest.mark.slow
+def test_data_commands_do_not_import_torch(npy_dir: Path, tmp_path: Path) -> None:
+    # prepare/inspect/verify/plan start in well under a second: none of them may pull in torch.
+    out = tmp_path / "out"
+    code = f"""
+import sys
+from shardload.cli import main
+assert main(["prepare", {str(npy_dir)!r}, "-o", {str(out)!r}, "--json"]) == 0
+for argv in (["inspect", {str(out)!r}], ["verify", {str(out)!r}], ["plan", {str(out)!r}, "--world-size", "2", "--batch-size", "4"]):
+    assert main(argv) == 0
+print("torch" in sys.modules, "lightning" in sys.modules, file=sys.stderr)
+"""
+    p = python("-c", code)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.splitlines()[-1] == "False False"

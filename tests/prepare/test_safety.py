@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import shardload
-from shardload.testing import synthetic_samples
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -132,3 +132,24 @@ def test_workers_give_the_same_bytes_as_one_process(tmp_path: Path, samples: lis
     a = [s.checksum for s in shardload.open(tmp_path / "a").shards]
     b = [s.checksum for s in shardload.open(tmp_path / "b").shards]
     assert a == b
+
+
+def test_dtype_override_casts_and_refuses_overflow(tmp_path: Path) -> None:
+    samples = [{"x": np.array([1.5, 2.5], np.float64), "t": np.array([1, 2], np.int64)}]
+    shardload.write(samples, tmp_path / "a", dtypes={"x": "float32", "t": "int16"})
+    ds = shardload.open(tmp_path / "a")
+    assert ds[0]["x"].dtype == np.float32 and ds[0]["t"].dtype == np.int16
+    with pytest.raises(shardload.InputError, match="sample 0: field 'x' cannot be cast to float16: values overflow"):
+        shardload.write([{"x": np.array([1e6])}], tmp_path / "b", dtypes={"x": "float16"})
+    with pytest.raises(shardload.InputError, match="do not fit int8"):
+        shardload.write([{"x": np.array([300])}], tmp_path / "c", dtypes={"x": "int8"})
+
+
+def test_marker_files_in_a_source_directory_are_ignored(tmp_path: Path) -> None:
+    src = tmp_path / "npy"
+    src.mkdir()
+    for i in range(3):
+        np.save(src / f"{i}.npy", np.arange(i + 1, dtype=np.int32))
+    (src / "_SUCCESS").write_text("")
+    shardload.prepare(src, tmp_path / "s", shuffle=False, field="tokens")
+    assert [len(shardload.open(tmp_path / "s")[i]["tokens"]) for i in range(3)] == [1, 2, 3]

@@ -84,7 +84,13 @@ class ArrowShardReader(ShardReader):
             flat = flat.view(np.bool_)
         elif flat.dtype != dtype:
             raise CorruptShardError(f"shard {self.path}: column {f.name!r} is {flat.dtype}, manifest says {dtype}")
-        values = flat.reshape(-1, *f.inner_shape)
+        try:
+            values = flat.reshape(-1, *f.inner_shape)
+        except ValueError:
+            raise CorruptShardError(
+                f"shard {self.path}: column {f.name!r} holds {flat.size} values, not a multiple of its inner "
+                f"shape {list(f.inner_shape)}"
+            ) from None
         if offsets is not None:
             rows = len(values)
             if n and (offsets[0] < 0 or offsets[-1] > rows or np.any(np.diff(offsets) < 0)):

@@ -65,7 +65,8 @@ def _list_files(source: str) -> list[str]:
     for pattern in expand_braces(str(source)):
         p = Path(pattern)
         if p.is_dir():
-            found = sorted(str(f) for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+            # Hidden files and marker files (Spark/Hadoop `_SUCCESS`, `_metadata`) are not samples.
+            found = sorted(str(f) for f in p.rglob("*") if f.is_file() and not f.name.startswith((".", "_")))
             if not found:
                 raise InputError(f"{p}: the directory holds no files")
             files.extend(found)

@@ -57,10 +57,14 @@ class SourceReader(ABC):
     #: file suffixes detected as this kind (lower case, with the dot)
     suffixes: ClassVar[tuple[str, ...]]
 
+    #: True for kinds whose files hold one sample each: many such files make one unit
+    one_sample_per_file: ClassVar[bool] = False
+
     @classmethod
     def make_units(cls, files: Sequence[str], options: SourceOptions) -> list[SourceUnit]:
-        """Group files of this kind into units; by default one unit per file."""
-        return [SourceUnit(cls.kind, (f,)) for f in files]
+        """Group files into units: ``files_per_unit`` one-sample files, or one file each."""
+        k = max(1, options.files_per_unit) if cls.one_sample_per_file else 1
+        return [SourceUnit(cls.kind, tuple(files[i : i + k])) for i in range(0, len(files), k)]
 
     @classmethod
     @abstractmethod

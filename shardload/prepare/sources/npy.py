@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import ClassVar
 
 import numpy as np
@@ -15,11 +15,7 @@ from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, 
 class NpySource(SourceReader):
     kind: ClassVar[str] = "npy"
     suffixes: ClassVar[tuple[str, ...]] = (".npy",)
-
-    @classmethod
-    def make_units(cls, files: Sequence[str], options: SourceOptions) -> list[SourceUnit]:
-        k = max(1, options.files_per_unit)
-        return [SourceUnit(cls.kind, tuple(files[i : i + k])) for i in range(0, len(files), k)]
+    one_sample_per_file: ClassVar[bool] = True
 
     @classmethod
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
