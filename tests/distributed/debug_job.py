@@ -1,0 +1,32 @@
+"""Two gloo ranks with make_loader(debug=True); rank 1 opens a different shard set.
+
+usage: debug_job.py SET_A SET_B OUT_DIR
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import shardload
+
+
+def rank_main(rank: int, set_a: str, set_b: str, out: str, port: int) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    loader = shardload.make_loader(set_a if rank == 0 else set_b, batch_size=4, debug=True)
+    try:
+        for _ in loader:
+            pass
+        Path(out, f"rank{rank}.txt").write_text("finished")
+    except shardload.PlanMismatchError as exc:
+        Path(out, f"rank{rank}.txt").write_text(f"mismatch: {exc}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    port = 29500 + os.getpid() % 1000
+    mp.start_processes(rank_main, args=(*sys.argv[1:4], port), nprocs=2, start_method="spawn")
