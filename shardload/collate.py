@@ -63,29 +63,31 @@ def collate_batch(
     """
     b = len(sample_ids)
     out: dict[str, np.ndarray] = {}
-    # One columns object per distinct shard; a batch usually touches one or two.
+    # Group the rows by shard once (a batch usually touches one or two shards), so that
+    # offsets and fixed fields are gathered with numpy, not sample by sample.
+    groups = [(int(s), np.flatnonzero(shards == s)) for s in np.unique(shards)]
+    cols = {s: columns_of(s) for s, _ in groups}
     shard_list = shards.tolist()
-    row_list = rows.tolist()
-    cols = {s: columns_of(s) for s in set(shard_list)}
     names = pad.fields if pad.fields is not None else schema.names
     for name in names:
         f = schema.field(name)
         if not f.variable:
-            arr = np.empty((b, *f.shape), dtype=f.dtype)  # type: ignore[arg-type]
-            for i, (s, r) in enumerate(zip(shard_list, row_list)):
-                arr[i] = cols[s].fields[name].values[r]
+            arr = np.empty((b, *f.inner_shape), dtype=f.dtype)
+            for s, pos in groups:
+                arr[pos] = cols[s].fields[name].values[rows[pos]]
             out[name] = arr
             continue
         starts = np.empty(b, dtype=np.int64)
         ends = np.empty(b, dtype=np.int64)
-        for i, (s, r) in enumerate(zip(shard_list, row_list)):
+        for s, pos in groups:
             offsets = cols[s].fields[name].offsets
             assert offsets is not None
-            starts[i] = offsets[r]
-            ends[i] = offsets[r + 1]
+            starts[pos] = offsets[rows[pos]]
+            ends[pos] = offsets[rows[pos] + 1]
         lengths = ends - starts
         l_pad = round_up(int(lengths.max(initial=0)), pad.pad_to_multiple_of)
         arr = np.full((b, l_pad, *f.inner_shape), pad.pad_values.get(name, 0), dtype=f.dtype)
+        # The one per-sample step left: each sample is a single slice copy into the padded array.
         for i, (s, st, en) in enumerate(zip(shard_list, starts.tolist(), ends.tolist())):
             arr[i, : en - st] = cols[s].fields[name].values[st:en]
         out[name] = arr

@@ -109,9 +109,7 @@ class WorkDir:
             )
         if self.overwrite and interrupted:
             shutil.rmtree(self.work)
-        if self.resume and not interrupted:
-            # Nothing to resume: start afresh (this makes `--resume` safe to use unconditionally).
-            pass
+        # With resume and nothing interrupted, this simply starts afresh: --resume is safe to pass always.
         for d in (self.work, self.staging, self.shards, self.done):
             d.mkdir(parents=True, exist_ok=True)
 

@@ -84,11 +84,3 @@ def register(reader: type[SourceReader]) -> type[SourceReader]:
     """Class decorator: make a reader available under its ``kind``."""
     READERS[reader.kind] = reader
     return reader
-
-
-@dataclass(frozen=True)
-class UnitList:
-    """The units of a whole prepare run, in the order their samples are numbered."""
-
-    units: tuple[SourceUnit, ...] = ()
-    extra: Mapping[str, Any] = dc_field(default_factory=dict)
