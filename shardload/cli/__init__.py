@@ -2,7 +2,8 @@
 
 Where it sits: on top of the flow. ``shardload prepare`` -> :func:`shardload.prepare`,
 ``inspect`` -> :func:`shardload.inspect.describe`, ``verify`` ->
-:func:`shardload.verify.verify`, ``plan`` -> :func:`shardload.plan.summarize_plan`.
+:func:`shardload.verify.verify`, ``plan`` -> :func:`shardload.plan.summarize_plan`,
+``export`` -> :func:`shardload.export.to_webdataset`.
 
 Adding a command is one module plus one line: write ``shardload/cli/NAME.py``
 with the four names below, and add ``"NAME"`` to :data:`COMMANDS`::
@@ -30,6 +31,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
+from typing import TextIO
 
 from shardload.cli._common import EXIT_CODES_HELP, CommandError, Exit
 from shardload.errors import InputError, OutputError, PlanError, ShardloadError, ShardSetError
@@ -42,6 +44,7 @@ COMMANDS: tuple[str, ...] = (
     "inspect",
     "verify",
     "plan",
+    "export",
     "demo",
 )
 
@@ -148,11 +151,11 @@ def _error(message: str) -> None:
     print(f"shardload: error: {' '.join(message.split())}", file=sys.stderr)
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
     """Writes to whatever ``sys.stderr`` is at the time (pytest's capsys swaps it)."""
 
-    @property  # type: ignore[override]
-    def stream(self):  # noqa: ANN201
+    @property
+    def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter

@@ -512,3 +512,88 @@ def test_bad_input_leaves_outputs_alone(tmp_path: Path) -> None:
     ds = shardload.open(out)
     assert len(ds) == len(samples)
     assert_same(ds[3], {**samples[3], "tokens": samples[3]["tokens"].astype(np.int64)})
+
+
+# -- webdataset shards written by webdataset's own ShardWriter ----------------------------------------
+def write_shards(directory: Path, samples: Sequence[Mapping[str, object]], maxcount: int = 2) -> str:
+    """Write ``samples`` with ``webdataset.ShardWriter``; returns the brace pattern of the tars."""
+    with wds.ShardWriter(str(directory / "data-%03d.tar"), maxcount=maxcount, verbose=0) as sink:
+        for s in samples:
+            sink.write(dict(s))
+    count = len(list(directory.glob("data-*.tar")))
+    return str(directory / f"data-{{000..{count - 1:03d}}}.tar")
+
+
+def test_shardwriter_member_types_grouped_by_key(tmp_path: Path) -> None:
+    from shardload.cli import main
+
+    samples = make_samples(5)
+    rows = [
+        {
+            "__key__": f"train/s{i:04d}",  # keys may hold directories
+            "tokens.npy": s["tokens"],  # -> field "tokens", dtype and shape kept
+            "json": {"pos": [[i, i + 1]] * (i % 3 + 1), "score": i + 0.5},  # -> one field per entry
+            "cls": i % 3,  # -> field "cls", an int64 scalar
+            "len.txt": str(len(s["tokens"])),  # -> field "len", an int64 scalar
+            "weight.txt": f"{i / 4:.2f}\n",  # -> field "weight", a float32 scalar (newline ignored)
+        }
+        for i, s in enumerate(samples)
+    ]
+    pattern = write_shards(tmp_path, rows)
+    assert pattern.endswith("data-{000..002}.tar")
+    out = tmp_path / "out"
+    code = main(["prepare", pattern, "-o", str(out), "--no-shuffle", "--no-progress", "--dtype", "pos=int32"])
+    assert code == 0
+    ds = shardload.open(out)
+    # Invariant: one sample per key, however many members it has and across tar boundaries
+    assert len(ds) == 5
+    want = [
+        {
+            "tokens": s["tokens"],
+            "pos": np.array([[i, i + 1]] * (i % 3 + 1), np.int32),
+            "score": np.array(i + 0.5, np.float32),
+            "cls": np.array(i % 3, np.int64),
+            "len": np.array(len(s["tokens"]), np.int64),
+            "weight": np.array(float(f"{i / 4:.2f}"), np.float32),
+        }
+        for i, s in enumerate(samples)
+    ]
+    assert_set_equals(ds, want)
+
+
+@pytest.mark.parametrize("ext", ["pyd", "pickle", "pkl"])
+def test_shardwriter_pickled_members_need_allow_pickle(tmp_path: Path, ext: str) -> None:
+    import pickle
+
+    from shardload.cli import main
+
+    value = {"a": np.arange(3, dtype=np.int32)}
+    # webdataset pickles .pyd/.pickle itself; it has no encoder for .pkl, so that one is given as bytes
+    rows = [{"__key__": f"k{i}", ext: pickle.dumps(value) if ext == "pkl" else value} for i in range(3)]
+    pattern = write_shards(tmp_path, rows)
+    msg = expect_input_error(pattern, tmp_path / "o1", "data-000.tar", f"'k0.{ext}'", "pickled", "--allow-pickle")
+    assert "refusing to unpickle" in msg
+    assert main(["prepare", pattern, "-o", str(tmp_path / "o2"), "--no-progress"]) == 3  # bad input
+    ds = prepare_and_open(pattern, tmp_path / "o3", num_shards=1, allow_pickle=True)
+    assert_set_equals(ds, [value] * 3)
+
+
+def test_shardwriter_pickled_npy_needs_allow_pickle(tmp_path: Path) -> None:
+    rows = [{"__key__": "k0", "x.npy": np.array([{"a": 1}], dtype=object)}]  # np.save pickles object arrays
+    expect_input_error(write_shards(tmp_path, rows), tmp_path / "out", "data-000.tar", "'k0.x.npy'", "pickled")
+
+
+def test_shardwriter_txt_members(tmp_path: Path) -> None:
+    mixed = write_shards(tmp_path, [{"__key__": f"k{i}", "n.txt": t} for i, t in enumerate(["3", "\ufeff4", "4.5"])])
+    # integer text is int64, decimal text float32: a field that mixes them needs a dtype
+    expect_input_error(mixed, tmp_path / "o1", "data-001.tar", "'k2'", "'n'", "--dtype")
+    ds = prepare_and_open(mixed, tmp_path / "o2", dtypes={"n": "float32"})
+    assert_set_equals(ds, [{"n": np.array(v, np.float32)} for v in (3, 4, 4.5)])
+    (tmp_path / "t").mkdir()
+    words = write_shards(tmp_path / "t", [{"__key__": "k0", "caption.txt": "a cat on a mat"}])
+    expect_input_error(words, tmp_path / "o3", "data-000.tar", "'k0.caption.txt'", "text fields", "tokenize")
+
+
+def test_shardwriter_sample_missing_a_field_names_tar_and_key(tmp_path: Path) -> None:
+    rows = [{"__key__": f"k{i}", "t.npy": np.arange(3), **({"cls": 1} if i != 3 else {})} for i in range(4)]
+    expect_input_error(write_shards(tmp_path, rows), tmp_path / "out", "data-001.tar", "'k3'", "missing", "cls")

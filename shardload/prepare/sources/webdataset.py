@@ -27,15 +27,17 @@ extension                            field(s)
                                      (:mod:`~shardload.prepare.sources.jsonl`)
 ``cls``, ``cls2``, ``class``,        an integer label: a 0-d int64 array
 ``count``, ``index``, ``inx``, ``id``
-``txt``, ``text``                    one number: a 0-d array (int64 or float32);
-                                     any other text is refused (text fields are
-                                     not supported)
+``txt``, ``text``                    one number: a 0-d array, int64 for an integer,
+                                     float32 otherwise (a field that mixes both
+                                     needs ``--dtype FIELD=float32``); any other
+                                     text is refused (text fields are not supported)
 ``pyd``, ``pickle``, ``pkl``         refused unless ``allow_pickle``; then the
                                      object is used like a decoded JSON value (an
                                      ndarray as it is; a dict gives one field per key)
 ===================================  ==============================================
 
 ``--dtype FIELD=DTYPE`` applies while decoding ``json``/``txt``/class members.
+Text members are UTF-8; a leading byte-order mark is ignored.
 Fields coming from entries of an object (``json``, ``npz``, pickled dict) are
 named by the entry alone, so two members of one sample may not give the same
 field. Directories and members that WebDataset treats as metadata (a name
@@ -56,6 +58,7 @@ import json
 import pickle
 import re
 import tarfile
+import tokenize
 import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
@@ -213,7 +216,7 @@ def _decode(data: bytes, field: str, ext: str, where: str, options: SourceOption
         return _load_npz(data, where, options)
     if ext in JSON_EXTS:
         try:
-            value = json.loads(data.decode("utf-8"))
+            value = json.loads(data.decode("utf-8-sig"))  # -sig: tolerate a byte-order mark
         except UnicodeDecodeError as exc:
             raise InputError(f"{where}: not valid UTF-8 (byte {exc.start + 1}); JSON members must be UTF-8") from None
         except json.JSONDecodeError as exc:
@@ -258,7 +261,7 @@ def _decode(data: bytes, field: str, ext: str, where: str, options: SourceOption
 
 def _text(data: bytes, where: str) -> str:
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a byte-order mark (editors on Windows write one) is not text
     except UnicodeDecodeError as exc:
         raise InputError(f"{where}: not valid UTF-8 (byte {exc.start + 1})") from None
 
@@ -293,7 +296,7 @@ def _load_npy(data: bytes, where: str, options: SourceOptions) -> np.ndarray:
                 "Store numeric arrays, or pass --allow-pickle if you trust the shard."
             ) from None
         raise InputError(f"{where}: not a readable .npy member ({exc})") from None
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, SyntaxError, tokenize.TokenError) as exc:  # a damaged header is parsed as Python
         raise InputError(f"{where}: not a readable .npy member ({exc})") from None
     if not isinstance(arr, np.ndarray):
         raise InputError(f"{where}: expected an array, found {type(arr).__name__}")
@@ -313,5 +316,5 @@ def _load_npz(data: bytes, where: str, options: SourceOptions) -> list[tuple[str
                 "Store numeric arrays, or pass --allow-pickle if you trust the shard."
             ) from None
         raise InputError(f"{where}: not a readable .npz member ({exc})") from None
-    except (OSError, EOFError, AttributeError, zipfile.BadZipFile, zlib.error) as exc:
+    except (OSError, EOFError, AttributeError, SyntaxError, tokenize.TokenError, zipfile.BadZipFile, zlib.error) as exc:
         raise InputError(f"{where}: not a readable .npz member ({exc})") from None
