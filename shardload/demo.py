@@ -169,7 +169,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool | None = None, out: Any = print)
 
     info = describe(sets / "train")
     report = verify(sets / "train")
-    q = info["lengths"] if "lengths" in info else {}
+    q = info.get("lengths", {})
     out(f"[3/5] inspect: fields {[(f['name'], f['dtype'], f['shape']) for f in info['fields']]}; "
         f"length quantiles {q}")
     out(f"      verify: {'ok' if report.ok else 'PROBLEMS: ' + str(report.problems)}")

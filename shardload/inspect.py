@@ -12,6 +12,7 @@ chunks so that a billion-sample index needs no more than a few hundred MB.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -98,7 +99,7 @@ class LengthDistribution:
                 edges += list(range(first, hi + 2))
             else:
                 geo = np.geomspace(first, hi + 1, num=bins + 1)
-                edges += sorted(set(int(round(e)) for e in geo) | {first, hi + 1})
+                edges += sorted({round(float(e)) for e in geo} | {first, hi + 1})
         else:
             edges.append(1)
         which = np.searchsorted(np.asarray(edges), self.values, side="right") - 1
@@ -190,7 +191,7 @@ def render_histogram(histogram: Mapping[str, Sequence[int]], *, width: int = 40)
     """
     edges, counts = list(histogram["edges"]), list(histogram["counts"])
     total, top = sum(counts), max(counts, default=0)
-    labels = [str(a) if b - a == 1 else f"{a}-{b - 1}" for a, b in zip(edges, edges[1:])]
+    labels = [str(a) if b - a == 1 else f"{a}-{b - 1}" for a, b in itertools.pairwise(edges)]
     lw = max((len(s) for s in labels), default=1)
     cw = max((len(f"{c:,}") for c in counts), default=1)
     lines = []

@@ -111,7 +111,7 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
     def __len__(self) -> int:
         return len(self.plan())
 
-    def __iter__(self) -> Iterator[BatchKey]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[BatchKey]:
         # Plan and start point are fixed now, not at the first next(): the same
         # batches whether or not workers prefetch from this iterator right away.
         # The start point is kept until a pass completes, because torch's
@@ -155,6 +155,25 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
                 f"{len(prints)} distinct fingerprints). Every rank must open the same shard set with the same "
                 "options; check paths, seeds and batching options on each node."
             )
+
+
+def _dead_worker(iterator: Any, wait: float = 2.0) -> Any:
+    """The first worker process of ``iterator`` that has exited, or ``None``.
+
+    A worker that just died may not be reaped yet, so this polls for up to ``wait`` seconds.
+    """
+    import time
+
+    workers = list(getattr(iterator, "_workers", ()))
+    deadline = time.monotonic() + wait
+    while workers:
+        for w in workers:
+            if w.exitcode is not None:
+                return w
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+    return None
 
 
 def _as_is(batch: Any) -> Any:
@@ -206,6 +225,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
 
     @property
     def plan_sampler(self) -> PlanSampler:
+        """The sampler that plans this rank's batches."""
         assert isinstance(self.sampler, PlanSampler)
         return self.sampler
 
@@ -215,7 +235,24 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:  # type: ignore[override]
         self.batches_done = self.plan_sampler._start
-        for batch in super().__iter__():
+        it = super().__iter__()
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            except Exception as exc:
+                # A worker killed mid-transfer (OOM killer, kill -9) can surface as a bare
+                # ConnectionResetError or EOFError; name the dead worker instead.
+                dead = _dead_worker(it)
+                if dead is None:
+                    raise
+                raise RuntimeError(
+                    f"DataLoader worker (pid {dead.pid}) died with exit code {dead.exitcode} at batch "
+                    f"{self.batches_done} of epoch {self.plan_sampler.epoch} (a negative code is the signal "
+                    "that killed it; -9 is often the out-of-memory killer). Lower num_workers or "
+                    "prefetch_factor if memory is short, then resume from the last checkpoint."
+                ) from exc
             self.batches_done += 1
             yield batch
 
@@ -233,6 +270,13 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next iteration yields the batches that were left.
+
+        Raises:
+            PlanError: the world size differs from the checkpoint's, or the state is of
+                an unknown version.
+            PlanMismatchError: the plan differs (shard set, seed or batching changed).
+        """
         s = self.plan_sampler
         if state.get("version") != STATE_VERSION:
             raise PlanError(f"loader state of version {state.get('version')!r} is not supported")
@@ -280,11 +324,12 @@ def make_loader(
     Rank and world size default to the environment (``RANK``/``WORLD_SIZE``,
     SLURM, or the initialised process group; see :mod:`shardload.world`).
 
-    >>> loader = shardload.make_loader("out/", batch_size=32, num_workers=2)  # doctest: +SKIP
-    >>> for epoch in range(3):                                                # doctest: +SKIP
-    ...     loader.set_epoch(epoch)
-    ...     for batch in loader:
-    ...         loss = (model(batch) * batch["weight"]).sum() / batch["weight"].sum()
+    Examples:
+        >>> loader = shardload.make_loader("out/", batch_size=32, num_workers=2)  # doctest: +SKIP
+        >>> for epoch in range(3):                                                # doctest: +SKIP
+        ...     loader.set_epoch(epoch)
+        ...     for batch in loader:
+        ...         loss = (model(batch) * batch["weight"]).sum() / batch["weight"].sum()
     """
     shard_set = path if isinstance(path, ShardSet) else ShardSet(path)
     world = World.detect(rank, world_size, trainer=trainer)

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from shardload.errors import ManifestError
-from shardload.schema import Schema
+from shardload.errors import ManifestError, ShardSetError
+from shardload.schema import SUPPORTED_DTYPES, Schema
 
 MANIFEST_NAME = "manifest.json"
 LENGTHS_NAME = "lengths.npy"
@@ -27,6 +28,9 @@ FORMAT_VERSION = 1
 #: sanity bounds for values read from a manifest
 MAX_SAMPLES = 1 << 40
 MAX_SHARDS = 1 << 24
+#: bounds on a field's per-sample shape: dimensions, and elements of one row
+MAX_DIMS = 8
+MAX_ROW_ELEMENTS = 1 << 31
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ class Manifest:
             return _parse(obj, where)
         except ManifestError:
             raise
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ManifestError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})") from None
 
     def write(self, directory: Path) -> Path:
@@ -137,6 +141,8 @@ class Manifest:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ManifestError(f"{path}: not valid JSON ({exc}); the shard set is damaged, re-run prepare") from None
+        except RecursionError:
+            raise ManifestError(f"{path}: JSON nested too deeply; the shard set is damaged, re-run prepare") from None
         return cls.from_json(obj, where=str(path))
 
 
@@ -144,22 +150,25 @@ def _parse(obj: Any, where: str) -> Manifest:
     if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
         raise ManifestError(f"{where}: not a shardload manifest")
     version = obj.get("format_version")
-    if not isinstance(version, int) or version < 1:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ManifestError(f"{where}: invalid format_version {version!r}")
     if version > FORMAT_VERSION:
         raise ManifestError(
             f"{where}: written by a newer shardload (format version {version}; this one reads up to "
             f"{FORMAT_VERSION}). Upgrade shardload to read it."
         )
+    if not isinstance(obj["schema"], dict) or not isinstance(obj["schema"].get("fields"), list):
+        raise ManifestError(f"{where}: 'schema' must be an object with a list of 'fields'")
     schema = Schema.from_json(obj["schema"])
-    if not schema.fields:
-        raise ManifestError(f"{where}: the schema has no fields")
+    _check_schema(schema, where)
     raw_shards = obj["shards"]
     if not isinstance(raw_shards, list) or len(raw_shards) > MAX_SHARDS:
         raise ManifestError(f"{where}: 'shards' must be a list of at most {MAX_SHARDS} entries")
     shards = []
     next_id = 0
     for k, s in enumerate(raw_shards):
+        if not isinstance(s, dict):
+            raise ManifestError(f"{where}: shard {k} must be an object, got {type(s).__name__}")
         info = ShardInfo(
             file=safe_relative_path(s["file"], where=f"{where}: shard {k}"),
             samples=_bounded_int(s["samples"], f"{where}: shard {k} samples"),
@@ -178,6 +187,8 @@ def _parse(obj: Any, where: str) -> Manifest:
     if total != next_id:
         raise ManifestError(f"{where}: total_samples is {total} but the shards hold {next_id} samples")
     lengths = obj.get("lengths", {})
+    if not isinstance(lengths, dict) or not isinstance(lengths.get("per_field", {}), dict):
+        raise ManifestError(f"{where}: 'lengths' must be an object with a 'per_field' object")
     per_field = {
         str(name): safe_relative_path(file, where=f"{where}: lengths of {name}")
         for name, file in lengths.get("per_field", {}).items()
@@ -197,6 +208,25 @@ def _parse(obj: Any, where: str) -> Manifest:
     )
 
 
+def _check_schema(schema: Schema, where: str) -> None:
+    """Refuse fields no shard could hold: unknown dtypes, odd shapes, duplicate names."""
+    if not schema.fields:
+        raise ManifestError(f"{where}: the schema has no fields")
+    if len(set(schema.names)) != len(schema.names):
+        raise ManifestError(f"{where}: the schema names a field twice ({list(schema.names)})")
+    for f in schema.fields:
+        if f.dtype not in SUPPORTED_DTYPES:
+            raise ManifestError(f"{where}: field {f.name!r} has dtype {f.dtype!r}, not one of {', '.join(SUPPORTED_DTYPES)}")
+        dims = f.shape[1:] if f.variable else f.shape
+        if len(f.shape) > MAX_DIMS or any(d is None or d < 0 for d in dims):
+            raise ManifestError(
+                f"{where}: field {f.name!r} has shape {list(f.shape)}; only the first axis may be null, the "
+                f"others must be non-negative, at most {MAX_DIMS} axes"
+            )
+        if math.prod(f.inner_shape) > MAX_ROW_ELEMENTS:
+            raise ManifestError(f"{where}: field {f.name!r} has shape {list(f.shape)}, too large for one sample")
+
+
 def _bounded_int(value: Any, what: str, limit: int = MAX_SAMPLES * 4096) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
         raise ManifestError(f"{what}: expected an integer in [0, {limit}], got {value!r}")
@@ -205,12 +235,32 @@ def _bounded_int(value: Any, what: str, limit: int = MAX_SAMPLES * 4096) -> int:
 
 def safe_relative_path(value: Any, *, where: str) -> str:
     """Accept only a relative POSIX path that stays inside the shard set."""
-    if not isinstance(value, str) or not value:
+    if not isinstance(value, str) or not value or "\0" in value:
         raise ManifestError(f"{where}: expected a file name, got {value!r}")
     p = PurePosixPath(value)
     if p.is_absolute() or ".." in p.parts or "\\" in value or value.startswith("~"):
         raise ManifestError(f"{where}: path {value!r} points outside the shard set; refusing to read it")
     return value
+
+
+def resolve_inside(root: Path, relative: str, *, what: str) -> Path:
+    """``root / relative``, refusing a path that a symbolic link leads out of ``root``.
+
+    ``relative`` has passed :func:`safe_relative_path`; this catches the other way
+    out, a link (the file itself or a directory on the way) that points elsewhere.
+
+    Raises:
+        ShardSetError: naming ``what`` (e.g. ``"shard 3"``) and where the link leads.
+    """
+    path = root / relative
+    real_root = root.resolve()
+    target = path.resolve()
+    if target != real_root and real_root not in target.parents:
+        raise ShardSetError(
+            f"{what} ({path}) is a symbolic link to {target}, outside the shard set {root}; refusing to read it. "
+            "Copy the file into the shard set, or re-run prepare."
+        )
+    return path
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.errors import CorruptShardError, ManifestError
+from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError
 from shardload.formats import Columns, ShardReader, get_format
 from shardload.index import ShardIndex
-from shardload.manifest import Manifest
+from shardload.manifest import MANIFEST_NAME, Manifest, resolve_inside
 from shardload.schema import Schema
 
 
@@ -29,29 +29,43 @@ class ShardSet:
         manifest: the validated manifest.
         index: sample id <-> (shard, row).
 
-    >>> ds = shardload.open("out/")          # doctest: +SKIP
-    >>> len(ds), ds.lengths[:3], ds[0]["tokens"].dtype  # doctest: +SKIP
+    Examples:
+        >>> ds = shardload.open("out/")          # doctest: +SKIP
+        >>> len(ds), ds.lengths[:3], ds[0]["tokens"].dtype  # doctest: +SKIP
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self._manifest_stat = self._stat_manifest()
         self.manifest = Manifest.load(self.path)
         self.index = ShardIndex([s.samples for s in self.manifest.shards])
         _, self._reader_cls = get_format(self.manifest.shard_format)
         self._readers: dict[int, ShardReader] = {}
         self._lengths: NDArray[np.integer] | None = None
+        self._field_lengths: dict[str, NDArray[np.integer]] = {}
+
+    def _stat_manifest(self) -> tuple[int, int, int] | None:
+        """Identity of ``manifest.json`` on disk (inode, size, mtime), to notice a re-prepare."""
+        try:
+            st = (self.path / MANIFEST_NAME).stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
 
     # -- metadata, no shard opened ---------------------------------------------------------
     @property
     def schema(self) -> Schema:
+        """The fields of every sample (from the manifest)."""
         return self.manifest.schema
 
     @property
     def shards(self) -> tuple[Any, ...]:
+        """One manifest entry per shard: file, samples, bytes, checksum, first sample."""
         return self.manifest.shards
 
     @property
     def fingerprint(self) -> str:
+        """Digest of the schema and every shard's checksum; changes when the set is re-prepared."""
         return self.manifest.fingerprint
 
     def __len__(self) -> int:
@@ -76,42 +90,31 @@ class ShardSet:
         file = self.manifest.field_lengths.get(name)
         if file is None:  # a single variable field: the main index is its lengths
             return self.lengths
-        return self._load_lengths(file)
+        if name not in self._field_lengths:
+            self._field_lengths[name] = self._load_lengths(file)
+        return self._field_lengths[name]
 
     def _load_lengths(self, file: str) -> NDArray[np.integer]:
-        path = self.path / file
+        path = resolve_inside(self.path, file, what="the lengths index")
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
         except FileNotFoundError:
             raise ManifestError(f"{path}: the lengths index is missing; re-run prepare") from None
-        except ValueError as exc:
+        except (ValueError, OSError, EOFError) as exc:
             raise ManifestError(f"{path}: the lengths index is unreadable ({exc}); re-run prepare") from None
         if arr.ndim != 1 or len(arr) != len(self) or arr.dtype.kind not in "iu":
             raise ManifestError(
                 f"{path}: the lengths index holds {arr.shape} {arr.dtype}, expected {len(self)} integers; re-run prepare"
             )
-        return arr
+        index: NDArray[np.integer] = arr
+        return index
 
     # -- samples: opens shards lazily ----------------------------------------------------------
     def shard_columns(self, shard: int) -> Columns:
         """The columns of shard ``shard``, memory-mapped on first use."""
         reader = self._readers.get(shard)
         if reader is None:
-            info = self.manifest.shards[shard]
-            path = self.path / info.file
-            try:
-                size = path.stat().st_size
-            except FileNotFoundError:
-                raise CorruptShardError(
-                    f"shard {shard} ({path}) is missing; run `shardload verify {self.path}` and re-run prepare"
-                ) from None
-            if path.is_file() and size != info.bytes:
-                raise CorruptShardError(
-                    f"shard {shard} ({path}) has {size} bytes, the manifest says {info.bytes}: truncated or "
-                    f"rewritten. Run `shardload verify {self.path}` and re-run prepare."
-                )
-            reader = self._reader_cls(path, self.schema)
-            self._readers[shard] = reader
+            return self._open_shard(shard)
         cols = reader.columns()
         expected = self.manifest.shards[shard].samples
         if cols.num_samples != expected:
@@ -119,6 +122,101 @@ class ShardSet:
                 f"shard {shard} ({reader.path}) holds {cols.num_samples} samples, the manifest says {expected}"
             )
         return cols
+
+    def _open_shard(self, shard: int) -> Columns:
+        """Map shard ``shard`` and run the cheap checks, once per process.
+
+        Cost: a few ``stat`` calls and O(samples in the shard) numpy over the
+        offsets buffers and the lengths index; no sample data is read. A byte
+        changed inside sample data is only found by ``shardload verify``.
+        """
+        info = self.manifest.shards[shard]
+        path = resolve_inside(self.path, info.file, what=f"shard {shard}")
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise CorruptShardError(
+                f"shard {shard} ({path}) is missing; run `shardload verify {self.path}` and re-run prepare"
+            ) from None
+        if path.is_file() and size != info.bytes:
+            self._check_unchanged()  # a re-prepared set explains a new size better than damage does
+            raise CorruptShardError(
+                f"shard {shard} ({path}) has {size} bytes, the manifest says {info.bytes}: truncated or "
+                f"rewritten. Run `shardload verify {self.path}` and re-run prepare."
+            )
+        reader = self._reader_cls(path, self.schema)
+        try:
+            cols = reader.columns()
+            # Mapped first, checked second: if the manifest is still the one we opened, the
+            # file we mapped was written with it (prepare removes the manifest before any shard).
+            self._check_unchanged()
+            if cols.num_samples != info.samples:
+                raise CorruptShardError(
+                    f"shard {shard} ({path}) holds {cols.num_samples} samples, the manifest says {info.samples}. "
+                    f"Run `shardload verify {self.path}` and re-run prepare."
+                )
+            self._check_offsets(shard, cols)
+        except BaseException:
+            reader.close()
+            raise
+        self._readers[shard] = reader
+        return cols
+
+    def _check_offsets(self, shard: int, cols: Columns) -> None:
+        """Each variable field's offsets must agree with the lengths index, sample by sample.
+
+        Raises:
+            CorruptShardError: naming the shard, the field and the first bad sample.
+        """
+        info = self.manifest.shards[shard]
+        lo, hi = info.first_sample, info.first_sample + info.samples
+        for f in self.schema.variable_fields:
+            data = cols.fields[f.name]
+            offsets = data.offsets
+            if offsets is None or len(offsets) != info.samples + 1:
+                raise CorruptShardError(
+                    f"shard {shard} ({self.path / info.file}): field {f.name!r} has no offsets for its "
+                    f"{info.samples} samples. Run `shardload verify {self.path}` and re-run prepare."
+                )
+            found = np.diff(offsets)  # (samples,) rows of each sample, as the shard says
+            expected = self.field_lengths(f.name)[lo:hi]  # (samples,) as the lengths index says
+            bad = np.flatnonzero(found != expected)
+            if offsets[0] != 0:
+                problem, row = f"offsets start at {int(offsets[0])}, not 0", 0
+            elif len(bad):
+                row = int(bad[0])
+                problem = f"sample {lo + row} (row {row}) has {int(found[row])} rows, the lengths index says {int(expected[row])}"
+            elif int(offsets[-1]) != len(data.values):
+                problem, row = f"offsets end at {int(offsets[-1])}, the values hold {len(data.values)} rows", info.samples
+            else:
+                continue
+            raise CorruptShardError(
+                f"shard {shard} ({self.path / info.file}): field {f.name!r}: {problem}; the shard (or the lengths "
+                f"index) is corrupt. Run `shardload verify {self.path}` and re-run prepare."
+            )
+
+    def _check_unchanged(self) -> None:
+        """Raise if ``manifest.json`` is no longer the one this set was opened with."""
+        try:
+            st = (self.path / MANIFEST_NAME).stat()
+            now: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            now = None
+        if now == self._manifest_stat:
+            return
+        fingerprint = None
+        if now is not None:
+            try:
+                fingerprint = Manifest.load(self.path).fingerprint
+            except ManifestError:
+                pass
+        if fingerprint != self.fingerprint:
+            raise ShardSetChangedError(
+                f"{self.path} was re-prepared (or is being re-prepared) since it was opened (fingerprint "
+                f"{self.fingerprint} -> {fingerprint or 'none yet'}); its shards would mix old and new data. "
+                "Restart the job once prepare has finished."
+            )
+        self._manifest_stat = now  # rewritten with the same content
 
     @property
     def open_shards(self) -> list[int]:
@@ -134,6 +232,7 @@ class ShardSet:
         return self.shard_columns(int(shard)).sample(int(row))
 
     def close(self) -> None:
+        """Unmap every shard opened so far; later reads map them again."""
         for reader in self._readers.values():
             reader.close()
         self._readers.clear()
@@ -143,6 +242,7 @@ class ShardSet:
         state = self.__dict__.copy()
         state["_readers"] = {}
         state["_lengths"] = None
+        state["_field_lengths"] = {}
         return state
 
 

@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.errors import ShardSetError
 from shardload.formats import Columns, get_format
-from shardload.manifest import Manifest, ShardInfo, file_checksum
+from shardload.manifest import Manifest, ShardInfo, file_checksum, resolve_inside
 from shardload.schema import Schema
 
 __all__ = ["REASONS", "Problem", "VerifyReport", "verify"]
@@ -41,6 +42,7 @@ logger = logging.getLogger("shardload.verify")
 #: reason codes of a :class:`Problem`, from the most to the least fundamental
 REASONS = (
     "missing",  # the file is not there
+    "outside_set",  # a symbolic link leads out of the shard set; not read
     "truncated",  # smaller than the manifest says
     "size_mismatch",  # larger than the manifest says (rewritten, appended to)
     "checksum_mismatch",  # right size, different bytes
@@ -195,7 +197,8 @@ def _load_index(root: Path, file: str, total: int, problems: list[Problem]) -> N
             Problem(None, file, "lengths_mismatch", f"holds {len(arr)} lengths, the manifest has {total} samples")
         )
         return None
-    return arr
+    index: NDArray[np.integer] = arr
+    return index
 
 
 def _chunked_sum(arr: NDArray[np.integer], chunk: int = 1 << 24) -> int:
@@ -240,21 +243,27 @@ class _ShardChecker:
         if not path.exists():
             report("missing", "the file does not exist")
             return problems, read
-        # Directory stores (chunked formats) have no single size or checksum; only regular files do.
-        if path.is_file():
-            size = path.stat().st_size
-            if size != info.bytes:
-                reason = "truncated" if size < info.bytes else "size_mismatch"
-                report(reason, f"{size} bytes on disk, the manifest says {info.bytes}")
-            else:
-                try:
-                    digest = file_checksum(path)
-                except OSError as exc:
-                    report("unreadable", f"cannot be read ({exc})")
-                    return problems, read
-                read = size
-                if digest != info.checksum:
-                    report("checksum_mismatch", f"content is {digest}, the manifest says {info.checksum}")
+        try:
+            resolve_inside(self.root, info.file, what=f"shard {k}")
+        except ShardSetError as exc:
+            report("outside_set", str(exc))
+            return problems, read
+        if not path.is_file():
+            report("unreadable", "is not a regular file (every shard format stores a shard as one file)")
+            return problems, read
+        size = path.stat().st_size
+        if size != info.bytes:
+            reason = "truncated" if size < info.bytes else "size_mismatch"
+            report(reason, f"{size} bytes on disk, the manifest says {info.bytes}")
+        else:
+            try:
+                digest = file_checksum(path)
+            except OSError as exc:
+                report("unreadable", f"cannot be read ({exc})")
+                return problems, read
+            read = size
+            if digest != info.checksum:
+                report("checksum_mismatch", f"content is {digest}, the manifest says {info.checksum}")
         self._check_content(info, path, report)
         return problems, read
 

@@ -86,6 +86,23 @@ def test_deleted_shard_is_missing(shard_set: Path) -> None:
     assert report.damaged_shards == [3]
 
 
+def test_shard_linked_from_outside_the_set_is_not_read(shard_set: Path, tmp_path: Path) -> None:
+    path = shard_path(shard_set, 1)
+    outside = tmp_path / "elsewhere.arrow"
+    shutil.move(path, outside)
+    path.symlink_to(outside)  # identical bytes, but outside the set
+    report = verify(shard_set)
+    assert reasons(report, 1) == {"outside_set"}
+    assert report.bytes == sum(s["bytes"] for i, s in enumerate(manifest_of(shard_set)["shards"]) if i != 1)
+
+
+def test_directory_in_place_of_a_shard_is_unreadable(shard_set: Path) -> None:
+    path = shard_path(shard_set, 2)
+    path.unlink()
+    path.mkdir()
+    assert reasons(verify(shard_set), 2) == {"unreadable"}
+
+
 def test_every_damaged_shard_is_listed_in_one_run(shard_set: Path) -> None:
     shard_path(shard_set, 0).unlink()
     shard_path(shard_set, 3).write_bytes(b"not arrow")
@@ -164,5 +181,6 @@ def test_problem_text_and_reason_codes() -> None:
     assert str(p) == "shard 3 (shards/shard-000003.arrow): checksum_mismatch: content differs"
     assert str(Problem(None, "lengths.npy", "missing", "gone")) == "lengths.npy: missing: gone"
     assert set(REASONS) == {
-        "missing", "truncated", "size_mismatch", "checksum_mismatch", "wrong_count", "unreadable", "lengths_mismatch",
+        "missing", "outside_set", "truncated", "size_mismatch", "checksum_mismatch", "wrong_count", "unreadable",
+        "lengths_mismatch",
     }

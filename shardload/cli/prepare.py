@@ -1,4 +1,4 @@
-"""Turn raw files into a shard set: Arrow shards, a lengths index and a manifest.
+"""Turn raw files into a shard set: Arrow (or Zarr) shards, a lengths index and a manifest.
 
 Sources are files, directories, globs or brace patterns (data-{000..009}.tar);
 their kind is detected from the suffix (--source-format overrides it). Samples
@@ -22,6 +22,7 @@ EPILOG = (
   shardload prepare data/*.npy -o out/ --field tokens --shard-size 256MB --workers 8
   shardload prepare corpus.jsonl -o out/ --dtype tokens=int32 --balance tokens
   shardload prepare data/*.npy -o out/ --resume      # finish an interrupted run
+  shardload prepare data/*.npy -o out/ --format zarr --compression zstd --compression-level 5
 
 """
     + python_hint(
@@ -56,7 +57,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lay.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=None,
                      help="shuffle samples across shards once (default: on)")
     lay.add_argument("--seed", type=int, help="seed of that shuffle (default: 0)")
-    lay.add_argument("--shard-format", metavar="NAME", help="on-disk shard format (default: arrow)")
+    fmt = p.add_argument_group("shard format")
+    fmt.add_argument("--format", "--shard-format", dest="shard_format", choices=_formats(),
+                     help="arrow (default): uncompressed, memory-mapped; zarr: compressed, needs shardload[zarr]")
+    fmt.add_argument("--compression", choices=_compressions(),
+                     help="zarr only: codec of the chunks (default: zstd)")
+    fmt.add_argument("--compression-level", type=int, metavar="N",
+                     help="zarr only: zstd 1-22 (default 3), blosc-lz4 0-9 (default 5)")
+    fmt.add_argument("--chunk-size", type=parse_size, metavar="SIZE",
+                     help="zarr only: uncompressed bytes per chunk, the unit decompressed to read a sample "
+                          "(default: 256KiB)")
     run_ = p.add_argument_group("running")
     run_.add_argument("--workers", type=positive_int, metavar="N", help="parallel processes (default: 1)")
     mode = run_.add_mutually_exclusive_group()
@@ -76,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
         "shuffle": args.shuffle,
         "seed": args.seed,
         "shard_format": args.shard_format,
+        "compression": args.compression,
+        "compression_level": args.compression_level,
+        "chunk_size": args.chunk_size,
         "workers": args.workers,
         "resume": args.resume,
         "overwrite": args.overwrite,
@@ -109,6 +122,18 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"load it: shardload.open({result.path!r})")
     return 0
+
+
+def _formats() -> list[str]:
+    from shardload.formats import FORMATS
+
+    return sorted(FORMATS)
+
+
+def _compressions() -> tuple[str, ...]:
+    from shardload.formats.zarr.codecs import COMPRESSIONS
+
+    return COMPRESSIONS
 
 
 def _kinds() -> str:

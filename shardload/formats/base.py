@@ -41,8 +41,10 @@ class FieldData:
     def item(self, i: int) -> np.ndarray:
         """Sample ``i`` of this field (a view)."""
         if self.offsets is None:
-            return self.values[i]
-        return self.values[self.offsets[i] : self.offsets[i + 1]]
+            out: np.ndarray = self.values[i]
+        else:
+            out = self.values[self.offsets[i] : self.offsets[i + 1]]
+        return out
 
     def lengths(self) -> np.ndarray:
         """Per-sample first-axis lengths, ``(n,)`` int64 (1 for fixed fields)."""
@@ -108,7 +110,11 @@ def concat_columns(schema: Schema, parts: Sequence[Columns]) -> Columns:
             fields[f.name] = FieldData(values, None)
             continue
         values = np.concatenate([d.values for d in datas]) if datas else _empty(f, 0)
-        lens = np.concatenate([np.diff(d.offsets) for d in datas if d.offsets is not None]) if datas else []
+        lens: np.ndarray = (
+            np.concatenate([np.diff(d.offsets) for d in datas if d.offsets is not None])
+            if datas
+            else np.zeros(0, dtype=np.int64)
+        )
         offsets = np.zeros(len(lens) + 1, dtype=np.int64)
         np.cumsum(lens, out=offsets[1:])
         fields[f.name] = FieldData(values, offsets)
@@ -160,5 +166,5 @@ class ShardReader(ABC):
     def columns(self) -> Columns:
         """The whole shard, opened lazily on first call and cached."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  optional: formats with nothing to release keep this no-op
         """Release the file mapping; the reader may be reopened by ``columns()``."""

@@ -38,7 +38,8 @@ def prepare(
         allow_pickle: allow pickled data (never do this with untrusted input).
         **options: see :class:`PrepareOptions` (``num_shards``, ``shuffle``, ``workers``, ...).
 
-    >>> shardload.prepare("data/*.parquet", "out/", workers=4)  # doctest: +SKIP
+    Examples:
+        >>> shardload.prepare("data/*.parquet", "out/", workers=4)  # doctest: +SKIP
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
@@ -55,9 +56,10 @@ def write(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike[str], **o
     With ``resume=True`` the iterable must yield the same samples in the same
     order as in the interrupted run: samples already staged are skipped.
 
-    >>> import numpy as np
-    >>> samples = ({"tokens": np.arange(n, dtype=np.int32)} for n in range(1, 100))
-    >>> shardload.write(samples, "out/", num_shards=4)  # doctest: +SKIP
+    Examples:
+        >>> import numpy as np
+        >>> samples = ({"tokens": np.arange(n, dtype=np.int32)} for n in range(1, 100))
+        >>> shardload.write(samples, "out/", num_shards=4)  # doctest: +SKIP
     """
     opts = PrepareOptions(**_tupled(options))
     return run_prepare(out, options=opts, samples=samples)

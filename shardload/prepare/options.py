@@ -8,6 +8,13 @@ from typing import Any, Literal
 
 from shardload.errors import InputError
 from shardload.formats import FORMATS
+from shardload.formats.zarr.codecs import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_COMPRESSION,
+    DEFAULT_LEVELS,
+    check_zarr_options,
+    require_zarr,
+)
 from shardload.schema import SUPPORTED_DTYPES
 
 DEFAULT_SHARD_SIZE = 256 << 20
@@ -18,7 +25,8 @@ class PrepareOptions:
     """How to lay a dataset out as a shard set.
 
     Attributes:
-        shard_format: ``"arrow"`` (memory-mapped, zero-copy).
+        shard_format: ``"arrow"`` (memory-mapped, zero-copy) or ``"zarr"``
+            (compressed, decoded chunk by chunk; needs ``shardload[zarr]``).
         shard_size: target bytes of sample data per shard (default 256 MB).
         num_shards: exact number of shards; overrides ``shard_size``.
         balance: ``"samples"``: shards differ by at most one sample;
@@ -36,6 +44,10 @@ class PrepareOptions:
         reject_nonfinite: refuse NaN/inf in float fields.
         progress: show a progress bar (``None``: when stderr is a terminal).
         chunk_bytes: size of the intermediate chunks prepare stages on disk.
+        compression: zarr only: ``"zstd"`` (default), ``"blosc-lz4"`` or ``"none"``.
+        compression_level: zarr only: zstd 1-22 (default 3), blosc 0-9 (default 5).
+        chunk_size: zarr only: uncompressed bytes per chunk of a field's values
+            (default 256 KiB); the unit that is decompressed to read a sample.
     """
 
     shard_format: str = "arrow"
@@ -53,6 +65,9 @@ class PrepareOptions:
     reject_nonfinite: bool = False
     progress: bool | None = None
     chunk_bytes: int = 64 << 20
+    compression: str | None = None
+    compression_level: int | None = None
+    chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.shard_format not in FORMATS:
@@ -72,6 +87,26 @@ class PrepareOptions:
                 raise InputError(f"dtype of {name!r}: {dtype!r} is not one of {', '.join(SUPPORTED_DTYPES)}")
         if self.chunk_bytes <= 0:
             raise InputError(f"chunk_bytes must be positive, got {self.chunk_bytes}")
+        if self.shard_format == "zarr":
+            require_zarr()
+            check_zarr_options(self.compression or DEFAULT_COMPRESSION, self.compression_level,
+                               DEFAULT_CHUNK_SIZE if self.chunk_size is None else self.chunk_size)
+        elif self.compression not in (None, "none") or self.compression_level is not None or self.chunk_size is not None:
+            raise InputError(
+                f"compression, compression level and chunk size apply to zarr shards; {self.shard_format} shards "
+                "are stored uncompressed so that they can be memory-mapped. Choose shard_format='zarr' (--format zarr)."
+            )
+
+    def writer_options(self) -> dict[str, Any]:
+        """Keyword arguments of the shard writer, with the format's defaults filled in."""
+        if self.shard_format != "zarr":
+            return {}
+        compression = self.compression or DEFAULT_COMPRESSION
+        level = self.compression_level
+        if level is None and compression != "none":
+            level = DEFAULT_LEVELS[compression]
+        chunk_size = DEFAULT_CHUNK_SIZE if self.chunk_size is None else self.chunk_size
+        return {"compression": compression, "compression_level": level, "chunk_size": chunk_size}
 
     def layout_key(self) -> dict[str, Any]:
         """The options that decide the output bytes (compared on ``resume``)."""
@@ -80,4 +115,7 @@ class PrepareOptions:
             d.pop(k)
         d["fixed_fields"] = list(self.fixed_fields)
         d["dtypes"] = dict(sorted(self.dtypes.items()))
+        for k in ("compression", "compression_level", "chunk_size"):
+            d.pop(k)
+        d.update(self.writer_options())  # resolved defaults: the manifest records what was written
         return d

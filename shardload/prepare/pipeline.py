@@ -41,7 +41,7 @@ from shardload.prepare.layout import assign_samples, count_shards
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.progress import Progress
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
-from shardload.prepare.workdir import WorkDir
+from shardload.prepare.workdir import WorkDir, output_errors
 from shardload.schema import Schema
 
 logger = logging.getLogger("shardload.prepare")
@@ -63,6 +63,7 @@ class PrepareResult:
     samples_per_s: float
 
     def to_json(self) -> dict[str, Any]:
+        """The result as a plain dict (what ``shardload prepare --json`` prints)."""
         return dict(self.__dict__)
 
 
@@ -89,7 +90,7 @@ class SampleChecker:
 def cast_fields(sample: Mapping[str, Any], dtypes: Mapping[str, str], where: str) -> dict[str, Any]:
     """Apply ``dtypes`` overrides, refusing casts that would change values' kind or overflow."""
     if not isinstance(sample, Mapping):
-        return sample  # type: ignore[return-value]  # Schema.check reports it
+        return sample  # Schema.check reports it
     out = dict(sample)
     for name, dtype in dtypes.items():
         if name not in out:
@@ -152,14 +153,16 @@ def ingest(
     it = iter(samples)
     for _ in itertools.islice(it, skip):
         pass
-    total, nbytes, pending, pending_bytes = skip, 0, [], 0
+    pending: list[dict[str, Any]] = []
+    total, nbytes, pending_bytes = skip, 0, 0
 
     def flush() -> None:
         nonlocal pending, pending_bytes
         path = staging / chunk_name(unit_key, len(chunks))
         tmp = path.with_suffix(".tmp")
-        writer.write(tmp, Columns.from_samples(schema, pending))
-        os.replace(tmp, path)
+        with output_errors(staging.parents[1], f"staging the samples of {unit_key}", partial=tmp):
+            writer.write(tmp, Columns.from_samples(schema, pending))
+            os.replace(tmp, path)
         chunks.append(path.name)
         crash_point(f"staged:{len(chunks)}")
         pending, pending_bytes = [], 0
@@ -176,7 +179,8 @@ def ingest(
     if pending:
         flush()
     record = {"unit": unit_key, "chunks": chunks, "samples": total, "bytes": nbytes}
-    atomic_write_text(done, json.dumps(record))
+    with output_errors(staging.parents[1], f"staging the samples of {unit_key}"):
+        atomic_write_text(done, json.dumps(record))
     return record
 
 
@@ -204,7 +208,8 @@ class Staged:
 
 def collect_staged(records: Sequence[Mapping[str, Any]], schema: Schema, staging: Path) -> Staged:
     paths = [staging / name for r in records for name in r["chunks"]]
-    counts, field_parts, bytes_parts = [], {f.name: [] for f in schema.variable_fields}, []
+    field_parts: dict[str, list[NDArray[np.int64]]] = {f.name: [] for f in schema.variable_fields}
+    counts, bytes_parts = [], []
     for path in paths:
         cols = ArrowShardReader(path, schema).columns()
         counts.append(cols.num_samples)
@@ -266,8 +271,13 @@ def write_shard(
     schema_json: dict[str, Any],
     shard_format: str,
     work: str,
+    writer_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write shard ``k`` unless a finished copy is recorded; return its record."""
+    """Write shard ``k`` unless a finished copy is recorded; return its record.
+
+    ``writer_options`` go to the format's writer (e.g. zarr compression, see
+    :meth:`PrepareOptions.writer_options`).
+    """
     work_dir = Path(work)
     done = work_dir / "done" / f"{k:06d}.json"
     if done.exists():
@@ -278,12 +288,12 @@ def write_shard(
     final = work_dir / "shards" / name
     tmp = final.with_name(final.name + ".tmp")
     cols = gather(schema, positions, [Path(p) for p in staged_paths], chunk_starts)
-    writer_cls(schema).write(tmp, cols)
+    writer_cls(schema, **dict(writer_options or {})).write(tmp, cols)
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
     record = {
         "file": f"shards/{name}",
-        "samples": int(len(positions)),
+        "samples": len(positions),
         "bytes": tmp.stat().st_size,
         "checksum": file_checksum(tmp),
         "tokens": int(tokens),
@@ -322,7 +332,8 @@ def run_prepare(
             "source": dict(describe or {}),
             "schema": schema.to_json(),
         }
-        wd.check_state(state)
+        with output_errors(wd.out, "recording the run's state"):
+            wd.check_state(state)
         records = _ingest_all(wd, units, source_options, schema, options, located)
         staged = collect_staged(records, schema, wd.staging)
         n = len(staged.lengths)
@@ -334,12 +345,13 @@ def run_prepare(
             staged.lengths, num_shards, balance=options.balance, shuffle=options.shuffle, seed=options.seed
         )
         shard_records = _write_all(wd, staged, schema, options, order, bounds)
-        files = _write_index(wd, staged, schema, order)
-        crash_point("index")
-        manifest = _manifest(schema, options, shard_records, staged.lengths[order], files, describe)
-        manifest.write(wd.work)
-        crash_point("manifest")
-        wd.commit(list(files.values()) + ["origin.npy"])
+        with output_errors(wd.out, "writing the lengths index and the manifest", partial=wd.work):
+            files = _write_index(wd, staged, schema, order)
+            crash_point("index")
+            manifest = _manifest(schema, options, shard_records, staged.lengths[order], files, describe)
+            manifest.write(wd.work)
+            crash_point("manifest")
+            wd.commit(list(files.values()) + ["origin.npy"])
         return _result(wd.out, time.perf_counter() - started, in_bytes)
 
 
@@ -407,13 +419,14 @@ def _write_all(
     for k in range(len(bounds) - 1):
         pos = order[bounds[k] : bounds[k + 1]]
         jobs.append((k, pos, int(staged.lengths[pos].sum()), paths, staged.chunk_starts, schema.to_json(),
-                     options.shard_format, str(wd.work)))
+                     options.shard_format, str(wd.work), options.writer_options()))
     progress = Progress("write", total=len(order), enabled=options.progress)
     records = []
     try:
-        for rec in _map(_write_shard_star, jobs, options.workers):
-            progress.update(rec["samples"], rec["bytes"])
-            records.append(rec)
+        with output_errors(wd.out, "writing shards", partial=wd.shards):
+            for rec in _map(_write_shard_star, jobs, options.workers):
+                progress.update(rec["samples"], rec["bytes"])
+                records.append(rec)
     finally:
         progress.close()
     return records

@@ -15,16 +15,19 @@ set exactly when it has one, and an interrupted run never looks complete.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
 from shardload.errors import OutputError, OutputExistsError, OutputLockedError
-from shardload.prepare.faults import crash_point
 from shardload.manifest import MANIFEST_NAME, atomic_write_text, fsync_dir
+from shardload.prepare.faults import crash_point
 
 WORK = ".prepare"
 LOCK = ".prepare.lock"
@@ -62,9 +65,12 @@ class WorkDir:
             raise OutputError(f"{out} exists and is not a directory; choose another output path")
         try:
             out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"{out}: cannot create the output directory ({exc.strerror}). {_hint(exc)}") from None
+        try:
             self._lock = open(out / LOCK, "a+")
         except OSError as exc:
-            raise OutputError(f"{out}: cannot create the output directory ({exc.strerror})") from None
+            raise OutputError(f"{out}: cannot write into the output directory ({exc.strerror}). {_hint(exc)}") from None
         try:
             fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -75,7 +81,8 @@ class WorkDir:
                 "or choose another output"
             ) from None
         try:
-            self._check_existing()
+            with output_errors(out, "preparing the output directory"):
+                self._check_existing()
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -158,14 +165,50 @@ class WorkDir:
         manifest = self.work / MANIFEST_NAME
         if manifest.exists():
             fsync_dir(self.out)
+            crash_point("commit:before-manifest")
             os.replace(manifest, self.out / MANIFEST_NAME)
             fsync_dir(self.out)
+            crash_point("commit:manifest-moved")
         shutil.rmtree(self.work, ignore_errors=True)
         (self.out / LOCK).unlink(missing_ok=True)
 
     @property
     def committing(self) -> bool:
         return (self.work / "COMMIT").exists()
+
+
+@contextmanager
+def output_errors(out: Path, what: str, *, partial: Path | None = None) -> Iterator[None]:
+    """Turn an ``OSError`` while writing into ``out`` into an :class:`OutputError` that says what to do.
+
+    Args:
+        out: the output directory (named in the message).
+        what: the step that failed, e.g. ``"writing shard 3"``.
+        partial: a half-written file to remove on failure (or a directory whose
+            ``*.tmp`` files are removed), so a full disk gets its space back.
+    """
+    try:
+        yield
+    except OutputError:
+        raise
+    except OSError as exc:
+        if partial is not None:
+            for tmp in partial.glob("*.tmp") if partial.is_dir() else [partial]:
+                tmp.unlink(missing_ok=True)
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise OutputError(
+            f"{out}: {what} failed: {exc.strerror or exc}{where}. {_hint(exc)} Nothing in {out} looks like a "
+            "complete shard set until a run finishes."
+        ) from None
+
+
+def _hint(exc: OSError) -> str:
+    """What to do about an OSError while writing the output."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "The disk is full: free some space, then rerun with --resume to continue where it stopped."
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "The output directory is not writable: fix its permissions or choose another output."
+    return "Fix the cause, then rerun with --resume to continue where it stopped."
 
 
 def _looks_like_owned(names: list[str]) -> bool:

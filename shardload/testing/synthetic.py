@@ -31,13 +31,13 @@ def synthetic_samples(
     rng = np.random.default_rng(seed)
     tok = long_tailed_lengths(n, median=median_tokens, low=0, high=int(median_tokens * 16), seed=seed)
     rows = long_tailed_lengths(n, median=median_rows, low=1, high=int(median_rows * 16), seed=seed + 1)
-    out = []
+    out: list[dict[str, np.ndarray]] = []
     for i in range(n):
         out.append(
             {
                 "tokens": rng.integers(0, vocab, size=int(tok[i]), dtype=np.int32),
                 "features": rng.standard_normal((int(rows[i]), channels), dtype=np.float32),
-                "label": np.int64(i % 7),
+                "label": np.asarray(i % 7, dtype=np.int64),
             }
         )
     return out

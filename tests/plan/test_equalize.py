@@ -81,7 +81,7 @@ def test_drop_truncates_trailing_batches() -> None:
 
 @pytest.mark.parametrize("uneven", ["split", "pad"])
 def test_already_at_target_is_unchanged(uneven: str) -> None:
-    ids, weights, offsets = equalize_batches(
+    _, weights, offsets = equalize_batches(
         np.arange(4), np.array([0, 3, 4]), target=2, uneven=uneven, filler_id=0
     )
     assert offsets.tolist() == [0, 3, 4] and weights.sum() == 4

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardload.errors import CorruptShardError
+from shardload.formats.arrow.writer import arrow_type
 from shardload.formats.base import Columns, FieldData, ShardReader
 from shardload.schema import Field, Schema
 
@@ -52,7 +53,7 @@ class ArrowShardReader(ShardReader):
             raise CorruptShardError(
                 f"shard {self.path} is missing; run `shardload verify` on the shard set and re-run prepare"
             ) from None
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        except (pa.ArrowException, OSError, ValueError) as exc:  # any damage, e.g. ArrowNotImplementedError
             raise CorruptShardError(
                 f"shard {self.path} cannot be read as Arrow ({exc}); it is truncated or corrupt. "
                 "Run `shardload verify` and re-run prepare for this shard set."
@@ -67,6 +68,13 @@ class ArrowShardReader(ShardReader):
         return Columns(num_samples=batch.num_rows, fields=fields)
 
     def _field(self, f: Field, col: pa.Array, n: int) -> FieldData:
+        expected = arrow_type(f)
+        if not col.type.equals(expected):
+            # Reading the buffers of another type as this one would misread (or overrun) them.
+            raise CorruptShardError(
+                f"shard {self.path}: column {f.name!r} is stored as {col.type}, but the manifest's schema "
+                f"({f.dtype} {list(f.shape)}) needs {expected}; the shard does not belong to this manifest"
+            )
         offsets = None
         if f.variable:
             # buffers(): [validity, offsets, ...child buffers]; offsets are int64 for large_list.

@@ -54,11 +54,11 @@ def _element_ok(t: pa.DataType) -> bool:
     """A type that converts to a dense block (primitive or fixed-size list of such)."""
     if pa.types.is_fixed_size_list(t):
         return _element_ok(t.value_type)
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t))
 
 
 def _is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t)
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t))
 
 
 def _leaf(t: pa.DataType) -> pa.DataType:
@@ -134,7 +134,8 @@ def _dense(arr: pa.Array, row_of: RowOf) -> np.ndarray:
         size = t.list_size
         inner = _dense(arr.flatten(), lambda j: row_of(j // size) if size else 0)
         return inner.reshape(len(arr), size, *inner.shape[1:])
-    return arr.to_numpy(zero_copy_only=False)
+    out: np.ndarray = arr.to_numpy(zero_copy_only=False)
+    return out
 
 
 def _offsets(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:

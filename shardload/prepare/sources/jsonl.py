@@ -172,6 +172,8 @@ def _read_file(path: str, options: SourceOptions) -> Iterator[tuple[str, Sample]
         ) from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a directory, not a JSON Lines file") from None
+    except OSError as exc:  # e.g. permission denied; the input is the user's to fix
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc}) after line {lineno}") from None
 
 
 def _decode_line(

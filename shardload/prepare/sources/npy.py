@@ -8,7 +8,13 @@ from typing import ClassVar
 import numpy as np
 
 from shardload.errors import InputError
-from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, register
+from shardload.prepare.sources.base import (
+    Sample,
+    SourceOptions,
+    SourceReader,
+    SourceUnit,
+    register,
+)
 
 
 @register
@@ -31,8 +37,8 @@ class NpySource(SourceReader):
                         "Save plain numeric arrays, or pass --allow-pickle if you trust the file."
                     ) from None
                 raise InputError(f"{path}: not a readable .npy file ({exc})") from None
-            except (OSError, EOFError) as exc:
-                raise InputError(f"{path}: not a readable .npy file ({exc})") from None
+            except Exception as exc:  # noqa: BLE001  a damaged header can raise SyntaxError, TokenError, ...
+                raise InputError(f"{path}: not a readable .npy file ({type(exc).__name__}: {exc})") from None
             if not isinstance(arr, np.ndarray):
                 raise InputError(f"{path}: expected one array, found {type(arr).__name__}")
             yield path, {options.field: arr}

@@ -8,15 +8,19 @@ one unit (``SourceOptions.files_per_unit``), as for ``.npy``.
 
 from __future__ import annotations
 
-import zipfile
-import zlib
 from collections.abc import Iterator
 from typing import ClassVar
 
 import numpy as np
 
 from shardload.errors import InputError
-from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, register
+from shardload.prepare.sources.base import (
+    Sample,
+    SourceOptions,
+    SourceReader,
+    SourceUnit,
+    register,
+)
 
 
 @register
@@ -54,9 +58,11 @@ def _load(path: str, allow_pickle: bool) -> dict[str, np.ndarray]:
                 "Save plain numeric arrays, or pass --allow-pickle if you trust the file."
             ) from None
         raise InputError(f"{path}: {what} is not readable ({exc}); re-create the file") from None
-    except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error) as exc:
+    except Exception as exc:  # noqa: BLE001  zip, zlib and .npy header damage raise many kinds
         what = f"array {name!r}" if name is not None else "the file"
-        raise InputError(f"{path}: {what} is not readable as .npz ({exc}); re-create the file") from None
+        raise InputError(
+            f"{path}: {what} is not readable as .npz ({type(exc).__name__}: {exc}); re-create the file"
+        ) from None
     if not sample:
         raise InputError(f"{path}: the .npz file holds no arrays; every sample needs at least one field")
     return sample

@@ -1,0 +1,354 @@
+"""Read a Zarr shard: offsets eagerly, values lazily, one decoded chunk at a time.
+
+:meth:`ZarrShardReader.columns` gives the same :class:`Columns` as the Arrow
+reader, so planning, the dataset and the collate need not know the format.
+Offsets (and small metadata) are read when the shard is opened; each
+``values`` array is a :class:`ZarrValues`, which decodes only the chunks a
+slice touches and keeps them in the per-process :class:`ChunkCache`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zipfile
+from collections.abc import Callable, Hashable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from shardload.errors import CorruptShardError
+from shardload.formats.base import Columns, FieldData, ShardReader
+from shardload.formats.zarr.cache import ChunkCache, chunk_cache
+from shardload.formats.zarr.codecs import require_zarr
+from shardload.formats.zarr.writer import LAYOUT_VERSION
+from shardload.schema import Field, Schema
+
+_HINT = "Run `shardload verify` on the shard set and re-run prepare for it."
+
+
+class ZarrShardReader(ShardReader):
+    """Opens one Zarr shard (a zip store) and exposes its fields as :class:`Columns`.
+
+    Args:
+        path: the ``.zarr.zip`` shard file.
+        schema: the shard set's schema (from the manifest).
+        cache: where decoded chunks are kept; default: the process-wide
+            :func:`~shardload.formats.zarr.cache.chunk_cache`.
+
+    The zip file is reopened after a fork, so columns taken in a parent
+    process stay usable in DataLoader workers.
+    """
+
+    name: ClassVar[str] = "zarr"
+
+    def __init__(self, path: Path, schema: Schema, *, cache: ChunkCache | None = None) -> None:
+        super().__init__(path, schema)
+        self.cache = cache
+        self._columns: Columns | None = None
+        self._store: Any = None
+        self._root: Any = None
+        self._zip: zipfile.ZipFile | None = None
+        self._arrays: dict[str, Any] = {}
+        self._decoders: dict[str, _ChunkDecoder | None] = {}
+        self._pid = -1
+        self._identity: tuple[Hashable, ...] = ()
+
+    def columns(self) -> Columns:
+        if self._columns is None:
+            self._columns = self._open()
+        return self._columns
+
+    def close(self) -> None:
+        self._columns = None
+        self._arrays, self._decoders = {}, {}
+        if self._store is not None and self._pid == os.getpid():
+            self._store.close()
+            if self._zip is not None:
+                self._zip.close()
+        self._store = self._zip = None
+
+    # -- opening ------------------------------------------------------------------------------------
+    def _open(self) -> Columns:
+        require_zarr()
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            raise CorruptShardError(f"shard {self.path} is missing. {_HINT}") from None
+        # Cached chunks are keyed by the file's identity, so a rewritten file never meets stale chunks.
+        self._identity = (str(self.path), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        group = self._group()
+        meta = group.attrs.get("shardload")
+        if not isinstance(meta, dict) or not isinstance(meta.get("num_samples"), int) or meta["num_samples"] < 0:
+            raise CorruptShardError(f"shard {self.path} has no valid 'shardload' attribute in its root group. {_HINT}")
+        if meta.get("layout_version") != LAYOUT_VERSION:
+            raise CorruptShardError(
+                f"shard {self.path} has zarr layout version {meta.get('layout_version')!r}; this shardload reads "
+                f"version {LAYOUT_VERSION}. Upgrade shardload, or re-run prepare."
+            )
+        n = meta["num_samples"]
+        fields = {f.name: self._field(f, n) for f in self.schema.fields}
+        return Columns(num_samples=n, fields=fields)
+
+    def _group(self) -> Any:
+        """The root group, (re)opened in this process."""
+        zarr = require_zarr()
+        if self._store is not None and self._pid == os.getpid():
+            return self._root
+        # A zip file handle inherited through fork shares its offset with the parent: open our own.
+        self._store, self._zip, self._arrays, self._decoders, self._pid = None, None, {}, {}, os.getpid()
+        try:
+            store = zarr.storage.ZipStore(self.path, mode="r")
+            self._root = zarr.open_group(store, mode="r", zarr_format=3)
+            self._zip = zipfile.ZipFile(self.path, "r")
+        except FileNotFoundError:
+            raise CorruptShardError(f"shard {self.path} is missing. {_HINT}") from None
+        except Exception as exc:  # noqa: BLE001  zipfile, JSON and zarr metadata errors alike mean damage
+            raise CorruptShardError(
+                f"shard {self.path} cannot be opened as a zipped Zarr group ({_one_line(exc)}); it is truncated "
+                f"or corrupt. {_HINT}"
+            ) from None
+        self._store = store
+        return self._root
+
+    def array(self, key: str) -> Any:
+        """The zarr array ``key`` (``"<field>/values"`` or ``"<field>/offsets"``) of this shard."""
+        root = self._group()
+        arr = self._arrays.get(key)
+        if arr is None:
+            try:
+                arr = root[key]
+            except KeyError:
+                raise CorruptShardError(f"shard {self.path} has no array {key!r}. {_HINT}") from None
+            except Exception as exc:  # noqa: BLE001
+                raise CorruptShardError(f"shard {self.path}: array {key!r} is unreadable ({_one_line(exc)}). {_HINT}") from None
+            self._arrays[key] = arr
+        return arr
+
+    def _field(self, f: Field, n: int) -> FieldData:
+        key = f"{f.name}/values"
+        arr = self.array(key)
+        dtype = np.dtype(f.dtype)
+        if not hasattr(arr, "chunks") or arr.dtype != dtype or tuple(arr.shape[1:]) != f.inner_shape:
+            raise CorruptShardError(
+                f"shard {self.path}: array {key!r} is {getattr(arr, 'dtype', '?')} {list(getattr(arr, 'shape', []))}, "
+                f"the manifest says {dtype} {['rows', *f.inner_shape]}. {_HINT}"
+            )
+        values = ZarrValues(self, key, tuple(arr.shape), dtype, int(arr.chunks[0]))
+        if not f.variable:
+            if len(values) != n:
+                raise CorruptShardError(f"shard {self.path}: array {key!r} has {len(values)} rows, expected {n}. {_HINT}")
+            return FieldData(values, None)  # type: ignore[arg-type]  # a lazy array, sliced like an ndarray
+        okey = f"{f.name}/offsets"
+        offsets = self.read(okey, slice(None), chunk=0)
+        if offsets.dtype != np.int64 or offsets.shape != (n + 1,):
+            raise CorruptShardError(
+                f"shard {self.path}: array {okey!r} is {offsets.dtype} {list(offsets.shape)}, expected int64 [{n + 1}]. "
+                f"{_HINT}"
+            )
+        if offsets[0] != 0 or offsets[-1] != len(values) or np.any(np.diff(offsets) < 0):
+            raise CorruptShardError(f"shard {self.path}: offsets of {f.name!r} are out of bounds. {_HINT}")
+        offsets.flags.writeable = False
+        return FieldData(values, offsets)  # type: ignore[arg-type]
+
+    def read(self, key: str, rows: slice, *, chunk: int) -> np.ndarray:
+        """Decode ``rows`` of array ``key``; a failure is a :class:`CorruptShardError` naming ``chunk``.
+
+        ``rows`` must be ``slice(None)`` or lie within chunk ``chunk``.
+        """
+        arr = self.array(key)
+        if key not in self._decoders:
+            self._decoders[key] = _ChunkDecoder.for_array(arr)
+        decoder = self._decoders[key]
+        try:
+            if decoder is not None and self._zip is not None and rows != slice(None):
+                start, stop, _ = rows.indices(arr.shape[0])
+                return decoder.decode(self._zip, chunk)[: stop - start]
+            return np.asarray(arr[rows])
+        except Exception as exc:  # noqa: BLE001  a bad CRC, a broken zstd frame, a short read: all damage
+            raise CorruptShardError(
+                f"shard {self.path}: chunk {chunk} of array {key!r} cannot be decoded ({_one_line(exc)}); the file "
+                f"is damaged. {_HINT}"
+            ) from None
+
+
+class _ChunkDecoder:
+    """Decodes one chunk of an array written by :class:`ZarrShardWriter` without zarr's event loop.
+
+    zarr's own read path hands every chunk to an event-loop thread and then to
+    a thread pool; for one small chunk that costs several times the
+    decompression itself. For the exact codec chains the writer produces
+    (``bytes`` little-endian, then zstd, blosc or nothing) and the default
+    chunk key encoding, the chunk is read from the zip (which checks its
+    CRC-32) and decompressed with numcodecs, the codec library zarr itself
+    uses. Any other layout returns ``None`` from :meth:`for_array`, and is
+    read through zarr.
+    """
+
+    def __init__(self, prefix: str, chunks: tuple[int, ...], dtype: np.dtype[Any], decompress: Callable[[bytes], Any]):
+        self.prefix = prefix  # e.g. "tokens/values/c/"; chunk c of an n-d array is prefix + "c/0/.../0"
+        self.suffix = "/0" * (len(chunks) - 1)
+        self.chunks = chunks
+        self.dtype = dtype
+        self.nbytes = math.prod(chunks) * dtype.itemsize
+        self.decompress = decompress
+
+    @classmethod
+    def for_array(cls, arr: Any) -> _ChunkDecoder | None:
+        import numcodecs
+
+        try:
+            meta = arr.metadata.to_dict()
+            codecs = [(c["name"], c.get("configuration", {})) for c in meta["codecs"]]
+            encoding = meta["chunk_key_encoding"]
+            path = arr.path
+        except (AttributeError, KeyError, TypeError):
+            return None
+        if encoding.get("name") != "default" or encoding.get("configuration", {}).get("separator", "/") != "/":
+            return None
+        if not codecs or codecs[0][0] != "bytes" or codecs[0][1].get("endian", "little") != "little":
+            return None
+        names = [name for name, _ in codecs[1:]]
+        decompress: Callable[[bytes], Any]
+        if names == []:
+            decompress = bytes
+        elif names == ["zstd"]:
+            decompress = numcodecs.Zstd().decode
+        elif names == ["blosc"]:
+            decompress = numcodecs.Blosc().decode
+        else:
+            return None
+        return cls(f"{path}/c/", tuple(int(c) for c in arr.chunks), np.dtype(arr.dtype).newbyteorder("<"),
+                   decompress)
+
+    def decode(self, zf: zipfile.ZipFile, c: int) -> np.ndarray:
+        member = f"{self.prefix}{c}{self.suffix}"
+        try:
+            raw = zf.read(member)  # checks the member's CRC-32
+        except KeyError:
+            raise ValueError(f"the zip has no member {member!r}") from None
+        data = self.decompress(raw)
+        if len(memoryview(data).cast("B")) != self.nbytes:
+            raise ValueError(f"decoded {len(memoryview(data).cast('B'))} bytes, expected {self.nbytes}")
+        return np.frombuffer(data, dtype=self.dtype).reshape(self.chunks).astype(self.dtype.newbyteorder("="), copy=False)
+
+
+class ZarrValues:
+    """The ``values`` of one field of a Zarr shard, decoded chunk by chunk on demand.
+
+    Supports the indexing the loader uses on an ndarray: an integer, a slice,
+    or an integer array along the first axis (then any further indices), and
+    ``numpy.asarray``. A slice within one chunk is a read-only view of the
+    cached chunk; anything wider is a new array.
+
+    Attributes:
+        shape: ``(rows, *inner)``.
+        dtype: the field's dtype.
+        chunk_rows: rows per stored chunk.
+    """
+
+    def __init__(self, reader: ZarrShardReader, key: str, shape: tuple[int, ...], dtype: np.dtype[Any], chunk_rows: int):
+        self.reader = reader
+        self.key = key
+        self.shape = shape
+        self.dtype = dtype
+        self.chunk_rows = max(1, chunk_rows)
+
+    # -- the ndarray-like surface ------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        """Uncompressed bytes (what the array takes once decoded)."""
+        return self.size * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"ZarrValues({self.reader.path.name}:{self.key}, shape={self.shape}, dtype={self.dtype})"
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        out = self._rows(0, len(self))
+        return out if dtype is None else out.astype(dtype)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, tuple):
+            if not key:
+                return self._rows(0, len(self))
+            head, rest = key[0], key[1:]
+            first = self[head]
+            return first[rest] if _is_int(head) else first[(slice(None), *rest)]
+        if key is Ellipsis:
+            return self._rows(0, len(self))
+        if _is_int(key):
+            i = int(key)
+            n = len(self)
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for {self.key} with {n} rows")
+            i %= n
+            c = i // self.chunk_rows
+            return self._chunk(c)[i - c * self.chunk_rows]
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            if step == 1:
+                return self._rows(start, max(start, stop))
+            span = range(start, stop, step)
+            if not span:
+                return self._rows(0, 0)
+            lo, hi = min(span[0], span[-1]), max(span[0], span[-1]) + 1
+            return self._rows(lo, hi)[span[0] - lo :: step]
+        return self._take(np.asarray(key))
+
+    # -- decoding ---------------------------------------------------------------------------------
+    def _chunk(self, c: int) -> np.ndarray:
+        start = c * self.chunk_rows
+        stop = min(start + self.chunk_rows, len(self))
+        reader = self.reader
+        cache = reader.cache if reader.cache is not None else chunk_cache()
+        return cache.get((reader._identity, self.key, c), lambda: reader.read(self.key, slice(start, stop), chunk=c))
+
+    def _rows(self, start: int, stop: int) -> np.ndarray:
+        if stop <= start:
+            return np.empty((0, *self.shape[1:]), dtype=self.dtype)
+        cr = self.chunk_rows
+        first, last = start // cr, (stop - 1) // cr
+        if first == last:
+            return self._chunk(first)[start - first * cr : stop - first * cr]
+        parts = [self._chunk(c)[max(start - c * cr, 0) : stop - c * cr] for c in range(first, last + 1)]
+        return np.concatenate(parts)
+
+    def _take(self, idx: np.ndarray) -> np.ndarray:
+        if idx.dtype == np.bool_:
+            if idx.shape != (len(self),):
+                raise IndexError(f"boolean index of shape {idx.shape} does not match {self.key} with {len(self)} rows")
+            idx = np.flatnonzero(idx)
+        if idx.dtype.kind not in "iu":
+            raise IndexError(f"{self.key} is indexed by integers, slices or integer arrays, not {idx.dtype}")
+        flat = idx.reshape(-1).astype(np.int64)
+        n = len(self)
+        if flat.size and (flat.min() < -n or flat.max() >= n):
+            raise IndexError(f"an index is out of bounds for {self.key} with {n} rows")
+        flat = np.where(flat < 0, flat + n, flat)
+        out = np.empty((len(flat), *self.shape[1:]), dtype=self.dtype)
+        which = flat // self.chunk_rows
+        for c in np.unique(which).tolist():
+            sel = which == c
+            out[sel] = self._chunk(c)[flat[sel] - c * self.chunk_rows]
+        return out.reshape(*idx.shape, *self.shape[1:])
+
+
+def _is_int(key: Any) -> bool:
+    return isinstance(key, (int, np.integer)) and not isinstance(key, bool)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

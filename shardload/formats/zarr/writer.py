@@ -1,0 +1,135 @@
+"""Write one shard as a Zarr v3 group packed in a single uncompressed zip file.
+
+The arrays are built in memory with zarr's own codecs, then packed into the
+zip with fixed timestamps and sorted member names, so the same samples and
+options always give the same bytes (what lets ``prepare --resume`` finish a
+run with the checksums an uninterrupted one would have had).
+"""
+
+from __future__ import annotations
+
+import math
+import zipfile
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from shardload.errors import InputError
+from shardload.formats.base import Columns, ShardWriter
+from shardload.formats.zarr.codecs import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_COMPRESSION,
+    check_zarr_options,
+    compressors_for,
+    require_zarr,
+)
+from shardload.schema import Field, Schema
+
+#: version of the layout inside a Zarr shard, in the root group's ``shardload`` attribute
+LAYOUT_VERSION = 1
+#: zip timestamps are fixed (the earliest a zip can hold) so that a shard's bytes depend on its content only
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def chunk_rows(rows: int, row_bytes: int, chunk_size: int) -> int:
+    """Rows per chunk: about ``chunk_size`` uncompressed bytes, split evenly over ``rows``.
+
+    Zarr stores an edge chunk at full size, so the chunks are evened out to
+    keep the padding of the last one below one row per chunk.
+    """
+    per_chunk = max(1, chunk_size // max(1, row_bytes))
+    if rows <= per_chunk:
+        return max(1, rows)
+    num_chunks = math.ceil(rows / per_chunk)
+    return math.ceil(rows / num_chunks)
+
+
+def check_node_name(name: str) -> None:
+    """Refuse a field name that cannot be a Zarr node name (it names a group in the store)."""
+    if not name or "/" in name or name in (".", "..") or name.startswith("__"):
+        raise InputError(
+            f"field name {name!r} cannot name a Zarr group (no '/', not '.' or '..', no leading '__'); "
+            "rename the field or use the arrow format"
+        )
+
+
+class ZarrShardWriter(ShardWriter):
+    """Writes :class:`Columns` as a Zarr v3 group inside one zip file (``.zarr.zip``).
+
+    Args:
+        schema: the shard set's schema.
+        compression: ``"zstd"`` (default), ``"blosc-lz4"`` or ``"none"``.
+        compression_level: codec level (zstd 1-22, default 3; blosc 0-9, default 5).
+        chunk_size: uncompressed bytes per chunk of a ``values`` array (default 256 KiB).
+    """
+
+    name: ClassVar[str] = "zarr"
+    suffix: ClassVar[str] = ".zarr.zip"
+
+    def __init__(
+        self,
+        schema: Schema,
+        *,
+        compression: str | None = None,
+        compression_level: int | None = None,
+        chunk_size: int | None = None,
+    ) -> None:
+        compression = compression or DEFAULT_COMPRESSION
+        chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
+        check_zarr_options(compression, compression_level, chunk_size)
+        for f in schema.fields:
+            check_node_name(f.name)
+        super().__init__(schema, compression=compression, compression_level=compression_level, chunk_size=chunk_size)
+        self.compression = compression
+        self.compression_level = compression_level
+        self.chunk_size = chunk_size
+
+    def write(self, path: Path, columns: Columns) -> None:
+        zarr = require_zarr()
+        members: dict[str, Any] = {}
+        store = zarr.storage.MemoryStore(store_dict=members)
+        root = zarr.open_group(store, mode="w", zarr_format=3, attributes={"shardload": self._attributes(columns)})
+        for f in self.schema.fields:
+            data = columns.fields[f.name]
+            group = root.create_group(f.name)
+            self._array(group, "values", f, np.asarray(data.values))
+            if data.offsets is not None:
+                offsets = np.asarray(data.offsets, dtype=np.int64)
+                self._store(group, "offsets", offsets, chunks=(len(offsets),))
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for key in sorted(members):
+                info = zipfile.ZipInfo(key, date_time=_ZIP_EPOCH)
+                info.compress_type = zipfile.ZIP_STORED
+                info.external_attr = 0o644 << 16
+                zf.writestr(info, members[key].to_bytes())
+
+    def _attributes(self, columns: Columns) -> dict[str, Any]:
+        return {
+            "layout_version": LAYOUT_VERSION,
+            "num_samples": columns.num_samples,
+            "schema": self.schema.to_json(),
+            "compression": self.compression,
+            "compression_level": self.compression_level,
+            "chunk_size": self.chunk_size,
+        }
+
+    def _array(self, group: Any, name: str, f: Field, values: np.ndarray) -> None:
+        row_bytes = math.prod(f.inner_shape) * np.dtype(f.dtype).itemsize
+        rows = chunk_rows(len(values), row_bytes, self.chunk_size)
+        self._store(group, name, values, chunks=(rows, *(max(1, d) for d in f.inner_shape)))
+
+    def _store(self, group: Any, name: str, values: np.ndarray, *, chunks: tuple[int, ...]) -> None:
+        arr = group.create_array(
+            name,
+            shape=values.shape,
+            dtype=values.dtype,
+            chunks=chunks,
+            compressors=compressors_for(self.compression, self.compression_level, values.dtype.itemsize),
+            filters=None,
+            fill_value=np.zeros((), dtype=values.dtype)[()],
+            # Every chunk is stored, even an all-zero one: a chunk missing from a shard is then always damage.
+            config={"write_empty_chunks": True},
+        )
+        if values.size:
+            arr[...] = values

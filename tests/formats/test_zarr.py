@@ -1,0 +1,541 @@
+"""Zarr shards: the same shard set as Arrow, compressed; lazy chunk reads through a bounded cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import shardload
+from shardload.cli import main
+from shardload.collate import PadSpec, collate_batch
+from shardload.datamodule import ShardDataModule
+from shardload.formats import get_format
+from shardload.formats.zarr import ChunkCache, ZarrShardReader, ZarrValues, chunk_cache
+from shardload.formats.zarr import cache as cache_module
+from shardload.inspect import describe
+from shardload.testing import synthetic_samples
+from shardload.verify import verify
+from tests.helpers.resume import assert_resumes_identically, batch_ids
+
+pytest.importorskip("zarr")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+def rich_samples(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Several variable fields (1-D int, 2-D float, bool), a fixed vector and a scalar."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        rows = int(rng.integers(0, 9))
+        out.append({
+            "tokens": rng.integers(0, 50, size=int(rng.integers(1, 40)), dtype=np.int32),
+            "frames": rng.standard_normal((rows, 3), dtype=np.float32),
+            "mask": rng.random(rows) < 0.5,
+            "emb": rng.standard_normal(5).astype(np.float64),
+            "label": np.int64(i % 11),
+        })
+    return out
+
+
+def assert_same_sample(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert set(got) == set(want)
+    for k, v in want.items():
+        g, v = np.asarray(got[k]), np.asarray(v)
+        assert g.dtype == v.dtype and g.shape == v.shape, (k, g.dtype, g.shape, v.dtype, v.shape)
+        np.testing.assert_array_equal(g, v, err_msg=k)
+
+
+def assert_same_sets(arrow: Path, zarr_set: Path) -> None:
+    a, z = shardload.open(arrow), shardload.open(zarr_set)
+    assert z.manifest.shard_format == "zarr" and a.manifest.shard_format == "arrow"
+    assert len(a) == len(z) and a.schema == z.schema
+    np.testing.assert_array_equal(a.lengths, z.lengths)
+    for i in range(len(a)):
+        assert_same_sample(z[i], a[i])
+
+
+def write_both(samples: list[dict[str, Any]], root: Path, **options: Any) -> tuple[Path, Path]:
+    zarr_options = {k: options.pop(k) for k in ("compression", "compression_level", "chunk_size") if k in options}
+    shardload.write(samples, root / "arrow", **options)
+    shardload.write(samples, root / "zarr", shard_format="zarr", **zarr_options, **options)
+    return root / "arrow", root / "zarr"
+
+
+def member_data_offset(path: Path, member: str) -> tuple[int, int]:
+    """Where the stored bytes of zip member ``member`` start in the file, and how many there are."""
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(member)
+    with open(path, "rb") as fh:
+        fh.seek(info.header_offset)
+        header = fh.read(30)
+    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    return info.header_offset + 30 + name_len + extra_len, info.compress_size
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        b = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([b[0] ^ 0xFF]))
+
+
+def batches(loader: Any) -> list[dict[str, torch.Tensor]]:
+    return [dict(b) for b in loader]
+
+
+def assert_same_batches(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> None:
+    assert len(a) == len(b) > 0
+    for x, y in zip(a, b):
+        assert set(x) == set(y)
+        for k in x:
+            assert x[k].dtype == y[k].dtype and x[k].shape == y[k].shape, k
+            assert torch.equal(x[k], y[k]), k
+
+
+@pytest.fixture
+def private_cache() -> Iterator[ChunkCache]:
+    yield ChunkCache(1 << 30)
+
+
+# -- round trips ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("compression", ["zstd", "blosc-lz4", "none"])
+def test_iterable_with_many_field_kinds_round_trips_like_arrow(tmp_path: Path, compression: str) -> None:
+    samples = rich_samples(150)
+    # A small chunk size puts many samples across chunk boundaries.
+    arrow, zarr_set = write_both(samples, tmp_path, num_shards=3, seed=2, fixed_fields=["emb"],
+                                 compression=compression, chunk_size=300)
+    assert_same_sets(arrow, zarr_set)
+    z = shardload.open(zarr_set)
+    origin = np.load(zarr_set / "origin.npy")
+    for i in range(len(z)):
+        assert_same_sample(z[i], samples[origin[i]])
+    assert z.schema.field("emb").shape == (5,) and not z.schema.field("emb").variable
+    assert [s.file for s in z.shards] == [f"shards/shard-{k:06d}.zarr.zip" for k in range(3)]
+
+
+def test_npy_directory_round_trips_like_arrow(tmp_path: Path) -> None:
+    src = tmp_path / "npy"
+    src.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(40):
+        np.save(src / f"{i:03d}.npy", rng.standard_normal((int(rng.integers(0, 30)), 4)).astype(np.float32))
+    shardload.prepare(src, tmp_path / "arrow", field="x", num_shards=4)
+    shardload.prepare(src, tmp_path / "zarr", field="x", num_shards=4, shard_format="zarr", chunk_size=1000)
+    assert_same_sets(tmp_path / "arrow", tmp_path / "zarr")
+
+
+def test_jsonl_round_trips_like_arrow(tmp_path: Path) -> None:
+    samples = synthetic_samples(60, seed=4)
+    lines = [json.dumps({k: np.asarray(v).tolist() for k, v in s.items()}) for s in samples]
+    (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
+    shardload.prepare(tmp_path / "a.jsonl", tmp_path / "arrow", num_shards=2, dtypes={"tokens": "int32"})
+    shardload.prepare(tmp_path / "a.jsonl", tmp_path / "zarr", num_shards=2, dtypes={"tokens": "int32"},
+                      shard_format="zarr", compression="blosc-lz4")
+    assert_same_sets(tmp_path / "arrow", tmp_path / "zarr")
+
+
+def test_empty_and_single_sample_shards(tmp_path: Path) -> None:
+    samples = [{"x": np.zeros((0, 3), np.float32), "t": np.zeros(0, np.int64)},
+               {"x": np.ones((5, 3), np.float32), "t": np.arange(2, dtype=np.int64)}]
+    arrow, zarr_set = write_both(samples, tmp_path, num_shards=2, shuffle=False)
+    assert_same_sets(arrow, zarr_set)
+
+
+def test_same_samples_and_options_give_the_same_bytes(tmp_path: Path) -> None:
+    samples = rich_samples(50)
+    shardload.write(samples, tmp_path / "a", shard_format="zarr", num_shards=2)
+    shardload.write(samples, tmp_path / "b", shard_format="zarr", num_shards=2)
+    # Invariant: a shard's bytes depend on its content only (no timestamps), so resume can reproduce them
+    assert [s.checksum for s in shardload.open(tmp_path / "a").shards] == \
+        [s.checksum for s in shardload.open(tmp_path / "b").shards]
+
+
+# -- values are lazy, and index like an ndarray -----------------------------------------------------------
+def test_zarr_values_index_like_the_ndarray(tmp_path: Path, private_cache: ChunkCache) -> None:
+    samples = [{"f": np.arange(i * 12, (i + 1) * 12, dtype=np.float32).reshape(4, 3)} for i in range(30)]
+    shardload.write(samples, tmp_path / "s", shard_format="zarr", num_shards=1, shuffle=False, chunk_size=100)
+    ss = shardload.open(tmp_path / "s")
+    reader = ZarrShardReader(tmp_path / "s" / ss.shards[0].file, ss.schema, cache=private_cache)
+    values = reader.columns().fields["f"].values
+    assert isinstance(values, ZarrValues) and values.chunk_rows == 8
+    full = np.concatenate([s["f"] for s in samples])
+    assert values.shape == full.shape and values.dtype == full.dtype and len(values) == len(full)
+    assert values.nbytes == full.nbytes
+    keys: list[Any] = [0, 7, 8, -1, np.int64(33), slice(None), slice(5, 30), slice(7, 9), slice(30, 5, -3),
+                       slice(2, 100, 7), slice(50, 10), np.array([119, 0, 8, 8, 63]), [3, -2],
+                       np.zeros(0, np.int64), (slice(3, 20), 1), (5, 2), full[:, 0] > 200, Ellipsis]
+    for key in keys:
+        np.testing.assert_array_equal(values[key], full[key], err_msg=repr(key))
+    np.testing.assert_array_equal(np.asarray(values), full)
+    with pytest.raises(IndexError):
+        values[len(full)]
+    with pytest.raises(IndexError):
+        values[np.array([0, len(full)])]
+    # Cached chunks are shared: a view must not let one reader change another's data.
+    assert not values[0:2].flags.writeable
+
+
+# -- loading ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+def test_make_loader_gives_the_same_batches_as_arrow(tmp_path: Path, workers: int) -> None:
+    arrow, zarr_set = write_both(synthetic_samples(200, seed=5), tmp_path, num_shards=4, chunk_size=2000)
+    # Open a shard in this process first: workers forked afterwards must reopen the zip themselves.
+    assert len(shardload.open(zarr_set)[0]["tokens"]) >= 0
+
+    def run(path: Path, stage: str) -> list[dict[str, torch.Tensor]]:
+        loader = shardload.make_loader(path, rank=1, world_size=2, stage=stage, max_tokens=300, seed=3,
+                                       num_workers=workers, pad_to_multiple_of=8, pad_values={"tokens": -1})
+        loader.set_epoch(1)
+        return batches(loader)
+
+    for stage in ("train", "val"):
+        assert_same_batches(run(arrow, stage), run(zarr_set, stage))
+
+
+def test_datamodule_gives_the_same_batches_as_arrow(tmp_path: Path) -> None:
+    write_both(synthetic_samples(90, seed=6), tmp_path / "train", num_shards=3)
+    write_both(synthetic_samples(31, seed=7), tmp_path / "val", num_shards=2)
+
+    def run(kind: str) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, torch.Tensor]]]:
+        dm = ShardDataModule(train=tmp_path / "train" / kind, val=tmp_path / "val" / kind, batch_size=8,
+                             num_workers=0, seed=1)
+        dm.setup("fit")
+        return batches(dm.train_dataloader()), batches(dm.val_dataloader())
+
+    (train_a, val_a), (train_z, val_z) = run("arrow"), run("zarr")
+    assert_same_batches(train_a, train_z)
+    assert_same_batches(val_a, val_z)
+
+
+def test_loader_over_zarr_resumes_mid_epoch(tmp_path: Path) -> None:
+    shardload.write(synthetic_samples(120, seed=8), tmp_path / "s", shard_format="zarr", num_shards=3)
+
+    def make() -> shardload.loader.ShardLoader:
+        loader = shardload.make_loader(tmp_path / "s", rank=0, world_size=2, stage="train", max_tokens=160, seed=1)
+        loader.set_epoch(2)
+        return loader
+
+    assert len(batch_ids(make())) > 5
+    assert_resumes_identically(make, stop_after=4)
+
+
+# -- the chunk cache --------------------------------------------------------------------------------
+def test_a_batch_of_neighbours_decodes_each_chunk_once(tmp_path: Path, private_cache: ChunkCache) -> None:
+    samples = synthetic_samples(100, seed=9)
+    shardload.write(samples, tmp_path / "s", shard_format="zarr", num_shards=1, shuffle=False, chunk_size=1000)
+    ss = shardload.open(tmp_path / "s")
+    cols = ZarrShardReader(tmp_path / "s" / ss.shards[0].file, ss.schema, cache=private_cache).columns()
+    rows = np.arange(10, 40, dtype=np.int64)
+    touched = 0
+    for f in ss.schema.fields:
+        data = cols.fields[f.name]
+        lo, hi = (rows[0], rows[-1] + 1) if data.offsets is None else (data.offsets[rows[0]], data.offsets[rows[-1] + 1])
+        touched += len(range(int(lo) // data.values.chunk_rows, (int(hi) - 1) // data.values.chunk_rows + 1))
+    assert touched > 6  # the batch spans several chunks of each field
+
+    def fetch() -> dict[str, np.ndarray]:
+        ones = np.ones(len(rows), np.float32)
+        return collate_batch(ss.schema, lambda s: cols, np.zeros(len(rows), np.int64), rows, rows, ones, PadSpec())
+
+    batch = fetch()
+    # Invariant: each chunk the batch touches is decompressed once, however many samples share it
+    assert private_cache.loads == touched
+    fetch()
+    assert private_cache.loads == touched and private_cache.hits >= 2 * len(rows)
+    for j, i in enumerate(rows):
+        n = len(samples[i]["tokens"])
+        np.testing.assert_array_equal(batch["tokens"][j, :n], samples[i]["tokens"])
+
+
+def test_cache_stays_within_its_bound(tmp_path: Path) -> None:
+    samples = synthetic_samples(200, seed=10)
+    shardload.write(samples, tmp_path / "s", shard_format="zarr", num_shards=1, shuffle=False, chunk_size=800)
+    ss = shardload.open(tmp_path / "s")
+    path = tmp_path / "s" / ss.shards[0].file
+    bound = 2500  # about three 800-byte chunks
+    small = ChunkCache(bound)
+    cols = ZarrShardReader(path, ss.schema, cache=small).columns()
+    for i in range(len(ss)):
+        cols.sample(i)
+        # Invariant: the cache never holds more than its bound
+        assert small.nbytes <= bound and sum(c.nbytes for c in small._chunks.values()) == small.nbytes
+    assert 0 < len(small) <= 4
+    # A chunk larger than the whole bound is decoded but never kept.
+    tiny = ChunkCache(10)
+    tiny_cols = ZarrShardReader(path, ss.schema, cache=tiny).columns()
+    tiny_cols.sample(0)
+    tiny_cols.sample(0)
+    assert len(tiny) == 0 and tiny.nbytes == 0 and tiny.loads == 2 * len(ss.schema.fields)
+    # With room for everything, each chunk is decoded exactly once over two full passes.
+    big = ChunkCache(1 << 30)
+    big_cols = ZarrShardReader(path, ss.schema, cache=big).columns()
+    for _ in range(2):
+        for i in range(len(ss)):
+            assert_same_sample(big_cols.sample(i), samples[i])
+    chunks = sum(-(-len(big_cols.fields[f.name].values) // big_cols.fields[f.name].values.chunk_rows)
+                 for f in ss.schema.fields)
+    assert big.loads == chunks == len(big)
+
+
+def test_shared_cache_bound_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_module, "_shared", None)
+    monkeypatch.setenv(cache_module.CACHE_ENV, "12345")
+    assert chunk_cache().max_bytes == 12345
+    cache_module.set_chunk_cache_bytes(99)
+    assert chunk_cache().max_bytes == 99
+    monkeypatch.setattr(cache_module, "_shared", None)
+    monkeypatch.delenv(cache_module.CACHE_ENV)
+    assert chunk_cache().max_bytes == 64 << 20
+    monkeypatch.setattr(cache_module, "_shared", None)
+    monkeypatch.setenv(cache_module.CACHE_ENV, "lots")
+    with pytest.raises(shardload.InputError, match=cache_module.CACHE_ENV):
+        chunk_cache()
+
+
+# -- compression ------------------------------------------------------------------------------------
+def test_compression_shrinks_compressible_data(tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    # Small token ids in long runs, and smooth float rows: both compress well.
+    samples = [{"tokens": np.repeat(rng.integers(0, 8, size=40), 10).astype(np.int32),
+                "curve": np.cumsum(np.full((64, 4), 0.5, np.float32), axis=0)} for _ in range(100)]
+    sizes = {}
+    for label, options in {"arrow": {}, "none": {"shard_format": "zarr", "compression": "none"},
+                           "zstd": {"shard_format": "zarr", "compression": "zstd"},
+                           "zstd-19": {"shard_format": "zarr", "compression": "zstd", "compression_level": 19},
+                           "blosc-lz4": {"shard_format": "zarr", "compression": "blosc-lz4"}}.items():
+        shardload.write(samples, tmp_path / label, num_shards=2, **options)
+        sizes[label] = sum(s.bytes for s in shardload.open(tmp_path / label).shards)
+    payload = sum(a.nbytes for s in samples for a in s.values())
+    assert sizes["none"] >= payload and sizes["arrow"] >= payload
+    assert sizes["zstd"] < sizes["none"] / 5
+    assert sizes["blosc-lz4"] < sizes["none"] / 3
+    assert sizes["zstd-19"] <= sizes["zstd"]
+    opts = shardload.open(tmp_path / "zstd-19").manifest.options
+    assert (opts["compression"], opts["compression_level"], opts["chunk_size"]) == ("zstd", 19, 256 << 10)
+    assert_same_sets(tmp_path / "arrow", tmp_path / "zstd-19")
+
+
+def test_zarr_options_are_checked(tmp_path: Path) -> None:
+    samples = synthetic_samples(5)
+    with pytest.raises(shardload.InputError, match="apply to zarr shards"):
+        shardload.write(samples, tmp_path / "a", compression="zstd")
+    with pytest.raises(shardload.InputError, match="apply to zarr shards"):
+        shardload.write(samples, tmp_path / "a", chunk_size=1000)
+    with pytest.raises(shardload.InputError, match=r"level must be an integer in \[1, 22\]"):
+        shardload.write(samples, tmp_path / "a", shard_format="zarr", compression_level=40)
+    with pytest.raises(shardload.InputError, match="compression must be one of"):
+        shardload.write(samples, tmp_path / "a", shard_format="zarr", compression="gzip")
+    with pytest.raises(shardload.InputError, match="not 'none'"):
+        shardload.write(samples, tmp_path / "a", shard_format="zarr", compression="none", compression_level=3)
+    with pytest.raises(shardload.InputError, match="cannot name a Zarr group"):
+        shardload.write([{"a/b": np.arange(3)}], tmp_path / "b", shard_format="zarr")
+
+
+# -- damage -----------------------------------------------------------------------------------------
+def test_corrupt_chunk_names_the_shard_and_the_chunk(tmp_path: Path) -> None:
+    samples = synthetic_samples(80, seed=12)
+    shardload.write(samples, tmp_path / "s", shard_format="zarr", num_shards=2, shuffle=False, chunk_size=400)
+    ss = shardload.open(tmp_path / "s")
+    path = tmp_path / "s" / ss.shards[1].file
+    start, size = member_data_offset(path, "tokens/values/c/2")
+    flip_byte(path, start + size // 2)
+    cols = shardload.open(tmp_path / "s").shard_columns(1)
+    values = cols.fields["tokens"].values
+    cols.sample(0)  # chunk 0 is intact
+    with pytest.raises(shardload.CorruptShardError) as err:
+        values[2 * values.chunk_rows]
+    msg = str(err.value)
+    assert "shard-000001.zarr.zip" in msg and "chunk 2 of array 'tokens/values'" in msg
+    assert "shardload verify" in msg and "re-run prepare" in msg
+    # Through the loader, the same error stops the batch that needs the chunk.
+    with pytest.raises(shardload.CorruptShardError, match="chunk 2 of array 'tokens/values'"):
+        list(shardload.make_loader(tmp_path / "s", rank=0, world_size=1, stage="val", batch_size=80))
+
+
+def test_damaged_zip_directory_is_a_corrupt_shard(tmp_path: Path) -> None:
+    shardload.write(synthetic_samples(20), tmp_path / "s", shard_format="zarr", num_shards=1)
+    path = tmp_path / "s" / shardload.open(tmp_path / "s").shards[0].file
+    data = path.read_bytes()
+    path.write_bytes(data[:-30] + b"\0" * 30)  # same size, broken end-of-central-directory record
+    with pytest.raises(shardload.CorruptShardError, match=r"shard-000000\.zarr\.zip.*cannot be opened"):
+        shardload.open(tmp_path / "s")[0]
+
+
+def test_verify_detects_a_damaged_zarr_shard(tmp_path: Path) -> None:
+    shardload.write(synthetic_samples(90, seed=13), tmp_path / "s", shard_format="zarr", num_shards=3,
+                    chunk_size=500)
+    assert verify(tmp_path / "s").ok
+    ss = shardload.open(tmp_path / "s")
+    flipped = tmp_path / "s" / ss.shards[1].file
+    start, size = member_data_offset(flipped, "features/values/c/0/0")
+    flip_byte(flipped, start + size - 1)
+    truncated = tmp_path / "s" / ss.shards[2].file
+    truncated.write_bytes(truncated.read_bytes()[:-100])
+    report = verify(tmp_path / "s")
+    assert not report.ok and report.damaged_shards == [1, 2]
+    reasons = {(p.shard, p.reason) for p in report.problems}
+    assert (1, "checksum_mismatch") in reasons and (2, "truncated") in reasons
+    assert (2, "unreadable") in reasons  # the cut-off zip cannot be opened at all
+
+
+def test_inspect_and_verify_cli_on_a_zarr_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shardload.write(synthetic_samples(40), tmp_path / "s", shard_format="zarr", num_shards=2)
+    info = describe(tmp_path / "s")
+    assert info["shard_format"] == "zarr" and info["samples"] == 40 and info["shards"] == 2
+    assert info["bytes"] == sum(p.stat().st_size for p in (tmp_path / "s" / "shards").iterdir())
+    assert main(["inspect", str(tmp_path / "s")]) == 0
+    assert "zarr shards" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path / "s")]) == 0
+
+
+# -- the command line -----------------------------------------------------------------------------------
+def test_prepare_cli_format_and_compression_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "npy"
+    src.mkdir()
+    for i in range(12):
+        np.save(src / f"{i:02d}.npy", np.arange(i * 7 + 1, dtype=np.int32))
+    code = main(["prepare", str(src), "-o", str(tmp_path / "z"), "--field", "tokens", "--format", "zarr",
+                 "--compression", "blosc-lz4", "--compression-level", "3", "--chunk-size", "4k", "--no-progress"])
+    assert code == 0
+    m = shardload.open(tmp_path / "z").manifest
+    assert m.shard_format == "zarr"
+    assert (m.options["compression"], m.options["compression_level"], m.options["chunk_size"]) == ("blosc-lz4", 3, 4096)
+    shardload.prepare(src, tmp_path / "a", field="tokens")
+    assert_same_sets(tmp_path / "a", tmp_path / "z")
+    capsys.readouterr()
+    # Compression asked of the uncompressed format is bad input (exit 3), not silently ignored.
+    assert main(["prepare", str(src), "-o", str(tmp_path / "x"), "--field", "tokens", "--compression", "zstd"]) == 3
+    assert "apply to zarr shards" in capsys.readouterr().err
+
+
+# -- plain zarr, without shardload ------------------------------------------------------------------------
+def docs_snippet() -> str:
+    text = (REPO / "docs" / "format.md").read_text()
+    section = text.split("## Zarr shards", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, "docs/format.md: the Zarr shards section has no python snippet"
+    return match.group(1)
+
+
+def test_plain_zarr_snippet_from_the_docs_runs(tmp_path: Path) -> None:
+    rng = np.random.default_rng(14)
+    samples = [{"features": rng.standard_normal((int(rng.integers(1, 20)), 32), dtype=np.float32),
+                "label": np.int64(i)} for i in range(10)]
+    out = tmp_path / "OUT"
+    shardload.write(samples, out, shard_format="zarr", num_shards=1, shuffle=False)
+    code = docs_snippet().replace('"OUT/', f'"{out}/')
+    ns: dict[str, Any] = {}
+    exec(compile(code, "docs/format.md", "exec"), ns)
+    np.testing.assert_array_equal(ns["sample_3"], samples[3]["features"])
+    assert int(ns["label_3"]) == 3
+    assert ns["meta"]["num_samples"] == 10
+
+
+# -- resume and the optional dependency -------------------------------------------------------------------
+WRITER = textwrap.dedent(
+    """
+    import sys
+    import shardload
+    from shardload.testing import synthetic_samples
+
+    out = sys.argv[1]
+    samples = synthetic_samples(300, seed=15)
+    shardload.write(samples, out, num_shards=5, chunk_bytes=4000, resume=True, progress=False,
+                    shard_format="zarr", compression="zstd", chunk_size=2000)
+    """
+)
+
+
+def run_writer(out: Path, kill_at: str | None = None) -> int:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("SHARDLOAD_KILL_AT", None)
+    if kill_at:
+        env["SHARDLOAD_KILL_AT"] = kill_at
+    return subprocess.run([sys.executable, "-c", WRITER, str(out)], env=env, timeout=180).returncode
+
+
+@pytest.mark.slow
+def test_resumed_zarr_prepare_gives_the_uninterrupted_result(tmp_path: Path) -> None:
+    assert run_writer(tmp_path / "ref") == 0
+    want = [s.checksum for s in shardload.open(tmp_path / "ref").shards]
+    out = tmp_path / "killed"
+    assert run_writer(out, kill_at="shard:2") == -signal.SIGKILL
+    assert (out / ".prepare" / "shards" / "shard-000002.zarr.zip").exists()
+    with pytest.raises(shardload.ManifestError):
+        shardload.open(out)
+    assert run_writer(out) == 0
+    # Invariant: resume finishes with the bytes an uninterrupted run writes
+    assert [s.checksum for s in shardload.open(out).shards] == want
+    assert verify(out).ok
+
+
+def test_without_zarr_arrow_works_and_zarr_says_how_to_install(tmp_path: Path) -> None:
+    shardload.write(synthetic_samples(10), tmp_path / "z", shard_format="zarr", num_shards=1)
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["zarr"] = None  # as if zarr were not installed
+        import shardload
+        from shardload.testing import synthetic_samples
+
+        out = sys.argv[1]
+        shardload.write(synthetic_samples(10), out + "/a")
+        assert len(shardload.open(out + "/a")) == 10
+        for attempt in (lambda: shardload.write(synthetic_samples(10), out + "/b", shard_format="zarr"),
+                        lambda: shardload.open(out + "/z")[0]):
+            try:
+                attempt()
+            except shardload.InputError as exc:
+                print("refused:", exc)
+            else:
+                raise SystemExit("zarr was used without being installed")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("pip install shardload[zarr]") == 2, proc.stdout
+
+
+def test_format_is_registered() -> None:
+    writer, reader = get_format("zarr")
+    assert (writer.name, reader.name, writer.suffix) == ("zarr", "zarr", ".zarr.zip")
+
+
+@pytest.mark.parametrize("compression", ["zstd", "blosc-lz4", "none"])
+def test_direct_chunk_decoding_matches_zarr(tmp_path: Path, compression: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import zarr
+
+    from shardload.formats.zarr import reader as reader_module
+
+    samples = rich_samples(60, seed=16)
+    shardload.write(samples, tmp_path / "s", shard_format="zarr", num_shards=1, compression=compression,
+                    chunk_size=200, fixed_fields=["emb"])
+    ss = shardload.open(tmp_path / "s")
+    path = tmp_path / "s" / ss.shards[0].file
+    group = zarr.open_group(zarr.storage.ZipStore(path, mode="r"), mode="r")
+    for f in ss.schema.fields:
+        # The writer's own layouts take the direct path; anything else would go through zarr.
+        assert reader_module._ChunkDecoder.for_array(group[f"{f.name}/values"]) is not None, f.name
+    direct = ZarrShardReader(path, ss.schema, cache=ChunkCache(0)).columns()
+    monkeypatch.setattr(reader_module._ChunkDecoder, "for_array", classmethod(lambda cls, arr: None))
+    through_zarr = ZarrShardReader(path, ss.schema, cache=ChunkCache(0)).columns()
+    for i in range(len(ss)):
+        assert_same_sample(direct.sample(i), through_zarr.sample(i))
