@@ -5,7 +5,7 @@ The data flow, one module boundary per arrow::
     raw data (npy, npz, parquet, arrow, jsonl, WebDataset tars, an iterable)
        |  shardload.prepare / shardload.write        (offline, parallel, resumable)
        v
-    shard set: manifest.json + shards/*.arrow + lengths.npy
+    shard set: manifest.json + shards/*.arrow (or *.zarr.zip) + lengths.npy
        |  shardload.open                             (manifest + lengths only)
        v
     plan(epoch, seed, rank, world_size, batching)    (pure numpy; equal counts on every rank)
@@ -14,6 +14,8 @@ The data flow, one module boundary per arrow::
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
@@ -34,6 +36,12 @@ from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
 from shardload.schema import Field, Schema
 from shardload.shardset import ShardSet
 from shardload.shardset import open_shard_set as open
+
+if TYPE_CHECKING:  # type checkers see the real objects; at run time they load lazily (below)
+    from shardload.datamodule import ShardDataModule
+    from shardload.loader import ShardLoader, make_loader
+    from shardload.plan import Batching
+    from shardload.world import World
 
 # torch and Lightning load only when the loading side is first used, so that
 # `import shardload` and the prepare/inspect/verify commands start fast.

@@ -28,7 +28,10 @@ class ShardDataModule(pl.LightningDataModule):
     """Train/val/test/predict loaders over shard sets, one plan per rank.
 
     Args:
-        train, val, test, predict: shard set directories (any may be ``None``).
+        train: shard set directory for training (``None``: no training loader).
+        val: shard set directory for validation (``None``: none).
+        test: shard set directory for testing (``None``: none).
+        predict: shard set directory for prediction (``None``: none).
         batch_size: rows per batch; or
         max_tokens: a token budget per batch (rows x padded length).
         bucketing: group similar lengths to cut padding (default on).
@@ -45,10 +48,12 @@ class ShardDataModule(pl.LightningDataModule):
         fields: load only these fields.
         debug: ``num_workers=0``, a per-rank plan summary every epoch, and a
             cross-rank check that raises instead of hanging.
-        persistent_workers, prefetch_factor: passed to the DataLoader.
+        persistent_workers: keep worker processes alive between epochs (passed to the DataLoader).
+        prefetch_factor: batches each worker loads ahead (passed to the DataLoader).
 
-    >>> dm = ShardDataModule(train="data/train", val="data/val", max_tokens=16384)  # doctest: +SKIP
-    >>> trainer.fit(model, datamodule=dm)                                             # doctest: +SKIP
+    Examples:
+        >>> dm = ShardDataModule(train="data/train", val="data/val", max_tokens=16384)  # doctest: +SKIP
+        >>> trainer.fit(model, datamodule=dm)                                             # doctest: +SKIP
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class ShardDataModule(pl.LightningDataModule):
         self.world: World | None = None
 
     def setup(self, stage: str | None = None) -> None:
+        """Take rank and world size from the trainer (Lightning calls this on every rank)."""
         self.world = World.detect(trainer=self.trainer)
 
     def _make(self, stage: Stage) -> ShardLoader | list[Any]:
@@ -136,24 +142,31 @@ class ShardDataModule(pl.LightningDataModule):
         # Lightning fetches one batch ahead of the step it runs; what a resume must skip is
         # the batches whose training step finished, which the fit loop counts.
         assert self.trainer is not None
-        return int(self.trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        progress: Any = self.trainer.fit_loop.epoch_loop.batch_progress.current  # has `processed` in Lightning >= 2.0
+        return int(progress.processed)
 
     def train_dataloader(self) -> ShardLoader | list[Any]:
+        """This rank's loader for training: shuffled per epoch, batch counts equalised across ranks."""
         return self._make("train")
 
     def val_dataloader(self) -> ShardLoader | list[Any]:
+        """This rank's loader for validation: every sample once over all ranks, filler weighted 0."""
         return self._make("val")
 
     def test_dataloader(self) -> ShardLoader | list[Any]:
+        """This rank's loader for test: every sample once over all ranks, filler weighted 0."""
         return self._make("test")
 
     def predict_dataloader(self) -> ShardLoader | list[Any]:
+        """This rank's loader for prediction: every sample once over all ranks, filler weighted 0."""
         return self._make("predict")
 
     def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must match to resume: the shuffle seed."""
         return {"seed": self.seed}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Refuse a checkpoint taken with another seed (:class:`PlanError`)."""
         if "seed" in state_dict and state_dict["seed"] != self.seed:
             raise PlanError(
                 f"the checkpoint was trained with seed {state_dict['seed']}, this DataModule has seed "

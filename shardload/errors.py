@@ -4,16 +4,21 @@ Every error that shardload raises on purpose is a :class:`ShardloadError`, so a
 caller can catch them all with one clause, or one branch of the tree::
 
     ShardloadError
-     +-- InputError            bad input to prepare/write (names file + sample)
-     +-- ShardSetError         a shard set on disk is unusable
-     |    +-- ManifestError    manifest missing, unreadable, newer, inconsistent
-     |    +-- CorruptShardError  shard missing, truncated, checksum mismatch
-     |    +-- ShardSetChangedError  re-prepared while a job had it open
-     +-- OutputError           prepare cannot write where it was told to
-     |    +-- OutputExistsError  a shard set is there and --overwrite not given
-     |    +-- OutputLockedError  another prepare is writing the same output
-     +-- PlanError             bad batching options or plans that disagree
-          +-- PlanMismatchError  ranks computed different batch counts
+     +-- InputError (ValueError)          bad input to prepare/write; names the file and the sample
+     +-- ShardSetError                    a shard set on disk cannot be used as it is
+     |    +-- ManifestError               manifest missing, unreadable, of a newer format, inconsistent
+     |    +-- CorruptShardError           shard missing, truncated, or its checksum does not match
+     |    +-- ShardSetChangedError        the set was re-prepared while a job had it open
+     +-- OutputError (OSError)            prepare cannot write where it was told to
+     |    +-- OutputExistsError           a shard set is there and overwrite was not given
+     |    +-- OutputLockedError           another prepare is writing into the same output
+     +-- PlanError (ValueError)           invalid batching options, or a plan cannot be built
+          +-- PlanMismatchError           ranks disagree: batch counts or plan fingerprints differ
+
+A name in parentheses is a second, built-in base class: ``except ValueError``
+also catches bad input and bad batching options, and ``except OSError`` also
+catches output problems. The command line maps each branch to an exit status
+(see ``shardload.cli``).
 
 Messages name the file, the shard or the sample, and say what to do about it.
 """

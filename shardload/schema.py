@@ -69,10 +69,12 @@ class Field:
         return int(np.prod(self.inner_shape, dtype=np.int64))
 
     def to_json(self) -> dict[str, Any]:
+        """The field as stored in ``manifest.json`` (``None`` marks the variable axis)."""
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Field:
+        """Rebuild a field from its :meth:`to_json` form."""
         shape = tuple(None if d is None else int(d) for d in obj["shape"])
         return cls(name=str(obj["name"]), dtype=str(obj["dtype"]), shape=shape)
 
@@ -100,23 +102,28 @@ class Schema:
 
     @property
     def names(self) -> tuple[str, ...]:
+        """Field names, in schema order."""
         return tuple(f.name for f in self.fields)
 
     @property
     def variable_fields(self) -> tuple[Field, ...]:
+        """The fields whose first axis varies, in schema order."""
         return tuple(f for f in self.fields if f.variable)
 
     def field(self, name: str) -> Field:
+        """The field called ``name``; ``KeyError`` if there is none."""
         for f in self.fields:
             if f.name == name:
                 return f
         raise KeyError(name)
 
     def to_json(self) -> dict[str, Any]:
+        """The schema as stored in ``manifest.json``."""
         return {"fields": [f.to_json() for f in self.fields], "length_field": self.length_field}
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Schema:
+        """Rebuild a schema from its :meth:`to_json` form."""
         return cls(
             fields=tuple(Field.from_json(f) for f in obj["fields"]),
             length_field=obj.get("length_field"),

@@ -35,9 +35,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-import shardload  # noqa: E402
-from shardload.testing import long_tailed_lengths  # noqa: E402
-from shardload.verify import verify  # noqa: E402
+import shardload
+from shardload.testing import long_tailed_lengths
+from shardload.verify import verify
 
 
 def make_samples(n: int, median: float, seed: int) -> list[dict[str, np.ndarray]]:

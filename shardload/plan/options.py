@@ -113,8 +113,9 @@ class Batching:
     Raises:
         PlanError: On construction, if an option is invalid.
 
-    >>> Batching(max_tokens=16384, pad_to_multiple_of=8).uneven
-    'split'
+    Examples:
+        >>> Batching(max_tokens=16384, pad_to_multiple_of=8).uneven
+        'split'
     """
 
     batch_size: int | None = None
