@@ -55,9 +55,7 @@ def run_rank(rank: int, args: argparse.Namespace, port: int) -> None:
     device = torch.device("cuda:0" if args.device == "cuda" else "cpu")
     torch.set_num_threads(1)  # the ranks share the machine's cores
     torch.manual_seed(0)
-    model = DistributedDataParallel(
-        TinyClassifier().to(device), device_ids=[0] if device.type == "cuda" else None
-    )
+    model = DistributedDataParallel(TinyClassifier().to(device), device_ids=[0] if device.type == "cuda" else None)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     # Explicit rank and world size: spawned processes have no RANK / WORLD_SIZE in their environment.
     common = {"rank": rank, "world_size": world, "max_tokens": args.max_tokens, "num_workers": args.num_workers}
@@ -96,8 +94,13 @@ def run_rank(rank: int, args: argparse.Namespace, port: int) -> None:
         n_val = len(shardload.open(args.val))
         if int(sums[1]) != n_val:
             raise SystemExit(f"validation counted {int(sums[1])} samples, the set has {n_val}")
-        result = {"world_size": world, "device": str(device), "steps": steps,
-                  "val_loss": float(sums[0] / sums[1]), "val_count": int(sums[1])}
+        result = {
+            "world_size": world,
+            "device": str(device),
+            "steps": steps,
+            "val_loss": float(sums[0] / sums[1]),
+            "val_count": int(sums[1]),
+        }
         print("RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()
 

@@ -139,8 +139,12 @@ def main(argv: list[str] | None = None) -> None:
             opt.step()
             step += 1
             if ckpt_file is not None and step % args.save_every == 0:
-                state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                         "loader": train_loader.state_dict(), "step": step}
+                state = {
+                    "model": model.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "loader": train_loader.state_dict(),
+                    "step": step,
+                }
                 torch.save(state, ckpt_file)
         val_loss, val_count = validate(model, val_loader, device)
         if rank == 0:
@@ -149,8 +153,10 @@ def main(argv: list[str] | None = None) -> None:
             break
 
     if rank == 0:
-        print("RESULT " + json.dumps({"world_size": world, "steps": step, "val_loss": val_loss,
-                                      "val_count": val_count}), flush=True)
+        print(
+            "RESULT " + json.dumps({"world_size": world, "steps": step, "val_loss": val_loss, "val_count": val_count}),
+            flush=True,
+        )
     if dist.is_initialized():
         dist.destroy_process_group()
 

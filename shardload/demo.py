@@ -85,7 +85,9 @@ def generate_sources(cfg: DemoConfig) -> tuple[list[Path], Path]:
         for i in range(cfg.val_samples):
             t = c["tokens"][c["tok_off"][i] : c["tok_off"][i + 1]]
             f = c["feats"][c["row_off"][i] : c["row_off"][i + 1]]
-            fh.write(json.dumps({"tokens": t.tolist(), "features": np.round(f, 4).tolist(), "label": int(c["label"][i])}))
+            fh.write(
+                json.dumps({"tokens": t.tolist(), "features": np.round(f, 4).tolist(), "label": int(c["label"][i])})
+            )
             fh.write("\n")
     stamp.write_text(json.dumps(want))
     return train_files, val_file
@@ -152,17 +154,34 @@ def run_demo(cfg: DemoConfig, *, progress: bool | None = None, out: Any = print)
     cfg.workdir.mkdir(parents=True, exist_ok=True)
     out(f"shardload {shardload.__version__} demo in {cfg.workdir}")
     train_files, val_file = generate_sources(cfg)
-    out(f"[1/5] sources: {len(train_files)} Parquet files ({cfg.train_samples} samples), "
-        f"{val_file.name} ({cfg.val_samples} samples)")
+    out(
+        f"[1/5] sources: {len(train_files)} Parquet files ({cfg.train_samples} samples), "
+        f"{val_file.name} ({cfg.val_samples} samples)"
+    )
 
     sets = cfg.workdir / "sets"
-    prep_train = shardload.prepare([str(p) for p in train_files], sets / "train", workers=cfg.workers,
-                                   num_shards=8, overwrite=True, progress=progress)
-    prep_val = shardload.prepare(str(val_file), sets / "val", num_shards=3, overwrite=True, progress=progress,
-                                 dtypes={"tokens": "int32"}, shuffle=False)
-    out(f"[2/5] prepare: train {prep_train.samples} samples in {prep_train.shards} shards "
+    prep_train = shardload.prepare(
+        [str(p) for p in train_files],
+        sets / "train",
+        workers=cfg.workers,
+        num_shards=8,
+        overwrite=True,
+        progress=progress,
+    )
+    prep_val = shardload.prepare(
+        str(val_file),
+        sets / "val",
+        num_shards=3,
+        overwrite=True,
+        progress=progress,
+        dtypes={"tokens": "int32"},
+        shuffle=False,
+    )
+    out(
+        f"[2/5] prepare: train {prep_train.samples} samples in {prep_train.shards} shards "
         f"({prep_train.bytes / 1e6:.1f} MB, {prep_train.samples_per_s:.0f} samples/s); "
-        f"val {prep_val.samples} samples in {prep_val.shards} shards")
+        f"val {prep_val.samples} samples in {prep_val.shards} shards"
+    )
 
     from shardload.inspect import describe
     from shardload.verify import verify
@@ -170,27 +189,37 @@ def run_demo(cfg: DemoConfig, *, progress: bool | None = None, out: Any = print)
     info = describe(sets / "train")
     report = verify(sets / "train")
     q = info.get("lengths", {})
-    out(f"[3/5] inspect: fields {[(f['name'], f['dtype'], f['shape']) for f in info['fields']]}; "
-        f"length quantiles {q}")
+    out(f"[3/5] inspect: fields {[(f['name'], f['dtype'], f['shape']) for f in info['fields']]}; length quantiles {q}")
     out(f"      verify: {'ok' if report.ok else 'PROBLEMS: ' + str(report.problems)}")
 
     train_set = shardload.open(sets / "train")
-    bucketed = summarize_plan(train_set.lengths, train_set.index.sizes, world_size=cfg.devices,
-                              batching=Batching(max_tokens=cfg.max_tokens))
-    random = summarize_plan(train_set.lengths, train_set.index.sizes, world_size=cfg.devices,
-                            batching=Batching(max_tokens=cfg.max_tokens, bucketing=False))
-    out(f"[4/5] plan for {cfg.devices} ranks, max_tokens={cfg.max_tokens}: batches per rank "
+    bucketed = summarize_plan(
+        train_set.lengths, train_set.index.sizes, world_size=cfg.devices, batching=Batching(max_tokens=cfg.max_tokens)
+    )
+    random = summarize_plan(
+        train_set.lengths,
+        train_set.index.sizes,
+        world_size=cfg.devices,
+        batching=Batching(max_tokens=cfg.max_tokens, bucketing=False),
+    )
+    out(
+        f"[4/5] plan for {cfg.devices} ranks, max_tokens={cfg.max_tokens}: batches per rank "
         f"{[bucketed.num_batches] * cfg.devices} (before equalising: {bucketed.rank_batch_counts.tolist()}); "
         f"padding waste {bucketed.padding_fraction:.1%} with "
-        f"bucketing vs {random.padding_fraction:.1%} without")
+        f"bucketing vs {random.padding_fraction:.1%} without"
+    )
 
     fit = train_ddp(cfg, sets / "train", sets / "val")
-    out(f"[5/5] DDP fit on {cfg.devices} CPU processes (gloo): {fit['train_samples']:.0f} training samples in "
+    out(
+        f"[5/5] DDP fit on {cfg.devices} CPU processes (gloo): {fit['train_samples']:.0f} training samples in "
         f"{fit['seconds']:.1f} s ({fit['train_samples'] / fit['seconds']:.0f} samples/s incl. start-up); "
-        f"{fit['val_batches']:.0f} validation batches")
-    out(f"      validation loss (sync_dist, {fit['val_count']:.0f} samples) = {fit['val_loss']:.6f}; "
+        f"{fit['val_batches']:.0f} validation batches"
+    )
+    out(
+        f"      validation loss (sync_dist, {fit['val_count']:.0f} samples) = {fit['val_loss']:.6f}; "
         f"exact single-process loss = {fit['exact_loss']:.6f} over {fit['exact_count']} samples; "
-        f"{'EXACT' if fit['exact'] else 'MISMATCH'}")
+        f"{'EXACT' if fit['exact'] else 'MISMATCH'}"
+    )
     result = {
         "train": prep_train.to_json(),
         "val": prep_val.to_json(),

@@ -162,17 +162,14 @@ def describe(path: str | os.PathLike[str], *, bins: int = 16) -> dict[str, Any]:
         "created": m.created,
         "shardload_version": m.shardload_version,
         "fields": [
-            {"name": f.name, "dtype": f.dtype, "shape": list(f.shape), "variable": f.variable}
-            for f in m.schema.fields
+            {"name": f.name, "dtype": f.dtype, "shape": list(f.shape), "variable": f.variable} for f in m.schema.fields
         ],
         "length_field": m.schema.length_field,
         "samples": m.total_samples,
         "shards": len(m.shards),
         "bytes": sum(s.bytes for s in m.shards),
         "tokens": m.total_tokens,
-        "shard_balance": {
-            key: _min_max([getattr(s, key) for s in m.shards]) for key in ("samples", "tokens", "bytes")
-        },
+        "shard_balance": {key: _min_max([getattr(s, key) for s in m.shards]) for key in ("samples", "tokens", "bytes")},
         "lengths": lengths,
         "histogram": {"edges": edges, "counts": counts},
     }
@@ -272,8 +269,9 @@ def plot_lengths(path: str | os.PathLike[str], png: str | os.PathLike[str], *, b
     for key, q in QUANTILES[1:4]:
         x = dist.quantile(q)
         ax.axvline(x, color="k", lw=0.8, ls="--")
-        ax.annotate(f"{key}={x:g}", (x, 1.0), xycoords=("data", "axes fraction"), rotation=90,
-                    va="top", ha="right", fontsize=8)
+        ax.annotate(
+            f"{key}={x:g}", (x, 1.0), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=8
+        )
     ax.set_xlabel("sample length (log scale)")
     ax.set_ylabel("samples")
     ax.set_title(f"{ss.path.name or ss.path}: {dist.num_samples:,} samples, {len(ss.shards):,} shards")

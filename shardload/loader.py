@@ -137,7 +137,13 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         w = self.world
         logger.warning(
             "[shardload debug] %s rank %d/%d epoch %d: %d batches (%d real samples, %d filler), fingerprint %s",
-            self.stage, w.rank, w.world_size, self.epoch, len(plan), plan.num_real, plan.num_filler,
+            self.stage,
+            w.rank,
+            w.world_size,
+            self.epoch,
+            len(plan),
+            plan.num_real,
+            plan.num_filler,
             plan.fingerprint,
         )
         import torch.distributed as dist

@@ -216,7 +216,9 @@ def _check_schema(schema: Schema, where: str) -> None:
         raise ManifestError(f"{where}: the schema names a field twice ({list(schema.names)})")
     for f in schema.fields:
         if f.dtype not in SUPPORTED_DTYPES:
-            raise ManifestError(f"{where}: field {f.name!r} has dtype {f.dtype!r}, not one of {', '.join(SUPPORTED_DTYPES)}")
+            raise ManifestError(
+                f"{where}: field {f.name!r} has dtype {f.dtype!r}, not one of {', '.join(SUPPORTED_DTYPES)}"
+            )
         dims = f.shape[1:] if f.variable else f.shape
         if len(f.shape) > MAX_DIMS or any(d is None or d < 0 for d in dims):
             raise ManifestError(

@@ -96,8 +96,7 @@ class Schema:
     def __post_init__(self) -> None:
         if self.length_field is not None and self.length_field not in self.names:
             raise InputError(
-                f"length_field {self.length_field!r} is not a field of the samples "
-                f"(fields: {', '.join(self.names)})"
+                f"length_field {self.length_field!r} is not a field of the samples (fields: {', '.join(self.names)})"
             )
 
     @property
@@ -215,8 +214,7 @@ def as_array(value: Any, *, name: str, where: str) -> np.ndarray:
     if arr.dtype.name not in SUPPORTED_DTYPES:
         hint = " (ragged nested lists?)" if arr.dtype == object else ""
         raise InputError(
-            f"{where}: field {name!r} has unsupported dtype {arr.dtype}{hint}; "
-            f"supported: {', '.join(SUPPORTED_DTYPES)}"
+            f"{where}: field {name!r} has unsupported dtype {arr.dtype}{hint}; supported: {', '.join(SUPPORTED_DTYPES)}"
         )
     return arr
 
@@ -227,8 +225,6 @@ def parse_dtype_overrides(items: Sequence[str]) -> dict[str, str]:
     for item in items:
         name, sep, dtype = item.partition("=")
         if not sep or not name or dtype not in SUPPORTED_DTYPES:
-            raise InputError(
-                f"--dtype {item!r}: expected FIELD=DTYPE with DTYPE one of {', '.join(SUPPORTED_DTYPES)}"
-            )
+            raise InputError(f"--dtype {item!r}: expected FIELD=DTYPE with DTYPE one of {', '.join(SUPPORTED_DTYPES)}")
         out[name] = dtype
     return out

@@ -187,7 +187,10 @@ class ShardSet:
                 row = int(bad[0])
                 problem = f"sample {lo + row} (row {row}) has {int(found[row])} rows, the lengths index says {int(expected[row])}"
             elif int(offsets[-1]) != len(data.values):
-                problem, row = f"offsets end at {int(offsets[-1])}, the values hold {len(data.values)} rows", info.samples
+                problem, row = (
+                    f"offsets end at {int(offsets[-1])}, the values hold {len(data.values)} rows",
+                    info.samples,
+                )
             else:
                 continue
             raise CorruptShardError(

@@ -150,8 +150,12 @@ def verify(path: str | os.PathLike[str], *, workers: int = 1, progress: bool | N
         total = int(_chunked_sum(indexes[""]))
         if total != manifest.total_tokens:
             index_problems.append(
-                Problem(None, manifest.lengths_file, "lengths_mismatch",
-                        f"the index sums to {total} tokens, the manifest says {manifest.total_tokens}")
+                Problem(
+                    None,
+                    manifest.lengths_file,
+                    "lengths_mismatch",
+                    f"the index sums to {total} tokens, the manifest says {manifest.total_tokens}",
+                )
             )
     checker = _ShardChecker(root, manifest, indexes)
     problems: list[Problem] = []
@@ -284,8 +288,10 @@ class _ShardChecker:
                 report("unreadable", f"its offsets cannot be read: {_one_line(exc)}")
                 return
             if int(lengths[""].sum()) != info.tokens:
-                report("lengths_mismatch",
-                       f"its samples hold {int(lengths[''].sum())} tokens, the manifest says {info.tokens}")
+                report(
+                    "lengths_mismatch",
+                    f"its samples hold {int(lengths[''].sum())} tokens, the manifest says {info.tokens}",
+                )
             for key, index in self.indexes.items():
                 if index is None or key not in lengths:
                     continue
@@ -336,7 +342,9 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _map(fn: Callable[[int], tuple[list[Problem], int]], items: Sequence[int] | range, workers: int) -> Iterator[tuple[list[Problem], int]]:
+def _map(
+    fn: Callable[[int], tuple[list[Problem], int]], items: Sequence[int] | range, workers: int
+) -> Iterator[tuple[list[Problem], int]]:
     """Results in shard order; threads when ``workers > 1``."""
     if workers <= 1 or len(items) <= 1:
         yield from map(fn, items)

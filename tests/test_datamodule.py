@@ -40,8 +40,14 @@ class TinyModel(pl.LightningModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         w = batch["weight"]
         self.val_ids.extend(batch["sample_id"][w > 0].tolist())
-        self.log("val_loss_sum", (self.per_sample_loss(batch) * w).sum(), reduce_fx="sum", sync_dist=True,
-                 on_step=False, on_epoch=True)
+        self.log(
+            "val_loss_sum",
+            (self.per_sample_loss(batch) * w).sum(),
+            reduce_fx="sum",
+            sync_dist=True,
+            on_step=False,
+            on_epoch=True,
+        )
         self.log("val_weight_sum", w.sum(), reduce_fx="sum", sync_dist=True, on_step=False, on_epoch=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -49,8 +55,15 @@ class TinyModel(pl.LightningModule):
 
 
 def trainer(tmp_path: Path, **kw: object) -> pl.Trainer:
-    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, default_root_dir=tmp_path, **kw)  # type: ignore[arg-type]
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -119,7 +132,8 @@ def test_mid_epoch_checkpoint_resumes_with_the_remaining_batches(tmp_path: Path,
     cb = pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=3, save_top_k=-1)
     full = TinyModel()
     trainer(tmp_path, max_epochs=2, callbacks=[cb]).fit(
-        full, datamodule=ShardDataModule(train=train, batch_size=8, num_workers=2, seed=5))
+        full, datamodule=ShardDataModule(train=train, batch_size=8, num_workers=2, seed=5)
+    )
     steps_per_epoch = len(full.train_ids) // 2
     # Resume from a checkpoint in the middle of the second epoch.
     step = steps_per_epoch + 3 - (steps_per_epoch % 3) if steps_per_epoch % 3 else steps_per_epoch + 3
@@ -127,6 +141,7 @@ def test_mid_epoch_checkpoint_resumes_with_the_remaining_batches(tmp_path: Path,
     assert ckpt.exists(), sorted(p.name for p in ckpt_dir.iterdir())
     resumed = TinyModel()
     trainer(tmp_path, max_epochs=2).fit(
-        resumed, datamodule=ShardDataModule(train=train, batch_size=8, num_workers=2, seed=5), ckpt_path=ckpt)
+        resumed, datamodule=ShardDataModule(train=train, batch_size=8, num_workers=2, seed=5), ckpt_path=ckpt
+    )
     # Invariant: resumability — exactly the batches the uninterrupted run had left
     assert resumed.train_ids == full.train_ids[step:]

@@ -54,8 +54,23 @@ def load_example(name: str) -> ModuleType:
 
 def test_lightning_ddp_logs_the_exact_validation_loss(tmp_path: Path) -> None:
     res = run_with_watchdog(
-        python(str(EXAMPLES / "lightning_ddp.py"), "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp",
-               "--max-steps", "4", "--num-workers", "1", "--workdir", str(tmp_path), *TINY, "--verify"),
+        python(
+            str(EXAMPLES / "lightning_ddp.py"),
+            "--accelerator",
+            "cpu",
+            "--devices",
+            "2",
+            "--strategy",
+            "ddp",
+            "--max-steps",
+            "4",
+            "--num-workers",
+            "1",
+            "--workdir",
+            str(tmp_path),
+            *TINY,
+            "--verify",
+        ),
         timeout=240,
     )
     assert not res.hung, res.output[-3000:]
@@ -69,9 +84,21 @@ def test_lightning_ddp_logs_the_exact_validation_loss(tmp_path: Path) -> None:
 
 def test_torchrun_plain_two_ranks(tmp_path: Path) -> None:
     res = run_with_watchdog(
-        python("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(EXAMPLES / "torchrun_plain.py"), "--max-steps", "3", "--num-workers", "1",
-               "--workdir", str(tmp_path), *TINY),
+        python(
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(EXAMPLES / "torchrun_plain.py"),
+            "--max-steps",
+            "3",
+            "--num-workers",
+            "1",
+            "--workdir",
+            str(tmp_path),
+            *TINY,
+        ),
         timeout=240,
     )
     assert not res.hung, res.output[-3000:]
@@ -83,8 +110,20 @@ def test_torchrun_plain_two_ranks(tmp_path: Path) -> None:
 
 def test_torchrun_plain_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     # Single process (no torchrun): the checkpoint and resume code path, cheaply.
-    args = [str(EXAMPLES / "torchrun_plain.py"), "--workdir", str(tmp_path), *TINY, "--num-workers", "0",
-            "--checkpoint", str(tmp_path / "ckpt"), "--save-every", "2", "--epochs", "3"]
+    args = [
+        str(EXAMPLES / "torchrun_plain.py"),
+        "--workdir",
+        str(tmp_path),
+        *TINY,
+        "--num-workers",
+        "0",
+        "--checkpoint",
+        str(tmp_path / "ckpt"),
+        "--save-every",
+        "2",
+        "--epochs",
+        "3",
+    ]
     first = run_with_watchdog(python(*args, "--max-steps", "4"), timeout=180)
     assert first.returncode == 0, first.output[-3000:]
     assert result_of(first.output)["steps"] == 4 and (tmp_path / "ckpt.rank0.pt").exists()
@@ -96,8 +135,18 @@ def test_torchrun_plain_resumes_from_its_checkpoint(tmp_path: Path) -> None:
 
 def test_single_gpu_multiprocess_on_cpu(tmp_path: Path) -> None:
     res = run_with_watchdog(
-        python(str(EXAMPLES / "single_gpu_multiprocess.py"), "--ranks", "3", "--device", "cpu",
-               "--max-steps", "2", "--workdir", str(tmp_path), *TINY),
+        python(
+            str(EXAMPLES / "single_gpu_multiprocess.py"),
+            "--ranks",
+            "3",
+            "--device",
+            "cpu",
+            "--max-steps",
+            "2",
+            "--workdir",
+            str(tmp_path),
+            *TINY,
+        ),
         timeout=240,
     )
     assert not res.hung, res.output[-3000:]
@@ -143,11 +192,22 @@ def test_sbatch_builds_a_two_node_torchrun_command(tmp_path: Path) -> None:
     bin_dir.mkdir()
     log = tmp_path / "srun.json"
     # srun records its arguments and the environment the job exports, and starts nothing.
-    write_stub(bin_dir, "srun", f'{sys.executable} -c "import json, os, sys; '
-               f"json.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, open('{log}', 'w'))\" \"$@\"\n")
+    write_stub(
+        bin_dir,
+        "srun",
+        f'{sys.executable} -c "import json, os, sys; '
+        f"json.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, open('{log}', 'w'))\" \"$@\"\n",
+    )
     write_stub(bin_dir, "scontrol", '[[ "$1 $2" == "show hostnames" ]] && printf "gpu-node-017\\ngpu-node-018\\n"\n')
-    env = slurm_env(bin_dir, SLURM_NNODES="2", SLURM_JOB_NODELIST="gpu-node-[017-018]", SLURM_JOB_ID="4242",
-                    SLURM_GPUS_ON_NODE="8", TRAIN="/shared/sets/train", VAL="/shared/sets/val")
+    env = slurm_env(
+        bin_dir,
+        SLURM_NNODES="2",
+        SLURM_JOB_NODELIST="gpu-node-[017-018]",
+        SLURM_JOB_ID="4242",
+        SLURM_GPUS_ON_NODE="8",
+        TRAIN="/shared/sets/train",
+        VAL="/shared/sets/val",
+    )
     res = subprocess.run(
         ["bash", str(SBATCH)], env=env, capture_output=True, text=True, timeout=60, cwd=REPO, check=False
     )
@@ -178,8 +238,17 @@ def test_sbatch_runs_for_real_on_one_node(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = slurm_env(bin_dir, SLURM_NNODES="1", SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID="7",
-                    GPUS_PER_NODE="2", MASTER_PORT=str(port), NUM_WORKERS="0", MAX_STEPS="2", MAX_TOKENS="1024")
+    env = slurm_env(
+        bin_dir,
+        SLURM_NNODES="1",
+        SLURM_JOB_NODELIST="localhost",
+        SLURM_JOB_ID="7",
+        GPUS_PER_NODE="2",
+        MASTER_PORT=str(port),
+        NUM_WORKERS="0",
+        MAX_STEPS="2",
+        MAX_TOKENS="1024",
+    )
     res = run_with_watchdog(
         ["bash", str(SBATCH), "--workdir", str(tmp_path), *TINY, "--backend", "gloo"], timeout=240, env=env
     )

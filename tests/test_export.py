@@ -170,7 +170,14 @@ def test_member_header_is_a_valid_tar_header(name: str, size: int) -> None:
     with tarfile.open(fileobj=io.BytesIO(header + data + b"\x00" * 1024 * 10), ignore_zeros=False) as tf:
         info = tf.next()
     assert info is not None
-    assert (info.name, info.size, info.mtime, info.uid, info.mode, info.type) == (name, size, 0, 0, 0o644, tarfile.REGTYPE)
+    assert (info.name, info.size, info.mtime, info.uid, info.mode, info.type) == (
+        name,
+        size,
+        0,
+        0,
+        0o644,
+        tarfile.REGTYPE,
+    )
 
 
 def test_field_names_that_webdataset_would_change_are_refused(tmp_path: Path) -> None:
@@ -267,8 +274,9 @@ def test_a_running_export_locks_the_destination(shard_set: Path, tmp_path: Path)
 
 def test_cli_json_and_human_output(shard_set: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dest = tmp_path / "wds"
-    code, out, err = cli(capsys, "export", shard_set, "--to", "webdataset", dest, "--samples-per-tar", "8",
-                         "--json", "--no-progress")
+    code, out, err = cli(
+        capsys, "export", shard_set, "--to", "webdataset", dest, "--samples-per-tar", "8", "--json", "--no-progress"
+    )
     assert code == 0, err
     assert out.count("\n") == 1  # one JSON object on one line
     obj = json.loads(out)
@@ -313,10 +321,23 @@ print("torch" in sys.modules, "lightning" in sys.modules, file=sys.stderr)
 
 
 def test_result_to_json_round_trips_through_json() -> None:
-    r = WebDatasetExport(path="s", dest="d", tars=("shard-000000.tar",), samples=3, bytes=10, seconds=0.1234,
-                         prepare_options=("--no-shuffle",))
+    r = WebDatasetExport(
+        path="s",
+        dest="d",
+        tars=("shard-000000.tar",),
+        samples=3,
+        bytes=10,
+        seconds=0.1234,
+        prepare_options=("--no-shuffle",),
+    )
     assert json.loads(json.dumps(r.to_json())) == {
-        "path": "s", "dest": "d", "format": "webdataset", "tars": ["shard-000000.tar"],
-        "pattern": os.path.join("d", "shard-000000.tar"), "samples": 3, "bytes": 10, "seconds": 0.123,
+        "path": "s",
+        "dest": "d",
+        "format": "webdataset",
+        "tars": ["shard-000000.tar"],
+        "pattern": os.path.join("d", "shard-000000.tar"),
+        "samples": 3,
+        "bytes": 10,
+        "seconds": 0.123,
         "prepare_options": ["--no-shuffle"],
     }

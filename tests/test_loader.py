@@ -38,8 +38,15 @@ def test_getitem_is_a_view_into_the_memory_mapped_shard(shard_set: shardload.Sha
 
 
 def test_batch_contract(shard_set: shardload.ShardSet, samples: list[dict]) -> None:
-    loader = make_loader(shard_set.path, rank=0, world_size=1, stage="val", batch_size=16,
-                         pad_values={"tokens": -1}, pad_to_multiple_of=8)
+    loader = make_loader(
+        shard_set.path,
+        rank=0,
+        world_size=1,
+        stage="val",
+        batch_size=16,
+        pad_values={"tokens": -1},
+        pad_to_multiple_of=8,
+    )
     n_seen = 0
     for batch in loader:
         b = len(batch["sample_id"])
@@ -74,8 +81,9 @@ def test_fields_selects_what_is_loaded(shard_set: shardload.ShardSet) -> None:
 @pytest.mark.parametrize("stage", ["train", "val"])
 def test_same_batches_for_any_num_workers(shard_set: shardload.ShardSet, stage: str) -> None:
     def run(workers: int) -> list[list[int]]:
-        loader = make_loader(shard_set.path, rank=1, world_size=3, stage=stage, max_tokens=200,
-                             num_workers=workers, seed=4, epoch=2)
+        loader = make_loader(
+            shard_set.path, rank=1, world_size=3, stage=stage, max_tokens=200, num_workers=workers, seed=4, epoch=2
+        )
         return batch_ids(loader)
 
     # Invariant: debug mode (num_workers=0) yields the very same batches as workers
@@ -109,8 +117,9 @@ def test_epochs_reshuffle_training_but_not_evaluation(shard_set: shardload.Shard
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_mid_epoch_in_one_process(shard_set: shardload.ShardSet, workers: int) -> None:
     def make() -> shardload.loader.ShardLoader:
-        loader = make_loader(shard_set.path, rank=0, world_size=2, stage="train", max_tokens=160,
-                             num_workers=workers, seed=1)
+        loader = make_loader(
+            shard_set.path, rank=0, world_size=2, stage="train", max_tokens=160, num_workers=workers, seed=1
+        )
         loader.set_epoch(3)
         return loader
 

@@ -181,6 +181,12 @@ def test_problem_text_and_reason_codes() -> None:
     assert str(p) == "shard 3 (shards/shard-000003.arrow): checksum_mismatch: content differs"
     assert str(Problem(None, "lengths.npy", "missing", "gone")) == "lengths.npy: missing: gone"
     assert set(REASONS) == {
-        "missing", "outside_set", "truncated", "size_mismatch", "checksum_mismatch", "wrong_count", "unreadable",
+        "missing",
+        "outside_set",
+        "truncated",
+        "size_mismatch",
+        "checksum_mismatch",
+        "wrong_count",
+        "unreadable",
         "lengths_mismatch",
     }

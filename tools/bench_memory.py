@@ -386,12 +386,23 @@ def main(argv: list[str] | None = None) -> int:
     print_table(runs, args.world_size)
     print(f"\nload average now {os.getloadavg()[0]:.1f} (timings are wall-clock on a shared machine)")
     if args.json:
-        print(json.dumps([
-            {"mode": r.mode, "gb": r.gb, "workers": r.workers, "concurrent": r.concurrent,
-             "ranks": r.ranks, "peaks": [m.astuple() for m in r.peaks],
-             "total_rss": r.total_rss, "total_pss": r.total_pss}
-            for r in runs
-        ]))
+        print(
+            json.dumps(
+                [
+                    {
+                        "mode": r.mode,
+                        "gb": r.gb,
+                        "workers": r.workers,
+                        "concurrent": r.concurrent,
+                        "ranks": r.ranks,
+                        "peaks": [m.astuple() for m in r.peaks],
+                        "total_rss": r.total_rss,
+                        "total_pss": r.total_pss,
+                    }
+                    for r in runs
+                ]
+            )
+        )
     return 0
 
 

@@ -158,9 +158,7 @@ def main(argv: list[str] | None = None) -> None:
             counts = plan.rank_batch_counts
             added = int((len(plan) - counts).sum())
             name = (
-                f"batch_size={batching.batch_size}"
-                if batching.batch_size
-                else f"max_tokens={batching.max_tokens}"
+                f"batch_size={batching.batch_size}" if batching.batch_size else f"max_tokens={batching.max_tokens}"
             ) + ("" if batching.bucketing else " (no bucketing)")
             timing = f"{full:.3f} s median, " if full is not None else ""
             print(

@@ -90,10 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     samples = make_samples(n, args.median, args.seed)
     payload = sum(s["tokens"].nbytes for s in samples)
-    print(f"{n:,} int32 samples, median {args.median:g} tokens, payload {payload / 1e6:,.1f} MB "
-          f"(generated in {time.perf_counter() - t0:.1f} s)")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
-          f"numpy {np.__version__}, shardload {shardload.__version__}, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"{n:,} int32 samples, median {args.median:g} tokens, payload {payload / 1e6:,.1f} MB "
+        f"(generated in {time.perf_counter() - t0:.1f} s)"
+    )
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
+        f"numpy {np.__version__}, shardload {shardload.__version__}, load average {os.getloadavg()[0]:.1f}"
+    )
 
     root = Path(tempfile.mkdtemp(prefix="bench_prepare-", dir=args.workdir))
     rows: list[tuple[str, float]] = []
@@ -104,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("(b) one raw values file + offsets", secs))
         secs, rc = timed(lambda: shardload.write(samples, root / "write", workers=1, progress=False))
         rows.append((f"(c) shardload.write, workers=1 ({rc.shards} shards)", secs))
-        secs, rd = timed(lambda: shardload.prepare(root / "npy", root / "prep", field="tokens",
-                                                   workers=args.workers, progress=False))
+        secs, rd = timed(
+            lambda: shardload.prepare(root / "npy", root / "prep", field="tokens", workers=args.workers, progress=False)
+        )
         rows.append((f"(d) shardload.prepare of (a), workers={args.workers} ({rd.shards} shards)", secs))
         assert rc.samples == rd.samples == n
         secs, report = timed(lambda: verify(root / "prep", progress=False))
@@ -123,13 +128,23 @@ def main(argv: list[str] | None = None) -> int:
     for name, secs in rows:
         mbps = payload / secs / 1e6
         print(f"{name:<{width}}  {secs:8.2f}  {mbps:8.1f}  {base_a / secs:6.2f}x  {base_b / secs:6.2f}x")
-    print(f"\n(ratio > 1: faster than the baseline; every step's time includes os.sync(); "
-          f"load average now {os.getloadavg()[0]:.1f})")
+    print(
+        f"\n(ratio > 1: faster than the baseline; every step's time includes os.sync(); "
+        f"load average now {os.getloadavg()[0]:.1f})"
+    )
     if args.json:
-        print(json.dumps({
-            "samples": n, "payload_bytes": payload,
-            "steps": [{"step": name, "seconds": round(s, 3), "mb_per_s": round(payload / s / 1e6, 1)} for name, s in rows],
-        }))
+        print(
+            json.dumps(
+                {
+                    "samples": n,
+                    "payload_bytes": payload,
+                    "steps": [
+                        {"step": name, "seconds": round(s, 3), "mb_per_s": round(payload / s / 1e6, 1)}
+                        for name, s in rows
+                    ],
+                }
+            )
+        )
     return 0
 
 

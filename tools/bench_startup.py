@@ -256,8 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         f"Load average now {os.getloadavg()[0]:.1f}."
     )
     if args.profile:
-        for label, batching in ((f"batch_size={args.batch_size}", {"batch_size": args.batch_size}),
-                                (f"max_tokens={args.max_tokens}", {"max_tokens": args.max_tokens})):
+        for label, batching in (
+            (f"batch_size={args.batch_size}", {"batch_size": args.batch_size}),
+            (f"max_tokens={args.max_tokens}", {"max_tokens": args.max_tokens}),
+        ):
             print(f"\n--- cProfile, {label}: new process, files evicted, after the imports ---")
             print(profile_cold(path, batching, args.world_size, top=40))
     if args.json:

@@ -107,8 +107,12 @@ def zip_vs_directory(zarr_set: Path, work: Path) -> dict[str, Any]:
         read_every_chunk(stores())  # warm the page cache and zarr's event loop
         best = min((read_every_chunk(stores()) for _ in range(3)), key=lambda r: r[0])
         seconds, nbytes, chunks = best
-        out[label] = {"seconds": round(seconds, 3), "chunks": chunks, "chunks_per_s": round(chunks / seconds),
-                      "mb_per_s": round(nbytes / seconds / 1e6, 1)}
+        out[label] = {
+            "seconds": round(seconds, 3),
+            "chunks": chunks,
+            "chunks_per_s": round(chunks / seconds),
+            "mb_per_s": round(nbytes / seconds / 1e6, 1),
+        }
     return out
 
 
@@ -124,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(argv)
 
-    samples = synthetic_samples(args.samples, seed=0, median_tokens=args.median_tokens,
-                                median_rows=args.median_rows, channels=args.channels)
+    samples = synthetic_samples(
+        args.samples, seed=0, median_tokens=args.median_tokens, median_rows=args.median_rows, channels=args.channels
+    )
     payload = payload_bytes(samples)
     results: dict[str, Any] = {
         "samples": args.samples,
@@ -178,21 +183,29 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results, indent=1))
         return 0
     print(f"{results['samples']:,} samples, {results['payload_mb']} MB of payload ({results['machine']})")
-    print(f"{'variant':<18} {'disk MB':>8} {'vs arrow':>8} {'write s':>8} {'epoch s':>8} {'samples/s':>10} "
-          f"{'MB/s':>7} {'chunk loads':>11} {'cache hits':>10}")
+    print(
+        f"{'variant':<18} {'disk MB':>8} {'vs arrow':>8} {'write s':>8} {'epoch s':>8} {'samples/s':>10} "
+        f"{'MB/s':>7} {'chunk loads':>11} {'cache hits':>10}"
+    )
     for label, r in results["variants"].items():
-        print(f"{label:<18} {r['disk_mb']:>8} {r['vs_arrow']:>8} {r['write_s']:>8} {r['epoch_s']:>8} "
-              f"{r['samples_per_s']:>10,} {r['mb_per_s']:>7} {r.get('chunk_loads', '-'):>11} "
-              f"{r.get('cache_hits', '-'):>10}")
+        print(
+            f"{label:<18} {r['disk_mb']:>8} {r['vs_arrow']:>8} {r['write_s']:>8} {r['epoch_s']:>8} "
+            f"{r['samples_per_s']:>10,} {r['mb_per_s']:>7} {r.get('chunk_loads', '-'):>11} "
+            f"{r.get('cache_hits', '-'):>10}"
+        )
     z = results["variants"].get("zarr zstd-3")
     if z is None:
         return 0
-    print(f"zarr zstd-3 with the chunk cache off: {z['samples_per_s_without_cache']:,} samples/s "
-          f"({z['chunk_loads_per_sample_without_cache']} chunk decodes per sample)")
+    print(
+        f"zarr zstd-3 with the chunk cache off: {z['samples_per_s_without_cache']:,} samples/s "
+        f"({z['chunk_loads_per_sample_without_cache']} chunk decodes per sample)"
+    )
     zd = results["zip_vs_directory"]
     for label in ("zip", "directory"):
-        print(f"zstd chunks from a {label:<9}: {zd[label]['chunks']} chunks in {zd[label]['seconds']} s, "
-              f"{zd[label]['chunks_per_s']:,} chunks/s, {zd[label]['mb_per_s']} MB/s")
+        print(
+            f"zstd chunks from a {label:<9}: {zd[label]['chunks']} chunks in {zd[label]['seconds']} s, "
+            f"{zd[label]['chunks_per_s']:,} chunks/s, {zd[label]['mb_per_s']} MB/s"
+        )
     return 0
 
 

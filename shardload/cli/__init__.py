@@ -92,8 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001  the one place where any failure becomes an exit status
         if args.debug:
             traceback.print_exc()
-        _error(f"internal error: {type(exc).__name__}: {exc}. This is a bug in shardload; rerun with --debug "
-               "and report the traceback.")
+        _error(
+            f"internal error: {type(exc).__name__}: {exc}. This is a bug in shardload; rerun with --debug "
+            "and report the traceback."
+        )
         return Exit.INTERNAL
 
 
@@ -130,8 +132,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         )
         if chosen is None or chosen == name:
             # SUPPRESS: `shardload --debug CMD` is not reset to False by the subcommand's default.
-            p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                           help="show the traceback of an error")
+            p.add_argument(
+                "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error"
+            )
             module.add_arguments(p)
     return parser
 

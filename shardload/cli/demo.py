@@ -18,23 +18,24 @@ from shardload.cli._common import Exit, positive_int, python_hint
 
 SUMMARY = "run the main job on synthetic data: prepare, verify, plan, DDP training with exact validation"
 
-EPILOG = (
-    """examples:
+EPILOG = """examples:
   shardload demo
   shardload demo --devices 3 --train-samples 50000 --workdir /tmp/shardload-demo
 
-"""
-    + python_hint(
-        "dm = shardload.ShardDataModule(train='WORKDIR/sets/train', val='WORKDIR/sets/val', max_tokens=8192)",
-        "trainer.fit(model, datamodule=dm)",
-    )
+""" + python_hint(
+    "dm = shardload.ShardDataModule(train='WORKDIR/sets/train', val='WORKDIR/sets/val', max_tokens=8192)",
+    "trainer.fit(model, datamodule=dm)",
 )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     # No import of shardload.demo here: it loads torch and Lightning, which `--help` does not need.
-    p.add_argument("--workdir", type=Path, default=None,
-                   help="where to write (default $XDG_CACHE_HOME/shardload/demo or ~/.cache/shardload/demo)")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where to write (default $XDG_CACHE_HOME/shardload/demo or ~/.cache/shardload/demo)",
+    )
     p.add_argument("--train-samples", type=positive_int, default=20_000, metavar="N")
     p.add_argument("--val-samples", type=positive_int, default=2_001, metavar="N")
     p.add_argument("--devices", type=positive_int, default=2, metavar="N", help="DDP processes (CPU, gloo)")

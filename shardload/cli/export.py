@@ -21,19 +21,16 @@ from shardload.cli._common import Exit, positive_int, print_json, python_hint
 
 SUMMARY = "write a shard set as WebDataset tar shards (round-trips through prepare)"
 
-EPILOG = (
-    """examples:
+EPILOG = """examples:
   shardload export out/ --to webdataset wds/
   shardload export out/ --to webdataset wds/ --samples-per-tar 10000 --overwrite --json
   shardload prepare 'wds/shard-{000000..000003}.tar' -o again/ --no-shuffle   # and back
 
-"""
-    + python_hint(
-        "from shardload.export import to_webdataset",
-        "result = to_webdataset('out/', 'wds/', samples_per_tar=10_000)",
-        "webdataset.WebDataset(result.pattern).decode()   # sample['tokens.npy'] is the array",
-        "shardload.prepare(result.pattern, 'again/', shuffle=False)",
-    )
+""" + python_hint(
+    "from shardload.export import to_webdataset",
+    "result = to_webdataset('out/', 'wds/', samples_per_tar=10_000)",
+    "webdataset.WebDataset(result.pattern).decode()   # sample['tokens.npy'] is the array",
+    "shardload.prepare(result.pattern, 'again/', shuffle=False)",
 )
 
 
@@ -71,8 +68,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if result.tars:
         print(f"stream it:    webdataset.WebDataset({result.pattern!r}).decode()")
-        back = " ".join(shlex.quote(a) for a in ("shardload", "prepare", result.pattern, "-o", "OUT",
-                                                   *result.prepare_options))
+        back = " ".join(
+            shlex.quote(a) for a in ("shardload", "prepare", result.pattern, "-o", "OUT", *result.prepare_options)
+        )
         print(f"import it:    {back}")
     return Exit.OK
 

@@ -13,18 +13,15 @@ from shardload.cli._common import CommandError, Exit, print_json, python_hint
 
 SUMMARY = "describe a shard set (fields, sizes, length distribution)"
 
-EPILOG = (
-    """examples:
+EPILOG = """examples:
   shardload inspect out/
   shardload inspect out/ --json | jq .lengths.p99
   shardload inspect out/ --plot lengths.png     # needs matplotlib: pip install shardload[plot]
 
-"""
-    + python_hint(
-        "from shardload.inspect import describe, plot_lengths",
-        "info = describe('out/')          # the --json object, as a dict",
-        "ds = shardload.open('out/')      # ds.lengths: the memory-mapped lengths index",
-    )
+""" + python_hint(
+    "from shardload.inspect import describe, plot_lengths",
+    "info = describe('out/')          # the --json object, as a dict",
+    "ds = shardload.open('out/')      # ds.lengths: the memory-mapped lengths index",
 )
 
 

@@ -17,19 +17,16 @@ from shardload.cli._common import CommandError, Exit, non_negative_int, positive
 
 SUMMARY = "dry-run the per-rank batch plan (batches, padding, balance)"
 
-EPILOG = (
-    """examples:
+EPILOG = """examples:
   shardload plan out/ --world-size 8 --max-tokens 16384 --pad-to-multiple-of 8
   shardload plan out/ --world-size 4 --batch-size 32 --stage val --json
   shardload plan out/ --world-size 2 --batch-size 4 --with-ids --json > plan.json
 
-"""
-    + python_hint(
-        "from shardload.plan import Batching, plan_rank, summarize_plan",
-        "ds = shardload.open('out/')",
-        "summary = summarize_plan(ds.lengths, ds.index.sizes, world_size=8,",
-        "                         batching=Batching(max_tokens=16384, pad_to_multiple_of=8))",
-    )
+""" + python_hint(
+    "from shardload.plan import Batching, plan_rank, summarize_plan",
+    "ds = shardload.open('out/')",
+    "summary = summarize_plan(ds.lengths, ds.index.sizes, world_size=8,",
+    "                         batching=Batching(max_tokens=16384, pad_to_multiple_of=8))",
 )
 
 
@@ -38,24 +35,52 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=positive_int, required=True, metavar="W", help="number of ranks")
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--batch-size", type=positive_int, metavar="B", help="fixed rows per batch")
-    size.add_argument("--max-tokens", type=positive_int, metavar="T",
-                      help="token budget per batch, padding included (rows x padded length)")
-    p.add_argument("--bucketing", action=argparse.BooleanOptionalAction, default=True,
-                   help="group samples of similar length (default: on)")
-    p.add_argument("--pad-to-multiple-of", type=positive_int, default=1, metavar="M",
-                   help="pad each batch's length to a multiple of M (e.g. 8)")
-    p.add_argument("--uneven", choices=("split", "pad", "drop"), default="split",
-                   help="how ranks reach the same batch count: split big batches (default), "
-                        "pad with weight-0 filler, or drop (training only)")
-    p.add_argument("--stage", choices=("train", "val", "test", "predict"), default="train",
-                   help="training shuffles; evaluation stages keep every sample exactly once")
+    size.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        metavar="T",
+        help="token budget per batch, padding included (rows x padded length)",
+    )
+    p.add_argument(
+        "--bucketing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="group samples of similar length (default: on)",
+    )
+    p.add_argument(
+        "--pad-to-multiple-of",
+        type=positive_int,
+        default=1,
+        metavar="M",
+        help="pad each batch's length to a multiple of M (e.g. 8)",
+    )
+    p.add_argument(
+        "--uneven",
+        choices=("split", "pad", "drop"),
+        default="split",
+        help="how ranks reach the same batch count: split big batches (default), "
+        "pad with weight-0 filler, or drop (training only)",
+    )
+    p.add_argument(
+        "--stage",
+        choices=("train", "val", "test", "predict"),
+        default="train",
+        help="training shuffles; evaluation stages keep every sample exactly once",
+    )
     p.add_argument("--epoch", type=non_negative_int, default=0, metavar="E", help="epoch to plan (default: 0)")
     p.add_argument("--seed", type=non_negative_int, default=0, metavar="S", help="run seed (default: 0)")
-    p.add_argument("--shard-assignment", choices=("rotate", "fixed"), default="rotate",
-                   help="rotate: new shard order each training epoch (default); fixed: natural order")
+    p.add_argument(
+        "--shard-assignment",
+        choices=("rotate", "fixed"),
+        default="rotate",
+        help="rotate: new shard order each training epoch (default); fixed: natural order",
+    )
     p.add_argument("--json", action="store_true", help="print the plan summary as one JSON object on stdout")
-    p.add_argument("--with-ids", action="store_true",
-                   help="with --json: add each rank's batch_sample_ids and batch_weights (large!)")
+    p.add_argument(
+        "--with-ids",
+        action="store_true",
+        help="with --json: add each rank's batch_sample_ids and batch_weights (large!)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

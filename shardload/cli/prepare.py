@@ -17,19 +17,16 @@ from shardload.cli._common import parse_size, positive_int, print_json, python_h
 
 SUMMARY = "turn raw files into a shard set"
 
-EPILOG = (
-    """examples:
+EPILOG = """examples:
   shardload prepare data/*.npy -o out/ --field tokens --shard-size 256MB --workers 8
   shardload prepare corpus.jsonl -o out/ --dtype tokens=int32 --balance tokens
   shardload prepare data/*.npy -o out/ --resume      # finish an interrupted run
   shardload prepare data/*.npy -o out/ --format zarr --compression zstd --compression-level 5
 
-"""
-    + python_hint(
-        "import shardload",
-        "shardload.prepare('data/*.npy', 'out/', field='tokens', workers=8)   # the same run",
-        "ds = shardload.open('out/')   # len(ds), ds.lengths, ds[0]['tokens']",
-    )
+""" + python_hint(
+    "import shardload",
+    "shardload.prepare('data/*.npy', 'out/', field='tokens', workers=8)   # the same run",
+    "ds = shardload.open('out/')   # len(ds), ds.lengths, ds[0]['tokens']",
 )
 
 
@@ -38,35 +35,73 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="the shard set directory to create")
     src = p.add_argument_group("reading the sources")
     src.add_argument("--source-format", metavar="KIND", help=f"source kind instead of detecting it ({_kinds()})")
-    src.add_argument("--field", default=None, metavar="NAME", help="field name of single-array files (.npy; default: data)")
-    src.add_argument("--dtype", action="append", default=[], type=_dtype_item, metavar="FIELD=DTYPE",
-                     help="cast FIELD to DTYPE on ingest, e.g. tokens=int32 (repeatable)")
-    src.add_argument("--fixed-field", action="append", default=[], metavar="FIELD",
-                     help="a field whose shape never varies between samples (repeatable)")
-    src.add_argument("--length-field", metavar="FIELD",
-                     help="the field whose length is the sample length (default: the longest variable field)")
+    src.add_argument(
+        "--field", default=None, metavar="NAME", help="field name of single-array files (.npy; default: data)"
+    )
+    src.add_argument(
+        "--dtype",
+        action="append",
+        default=[],
+        type=_dtype_item,
+        metavar="FIELD=DTYPE",
+        help="cast FIELD to DTYPE on ingest, e.g. tokens=int32 (repeatable)",
+    )
+    src.add_argument(
+        "--fixed-field",
+        action="append",
+        default=[],
+        metavar="FIELD",
+        help="a field whose shape never varies between samples (repeatable)",
+    )
+    src.add_argument(
+        "--length-field",
+        metavar="FIELD",
+        help="the field whose length is the sample length (default: the longest variable field)",
+    )
     src.add_argument("--reject-nonfinite", action="store_true", default=None, help="refuse NaN/inf in float fields")
-    src.add_argument("--allow-pickle", action="store_true",
-                     help="allow pickled arrays (runs code from the file: only for input you trust)")
+    src.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="allow pickled arrays (runs code from the file: only for input you trust)",
+    )
     lay = p.add_argument_group("laying out the shards")
-    lay.add_argument("--shard-size", type=parse_size, metavar="SIZE",
-                     help="target bytes per shard: 256MB (default), 1GiB, 512M or plain bytes")
-    lay.add_argument("--num-shards", type=positive_int, metavar="N", help="exact number of shards (overrides --shard-size)")
-    lay.add_argument("--balance", choices=("samples", "tokens"),
-                     help="even out samples per shard (default), or tokens per shard too")
-    lay.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=None,
-                     help="shuffle samples across shards once (default: on)")
+    lay.add_argument(
+        "--shard-size",
+        type=parse_size,
+        metavar="SIZE",
+        help="target bytes per shard: 256MB (default), 1GiB, 512M or plain bytes",
+    )
+    lay.add_argument(
+        "--num-shards", type=positive_int, metavar="N", help="exact number of shards (overrides --shard-size)"
+    )
+    lay.add_argument(
+        "--balance", choices=("samples", "tokens"), help="even out samples per shard (default), or tokens per shard too"
+    )
+    lay.add_argument(
+        "--shuffle",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="shuffle samples across shards once (default: on)",
+    )
     lay.add_argument("--seed", type=int, help="seed of that shuffle (default: 0)")
     fmt = p.add_argument_group("shard format")
-    fmt.add_argument("--format", "--shard-format", dest="shard_format", choices=_formats(),
-                     help="arrow (default): uncompressed, memory-mapped; zarr: compressed, needs shardload[zarr]")
-    fmt.add_argument("--compression", choices=_compressions(),
-                     help="zarr only: codec of the chunks (default: zstd)")
-    fmt.add_argument("--compression-level", type=int, metavar="N",
-                     help="zarr only: zstd 1-22 (default 3), blosc-lz4 0-9 (default 5)")
-    fmt.add_argument("--chunk-size", type=parse_size, metavar="SIZE",
-                     help="zarr only: uncompressed bytes per chunk, the unit decompressed to read a sample "
-                          "(default: 256KiB)")
+    fmt.add_argument(
+        "--format",
+        "--shard-format",
+        dest="shard_format",
+        choices=_formats(),
+        help="arrow (default): uncompressed, memory-mapped; zarr: compressed, needs shardload[zarr]",
+    )
+    fmt.add_argument("--compression", choices=_compressions(), help="zarr only: codec of the chunks (default: zstd)")
+    fmt.add_argument(
+        "--compression-level", type=int, metavar="N", help="zarr only: zstd 1-22 (default 3), blosc-lz4 0-9 (default 5)"
+    )
+    fmt.add_argument(
+        "--chunk-size",
+        type=parse_size,
+        metavar="SIZE",
+        help="zarr only: uncompressed bytes per chunk, the unit decompressed to read a sample (default: 256KiB)",
+    )
     run_ = p.add_argument_group("running")
     run_.add_argument("--workers", type=positive_int, metavar="N", help="parallel processes (default: 1)")
     mode = run_.add_mutually_exclusive_group()
@@ -151,4 +186,3 @@ def _dtype_item(text: str) -> tuple[str, str]:
     except InputError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return name, dtype
-

@@ -16,17 +16,14 @@ from shardload.cli._common import Exit, positive_int, print_json, python_hint
 
 SUMMARY = "check every shard against the manifest (exit 1 on problems)"
 
-EPILOG = (
-    """examples:
+EPILOG = """examples:
   shardload verify out/
   shardload verify out/ --workers 8 --json > report.json
 
-"""
-    + python_hint(
-        "from shardload.verify import verify",
-        "report = verify('out/')   # report.ok, report.problems, report.to_json()",
-        "ds = shardload.open('out/')",
-    )
+""" + python_hint(
+    "from shardload.verify import verify",
+    "report = verify('out/')   # report.ok, report.problems, report.to_json()",
+    "ds = shardload.open('out/')",
 )
 
 

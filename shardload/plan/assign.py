@@ -150,9 +150,7 @@ class ShardLayout:
         )
 
 
-def assign_shards(
-    shard_sizes: NDArray[np.int64], world_size: int, *, order: NDArray[np.int64]
-) -> ShardLayout:
+def assign_shards(shard_sizes: NDArray[np.int64], world_size: int, *, order: NDArray[np.int64]) -> ShardLayout:
     """Cut the epoch's sample sequence into ``world_size`` contiguous ranges.
 
     Guarantee: rank range sizes differ by at most one (``floor`` or ``ceil``

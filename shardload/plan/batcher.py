@@ -100,9 +100,7 @@ class Batcher(ABC):
         rng = rank_rng(self.seed, self.epoch, rank) if self.shuffle else None
         sample_ids, offsets = self._batch(ids, lens, rng)
         if rng is not None and self.shuffles_batch_order:
-            sample_ids, offsets = permute_batches(
-                sample_ids, offsets, rng.permutation(len(offsets) - 1)
-            )
+            sample_ids, offsets = permute_batches(sample_ids, offsets, rng.permutation(len(offsets) - 1))
         return sample_ids, offsets
 
     @abstractmethod

@@ -48,9 +48,7 @@ _CHUNK = 1 << 18  # samples per pass step: temporaries stay in cache (measured b
 _LUT_LIMIT = 1 << 22  # longest length for which a length -> bucket table is built
 
 
-def bucket_bounds(
-    max_length: int, batching: Batching
-) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+def bucket_bounds(max_length: int, batching: Batching) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Bucket upper bounds and rows per batch.
 
     Args:

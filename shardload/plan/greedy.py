@@ -67,9 +67,7 @@ def greedy_rows(
     return rows
 
 
-def _fill_window(
-    costs: NDArray[np.int64], stop: NDArray[np.int64], budget: int, reach: int
-) -> NDArray[np.int64]:
+def _fill_window(costs: NDArray[np.int64], stop: NDArray[np.int64], budget: int, reach: int) -> NDArray[np.int64]:
     """:func:`greedy_rows` for the first ``len(stop)`` positions of ``costs``."""
     n, m = len(costs), len(stop)
     small = budget < np.iinfo(np.int32).max and n < np.iinfo(np.int32).max

@@ -157,9 +157,7 @@ def make_batcher(
         cls = FixedSizeBatcher
     else:
         cls = GreedyTokenBatcher
-    return cls(
-        lengths, layout, batching, shuffle=shuffle, seed=seed, epoch=epoch, max_length=max_length
-    )
+    return cls(lengths, layout, batching, shuffle=shuffle, seed=seed, epoch=epoch, max_length=max_length)
 
 
 class EpochPlanner:
@@ -239,9 +237,7 @@ class EpochPlanner:
             "seed": self.seed if train else 0,
             "epoch": self.epoch if train else 0,
             "shard_assignment": shard_assignment if train else "fixed",
-            "lengths": lengths_digest
-            if lengths_digest is not None
-            else digest_lengths(self.lengths),
+            "lengths": lengths_digest if lengths_digest is not None else digest_lengths(self.lengths),
             "num_batches": self.num_batches,
         }
         digest = hashlib.sha1(json.dumps(header, sort_keys=True).encode(), usedforsecurity=False)

@@ -72,9 +72,7 @@ class PlanSummary:
         """Padded tokens / (batches * max_tokens): how full token batches are."""
         if self.max_tokens is None or self.num_batches == 0:
             return None
-        return int(self.padded_tokens.sum()) / (
-            self.num_batches * self.world_size * self.max_tokens
-        )
+        return int(self.padded_tokens.sum()) / (self.num_batches * self.world_size * self.max_tokens)
 
     @property
     def added_batches(self) -> NDArray[np.int64]:

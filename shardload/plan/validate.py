@@ -30,9 +30,7 @@ def check_rank(rank: object, world_size: int) -> int:
     """``rank`` as an int in ``[0, world_size)``, else :class:`PlanError`."""
     value = _integer("rank", rank, low=0)
     if value >= world_size:
-        raise PlanError(
-            f"rank={value} is out of range for world_size={world_size}: use 0 <= rank < world_size"
-        )
+        raise PlanError(f"rank={value} is out of range for world_size={world_size}: use 0 <= rank < world_size")
     return value
 
 
@@ -74,9 +72,7 @@ def check_call(
     )
 
 
-def check_arrays(
-    lengths: object, shard_sizes: object
-) -> tuple[NDArray[np.integer], NDArray[np.int64], int]:
+def check_arrays(lengths: object, shard_sizes: object) -> tuple[NDArray[np.integer], NDArray[np.int64], int]:
     """Check the lengths index and the shard sizes against each other.
 
     The lengths are not copied (a memory map stays one); they are read once
@@ -91,22 +87,17 @@ def check_arrays(
     """
     lens = lengths if isinstance(lengths, np.ndarray) else np.asarray(lengths)
     if lens.ndim != 1:
-        raise PlanError(
-            f"lengths must be a 1-D array (one length per sample), got shape {lens.shape}"
-        )
+        raise PlanError(f"lengths must be a 1-D array (one length per sample), got shape {lens.shape}")
     if lens.size == 0:
         lens = lens.astype(np.int64)  # np.asarray([]) is float64
     if not np.issubdtype(lens.dtype, np.integer):
-        raise PlanError(
-            f"lengths must hold integers, got dtype {lens.dtype}: cast with .astype(np.int64)"
-        )
+        raise PlanError(f"lengths must hold integers, got dtype {lens.dtype}: cast with .astype(np.int64)")
     sizes = np.asarray(shard_sizes)
     if sizes.size == 0:
         sizes = sizes.astype(np.int64)
     if sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer):
         raise PlanError(
-            f"shard_sizes must be a 1-D integer array (samples per shard), "
-            f"got shape {sizes.shape} dtype {sizes.dtype}"
+            f"shard_sizes must be a 1-D integer array (samples per shard), got shape {sizes.shape} dtype {sizes.dtype}"
         )
     sizes = sizes.astype(np.int64)
     if sizes.size and sizes.min() < 0:

@@ -89,9 +89,14 @@ class PrepareOptions:
             raise InputError(f"chunk_bytes must be positive, got {self.chunk_bytes}")
         if self.shard_format == "zarr":
             require_zarr()
-            check_zarr_options(self.compression or DEFAULT_COMPRESSION, self.compression_level,
-                               DEFAULT_CHUNK_SIZE if self.chunk_size is None else self.chunk_size)
-        elif self.compression not in (None, "none") or self.compression_level is not None or self.chunk_size is not None:
+            check_zarr_options(
+                self.compression or DEFAULT_COMPRESSION,
+                self.compression_level,
+                DEFAULT_CHUNK_SIZE if self.chunk_size is None else self.chunk_size,
+            )
+        elif (
+            self.compression not in (None, "none") or self.compression_level is not None or self.chunk_size is not None
+        ):
             raise InputError(
                 f"compression, compression level and chunk size apply to zarr shards; {self.shard_format} shards "
                 "are stored uncompressed so that they can be memory-mapped. Choose shard_format='zarr' (--format zarr)."

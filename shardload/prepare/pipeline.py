@@ -246,7 +246,9 @@ def shard_file(k: int, suffix: str) -> str:
     return f"shard-{k:06d}{suffix}"
 
 
-def gather(schema: Schema, positions: NDArray[np.int64], chunk_paths: Sequence[Path], chunk_starts: NDArray[np.int64]) -> Columns:
+def gather(
+    schema: Schema, positions: NDArray[np.int64], chunk_paths: Sequence[Path], chunk_starts: NDArray[np.int64]
+) -> Columns:
     """The samples at source ``positions`` (in that order), copied out of the staged chunks."""
     chunk_of = np.searchsorted(chunk_starts, positions, side="right") - 1
     by_chunk = np.argsort(chunk_of, kind="stable")
@@ -418,8 +420,19 @@ def _write_all(
     jobs = []
     for k in range(len(bounds) - 1):
         pos = order[bounds[k] : bounds[k + 1]]
-        jobs.append((k, pos, int(staged.lengths[pos].sum()), paths, staged.chunk_starts, schema.to_json(),
-                     options.shard_format, str(wd.work), options.writer_options()))
+        jobs.append(
+            (
+                k,
+                pos,
+                int(staged.lengths[pos].sum()),
+                paths,
+                staged.chunk_starts,
+                schema.to_json(),
+                options.shard_format,
+                str(wd.work),
+                options.writer_options(),
+            )
+        )
     progress = Progress("write", total=len(order), enabled=options.progress)
     records = []
     try:

@@ -117,8 +117,17 @@ def test_main_defaults_to_sys_argv(monkeypatch, capsys) -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("1000", 1000), ("256MB", 256_000_000), ("256mb", 256_000_000), ("1GiB", 1 << 30), ("512M", 512 << 20),
-     ("4k", 4096), ("1.5GB", 1_500_000_000), ("64 KiB", 65536), ("10B", 10)],
+    [
+        ("1000", 1000),
+        ("256MB", 256_000_000),
+        ("256mb", 256_000_000),
+        ("1GiB", 1 << 30),
+        ("512M", 512 << 20),
+        ("4k", 4096),
+        ("1.5GB", 1_500_000_000),
+        ("64 KiB", 65536),
+        ("10B", 10),
+    ],
 )
 def test_parse_size(text: str, value: int) -> None:
     assert parse_size(text) == value

@@ -29,8 +29,22 @@ def test_plan_json(cli, shard_set, world_size, size) -> None:
 
 
 def test_plan_with_ids_covers_every_sample_once_in_val(cli, shard_set) -> None:
-    r = cli("plan", shard_set, "--world-size", "3", "--batch-size", "7", "--stage", "val", "--uneven", "pad",
-            "--pad-to-multiple-of", "8", "--json", "--with-ids")
+    r = cli(
+        "plan",
+        shard_set,
+        "--world-size",
+        "3",
+        "--batch-size",
+        "7",
+        "--stage",
+        "val",
+        "--uneven",
+        "pad",
+        "--pad-to-multiple-of",
+        "8",
+        "--json",
+        "--with-ids",
+    )
     assert r.code == 0, r.err
     ranks = r.json()["ranks"]
     real = []
@@ -47,11 +61,35 @@ def test_plan_with_ids_covers_every_sample_once_in_val(cli, shard_set) -> None:
 def test_plan_matches_the_library(cli, shard_set) -> None:
     from shardload.plan import Batching, plan_rank
 
-    r = cli("plan", shard_set, "--world-size", "2", "--max-tokens", "256", "--no-bucketing", "--seed", "5",
-            "--epoch", "2", "--shard-assignment", "fixed", "--json", "--with-ids")
+    r = cli(
+        "plan",
+        shard_set,
+        "--world-size",
+        "2",
+        "--max-tokens",
+        "256",
+        "--no-bucketing",
+        "--seed",
+        "5",
+        "--epoch",
+        "2",
+        "--shard-assignment",
+        "fixed",
+        "--json",
+        "--with-ids",
+    )
     ds = shardload.open(shard_set)
-    plan = plan_rank(ds.lengths, ds.index.sizes, rank=1, world_size=2, batching=Batching(max_tokens=256, bucketing=False),
-                     stage="train", seed=5, epoch=2, shard_assignment="fixed")
+    plan = plan_rank(
+        ds.lengths,
+        ds.index.sizes,
+        rank=1,
+        world_size=2,
+        batching=Batching(max_tokens=256, bucketing=False),
+        stage="train",
+        seed=5,
+        epoch=2,
+        shard_assignment="fixed",
+    )
     got = r.json()["ranks"][1]["batch_sample_ids"]
     assert got == [plan.sample_ids[a:b].tolist() for a, b in zip(plan.batch_offsets[:-1], plan.batch_offsets[1:])]
 
@@ -88,6 +126,8 @@ def test_plan_missing_set_is_exit_5(cli, tmp_path) -> None:
 
 
 def test_plan_lengths_are_those_of_the_index(cli, shard_set) -> None:
-    tokens = sum(row["tokens"] for row in cli("plan", shard_set, "--world-size", "3", "--batch-size", "5",
-                                              "--json").json()["ranks"])
+    tokens = sum(
+        row["tokens"]
+        for row in cli("plan", shard_set, "--world-size", "3", "--batch-size", "5", "--json").json()["ranks"]
+    )
     assert tokens == int(np.load(shard_set / "lengths.npy").sum())

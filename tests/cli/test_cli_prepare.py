@@ -12,8 +12,21 @@ from shardload.cli import Exit
 
 def test_prepare_npy_dir_json(cli, npy_dir, tmp_path) -> None:
     out = tmp_path / "out"
-    r = cli("prepare", npy_dir, "-o", out, "--field", "tokens", "--num-shards", "3", "--no-shuffle",
-            "--dtype", "tokens=int32", "--json", "--no-progress")
+    r = cli(
+        "prepare",
+        npy_dir,
+        "-o",
+        out,
+        "--field",
+        "tokens",
+        "--num-shards",
+        "3",
+        "--no-shuffle",
+        "--dtype",
+        "tokens=int32",
+        "--json",
+        "--no-progress",
+    )
     assert r.code == 0, r.err
     result = r.json()
     assert result["samples"] == 60 and result["shards"] == 3 and result["path"] == str(out)
@@ -25,8 +38,21 @@ def test_prepare_npy_dir_json(cli, npy_dir, tmp_path) -> None:
 
 def test_prepare_human_output_and_options(cli, npy_dir, tmp_path) -> None:
     out = tmp_path / "out"
-    r = cli("prepare", str(npy_dir / "*.npy"), "-o", out, "--shard-size", "1kB", "--balance", "tokens",
-            "--seed", "3", "--workers", "2", "--no-progress")
+    r = cli(
+        "prepare",
+        str(npy_dir / "*.npy"),
+        "-o",
+        out,
+        "--shard-size",
+        "1kB",
+        "--balance",
+        "tokens",
+        "--seed",
+        "3",
+        "--workers",
+        "2",
+        "--no-progress",
+    )
     assert r.code == 0, r.err
     assert r.out.startswith(f"prepared {out}: 60 samples in ") and "shardload.open(" in r.out
     m = json.loads((out / "manifest.json").read_text())

@@ -47,7 +47,9 @@ class Model(DemoModel):
 
     def on_validation_epoch_end(self) -> None:
         rank = self.trainer.global_rank
-        (self.out / f"rank{rank}.json").write_text(json.dumps({"val_ids": self.val_ids, "val_batches": self.val_batches}))
+        (self.out / f"rank{rank}.json").write_text(
+            json.dumps({"val_ids": self.val_ids, "val_batches": self.val_batches})
+        )
         self.val_ids, self.val_batches = [], 0
 
 
@@ -75,15 +77,30 @@ def main() -> None:
     out_dir = Path(out)
     torch.manual_seed(0)
     model = Model(out_dir)
-    trainer = pl.Trainer(accelerator="cpu", devices=int(devices), strategy=strategy, max_epochs=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=int(devices),
+        strategy=strategy,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     if mode == "shardload":
         dm = shardload.ShardDataModule(train=train, val=val, max_tokens=96, num_workers=1)
         trainer.fit(model, datamodule=dm)
     elif mode == "unequal":
         # Users of hand-written splits turn Lightning's sampler off, as its docs advise.
-        trainer = pl.Trainer(accelerator="cpu", devices=int(devices), strategy=strategy, logger=False,
-                             use_distributed_sampler=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=int(devices),
+            strategy=strategy,
+            logger=False,
+            use_distributed_sampler=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
         trainer.validate(model, dataloaders=unequal_split(val, trainer.global_rank, trainer.world_size))
     else:  # "distributed_sampler": all ids, batch size 4; Lightning injects a DistributedSampler
         n = len(shardload.open(val))

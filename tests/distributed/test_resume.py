@@ -34,8 +34,18 @@ def test_two_rank_resume_gives_each_rank_exactly_the_remaining_batches(tmp_path:
     out = tmp_path / "out"
     out.mkdir()
     # Token budgets and a worker process: batches vary in size and are prefetched ahead of the step.
-    common = ["--data", str(tmp_path / "set"), "--out", str(out), "--epochs", "3", "--max-tokens", "110",
-              "--num-workers", "1"]
+    common = [
+        "--data",
+        str(tmp_path / "set"),
+        "--out",
+        str(out),
+        "--epochs",
+        "3",
+        "--max-tokens",
+        "110",
+        "--num-workers",
+        "1",
+    ]
 
     for phase, extra in (
         ("full", []),

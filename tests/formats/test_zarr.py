@@ -43,13 +43,15 @@ def rich_samples(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
     out = []
     for i in range(n):
         rows = int(rng.integers(0, 9))
-        out.append({
-            "tokens": rng.integers(0, 50, size=int(rng.integers(1, 40)), dtype=np.int32),
-            "frames": rng.standard_normal((rows, 3), dtype=np.float32),
-            "mask": rng.random(rows) < 0.5,
-            "emb": rng.standard_normal(5).astype(np.float64),
-            "label": np.int64(i % 11),
-        })
+        out.append(
+            {
+                "tokens": rng.integers(0, 50, size=int(rng.integers(1, 40)), dtype=np.int32),
+                "frames": rng.standard_normal((rows, 3), dtype=np.float32),
+                "mask": rng.random(rows) < 0.5,
+                "emb": rng.standard_normal(5).astype(np.float64),
+                "label": np.int64(i % 11),
+            }
+        )
     return out
 
 
@@ -119,8 +121,9 @@ def private_cache() -> Iterator[ChunkCache]:
 def test_iterable_with_many_field_kinds_round_trips_like_arrow(tmp_path: Path, compression: str) -> None:
     samples = rich_samples(150)
     # A small chunk size puts many samples across chunk boundaries.
-    arrow, zarr_set = write_both(samples, tmp_path, num_shards=3, seed=2, fixed_fields=["emb"],
-                                 compression=compression, chunk_size=300)
+    arrow, zarr_set = write_both(
+        samples, tmp_path, num_shards=3, seed=2, fixed_fields=["emb"], compression=compression, chunk_size=300
+    )
     assert_same_sets(arrow, zarr_set)
     z = shardload.open(zarr_set)
     origin = np.load(zarr_set / "origin.npy")
@@ -146,14 +149,22 @@ def test_jsonl_round_trips_like_arrow(tmp_path: Path) -> None:
     lines = [json.dumps({k: np.asarray(v).tolist() for k, v in s.items()}) for s in samples]
     (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
     shardload.prepare(tmp_path / "a.jsonl", tmp_path / "arrow", num_shards=2, dtypes={"tokens": "int32"})
-    shardload.prepare(tmp_path / "a.jsonl", tmp_path / "zarr", num_shards=2, dtypes={"tokens": "int32"},
-                      shard_format="zarr", compression="blosc-lz4")
+    shardload.prepare(
+        tmp_path / "a.jsonl",
+        tmp_path / "zarr",
+        num_shards=2,
+        dtypes={"tokens": "int32"},
+        shard_format="zarr",
+        compression="blosc-lz4",
+    )
     assert_same_sets(tmp_path / "arrow", tmp_path / "zarr")
 
 
 def test_empty_and_single_sample_shards(tmp_path: Path) -> None:
-    samples = [{"x": np.zeros((0, 3), np.float32), "t": np.zeros(0, np.int64)},
-               {"x": np.ones((5, 3), np.float32), "t": np.arange(2, dtype=np.int64)}]
+    samples = [
+        {"x": np.zeros((0, 3), np.float32), "t": np.zeros(0, np.int64)},
+        {"x": np.ones((5, 3), np.float32), "t": np.arange(2, dtype=np.int64)},
+    ]
     arrow, zarr_set = write_both(samples, tmp_path, num_shards=2, shuffle=False)
     assert_same_sets(arrow, zarr_set)
 
@@ -163,8 +174,9 @@ def test_same_samples_and_options_give_the_same_bytes(tmp_path: Path) -> None:
     shardload.write(samples, tmp_path / "a", shard_format="zarr", num_shards=2)
     shardload.write(samples, tmp_path / "b", shard_format="zarr", num_shards=2)
     # Invariant: a shard's bytes depend on its content only (no timestamps), so resume can reproduce them
-    assert [s.checksum for s in shardload.open(tmp_path / "a").shards] == \
-        [s.checksum for s in shardload.open(tmp_path / "b").shards]
+    assert [s.checksum for s in shardload.open(tmp_path / "a").shards] == [
+        s.checksum for s in shardload.open(tmp_path / "b").shards
+    ]
 
 
 # -- values are lazy, and index like an ndarray -----------------------------------------------------------
@@ -178,9 +190,26 @@ def test_zarr_values_index_like_the_ndarray(tmp_path: Path, private_cache: Chunk
     full = np.concatenate([s["f"] for s in samples])
     assert values.shape == full.shape and values.dtype == full.dtype and len(values) == len(full)
     assert values.nbytes == full.nbytes
-    keys: list[Any] = [0, 7, 8, -1, np.int64(33), slice(None), slice(5, 30), slice(7, 9), slice(30, 5, -3),
-                       slice(2, 100, 7), slice(50, 10), np.array([119, 0, 8, 8, 63]), [3, -2],
-                       np.zeros(0, np.int64), (slice(3, 20), 1), (5, 2), full[:, 0] > 200, Ellipsis]
+    keys: list[Any] = [
+        0,
+        7,
+        8,
+        -1,
+        np.int64(33),
+        slice(None),
+        slice(5, 30),
+        slice(7, 9),
+        slice(30, 5, -3),
+        slice(2, 100, 7),
+        slice(50, 10),
+        np.array([119, 0, 8, 8, 63]),
+        [3, -2],
+        np.zeros(0, np.int64),
+        (slice(3, 20), 1),
+        (5, 2),
+        full[:, 0] > 200,
+        Ellipsis,
+    ]
     for key in keys:
         np.testing.assert_array_equal(values[key], full[key], err_msg=repr(key))
     np.testing.assert_array_equal(np.asarray(values), full)
@@ -200,8 +229,17 @@ def test_make_loader_gives_the_same_batches_as_arrow(tmp_path: Path, workers: in
     assert len(shardload.open(zarr_set)[0]["tokens"]) >= 0
 
     def run(path: Path, stage: str) -> list[dict[str, torch.Tensor]]:
-        loader = shardload.make_loader(path, rank=1, world_size=2, stage=stage, max_tokens=300, seed=3,
-                                       num_workers=workers, pad_to_multiple_of=8, pad_values={"tokens": -1})
+        loader = shardload.make_loader(
+            path,
+            rank=1,
+            world_size=2,
+            stage=stage,
+            max_tokens=300,
+            seed=3,
+            num_workers=workers,
+            pad_to_multiple_of=8,
+            pad_values={"tokens": -1},
+        )
         loader.set_epoch(1)
         return batches(loader)
 
@@ -214,8 +252,9 @@ def test_datamodule_gives_the_same_batches_as_arrow(tmp_path: Path) -> None:
     write_both(synthetic_samples(31, seed=7), tmp_path / "val", num_shards=2)
 
     def run(kind: str) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, torch.Tensor]]]:
-        dm = ShardDataModule(train=tmp_path / "train" / kind, val=tmp_path / "val" / kind, batch_size=8,
-                             num_workers=0, seed=1)
+        dm = ShardDataModule(
+            train=tmp_path / "train" / kind, val=tmp_path / "val" / kind, batch_size=8, num_workers=0, seed=1
+        )
         dm.setup("fit")
         return batches(dm.train_dataloader()), batches(dm.val_dataloader())
 
@@ -246,7 +285,9 @@ def test_a_batch_of_neighbours_decodes_each_chunk_once(tmp_path: Path, private_c
     touched = 0
     for f in ss.schema.fields:
         data = cols.fields[f.name]
-        lo, hi = (rows[0], rows[-1] + 1) if data.offsets is None else (data.offsets[rows[0]], data.offsets[rows[-1] + 1])
+        lo, hi = (
+            (rows[0], rows[-1] + 1) if data.offsets is None else (data.offsets[rows[0]], data.offsets[rows[-1] + 1])
+        )
         touched += len(range(int(lo) // data.values.chunk_rows, (int(hi) - 1) // data.values.chunk_rows + 1))
     assert touched > 6  # the batch spans several chunks of each field
 
@@ -289,8 +330,9 @@ def test_cache_stays_within_its_bound(tmp_path: Path) -> None:
     for _ in range(2):
         for i in range(len(ss)):
             assert_same_sample(big_cols.sample(i), samples[i])
-    chunks = sum(-(-len(big_cols.fields[f.name].values) // big_cols.fields[f.name].values.chunk_rows)
-                 for f in ss.schema.fields)
+    chunks = sum(
+        -(-len(big_cols.fields[f.name].values) // big_cols.fields[f.name].values.chunk_rows) for f in ss.schema.fields
+    )
     assert big.loads == chunks == len(big)
 
 
@@ -313,13 +355,21 @@ def test_shared_cache_bound_comes_from_the_environment(monkeypatch: pytest.Monke
 def test_compression_shrinks_compressible_data(tmp_path: Path) -> None:
     rng = np.random.default_rng(11)
     # Small token ids in long runs, and smooth float rows: both compress well.
-    samples = [{"tokens": np.repeat(rng.integers(0, 8, size=40), 10).astype(np.int32),
-                "curve": np.cumsum(np.full((64, 4), 0.5, np.float32), axis=0)} for _ in range(100)]
+    samples = [
+        {
+            "tokens": np.repeat(rng.integers(0, 8, size=40), 10).astype(np.int32),
+            "curve": np.cumsum(np.full((64, 4), 0.5, np.float32), axis=0),
+        }
+        for _ in range(100)
+    ]
     sizes = {}
-    for label, options in {"arrow": {}, "none": {"shard_format": "zarr", "compression": "none"},
-                           "zstd": {"shard_format": "zarr", "compression": "zstd"},
-                           "zstd-19": {"shard_format": "zarr", "compression": "zstd", "compression_level": 19},
-                           "blosc-lz4": {"shard_format": "zarr", "compression": "blosc-lz4"}}.items():
+    for label, options in {
+        "arrow": {},
+        "none": {"shard_format": "zarr", "compression": "none"},
+        "zstd": {"shard_format": "zarr", "compression": "zstd"},
+        "zstd-19": {"shard_format": "zarr", "compression": "zstd", "compression_level": 19},
+        "blosc-lz4": {"shard_format": "zarr", "compression": "blosc-lz4"},
+    }.items():
         shardload.write(samples, tmp_path / label, num_shards=2, **options)
         sizes[label] = sum(s.bytes for s in shardload.open(tmp_path / label).shards)
     payload = sum(a.nbytes for s in samples for a in s.values())
@@ -379,8 +429,7 @@ def test_damaged_zip_directory_is_a_corrupt_shard(tmp_path: Path) -> None:
 
 
 def test_verify_detects_a_damaged_zarr_shard(tmp_path: Path) -> None:
-    shardload.write(synthetic_samples(90, seed=13), tmp_path / "s", shard_format="zarr", num_shards=3,
-                    chunk_size=500)
+    shardload.write(synthetic_samples(90, seed=13), tmp_path / "s", shard_format="zarr", num_shards=3, chunk_size=500)
     assert verify(tmp_path / "s").ok
     ss = shardload.open(tmp_path / "s")
     flipped = tmp_path / "s" / ss.shards[1].file
@@ -411,8 +460,25 @@ def test_prepare_cli_format_and_compression_flags(tmp_path: Path, capsys: pytest
     src.mkdir()
     for i in range(12):
         np.save(src / f"{i:02d}.npy", np.arange(i * 7 + 1, dtype=np.int32))
-    code = main(["prepare", str(src), "-o", str(tmp_path / "z"), "--field", "tokens", "--format", "zarr",
-                 "--compression", "blosc-lz4", "--compression-level", "3", "--chunk-size", "4k", "--no-progress"])
+    code = main(
+        [
+            "prepare",
+            str(src),
+            "-o",
+            str(tmp_path / "z"),
+            "--field",
+            "tokens",
+            "--format",
+            "zarr",
+            "--compression",
+            "blosc-lz4",
+            "--compression-level",
+            "3",
+            "--chunk-size",
+            "4k",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     m = shardload.open(tmp_path / "z").manifest
     assert m.shard_format == "zarr"
@@ -436,8 +502,10 @@ def docs_snippet() -> str:
 
 def test_plain_zarr_snippet_from_the_docs_runs(tmp_path: Path) -> None:
     rng = np.random.default_rng(14)
-    samples = [{"features": rng.standard_normal((int(rng.integers(1, 20)), 32), dtype=np.float32),
-                "label": np.int64(i)} for i in range(10)]
+    samples = [
+        {"features": rng.standard_normal((int(rng.integers(1, 20)), 32), dtype=np.float32), "label": np.int64(i)}
+        for i in range(10)
+    ]
     out = tmp_path / "OUT"
     shardload.write(samples, out, shard_format="zarr", num_shards=1, shuffle=False)
     code = docs_snippet().replace('"OUT/', f'"{out}/')
@@ -508,8 +576,13 @@ def test_without_zarr_arrow_works_and_zarr_says_how_to_install(tmp_path: Path) -
                 raise SystemExit("zarr was used without being installed")
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("pip install shardload[zarr]") == 2, proc.stdout
 
@@ -526,8 +599,15 @@ def test_direct_chunk_decoding_matches_zarr(tmp_path: Path, compression: str, mo
     from shardload.formats.zarr import reader as reader_module
 
     samples = rich_samples(60, seed=16)
-    shardload.write(samples, tmp_path / "s", shard_format="zarr", num_shards=1, compression=compression,
-                    chunk_size=200, fixed_fields=["emb"])
+    shardload.write(
+        samples,
+        tmp_path / "s",
+        shard_format="zarr",
+        num_shards=1,
+        compression=compression,
+        chunk_size=200,
+        fixed_fields=["emb"],
+    )
     ss = shardload.open(tmp_path / "s")
     path = tmp_path / "s" / ss.shards[0].file
     group = zarr.open_group(zarr.storage.ZipStore(path, mode="r"), mode="r")

@@ -57,9 +57,7 @@ def test_bucket_ids_agree_with_the_bounds(max_length: int, batching: Batching) -
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 3000), st.integers(1, 30), st.integers(1, 40), st.integers(0, 2**32 - 1))
-def test_count_rank_buckets_matches_a_direct_count(
-    num: int, parts: int, world: int, seed: int
-) -> None:
+def test_count_rank_buckets_matches_a_direct_count(num: int, parts: int, world: int, seed: int) -> None:
     lengths = long_tailed(num, seed)
     sizes = partition(num, parts, seed, allow_empty=True)
     layout = assign_shards(sizes, world, order=shard_order(parts, seed=seed, epoch=0, shuffle=True))
@@ -86,9 +84,7 @@ def _remainder_batches(left: list[int], rows: list[int]) -> list[int]:
 @given(st.lists(st.integers(1, 9), min_size=1, max_size=8), st.data())
 def test_chunk_remainders_matches_the_reference(rows: list[int], data: st.DataObject) -> None:
     ranks = data.draw(st.integers(1, 5))
-    left = np.array(
-        [[data.draw(st.integers(0, r - 1)) for r in rows] for _ in range(ranks)], dtype=np.int64
-    )
+    left = np.array([[data.draw(st.integers(0, r - 1)) for r in rows] for _ in range(ranks)], dtype=np.int64)
     counts, starts = chunk_remainders(left, np.asarray(rows, dtype=np.int64))
     for rank in range(ranks):
         expected = _remainder_batches(left[rank].tolist(), rows)

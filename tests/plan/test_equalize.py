@@ -12,9 +12,7 @@ from shardload.plan.equalize import equalize_batches, split_batches
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=30), st.data())
-def test_split_batches_cuts_the_largest_as_evenly_as_possible(
-    sizes: list[int], data: st.DataObject
-) -> None:
+def test_split_batches_cuts_the_largest_as_evenly_as_possible(sizes: list[int], data: st.DataObject) -> None:
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     target = data.draw(st.integers(len(sizes), int(offsets[-1])))
     new = split_batches(offsets, target)
@@ -55,9 +53,7 @@ def test_pad_appends_single_row_filler_batches() -> None:
 
 
 def test_split_with_too_few_rows_makes_singletons_then_filler() -> None:
-    ids, weights, offsets = equalize_batches(
-        np.array([5, 6]), np.array([0, 2]), target=4, uneven="split", filler_id=5
-    )
+    ids, weights, offsets = equalize_batches(np.array([5, 6]), np.array([0, 2]), target=4, uneven="split", filler_id=5)
     # Invariant: nothing is repeated as a real row; the shortfall is masked filler
     assert offsets.tolist() == [0, 1, 2, 3, 4]
     assert ids.tolist() == [5, 6, 5, 5] and weights.tolist() == [1, 1, 0, 0]
@@ -71,9 +67,7 @@ def test_empty_rank_gets_only_filler() -> None:
 
 
 def test_drop_truncates_trailing_batches() -> None:
-    ids, weights, offsets = equalize_batches(
-        np.arange(6), np.array([0, 2, 4, 6]), target=2, uneven="drop", filler_id=0
-    )
+    ids, weights, offsets = equalize_batches(np.arange(6), np.array([0, 2, 4, 6]), target=2, uneven="drop", filler_id=0)
     # Invariant: drop keeps the first target batches, all real
     assert ids.tolist() == [0, 1, 2, 3] and offsets.tolist() == [0, 2, 4]
     assert weights.tolist() == [1, 1, 1, 1]
@@ -81,7 +75,5 @@ def test_drop_truncates_trailing_batches() -> None:
 
 @pytest.mark.parametrize("uneven", ["split", "pad"])
 def test_already_at_target_is_unchanged(uneven: str) -> None:
-    _, weights, offsets = equalize_batches(
-        np.arange(4), np.array([0, 3, 4]), target=2, uneven=uneven, filler_id=0
-    )
+    _, weights, offsets = equalize_batches(np.arange(4), np.array([0, 3, 4]), target=2, uneven=uneven, filler_id=0)
     assert offsets.tolist() == [0, 3, 4] and weights.sum() == 4

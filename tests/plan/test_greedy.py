@@ -15,9 +15,7 @@ from shardload.plan.greedy import GreedyTokenBatcher, greedy_rows
 from .strategies import long_tailed, partition
 
 
-def _reference_rows(
-    costs: list[int], stop: list[int], budget: int, max_rows: int | None
-) -> list[int]:
+def _reference_rows(costs: list[int], stop: list[int], budget: int, max_rows: int | None) -> list[int]:
     """The obvious O(n * k) fill from every position."""
     out = []
     for p in range(len(costs)):
@@ -49,9 +47,7 @@ def test_greedy_rows_matches_the_sequential_fill(
     try:
         if group is not None:  # small windows exercise the look-ahead across windows
             greedy_module._GROUP = group
-        got = greedy_rows(
-            np.array(costs, dtype=np.int64), np.array(stop, dtype=np.int64), budget, max_rows
-        )
+        got = greedy_rows(np.array(costs, dtype=np.int64), np.array(stop, dtype=np.int64), budget, max_rows)
     finally:
         greedy_module._GROUP = saved
     # Invariant: the binary-lifting fill equals the sequential greedy fill everywhere
@@ -60,9 +56,7 @@ def test_greedy_rows_matches_the_sequential_fill(
 
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("group", [1 << 20, 500])
-def test_batcher_counts_what_it_builds(
-    shuffle: bool, group: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_batcher_counts_what_it_builds(shuffle: bool, group: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(greedy_module, "_GROUP", group)  # small groups: many rank groups
     lengths = long_tailed(6000, seed=2)
     sizes = partition(6000, 11, seed=2, allow_empty=False)

@@ -40,10 +40,7 @@ def test_plan_modules_are_pure() -> None:
                 top = name.split(".")[0]
                 # Invariant: only numpy, the standard library and shardload.{errors,plan}
                 assert (
-                    top in stdlib
-                    or top == "numpy"
-                    or name == "shardload.errors"
-                    or name.startswith("shardload.plan")
+                    top in stdlib or top == "numpy" or name == "shardload.errors" or name.startswith("shardload.plan")
                 ), f"{path.name} imports {name}"
 
 

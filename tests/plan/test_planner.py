@@ -171,10 +171,7 @@ def test_equal_sized_shards_are_read_by_few_ranks() -> None:
 )
 def test_training_plans_change_between_epochs(batching: Batching) -> None:
     lengths, sizes = long_tailed(5000, seed=1), np.full(10, 500)
-    plans = [
-        plan_rank(lengths, sizes, rank=1, world_size=4, batching=batching, epoch=epoch)
-        for epoch in (0, 1)
-    ]
+    plans = [plan_rank(lengths, sizes, rank=1, world_size=4, batching=batching, epoch=epoch) for epoch in (0, 1)]
     # Invariant: training reshuffles every epoch (shards, samples and batches)
     assert not np.array_equal(plans[0].sample_ids, plans[1].sample_ids)
     assert plans[0].fingerprint != plans[1].fingerprint
@@ -248,9 +245,7 @@ def test_equal_lengths_make_full_token_batches() -> None:
 
 def test_a_giant_sample_gets_its_own_batch() -> None:
     lengths = np.array([10, 10, 1_000_000, 10, 10])
-    plan = plan_rank(
-        lengths, np.array([5]), rank=0, world_size=1, batching=Batching(max_tokens=100), stage="val"
-    )
+    plan = plan_rank(lengths, np.array([5]), rank=0, world_size=1, batching=Batching(max_tokens=100), stage="val")
     batches = [ids.tolist() for ids, _ in plan]
     # Invariant: an over-budget sample is not dropped: it is alone in its batch
     assert [2] in batches
@@ -301,10 +296,7 @@ def test_fingerprint_follows_the_inputs() -> None:
     changed[7] += 1
     # Invariant: a different index or option changes the fingerprint; the rank does not
     assert plan_rank(changed, sizes, **base).fingerprint != first
-    assert (
-        plan_rank(lengths, sizes, **{**base, "batching": Batching(batch_size=9)}).fingerprint
-        != first
-    )
+    assert plan_rank(lengths, sizes, **{**base, "batching": Batching(batch_size=9)}).fingerprint != first
     assert plan_rank(lengths, sizes, **{**base, "rank": 1}).fingerprint == first
     assert plan_rank(lengths, sizes, lengths_digest="abc", **base).fingerprint != first
 

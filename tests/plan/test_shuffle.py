@@ -28,7 +28,5 @@ def test_permute_batches_moves_whole_batches(sizes: list[int], random) -> None:
     new_ids, new_offsets = permute_batches(ids, offsets, perm)
     for i, j in enumerate(perm):
         # Invariant: output batch i is input batch perm[i], rows in the same order
-        assert new_ids[new_offsets[i] : new_offsets[i + 1]].tolist() == (
-            ids[offsets[j] : offsets[j + 1]].tolist()
-        )
+        assert new_ids[new_offsets[i] : new_offsets[i + 1]].tolist() == (ids[offsets[j] : offsets[j + 1]].tolist())
     assert new_offsets[-1] == offsets[-1]

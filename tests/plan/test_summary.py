@@ -18,9 +18,7 @@ def test_summary_figures_match_the_plans() -> None:
     summary = summarize_plan(lengths, sizes, world_size=5, batching=batching, seed=3, epoch=1)
     starts = np.concatenate([[0], np.cumsum(sizes)])
     for rank in range(5):
-        plan = plan_rank(
-            lengths, sizes, rank=rank, world_size=5, batching=batching, seed=3, epoch=1
-        )
+        plan = plan_rank(lengths, sizes, rank=rank, world_size=5, batching=batching, seed=3, epoch=1)
         real = plan.sample_ids[plan.weights > 0]
         padded = sum(len(ids) * padded_length(int(lengths[ids].max()), 8) for ids, _ in plan)
         shards = np.unique(np.searchsorted(starts, plan.sample_ids, side="right") - 1)
@@ -54,8 +52,6 @@ def test_summary_reports_render() -> None:
 
 
 def test_empty_summary() -> None:
-    summary = summarize_plan(
-        np.zeros(0, np.int64), np.array([0]), world_size=4, batching=Batching(max_tokens=64)
-    )
+    summary = summarize_plan(np.zeros(0, np.int64), np.array([0]), world_size=4, batching=Batching(max_tokens=64))
     assert summary.num_batches == 0 and summary.padding_fraction == 0.0 and summary.spread == 1.0
     assert "0 samples" in summary.format()

@@ -60,13 +60,17 @@ def test_second_prepare_into_the_same_output_is_refused(tmp_path: Path, samples:
     out = tmp_path / "s"
     out.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import fcntl, sys, time
-            fh = open({str(out / '.prepare.lock')!r}, 'a+')
+            fh = open({str(out / ".prepare.lock")!r}, 'a+')
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
             print('locked', flush=True)
             time.sleep(30)
-        """)],
+        """),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

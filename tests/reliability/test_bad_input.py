@@ -26,35 +26,69 @@ def tok(n: int, dtype: Any = np.int32) -> np.ndarray:
 
 # name, samples for shardload.write, write options, fragments of the message
 SAMPLE_FAULTS: list[tuple[str, list[Any], dict[str, Any], list[str]]] = [
-    ("ragged inner shape", [{"f": np.zeros((3, 4), np.float32)}, {"f": np.zeros((2, 5), np.float32)}], {},
-     ["sample 1", "'f'", "shape [2, 5]", "[L, 4]", "Only the first axis may vary"]),
-    ("mixed dtypes", [{"t": tok(3)}, {"t": tok(3, np.int64)}], {},
-     ["sample 1", "'t'", "dtype int64", "earlier samples have int32", "--dtype t=int32"]),
-    ("missing field", [{"t": tok(3), "y": np.int64(1)}, {"t": tok(2)}], {},
-     ["sample 1", "missing ['y']", "same fields"]),
+    (
+        "ragged inner shape",
+        [{"f": np.zeros((3, 4), np.float32)}, {"f": np.zeros((2, 5), np.float32)}],
+        {},
+        ["sample 1", "'f'", "shape [2, 5]", "[L, 4]", "Only the first axis may vary"],
+    ),
+    (
+        "mixed dtypes",
+        [{"t": tok(3)}, {"t": tok(3, np.int64)}],
+        {},
+        ["sample 1", "'t'", "dtype int64", "earlier samples have int32", "--dtype t=int32"],
+    ),
+    (
+        "missing field",
+        [{"t": tok(3), "y": np.int64(1)}, {"t": tok(2)}],
+        {},
+        ["sample 1", "missing ['y']", "same fields"],
+    ),
     ("unexpected field", [{"t": tok(3)}, {"t": tok(2), "z": tok(1)}], {}, ["sample 1", "unexpected ['z']"]),
-    ("NaN with reject_nonfinite", [{"x": np.ones(3, np.float32)}, {"x": np.array([1, np.nan], np.float32)}],
-     {"reject_nonfinite": True}, ["sample 1", "'x'", "NaN or inf", "--reject-nonfinite"]),
-    ("inf with reject_nonfinite", [{"x": np.ones(3, np.float64)}, {"x": np.array([np.inf])}],
-     {"reject_nonfinite": True}, ["sample 1", "'x'", "NaN or inf"]),
-    ("object dtype", [{"t": tok(3)}, {"t": np.array([1, "a", None], dtype=object)}], {},
-     ["sample 1", "'t'", "unsupported dtype object"]),
-    ("strings in a numeric field", [{"t": tok(3)}, {"t": np.array(["1", "2"])}], {},
-     ["sample 1", "'t'", "unsupported dtype <U1"]),
+    (
+        "NaN with reject_nonfinite",
+        [{"x": np.ones(3, np.float32)}, {"x": np.array([1, np.nan], np.float32)}],
+        {"reject_nonfinite": True},
+        ["sample 1", "'x'", "NaN or inf", "--reject-nonfinite"],
+    ),
+    (
+        "inf with reject_nonfinite",
+        [{"x": np.ones(3, np.float64)}, {"x": np.array([np.inf])}],
+        {"reject_nonfinite": True},
+        ["sample 1", "'x'", "NaN or inf"],
+    ),
+    (
+        "object dtype",
+        [{"t": tok(3)}, {"t": np.array([1, "a", None], dtype=object)}],
+        {},
+        ["sample 1", "'t'", "unsupported dtype object"],
+    ),
+    (
+        "strings in a numeric field",
+        [{"t": tok(3)}, {"t": np.array(["1", "2"])}],
+        {},
+        ["sample 1", "'t'", "unsupported dtype <U1"],
+    ),
     ("complex numbers", [{"t": np.ones(2, np.complex64)}], {}, ["sample 0", "'t'", "unsupported dtype complex64"]),
     ("ragged nested list", [{"t": [[1, 2], [3]]}], {}, ["sample 0", "'t'"]),
     ("not a dict", [{"t": tok(3)}, [1, 2, 3]], {}, ["sample 1", "must be a dict", "list"]),
     ("empty dict", [{}], {}, ["sample 0", "non-empty dict"]),
-    ("cast that overflows", [{"t": np.array([300], np.int64)}], {"dtypes": {"t": "int8"}},
-     ["sample 0", "'t'", "cannot be cast to int8", "do not fit"]),
+    (
+        "cast that overflows",
+        [{"t": np.array([300], np.int64)}],
+        {"dtypes": {"t": "int8"}},
+        ["sample 0", "'t'", "cannot be cast to int8", "do not fit"],
+    ),
     ("zero samples", [], {}, ["no samples"]),
 ]
 
 
-@pytest.mark.parametrize(("samples", "options", "fragments"), [row[1:] for row in SAMPLE_FAULTS],
-                         ids=[row[0] for row in SAMPLE_FAULTS])
-def test_bad_samples_are_refused_by_name(tmp_path: Path, samples: list[Any], options: dict[str, Any],
-                                         fragments: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("samples", "options", "fragments"), [row[1:] for row in SAMPLE_FAULTS], ids=[row[0] for row in SAMPLE_FAULTS]
+)
+def test_bad_samples_are_refused_by_name(
+    tmp_path: Path, samples: list[Any], options: dict[str, Any], fragments: list[str]
+) -> None:
     out = tmp_path / "out"
     with pytest.raises(shardload.InputError) as info:
         shardload.write(samples, out, progress=False, **options)
@@ -123,8 +157,12 @@ FILE_FAULTS: list[tuple[str, str, Callable[[], bytes], list[str]]] = [
     ("non-UTF-8 jsonl", "a.jsonl", lambda: b'{"t": [1]}\n{"t": [2], "\xff": 1}\n', ["a.jsonl: line 2", "UTF-8"]),
     ("truncated npy", "a.npy", lambda: npy_bytes(np.arange(100))[:90], ["a.npy", "not a readable .npy"]),
     ("garbage npy", "a.npy", lambda: b"\x93NUMPY garbage", ["a.npy", "not a readable .npy"]),
-    ("npy object array", "a.npy", lambda: npy_bytes(np.array([{"a": 1}], dtype=object)),
-     ["a.npy", "pickled object array", "--allow-pickle"]),
+    (
+        "npy object array",
+        "a.npy",
+        lambda: npy_bytes(np.array([{"a": 1}], dtype=object)),
+        ["a.npy", "pickled object array", "--allow-pickle"],
+    ),
     ("truncated parquet", "a.parquet", lambda: parquet_bytes()[:-30], ["a.parquet", "Parquet"]),
     ("corrupt parquet page", "a.parquet", lambda: flip_middle(parquet_bytes()), ["a.parquet"]),
     ("truncated tar", "a.tar", lambda: tar_bytes()[:700], ["a.tar", "truncated"]),
@@ -145,10 +183,12 @@ def _empty_tar() -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize(("name", "make", "fragments"), [row[1:] for row in FILE_FAULTS],
-                         ids=[row[0] for row in FILE_FAULTS])
-def test_bad_files_are_refused_by_name(tmp_path: Path, name: str, make: Callable[[], bytes],
-                                       fragments: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("name", "make", "fragments"), [row[1:] for row in FILE_FAULTS], ids=[row[0] for row in FILE_FAULTS]
+)
+def test_bad_files_are_refused_by_name(
+    tmp_path: Path, name: str, make: Callable[[], bytes], fragments: list[str]
+) -> None:
     src = tmp_path / name
     src.write_bytes(make())
     before = src.read_bytes()

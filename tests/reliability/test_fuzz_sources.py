@@ -63,8 +63,11 @@ def tar_file() -> bytes:
         for i in range(4):
             arr = io.BytesIO()
             np.save(arr, np.arange(i + 1, dtype=np.int16))
-            for name, data in ((f"k{i}.t.npy", arr.getvalue()), (f"k{i}.cls", str(i).encode()),
-                               (f"k{i}.json", json.dumps({"m": [1.5, 2]}).encode())):
+            for name, data in (
+                (f"k{i}.t.npy", arr.getvalue()),
+                (f"k{i}.cls", str(i).encode()),
+                (f"k{i}.json", json.dumps({"m": [1.5, 2]}).encode()),
+            ):
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 tf.addfile(info, io.BytesIO(data))
@@ -118,8 +121,12 @@ def test_damaged_source_files_raise_only_input_errors(name: str, tmp_path_factor
     path.write_bytes(original)
     assert read_like_prepare(kind, path) > 0  # the undamaged file reads
 
-    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
-              derandomize="SHARDLOAD_FUZZ_EXAMPLES" not in os.environ)
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize="SHARDLOAD_FUZZ_EXAMPLES" not in os.environ,
+    )
     @given(damaged(original))
     def check(data: bytes) -> None:
         path.write_bytes(data)

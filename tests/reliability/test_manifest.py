@@ -32,7 +32,9 @@ def test_manifest_of_a_newer_format_asks_for_an_upgrade(damaged: Path) -> None:
     m = read_manifest(damaged)
     m["format_version"] = FORMAT_VERSION + 1
     write_manifest(damaged, m)
-    with pytest.raises(shardload.ManifestError, match=rf"newer shardload \(format version {FORMAT_VERSION + 1}.*Upgrade"):
+    with pytest.raises(
+        shardload.ManifestError, match=rf"newer shardload \(format version {FORMAT_VERSION + 1}.*Upgrade"
+    ):
         shardload.open(damaged)
 
 

@@ -30,7 +30,9 @@ WRITER_ARGS = {"num_shards": 6, "chunk_bytes": 4000, "workers": 1, "progress": F
 def tree_digest(root: Path) -> dict[str, str]:
     """sha256 of every file under ``root``, to show that a run left it untouched."""
     return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
     }
 
 
@@ -159,7 +161,9 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A real 1 MiB filesystem, where the machine lets us mount one (root with CAP_SYS_ADMIN)."""
     mnt = tmp_path / "tmpfs"
     mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, check=False
+    )
     if done.returncode != 0:
         pytest.skip("cannot mount a tmpfs here; test_disk_full_is_an_output_error_and_resume_finishes covers ENOSPC")
     try:
@@ -261,6 +265,8 @@ def test_input_deleted_between_listing_and_reading(tmp_path: Path, monkeypatch: 
 
     monkeypatch.setattr(prepare_module, "discover", discover_then_delete)
     out = tmp_path / "out"
-    with pytest.raises(shardload.InputError, match=rf"{paths[2].name}: file not found \(was it deleted while prepare ran\?\)"):
+    with pytest.raises(
+        shardload.InputError, match=rf"{paths[2].name}: file not found \(was it deleted while prepare ran\?\)"
+    ):
         shardload.prepare(tmp_path / "in", out, progress=False)
     assert_not_a_shard_set(out)

@@ -44,9 +44,7 @@ class ArrowShardReader(ShardReader):
             self._mmap = pa.memory_map(str(self.path), "r")
             reader = pa.ipc.open_file(self._mmap)
             if reader.num_record_batches != 1:
-                raise CorruptShardError(
-                    f"{self.path}: expected one record batch, found {reader.num_record_batches}"
-                )
+                raise CorruptShardError(f"{self.path}: expected one record batch, found {reader.num_record_batches}")
             batch = reader.get_batch(0)
             batch.validate()
         except FileNotFoundError:

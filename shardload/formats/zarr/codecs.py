@@ -44,8 +44,14 @@ def check_zarr_options(compression: str, compression_level: int | None, chunk_si
         if compression == "none":
             raise InputError("a compression level needs a compression (zstd or blosc-lz4), not 'none'")
         lo, hi = LEVEL_RANGES[compression]
-        if isinstance(compression_level, bool) or not isinstance(compression_level, int) or not lo <= compression_level <= hi:
-            raise InputError(f"{compression} compression level must be an integer in [{lo}, {hi}], got {compression_level!r}")
+        if (
+            isinstance(compression_level, bool)
+            or not isinstance(compression_level, int)
+            or not lo <= compression_level <= hi
+        ):
+            raise InputError(
+                f"{compression} compression level must be an integer in [{lo}, {hi}], got {compression_level!r}"
+            )
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
         raise InputError(f"chunk size must be a positive number of bytes, got {chunk_size!r}")
 

@@ -122,7 +122,9 @@ class ZarrShardReader(ShardReader):
             except KeyError:
                 raise CorruptShardError(f"shard {self.path} has no array {key!r}. {_HINT}") from None
             except Exception as exc:  # noqa: BLE001
-                raise CorruptShardError(f"shard {self.path}: array {key!r} is unreadable ({_one_line(exc)}). {_HINT}") from None
+                raise CorruptShardError(
+                    f"shard {self.path}: array {key!r} is unreadable ({_one_line(exc)}). {_HINT}"
+                ) from None
             self._arrays[key] = arr
         return arr
 
@@ -138,7 +140,9 @@ class ZarrShardReader(ShardReader):
         values = ZarrValues(self, key, tuple(arr.shape), dtype, int(arr.chunks[0]))
         if not f.variable:
             if len(values) != n:
-                raise CorruptShardError(f"shard {self.path}: array {key!r} has {len(values)} rows, expected {n}. {_HINT}")
+                raise CorruptShardError(
+                    f"shard {self.path}: array {key!r} has {len(values)} rows, expected {n}. {_HINT}"
+                )
             return FieldData(values, None)  # type: ignore[arg-type]  # a lazy array, sliced like an ndarray
         okey = f"{f.name}/offsets"
         offsets = self.read(okey, slice(None), chunk=0)
@@ -219,8 +223,7 @@ class _ChunkDecoder:
             decompress = numcodecs.Blosc().decode
         else:
             return None
-        return cls(f"{path}/c/", tuple(int(c) for c in arr.chunks), np.dtype(arr.dtype).newbyteorder("<"),
-                   decompress)
+        return cls(f"{path}/c/", tuple(int(c) for c in arr.chunks), np.dtype(arr.dtype).newbyteorder("<"), decompress)
 
     def decode(self, zf: zipfile.ZipFile, c: int) -> np.ndarray:
         member = f"{self.prefix}{c}{self.suffix}"
@@ -231,7 +234,9 @@ class _ChunkDecoder:
         data = self.decompress(raw)
         if len(memoryview(data).cast("B")) != self.nbytes:
             raise ValueError(f"decoded {len(memoryview(data).cast('B'))} bytes, expected {self.nbytes}")
-        return np.frombuffer(data, dtype=self.dtype).reshape(self.chunks).astype(self.dtype.newbyteorder("="), copy=False)
+        return (
+            np.frombuffer(data, dtype=self.dtype).reshape(self.chunks).astype(self.dtype.newbyteorder("="), copy=False)
+        )
 
 
 class ZarrValues:
@@ -248,7 +253,9 @@ class ZarrValues:
         chunk_rows: rows per stored chunk.
     """
 
-    def __init__(self, reader: ZarrShardReader, key: str, shape: tuple[int, ...], dtype: np.dtype[Any], chunk_rows: int):
+    def __init__(
+        self, reader: ZarrShardReader, key: str, shape: tuple[int, ...], dtype: np.dtype[Any], chunk_rows: int
+    ):
         self.reader = reader
         self.key = key
         self.shape = shape
