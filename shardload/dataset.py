@@ -44,17 +44,24 @@ class ShardBatchDataset(Dataset[dict[str, torch.Tensor]]):
     """Fetches and pads planned batches from one shard set.
 
     Args:
-        path: the shard set directory.
+        path: the shard set directory, or an opened :class:`ShardSet` to reuse
+            (saves parsing the manifest again in the main process; worker
+            processes get a copy without mappings and map their own shards).
         pad: padding options (pad values, multiple, fields to load).
         fingerprint: the manifest fingerprint the plan was made from; a worker
             that finds a different one (the set was re-prepared) raises
             :class:`ShardSetChangedError` instead of mixing old and new data.
     """
 
-    def __init__(self, path: str | os.PathLike[str], pad: PadSpec | None = None, *, fingerprint: str | None = None):
-        self.path = Path(path)
-        self.pad = pad or PadSpec()
+    def __init__(
+        self, path: str | os.PathLike[str] | ShardSet, pad: PadSpec | None = None, *, fingerprint: str | None = None
+    ):
         self._shard_set: ShardSet | None = None
+        if isinstance(path, ShardSet):
+            self._shard_set, self.path = path, path.path
+        else:
+            self.path = Path(path)
+        self.pad = pad or PadSpec()
         self.fingerprint = fingerprint
 
     @property
@@ -79,7 +86,7 @@ class ShardBatchDataset(Dataset[dict[str, torch.Tensor]]):
         shards, rows = ss.index.locate(sample_ids)
         return collate_batch(ss.schema, ss.shard_columns, shards, rows, sample_ids, weights, self.pad)
 
-    def __getitem__(self, key: BatchKey) -> dict[str, torch.Tensor]:  # type: ignore[override]
+    def __getitem__(self, key: BatchKey) -> dict[str, torch.Tensor]:
         if not isinstance(key, BatchKey):
             raise TypeError(
                 "ShardBatchDataset is indexed by BatchKey objects from shardload's sampler, got "

@@ -368,7 +368,7 @@ def make_loader(
         epoch=epoch,
         debug=debug,
     )
-    dataset = ShardBatchDataset(shard_set.path, pad, fingerprint=shard_set.fingerprint)
+    dataset = ShardBatchDataset(shard_set, pad, fingerprint=shard_set.fingerprint)
     if debug:
         num_workers = 0
     # sampler by keyword: Lightning re-creates the loader (predict) from the recorded arguments

@@ -103,6 +103,19 @@ def test_rank_opens_only_the_shards_its_plan_touches(tmp_path: Path) -> None:
         assert len(opened) <= math.ceil(20 / world) + 2
 
 
+def test_manifest_is_parsed_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shardload.write(synthetic_samples(60, seed=4), tmp_path / "s", num_shards=3)
+    from shardload.manifest import Manifest
+
+    loads: list[Path] = []
+    original = Manifest.load.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(Manifest, "load", classmethod(lambda cls, d: loads.append(d) or original(cls, d)))
+    loader = make_loader(tmp_path / "s", rank=0, world_size=1, batch_size=8, stage="val")
+    next(iter(loader))
+    # start-up cost: the loader's opened set is reused by the dataset in the main process
+    assert len(loads) == 1
+
+
 def test_epochs_reshuffle_training_but_not_evaluation(shard_set: shardload.ShardSet) -> None:
     def ids(stage: str, epoch: int) -> list[list[int]]:
         loader = make_loader(shard_set.path, rank=0, world_size=2, stage=stage, batch_size=8)
