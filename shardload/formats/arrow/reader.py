@@ -79,17 +79,7 @@ class ArrowShardReader(ShardReader):
             buf = col.buffers()[1]
             offsets = np.frombuffer(buf, dtype=np.int64, count=n + 1, offset=col.offset * 8)
             col = col.values
-        for _ in f.inner_shape:
-            col = col.flatten()
-        dtype = np.dtype(f.dtype)
-        try:
-            flat = col.to_numpy(zero_copy_only=True)
-        except pa.ArrowInvalid as exc:
-            raise CorruptShardError(f"shard {self.path}: column {f.name!r} is not zero-copy readable: {exc}") from None
-        if f.dtype == "bool":
-            flat = flat.view(np.bool_)
-        elif flat.dtype != dtype:
-            raise CorruptShardError(f"shard {self.path}: column {f.name!r} is {flat.dtype}, manifest says {dtype}")
+        flat = self._flat_view(f, col)
         try:
             values = flat.reshape(-1, *f.inner_shape)
         except ValueError:
@@ -104,3 +94,30 @@ class ArrowShardReader(ShardReader):
         elif len(values) != n:
             raise CorruptShardError(f"shard {self.path}: column {f.name!r} has {len(values)} rows, expected {n}")
         return FieldData(values, offsets)
+
+    def _flat_view(self, f: Field, col: pa.Array) -> np.ndarray:
+        """The primitive values under ``col`` as one flat numpy view of the mapped file.
+
+        Reads the data buffer directly rather than through ``flatten()`` /
+        ``to_numpy()``, whose first call in a process imports pyarrow.compute
+        and pandas (0.4-1.3 s, paid again by every DataLoader worker). The type
+        was checked against the schema already, so each level below is a
+        fixed-size list until the primitive values.
+        """
+        start, count = col.offset, len(col)
+        while pa.types.is_fixed_size_list(col.type):
+            size = col.type.list_size
+            start, count = start * size, count * size
+            col = col.values  # unsliced child: element j is at physical position j + child.offset
+            start += col.offset
+        if col.null_count:
+            raise CorruptShardError(f"shard {self.path}: column {f.name!r} holds nulls; shardload never writes them")
+        dtype = np.dtype("uint8") if f.dtype == "bool" else np.dtype(f.dtype)
+        data = col.buffers()[1]
+        if data is None or (start + count) * dtype.itemsize > data.size:
+            raise CorruptShardError(
+                f"shard {self.path}: column {f.name!r} needs {count} values from position {start}, "
+                f"but its data buffer is {0 if data is None else data.size} bytes"
+            )
+        flat = np.frombuffer(data, dtype=dtype, count=count, offset=start * dtype.itemsize)
+        return flat.view(np.bool_) if f.dtype == "bool" else flat
