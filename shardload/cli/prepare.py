@@ -100,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--chunk-size",
         type=parse_size,
         metavar="SIZE",
-        help="zarr only: uncompressed bytes per chunk, the unit decompressed to read a sample (default: 256KiB)",
+        help="zarr only: uncompressed bytes per chunk, the unit decompressed to read a sample (default: 64KiB)",
     )
     run_ = p.add_argument_group("running")
     run_.add_argument("--workers", type=positive_int, metavar="N", help="parallel processes (default: 1)")

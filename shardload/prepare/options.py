@@ -47,7 +47,7 @@ class PrepareOptions:
         compression: zarr only: ``"zstd"`` (default), ``"blosc-lz4"`` or ``"none"``.
         compression_level: zarr only: zstd 1-22 (default 3), blosc 0-9 (default 5).
         chunk_size: zarr only: uncompressed bytes per chunk of a field's values
-            (default 256 KiB); the unit that is decompressed to read a sample.
+            (default 64 KiB); the unit that is decompressed to read a sample.
     """
 
     shard_format: str = "arrow"

@@ -378,7 +378,7 @@ def test_compression_shrinks_compressible_data(tmp_path: Path) -> None:
     assert sizes["blosc-lz4"] < sizes["none"] / 3
     assert sizes["zstd-19"] <= sizes["zstd"]
     opts = shardload.open(tmp_path / "zstd-19").manifest.options
-    assert (opts["compression"], opts["compression_level"], opts["chunk_size"]) == ("zstd", 19, 256 << 10)
+    assert (opts["compression"], opts["compression_level"], opts["chunk_size"]) == ("zstd", 19, 64 << 10)
     assert_same_sets(tmp_path / "arrow", tmp_path / "zstd-19")
 
 

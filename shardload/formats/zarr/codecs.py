@@ -21,7 +21,7 @@ DEFAULT_LEVELS = {"zstd": 3, "blosc-lz4": 5}
 #: accepted levels per compression, inclusive
 LEVEL_RANGES = {"zstd": (1, 22), "blosc-lz4": (0, 9)}
 #: default uncompressed bytes per chunk of a ``values`` array (see docs/format.md for the trade-off)
-DEFAULT_CHUNK_SIZE = 256 << 10
+DEFAULT_CHUNK_SIZE = 64 << 10
 INSTALL_HINT = "pip install shardload[zarr]"
 
 

@@ -61,7 +61,7 @@ class ZarrShardWriter(ShardWriter):
         schema: the shard set's schema.
         compression: ``"zstd"`` (default), ``"blosc-lz4"`` or ``"none"``.
         compression_level: codec level (zstd 1-22, default 3; blosc 0-9, default 5).
-        chunk_size: uncompressed bytes per chunk of a ``values`` array (default 256 KiB).
+        chunk_size: uncompressed bytes per chunk of a ``values`` array (default 64 KiB).
     """
 
     name: ClassVar[str] = "zarr"
