@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any, ClassVar
 
+from shardload.errors import InputError
+
 Sample = Mapping[str, Any]
 
 
@@ -84,3 +86,19 @@ def register(reader: type[SourceReader]) -> type[SourceReader]:
     """Class decorator: make a reader available under its ``kind``."""
     READERS[reader.kind] = reader
     return reader
+
+
+def numpy_load_error(where: str, what: str, exc: BaseException, *, hint: str = "") -> InputError:
+    """The error for an ``np.load`` of ``where`` that failed: a refused pickle, or damaged data.
+
+    One wording for every source that holds numpy files (``.npy``/``.npz`` files
+    and tar members). ``what`` names the kind (``".npy file"``); ``hint`` is
+    appended to the damage message. A damaged ``.npy`` header can raise almost
+    anything (numpy parses it as a Python literal), so callers pass any exception.
+    """
+    if isinstance(exc, ValueError) and "allow_pickle" in str(exc):
+        return InputError(
+            f"{where}: holds a pickled object array; refusing to unpickle untrusted data. "
+            "Save plain numeric arrays, or pass --allow-pickle if you trust the data."
+        )
+    return InputError(f"{where}: not a readable {what} ({type(exc).__name__}: {exc}){hint}")

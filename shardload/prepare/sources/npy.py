@@ -13,6 +13,7 @@ from shardload.prepare.sources.base import (
     SourceOptions,
     SourceReader,
     SourceUnit,
+    numpy_load_error,
     register,
 )
 
@@ -30,15 +31,8 @@ class NpySource(SourceReader):
                 arr = np.load(path, allow_pickle=options.allow_pickle)
             except FileNotFoundError:
                 raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
-            except ValueError as exc:
-                if "allow_pickle" in str(exc):
-                    raise InputError(
-                        f"{path}: holds a pickled object array; refusing to unpickle untrusted data. "
-                        "Save plain numeric arrays, or pass --allow-pickle if you trust the file."
-                    ) from None
-                raise InputError(f"{path}: not a readable .npy file ({exc})") from None
             except Exception as exc:  # noqa: BLE001  a damaged header can raise SyntaxError, TokenError, ...
-                raise InputError(f"{path}: not a readable .npy file ({type(exc).__name__}: {exc})") from None
+                raise numpy_load_error(path, ".npy file", exc) from None
             if not isinstance(arr, np.ndarray):
                 raise InputError(f"{path}: expected one array, found {type(arr).__name__}")
             yield path, {options.field: arr}

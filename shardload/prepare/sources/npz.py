@@ -19,6 +19,7 @@ from shardload.prepare.sources.base import (
     SourceOptions,
     SourceReader,
     SourceUnit,
+    numpy_load_error,
     register,
 )
 
@@ -50,19 +51,9 @@ def _load(path: str, allow_pickle: bool) -> dict[str, np.ndarray]:
         raise
     except FileNotFoundError:
         raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
-    except ValueError as exc:
-        what = f"array {name!r}" if name is not None else "the file"
-        if "allow_pickle" in str(exc):
-            raise InputError(
-                f"{path}: {what} is a pickled object array; refusing to unpickle untrusted data. "
-                "Save plain numeric arrays, or pass --allow-pickle if you trust the file."
-            ) from None
-        raise InputError(f"{path}: {what} is not readable ({exc}); re-create the file") from None
     except Exception as exc:  # noqa: BLE001  zip, zlib and .npy header damage raise many kinds
-        what = f"array {name!r}" if name is not None else "the file"
-        raise InputError(
-            f"{path}: {what} is not readable as .npz ({type(exc).__name__}: {exc}); re-create the file"
-        ) from None
+        where = f"{path}: array {name!r}" if name is not None else path
+        raise numpy_load_error(where, ".npz file", exc, hint="; re-create the file") from None
     if not sample:
         raise InputError(f"{path}: the .npz file holds no arrays; every sample needs at least one field")
     return sample

@@ -58,7 +58,6 @@ import json
 import pickle
 import re
 import tarfile
-import tokenize
 import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
@@ -66,7 +65,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from shardload.errors import InputError
-from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, register
+from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, numpy_load_error, register
 from shardload.prepare.sources.jsonl import json_to_array
 
 __all__ = ["WebDatasetSource", "split_member_name"]
@@ -289,32 +288,16 @@ def _convert(value: Any, field: str, where: str, options: SourceOptions) -> np.n
 def _load_npy(data: bytes, where: str, options: SourceOptions) -> np.ndarray:
     try:
         arr = np.load(io.BytesIO(data), allow_pickle=options.allow_pickle)
-    except ValueError as exc:
-        if "allow_pickle" in str(exc):
-            raise InputError(
-                f"{where}: holds a pickled object array; refusing to unpickle untrusted data. "
-                "Store numeric arrays, or pass --allow-pickle if you trust the shard."
-            ) from None
-        raise InputError(f"{where}: not a readable .npy member ({exc})") from None
-    except (OSError, EOFError, SyntaxError, tokenize.TokenError) as exc:  # a damaged header is parsed as Python
-        raise InputError(f"{where}: not a readable .npy member ({exc})") from None
+    except Exception as exc:  # noqa: BLE001  a damaged header is parsed as Python and can raise anything
+        raise numpy_load_error(where, ".npy member", exc) from None
     if not isinstance(arr, np.ndarray):
         raise InputError(f"{where}: expected an array, found {type(arr).__name__}")
     return arr
 
 
 def _load_npz(data: bytes, where: str, options: SourceOptions) -> list[tuple[str, np.ndarray]]:
-    import zipfile
-
     try:
         with np.load(io.BytesIO(data), allow_pickle=options.allow_pickle) as npz:
             return [(name, npz[name]) for name in npz.files]
-    except ValueError as exc:
-        if "allow_pickle" in str(exc):
-            raise InputError(
-                f"{where}: holds a pickled object array; refusing to unpickle untrusted data. "
-                "Store numeric arrays, or pass --allow-pickle if you trust the shard."
-            ) from None
-        raise InputError(f"{where}: not a readable .npz member ({exc})") from None
-    except (OSError, EOFError, AttributeError, SyntaxError, tokenize.TokenError, zipfile.BadZipFile, zlib.error) as exc:
-        raise InputError(f"{where}: not a readable .npz member ({exc})") from None
+    except Exception as exc:  # noqa: BLE001  zip, zlib and .npy header damage raise many kinds
+        raise numpy_load_error(where, ".npz member", exc) from None
