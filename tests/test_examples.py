@@ -26,16 +26,19 @@ from typing import Any
 
 import pytest
 
-from tests.distributed.watchdog import REPO, python, run_with_watchdog
+from tests.distributed.watchdog import REPO, Outcome, python, run_with_watchdog
 
 EXAMPLES = REPO / "examples"
 TINY = ["--train-samples", "120", "--val-samples", "37"]
 pytestmark = pytest.mark.slow
 
 
-def result_of(output: str) -> dict[str, Any]:
-    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    assert len(lines) == 1, output[-3000:]
+def finished(res: Outcome) -> dict[str, Any]:
+    """The example's ``RESULT`` line, after checking it finished cleanly (no hang, exit 0)."""
+    assert not res.hung, res.output[-3000:]
+    assert res.returncode == 0, res.output[-3000:]
+    lines = [line for line in res.output.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, res.output[-3000:]
     return dict(json.loads(lines[0][len("RESULT ") :]))
 
 
@@ -73,9 +76,7 @@ def test_lightning_ddp_logs_the_exact_validation_loss(tmp_path: Path) -> None:
         ),
         timeout=240,
     )
-    assert not res.hung, res.output[-3000:]
-    assert res.returncode == 0, res.output[-3000:]
-    r = result_of(res.output)
+    r = finished(res)
     assert (r["world_size"], r["steps"]) == (2, 4)
     # Invariant: 37 validation samples on 2 ranks, each counted exactly once
     assert r["val_count"] == r["exact_val_count"] == 37
@@ -101,9 +102,7 @@ def test_torchrun_plain_two_ranks(tmp_path: Path) -> None:
         ),
         timeout=240,
     )
-    assert not res.hung, res.output[-3000:]
-    assert res.returncode == 0, res.output[-3000:]
-    r = result_of(res.output)
+    r = finished(res)
     assert (r["world_size"], r["steps"], r["val_count"]) == (2, 3, 37)
     assert r["val_loss"] > 0
 
@@ -125,12 +124,10 @@ def test_torchrun_plain_resumes_from_its_checkpoint(tmp_path: Path) -> None:
         "3",
     ]
     first = run_with_watchdog(python(*args, "--max-steps", "4"), timeout=180)
-    assert first.returncode == 0, first.output[-3000:]
-    assert result_of(first.output)["steps"] == 4 and (tmp_path / "ckpt.rank0.pt").exists()
+    assert finished(first)["steps"] == 4 and (tmp_path / "ckpt.rank0.pt").exists()
     second = run_with_watchdog(python(*args, "--max-steps", "7"), timeout=180)
-    assert second.returncode == 0, second.output[-3000:]
+    assert finished(second)["steps"] == 7
     assert re.search(r"resumed at epoch \d+, step 4", second.output), second.output[-3000:]
-    assert result_of(second.output)["steps"] == 7
 
 
 def test_single_gpu_multiprocess_on_cpu(tmp_path: Path) -> None:
@@ -149,9 +146,7 @@ def test_single_gpu_multiprocess_on_cpu(tmp_path: Path) -> None:
         ),
         timeout=240,
     )
-    assert not res.hung, res.output[-3000:]
-    assert res.returncode == 0, res.output[-3000:]
-    r = result_of(res.output)
+    r = finished(res)
     assert (r["world_size"], r["device"], r["val_count"]) == (3, "cpu", 37)
     # Every rank reported the same step and batch counts
     per_rank = re.findall(r"rank (\d)/3: (\d+) train steps, (\d+) val batches", res.output)
@@ -252,9 +247,7 @@ def test_sbatch_runs_for_real_on_one_node(tmp_path: Path) -> None:
     res = run_with_watchdog(
         ["bash", str(SBATCH), "--workdir", str(tmp_path), *TINY, "--backend", "gloo"], timeout=240, env=env
     )
-    assert not res.hung, res.output[-3000:]
-    assert res.returncode == 0, res.output[-3000:]
-    r = result_of(res.output)
+    r = finished(res)
     assert (r["world_size"], r["steps"], r["val_count"]) == (2, 2, 37)
 
 
