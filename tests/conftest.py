@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,3 +22,17 @@ def samples() -> list[dict[str, np.ndarray]]:
 def shard_set(tmp_path: Path, samples: list[dict[str, np.ndarray]]) -> shardload.ShardSet:
     shardload.write(samples, tmp_path / "set", num_shards=6, shuffle=False)
     return shardload.open(tmp_path / "set")
+
+
+@pytest.fixture(scope="session")
+def pristine_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 200-sample, 4-shard set written once per session; never modify it (see ``damageable_set``)."""
+    out = tmp_path_factory.mktemp("pristine") / "set"
+    shardload.write(synthetic_samples(200), out, num_shards=4)
+    return out
+
+
+@pytest.fixture
+def damageable_set(pristine_set: Path, tmp_path: Path) -> Path:
+    """A private copy of ``pristine_set``, free to damage."""
+    return Path(shutil.copytree(pristine_set, tmp_path / "set"))

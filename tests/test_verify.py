@@ -13,21 +13,13 @@ import shardload
 from shardload.errors import ManifestError
 from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
 from shardload.manifest import file_checksum
-from shardload.testing import synthetic_samples
 from shardload.verify import REASONS, Problem, verify
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("verify") / "set"
-    shardload.write(synthetic_samples(200), out, num_shards=4)
-    return out
-
-
 @pytest.fixture
-def shard_set(pristine: Path, tmp_path: Path) -> Path:
+def shard_set(damageable_set: Path) -> Path:
     """A private copy of the set, free to damage."""
-    return Path(shutil.copytree(pristine, tmp_path / "set"))
+    return damageable_set
 
 
 def manifest_of(path: Path) -> dict:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,9 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import shardload
 from shardload.cli import main
-from shardload.testing import synthetic_samples
 
 
 @dataclass
@@ -42,17 +39,10 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
     return run
 
 
-@pytest.fixture(scope="session")
-def _pristine_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("cli") / "set"
-    shardload.write(synthetic_samples(200), out, num_shards=4)
-    return out
-
-
 @pytest.fixture
-def shard_set(_pristine_set: Path, tmp_path: Path) -> Path:
+def shard_set(damageable_set: Path) -> Path:
     """A private copy of a 200-sample, 4-shard set."""
-    return Path(shutil.copytree(_pristine_set, tmp_path / "set"))
+    return damageable_set
 
 
 @pytest.fixture
