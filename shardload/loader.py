@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
@@ -168,8 +169,6 @@ def _dead_worker(iterator: Any, wait: float = 2.0) -> Any:
 
     A worker that just died may not be reaped yet, so this polls for up to ``wait`` seconds.
     """
-    import time
-
     workers = list(getattr(iterator, "_workers", ()))
     deadline = time.monotonic() + wait
     while workers:

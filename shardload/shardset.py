@@ -8,6 +8,7 @@ the same whether a rank needs 3 shards of 100,000 or all of them.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -133,12 +134,13 @@ class ShardSet:
         info = self.manifest.shards[shard]
         path = resolve_inside(self.path, info.file, what=f"shard {shard}")
         try:
-            size = path.stat().st_size
+            st = path.stat()
         except FileNotFoundError:
             raise CorruptShardError(
                 f"shard {shard} ({path}) is missing; run `shardload verify {self.path}` and re-run prepare"
             ) from None
-        if path.is_file() and size != info.bytes:
+        size = st.st_size
+        if stat.S_ISREG(st.st_mode) and size != info.bytes:
             self._check_unchanged()  # a re-prepared set explains a new size better than damage does
             raise CorruptShardError(
                 f"shard {shard} ({path}) has {size} bytes, the manifest says {info.bytes}: truncated or "
@@ -200,11 +202,7 @@ class ShardSet:
 
     def _check_unchanged(self) -> None:
         """Raise if ``manifest.json`` is no longer the one this set was opened with."""
-        try:
-            st = (self.path / MANIFEST_NAME).stat()
-            now: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
-        except FileNotFoundError:
-            now = None
+        now = self._stat_manifest()
         if now == self._manifest_stat:
             return
         fingerprint = None
