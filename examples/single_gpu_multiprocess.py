@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from common import DEFAULT_WORKDIR, TinyClassifier, tiny_sets
+from common import DEFAULT_WORKDIR, TinyClassifier, leave_process_group, tiny_sets
 from torch.nn.parallel import DistributedDataParallel
 
 import shardload
@@ -102,7 +102,7 @@ def run_rank(rank: int, args: argparse.Namespace, port: int) -> None:
             "val_count": int(sums[1]),
         }
         print("RESULT " + json.dumps(result), flush=True)
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 def free_port() -> int:

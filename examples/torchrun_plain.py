@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import DEFAULT_WORKDIR, TinyClassifier, tiny_sets
+from common import DEFAULT_WORKDIR, TinyClassifier, leave_process_group, tiny_sets
 from torch.nn.parallel import DistributedDataParallel
 
 import shardload
@@ -157,8 +157,7 @@ def main(argv: list[str] | None = None) -> None:
             "RESULT " + json.dumps({"world_size": world, "steps": step, "val_loss": val_loss, "val_count": val_count}),
             flush=True,
         )
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":
