@@ -87,7 +87,9 @@ def run_rank(rank: int, args: argparse.Namespace, port: int) -> None:
     dist.all_reduce(sums)
     counts: list[tuple[int, int]] = [(0, 0)] * world
     dist.all_gather_object(counts, mine)
-    print(f"rank {rank}/{world}: {steps} train steps, {mine[1]} val batches", flush=True)
+    # One write per line (end="" with the newline inside): ranks share stdout, and with unbuffered
+    # output print() writes the text and the newline separately, so lines could interleave.
+    print(f"rank {rank}/{world}: {steps} train steps, {mine[1]} val batches\n", end="", flush=True)
     if rank == 0:
         if len(set(counts)) != 1:
             raise SystemExit(f"ranks ran different numbers of steps/batches: {counts}")
@@ -101,7 +103,7 @@ def run_rank(rank: int, args: argparse.Namespace, port: int) -> None:
             "val_loss": float(sums[0] / sums[1]),
             "val_count": int(sums[1]),
         }
-        print("RESULT " + json.dumps(result), flush=True)
+        print("RESULT " + json.dumps(result) + "\n", end="", flush=True)
     leave_process_group()
 
 
