@@ -9,7 +9,14 @@ The batch contract (what a training step receives, as torch tensors):
 * ``batch["weight"]``: float32 ``[B]``, 1.0 for a real sample, 0.0 for filler.
 
 ``L_pad`` is the longest sample of the batch, rounded up to ``pad_to_multiple_of``.
-Each sample is copied once, as a slice, straight into the preallocated array.
+
+The collate works in two steps: it first works out every output's shape (a
+:data:`Layout`), then asks an :data:`Allocate` callable for the arrays and fills
+them. Each sample is copied once, as a slice, straight into its row. The
+allocator decides where the arrays live: separate numpy arrays by default, or
+views of one shared-memory buffer per batch in a DataLoader worker (see
+:mod:`shardload.dataset`), which the worker hands over as one piece instead of
+one per array.
 """
 
 from __future__ import annotations
@@ -22,6 +29,11 @@ from numpy.typing import NDArray
 
 from shardload.formats import Columns
 from shardload.schema import Schema
+
+#: ``(name, shape, dtype)`` of each output array, in output order.
+Layout = list[tuple[str, tuple[int, ...], np.dtype]]
+#: Makes writable (uninitialised) arrays for a layout, keyed by name.
+Allocate = Callable[[Layout], dict[str, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,25 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple if multiple > 1 else n
 
 
+def allocate_separately(layout: Layout) -> dict[str, np.ndarray]:
+    """One ``np.empty`` per output (the default :data:`Allocate`)."""
+    return {name: np.empty(shape, dtype=dtype) for name, shape, dtype in layout}
+
+
+def group_by_shard(shards: NDArray[np.int64]) -> list[tuple[int, NDArray[np.int64] | None]]:
+    """``(shard, positions)`` per distinct shard of a batch; ``positions`` is None when it is the only one.
+
+    A batch usually touches one or two shards, so offsets and fixed fields are
+    gathered per shard with numpy, not sample by sample.
+    """
+    if len(shards) == 0:
+        return []
+    lo, hi = int(shards.min()), int(shards.max())
+    if lo == hi:
+        return [(lo, None)]
+    return [(int(s), np.flatnonzero(shards == s)) for s in np.unique(shards)]
+
+
 def collate_batch(
     schema: Schema,
     columns_of: Callable[[int], Columns],
@@ -51,6 +82,7 @@ def collate_batch(
     sample_ids: NDArray[np.int64],
     weights: NDArray[np.float32],
     pad: PadSpec,
+    allocate: Allocate = allocate_separately,
 ) -> dict[str, np.ndarray]:
     """Build one batch.
 
@@ -60,45 +92,103 @@ def collate_batch(
         shards, rows: ``(B,)`` where each sample lives.
         sample_ids, weights: ``(B,)`` global ids and weights from the plan.
         pad: padding options.
+        allocate: makes the output arrays (default: one ``np.empty`` each).
+
+    Returns:
+        The arrays ``allocate`` made, filled, keyed by name in contract order.
     """
     b = len(sample_ids)
-    out: dict[str, np.ndarray] = {}
-    # Group the rows by shard once (a batch usually touches one or two shards), so that
-    # offsets and fixed fields are gathered with numpy, not sample by sample.
-    groups = [(int(s), np.flatnonzero(shards == s)) for s in np.unique(shards)]
+    groups = group_by_shard(shards)
     cols = {s: columns_of(s) for s, _ in groups}
-    shard_list = shards.tolist()
     names = pad.fields if pad.fields is not None else schema.names
+    layout: Layout = []
+    bounds: dict[str, tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
     for name in names:
         f = schema.field(name)
         if not f.variable:
-            arr = np.empty((b, *f.inner_shape), dtype=f.dtype)
-            for s, pos in groups:
-                arr[pos] = cols[s].fields[name].values[rows[pos]]
-            out[name] = arr
+            layout.append((name, (b, *f.inner_shape), np.dtype(f.dtype)))
             continue
-        starts = np.empty(b, dtype=np.int64)
-        ends = np.empty(b, dtype=np.int64)
-        for s, pos in groups:
-            offsets = cols[s].fields[name].offsets
-            assert offsets is not None
-            starts[pos] = offsets[rows[pos]]
-            ends[pos] = offsets[rows[pos] + 1]
-        lengths = ends - starts
-        l_pad = round_up(int(lengths.max(initial=0)), pad.pad_to_multiple_of)
-        pad_value = pad.pad_values.get(name, 0)
-        # Uninitialised, then each row written once: its sample, then its padding tail. Zeroing the
-        # whole array first (np.zeros/np.full) costs a second pass over it, which dominated
-        # bucketed batches (little padding, large arrays).
-        arr = np.empty((b, l_pad, *f.inner_shape), dtype=f.dtype)
-        values_of = {s: cols[s].fields[name].values for s, _ in groups}
-        for i, (s, st, en) in enumerate(zip(shard_list, starts.tolist(), ends.tolist())):
-            n = en - st
-            arr[i, :n] = values_of[s][st:en]
-            if n < l_pad:
-                arr[i, n:] = pad_value
-        out[name] = arr
-        out[f"{name}_lengths"] = lengths
-    out["sample_id"] = np.array(sample_ids, dtype=np.int64)  # copies: plan arrays are read-only
-    out["weight"] = np.array(weights, dtype=np.float32)
+        starts, ends = _sample_bounds(cols, groups, name, rows)
+        bounds[name] = starts, ends
+        l_pad = round_up(int((ends - starts).max(initial=0)), pad.pad_to_multiple_of)
+        layout.append((name, (b, l_pad, *f.inner_shape), np.dtype(f.dtype)))
+        layout.append((f"{name}_lengths", (b,), np.dtype(np.int64)))
+    layout.append(("sample_id", (b,), np.dtype(np.int64)))
+    layout.append(("weight", (b,), np.dtype(np.float32)))
+
+    out = allocate(layout)
+    for name in names:
+        arr = out[name]
+        if name not in bounds:
+            for s, pos in groups:
+                values = cols[s].fields[name].values
+                if pos is None:
+                    arr[:] = values[rows]  # values may be lazy (Zarr): index it, never np.take it
+                else:
+                    arr[pos] = values[rows[pos]]
+            continue
+        starts, ends = bounds[name]
+        lengths = out[f"{name}_lengths"]
+        np.subtract(ends, starts, out=lengths)
+        _copy_padded(arr, cols, groups, name, starts, ends, int(lengths.sum()), pad.pad_values.get(name, 0))
+    out["sample_id"][:] = sample_ids
+    out["weight"][:] = weights
     return out
+
+
+def _sample_bounds(
+    cols: Mapping[int, Columns],
+    groups: list[tuple[int, NDArray[np.int64] | None]],
+    name: str,
+    rows: NDArray[np.int64],
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Start and end offset of each sample's values in its shard's values buffer."""
+    if len(groups) == 1 and groups[0][1] is None:
+        offsets = cols[groups[0][0]].fields[name].offsets
+        assert offsets is not None
+        return offsets[rows], offsets[rows + 1]
+    starts = np.empty(len(rows), dtype=np.int64)
+    ends = np.empty(len(rows), dtype=np.int64)
+    for s, pos in groups:
+        offsets = cols[s].fields[name].offsets
+        assert offsets is not None and pos is not None
+        r = rows[pos]
+        starts[pos] = offsets[r]
+        ends[pos] = offsets[r + 1]
+    return starts, ends
+
+
+def _copy_padded(
+    arr: np.ndarray,
+    cols: Mapping[int, Columns],
+    groups: list[tuple[int, NDArray[np.int64] | None]],
+    name: str,
+    starts: NDArray[np.int64],
+    ends: NDArray[np.int64],
+    real: int,
+    pad_value: float,
+) -> None:
+    """Write each sample into its row of ``arr`` (``[B, L_pad, *inner]``, uninitialised) and pad the rest.
+
+    Where padding is most of the array (random batches of long-tailed lengths),
+    the whole array is filled first and each sample copied over it: one numpy
+    call per sample. Otherwise (bucketed batches) each row's tail is filled
+    after its sample, so no byte is written twice.
+    """
+    b, l_pad = arr.shape[0], arr.shape[1]
+    flat = arr.reshape(b * l_pad, *arr.shape[2:])  # a view: rows addressed by one slice each
+    fill_first = b * l_pad - real > real
+    if fill_first:
+        flat.fill(pad_value)
+    for s, pos in groups:
+        values = cols[s].fields[name].values
+        if pos is None:
+            items = zip(range(b), starts.tolist(), ends.tolist())
+        else:
+            items = zip(pos.tolist(), starts[pos].tolist(), ends[pos].tolist())
+        for i, st, en in items:
+            lo = i * l_pad
+            hi = lo + en - st
+            flat[lo:hi] = values[st:en]
+            if not fill_first and hi < lo + l_pad:
+                flat[hi : lo + l_pad] = pad_value

@@ -6,10 +6,25 @@ A worker turns a key into tensors with :meth:`ShardBatchDataset.__getitem__`,
 memory-mapping on first use only the shards those ids live in. Workers never
 hold the plan, so they need no update between epochs, and the batches are the
 same whatever ``num_workers`` is.
+
+How a worker hands a batch to the main process (:class:`WorkerBatch`):
+
+* a small batch (under :data:`SHARED_FROM_BYTES`) goes through the DataLoader's
+  pipe by value, as numpy arrays;
+* a larger one is built in one shared-memory buffer, which travels as one
+  file descriptor, without a copy.
+
+torch sends every tensor's storage by file descriptor, and each exchange
+needs the sending worker's helper thread to get the GIL while the worker is
+busy collating: about 0.4 ms per storage on a 2-core machine, more than
+building a small batch. By value, a 64 KiB batch went 2.9x faster than as
+one shared storage; from about 1 MiB on, the shared buffer is faster (see
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 from numpy.typing import NDArray
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
-from shardload.collate import PadSpec, collate_batch
+from shardload.collate import Allocate, Layout, PadSpec, allocate_separately, collate_batch
 from shardload.errors import ShardSetChangedError
 from shardload.shardset import ShardSet
 
@@ -40,7 +55,98 @@ class BatchKey:
     weights: NDArray[np.float32]
 
 
-class ShardBatchDataset(Dataset[dict[str, torch.Tensor]]):
+ALIGN = 64  # bytes; every array in a shared batch buffer starts at a multiple of this
+#: A worker's batch of at least this many bytes is sent as one shared-memory buffer, a smaller one by value.
+SHARED_FROM_BYTES = 640 << 10
+
+
+@functools.cache
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """The torch dtype that ``torch.from_numpy`` gives an array of ``dtype``."""
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+class WorkerBatch:
+    """A batch on its way from a worker to the main process.
+
+    Holds numpy arrays (sent by value) or torch views of one shared buffer.
+    :class:`~shardload.loader.ShardLoader` turns it into the batch dict; the
+    DataLoader's pinning thread calls :meth:`pin_memory`.
+    """
+
+    __slots__ = ("arrays", "shared")
+
+    def __init__(self, arrays: dict[str, Any], shared: bool) -> None:
+        self.arrays = arrays
+        self.shared = shared
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The batch dict. Small tensors of a shared buffer are copied out (see :func:`own_small_tensors`)."""
+        if not self.shared:
+            return {k: torch.from_numpy(v) for k, v in self.arrays.items()}
+        return own_small_tensors(self.arrays)
+
+    def pin_memory(self) -> dict[str, torch.Tensor]:
+        """The batch dict in pinned memory (one pinned copy per tensor)."""
+        out = {k: torch.from_numpy(v) for k, v in self.arrays.items()} if not self.shared else self.arrays
+        return {k: t.pin_memory() for k, t in out.items()}
+
+
+class BatchArena:
+    """The :data:`~shardload.collate.Allocate` of a worker: by value, or one shared buffer.
+
+    Args:
+        shared_from: batches of at least this many bytes go in one
+            shared-memory buffer, smaller ones in separate numpy arrays
+            (default :data:`SHARED_FROM_BYTES`).
+
+    After the call, :meth:`batch` wraps the arrays for sending.
+    """
+
+    def __init__(self, shared_from: int | None = None) -> None:
+        self.shared_from = SHARED_FROM_BYTES if shared_from is None else shared_from
+        self.tensors: dict[str, torch.Tensor] | None = None
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def __call__(self, layout: Layout) -> dict[str, np.ndarray]:
+        spans, total = [], 0
+        for _, shape, dtype in layout:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            spans.append((total, nbytes))
+            total += -(-nbytes // ALIGN) * ALIGN
+        new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+        if total < self.shared_from or new_shared is None:
+            self.arrays = allocate_separately(layout)
+            return self.arrays
+        buf = torch.empty(0, dtype=torch.uint8).set_(new_shared(total))
+        raw = buf.numpy()
+        self.tensors = {}
+        for (name, shape, dtype), (start, nbytes) in zip(layout, spans):
+            self.arrays[name] = raw[start : start + nbytes].view(dtype).reshape(shape)
+            self.tensors[name] = buf[start : start + nbytes].view(torch_dtype(dtype)).view(shape)
+        return self.arrays
+
+    def batch(self) -> WorkerBatch:
+        """What the worker returns."""
+        if self.tensors is not None:
+            return WorkerBatch(self.tensors, shared=True)
+        return WorkerBatch(self.arrays, shared=False)
+
+
+def own_small_tensors(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copy out of a shared batch buffer every tensor under 1/8 of its size.
+
+    A tensor that is a view keeps its whole buffer alive: without this, a loop
+    that keeps ``batch["sample_id"]`` of every batch would keep every padded
+    batch. The copies are the per-sample vectors, a few hundred bytes each.
+    """
+    if not batch:
+        return batch
+    size = max(t.untyped_storage().nbytes() for t in batch.values())
+    return {k: t.clone() if t.nbytes * 8 < size else t for k, t in batch.items()}
+
+
+class ShardBatchDataset(Dataset[Any]):
     """Fetches and pads planned batches from one shard set.
 
     Args:
@@ -80,20 +186,30 @@ class ShardBatchDataset(Dataset[dict[str, torch.Tensor]]):
     def __len__(self) -> int:
         return len(self.shard_set)
 
-    def fetch(self, sample_ids: NDArray[np.int64], weights: NDArray[np.float32]) -> dict[str, np.ndarray]:
+    def fetch(
+        self,
+        sample_ids: NDArray[np.int64],
+        weights: NDArray[np.float32],
+        allocate: Allocate = allocate_separately,
+    ) -> dict[str, np.ndarray]:
         """The padded batch as numpy arrays (see :mod:`shardload.collate` for the contract)."""
         ss = self.shard_set
         shards, rows = ss.index.locate(sample_ids)
-        return collate_batch(ss.schema, ss.shard_columns, shards, rows, sample_ids, weights, self.pad)
+        return collate_batch(ss.schema, ss.shard_columns, shards, rows, sample_ids, weights, self.pad, allocate)
 
-    def __getitem__(self, key: BatchKey) -> dict[str, torch.Tensor]:
+    def __getitem__(self, key: BatchKey) -> dict[str, torch.Tensor] | WorkerBatch:
+        """The batch dict in the main process; in a worker, a :class:`WorkerBatch` that the loader unpacks."""
         if not isinstance(key, BatchKey):
             raise TypeError(
                 "ShardBatchDataset is indexed by BatchKey objects from shardload's sampler, got "
                 f"{type(key).__name__}. Was the DataLoader's sampler replaced (e.g. by a DistributedSampler)?"
             )
-        arrays = self.fetch(key.sample_ids, key.weights)
-        return {k: torch.from_numpy(v) for k, v in arrays.items()}
+        if get_worker_info() is None:  # the main process: nothing to send, plain arrays are cheapest
+            arrays = self.fetch(key.sample_ids, key.weights)
+            return {k: torch.from_numpy(v) for k, v in arrays.items()}
+        arena = BatchArena()
+        self.fetch(key.sample_ids, key.weights, arena)
+        return arena.batch()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from shardload.collate import PadSpec
-from shardload.dataset import BatchKey, ShardBatchDataset
+from shardload.dataset import BatchKey, ShardBatchDataset, WorkerBatch
 from shardload.errors import PlanError, PlanMismatchError
 from shardload.plan import Batching, RankPlan, plan_rank
 from shardload.shardset import ShardSet
@@ -259,7 +259,8 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                     "prefetch_factor if memory is short, then resume from the last checkpoint."
                 ) from exc
             self.batches_done += 1
-            yield batch
+            # A batch from a worker arrives packed (unless the pinning thread unpacked it already).
+            yield batch.tensors() if isinstance(batch, WorkerBatch) else batch
 
     def state_dict(self) -> dict[str, Any]:
         """Where this epoch stands: restoring it resumes with exactly the remaining batches."""
