@@ -30,9 +30,9 @@ from numpy.typing import NDArray
 from shardload.formats import Columns
 from shardload.schema import Schema
 
-#: ``(name, shape, dtype)`` of each output array, in output order.
-Layout = list[tuple[str, tuple[int, ...], np.dtype]]
-#: Makes writable (uninitialised) arrays for a layout, keyed by name.
+#: ``(name, shape, dtype, zeroed)`` of each output array, in output order; ``zeroed``: it must start as zeros.
+Layout = list[tuple[str, tuple[int, ...], np.dtype, bool]]
+#: Makes writable arrays for a layout, keyed by name: zeros where asked, otherwise uninitialised.
 Allocate = Callable[[Layout], dict[str, np.ndarray]]
 
 
@@ -56,8 +56,8 @@ def round_up(n: int, multiple: int) -> int:
 
 
 def allocate_separately(layout: Layout) -> dict[str, np.ndarray]:
-    """One ``np.empty`` per output (the default :data:`Allocate`)."""
-    return {name: np.empty(shape, dtype=dtype) for name, shape, dtype in layout}
+    """One ``np.zeros`` or ``np.empty`` per output (the default :data:`Allocate`)."""
+    return {name: (np.zeros if zeroed else np.empty)(shape, dtype=dtype) for name, shape, dtype, zeroed in layout}
 
 
 def group_by_shard(shards: NDArray[np.int64]) -> list[tuple[int, NDArray[np.int64] | None]]:
@@ -103,18 +103,26 @@ def collate_batch(
     names = pad.fields if pad.fields is not None else schema.names
     layout: Layout = []
     bounds: dict[str, tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
+    fill_first: dict[str, bool] = {}
     for name in names:
         f = schema.field(name)
         if not f.variable:
-            layout.append((name, (b, *f.inner_shape), np.dtype(f.dtype)))
+            layout.append((name, (b, *f.inner_shape), np.dtype(f.dtype), False))
             continue
         starts, ends = _sample_bounds(cols, groups, name, rows)
         bounds[name] = starts, ends
-        l_pad = round_up(int((ends - starts).max(initial=0)), pad.pad_to_multiple_of)
-        layout.append((name, (b, l_pad, *f.inner_shape), np.dtype(f.dtype)))
-        layout.append((f"{name}_lengths", (b,), np.dtype(np.int64)))
-    layout.append(("sample_id", (b,), np.dtype(np.int64)))
-    layout.append(("weight", (b,), np.dtype(np.float32)))
+        lengths = ends - starts
+        l_pad = round_up(int(lengths.max(initial=0)), pad.pad_to_multiple_of)
+        # Where padding is most of the array (random batches of long-tailed lengths), the whole array
+        # is padded first and each sample copied over it: one numpy call per sample; zero padding then
+        # comes from zeroed memory, which the kernel provides without a pass over it. Otherwise
+        # (bucketed batches) each row's tail is padded after its sample, so no byte is written twice.
+        fill_first[name] = b * l_pad - int(lengths.sum()) > int(lengths.sum())
+        zeroed = fill_first[name] and pad.pad_values.get(name, 0) == 0
+        layout.append((name, (b, l_pad, *f.inner_shape), np.dtype(f.dtype), zeroed))
+        layout.append((f"{name}_lengths", (b,), np.dtype(np.int64), False))
+    layout.append(("sample_id", (b,), np.dtype(np.int64), False))
+    layout.append(("weight", (b,), np.dtype(np.float32), False))
 
     out = allocate(layout)
     for name in names:
@@ -128,9 +136,11 @@ def collate_batch(
                     arr[pos] = values[rows[pos]]
             continue
         starts, ends = bounds[name]
-        lengths = out[f"{name}_lengths"]
-        np.subtract(ends, starts, out=lengths)
-        _copy_padded(arr, cols, groups, name, starts, ends, int(lengths.sum()), pad.pad_values.get(name, 0))
+        np.subtract(ends, starts, out=out[f"{name}_lengths"])
+        pad_value = pad.pad_values.get(name, 0)
+        if fill_first[name] and pad_value != 0:
+            arr.fill(pad_value)
+        _copy_rows(arr, cols, groups, name, starts, ends, None if fill_first[name] else pad_value)
     out["sample_id"][:] = sample_ids
     out["weight"][:] = weights
     return out
@@ -158,28 +168,18 @@ def _sample_bounds(
     return starts, ends
 
 
-def _copy_padded(
+def _copy_rows(
     arr: np.ndarray,
     cols: Mapping[int, Columns],
     groups: list[tuple[int, NDArray[np.int64] | None]],
     name: str,
     starts: NDArray[np.int64],
     ends: NDArray[np.int64],
-    real: int,
-    pad_value: float,
+    tail_pad: float | None,
 ) -> None:
-    """Write each sample into its row of ``arr`` (``[B, L_pad, *inner]``, uninitialised) and pad the rest.
-
-    Where padding is most of the array (random batches of long-tailed lengths),
-    the whole array is filled first and each sample copied over it: one numpy
-    call per sample. Otherwise (bucketed batches) each row's tail is filled
-    after its sample, so no byte is written twice.
-    """
+    """Write each sample into its row of ``arr`` (``[B, L_pad, *inner]``), then ``tail_pad`` after it (if not None)."""
     b, l_pad = arr.shape[0], arr.shape[1]
     flat = arr.reshape(b * l_pad, *arr.shape[2:])  # a view: rows addressed by one slice each
-    fill_first = b * l_pad - real > real
-    if fill_first:
-        flat.fill(pad_value)
     for s, pos in groups:
         values = cols[s].fields[name].values
         if pos is None:
@@ -190,5 +190,5 @@ def _copy_padded(
             lo = i * l_pad
             hi = lo + en - st
             flat[lo:hi] = values[st:en]
-            if not fill_first and hi < lo + l_pad:
-                flat[hi : lo + l_pad] = pad_value
+            if tail_pad is not None and hi < lo + l_pad:
+                flat[hi : lo + l_pad] = tail_pad

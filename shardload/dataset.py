@@ -110,7 +110,7 @@ class BatchArena:
 
     def __call__(self, layout: Layout) -> dict[str, np.ndarray]:
         spans, total = [], 0
-        for _, shape, dtype in layout:
+        for _, shape, dtype, _zeroed in layout:
             nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             spans.append((total, nbytes))
             total += -(-nbytes // ALIGN) * ALIGN
@@ -118,10 +118,10 @@ class BatchArena:
         if total < self.shared_from or new_shared is None:
             self.arrays = allocate_separately(layout)
             return self.arrays
-        buf = torch.empty(0, dtype=torch.uint8).set_(new_shared(total))
+        buf = torch.empty(0, dtype=torch.uint8).set_(new_shared(total))  # new shared memory reads as zeros
         raw = buf.numpy()
         self.tensors = {}
-        for (name, shape, dtype), (start, nbytes) in zip(layout, spans):
+        for (name, shape, dtype, _zeroed), (start, nbytes) in zip(layout, spans):
             self.arrays[name] = raw[start : start + nbytes].view(dtype).reshape(shape)
             self.tensors[name] = buf[start : start + nbytes].view(torch_dtype(dtype)).view(shape)
         return self.arrays

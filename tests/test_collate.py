@@ -10,7 +10,7 @@ import torch
 
 import shardload
 import shardload.dataset
-from shardload.collate import PadSpec
+from shardload.collate import Layout, PadSpec
 from shardload.dataset import BatchArena, ShardBatchDataset
 from shardload.loader import make_loader
 
@@ -66,21 +66,27 @@ def _reference(samples: list[dict[str, np.ndarray]], ids: list[int], pad: dict[s
         [],  # an empty batch
     ],
 )
-@pytest.mark.parametrize("arena", [False, True])
+@pytest.mark.parametrize("pad", [{"tokens": -7, "features": 2.5}, {}], ids=["pad-values", "zeros"])
+@pytest.mark.parametrize("alloc", ["poisoned", "separate", "shared"])
 def test_padding_strategies_match_a_reference(
-    collate_set: tuple[Path, list[dict[str, np.ndarray]]], ids: list[int], arena: bool
+    collate_set: tuple[Path, list[dict[str, np.ndarray]]], ids: list[int], pad: dict[str, float], alloc: str
 ) -> None:
     path, samples = collate_set
-    pad = {"tokens": -7, "features": 2.5}
     ds = ShardBatchDataset(path, PadSpec(pad_values=pad))
     sample_ids = np.array(ids, dtype=np.int64)
     weights = np.ones(len(ids), dtype=np.float32)
-    if arena:
-        alloc = BatchArena(shared_from=0)
-        got = ds.fetch(sample_ids, weights, alloc)
-        assert alloc.tensors is not None and set(alloc.tensors) == set(got)
+    if alloc == "shared":
+        arena = BatchArena(shared_from=0)
+        got = ds.fetch(sample_ids, weights, arena)
+        assert arena.tensors is not None and set(arena.tensors) == set(got)
         for name, arr in got.items():  # each torch view shows the same bytes as the numpy array
-            np.testing.assert_array_equal(alloc.tensors[name].numpy(), arr)
+            np.testing.assert_array_equal(arena.tensors[name].numpy(), arr)
+    elif alloc == "poisoned":  # memory not asked to be zeroed holds junk: every element must be written
+
+        def poisoned(layout: Layout) -> dict[str, np.ndarray]:
+            return {n: np.zeros(s, d) if z else np.full(s, 99, d) for n, s, d, z in layout}
+
+        got = ds.fetch(sample_ids, weights, poisoned)
     else:
         got = ds.fetch(sample_ids, weights)
     assert list(got) == ["tokens", "tokens_lengths", "features", "features_lengths", "label", "sample_id", "weight"]
