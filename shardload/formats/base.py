@@ -161,10 +161,21 @@ class ShardReader(ABC):
     def __init__(self, path: Path, schema: Schema) -> None:
         self.path = Path(path)
         self.schema = schema
+        self._columns: Columns | None = None
 
-    @abstractmethod
     def columns(self) -> Columns:
         """The whole shard, opened lazily on first call and cached."""
+        if self._columns is None:
+            self._columns = self._open()
+        return self._columns
 
-    def close(self) -> None:  # noqa: B027  optional: formats with nothing to release keep this no-op
-        """Release the file mapping; the reader may be reopened by ``columns()``."""
+    @abstractmethod
+    def _open(self) -> Columns:
+        """Open the shard (called by :meth:`columns` once, and again after :meth:`close`)."""
+
+    def close(self) -> None:
+        """Release the file mapping; the reader may be reopened by ``columns()``.
+
+        Formats that hold more than the columns release it after calling this.
+        """
+        self._columns = None

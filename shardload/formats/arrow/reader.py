@@ -25,16 +25,10 @@ class ArrowShardReader(ShardReader):
 
     def __init__(self, path: Path, schema: Schema) -> None:
         super().__init__(path, schema)
-        self._columns: Columns | None = None
         self._mmap: pa.MemoryMappedFile | None = None
 
-    def columns(self) -> Columns:
-        if self._columns is None:
-            self._columns = self._open()
-        return self._columns
-
     def close(self) -> None:
-        self._columns = None
+        super().close()
         if self._mmap is not None:
             self._mmap.close()
             self._mmap = None

@@ -46,7 +46,6 @@ class ZarrShardReader(ShardReader):
     def __init__(self, path: Path, schema: Schema, *, cache: ChunkCache | None = None) -> None:
         super().__init__(path, schema)
         self.cache = cache
-        self._columns: Columns | None = None
         self._store: Any = None
         self._root: Any = None
         self._zip: zipfile.ZipFile | None = None
@@ -55,13 +54,8 @@ class ZarrShardReader(ShardReader):
         self._pid = -1
         self._identity: tuple[Hashable, ...] = ()
 
-    def columns(self) -> Columns:
-        if self._columns is None:
-            self._columns = self._open()
-        return self._columns
-
     def close(self) -> None:
-        self._columns = None
+        super().close()
         self._arrays, self._decoders = {}, {}
         if self._store is not None and self._pid == os.getpid():
             self._store.close()
