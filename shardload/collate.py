@@ -28,7 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.formats import Columns
-from shardload.schema import Schema
+from shardload.schema import SAMPLE_ID_KEY, WEIGHT_KEY, Schema, lengths_key
 
 #: ``(name, shape, dtype, zeroed)`` of each output array, in output order; ``zeroed``: it must start as zeros.
 Layout = list[tuple[str, tuple[int, ...], np.dtype, bool]]
@@ -120,9 +120,10 @@ def collate_batch(
         fill_first[name] = b * l_pad - int(lengths.sum()) > int(lengths.sum())
         zeroed = fill_first[name] and pad.pad_values.get(name, 0) == 0
         layout.append((name, (b, l_pad, *f.inner_shape), np.dtype(f.dtype), zeroed))
-        layout.append((f"{name}_lengths", (b,), np.dtype(np.int64), False))
-    layout.append(("sample_id", (b,), np.dtype(np.int64), False))
-    layout.append(("weight", (b,), np.dtype(np.float32), False))
+        layout.append((lengths_key(name), (b,), np.dtype(np.int64), False))
+    # the keys besides the fields: Schema.batch_keys() lists them, and no field may have one of their names
+    layout.append((SAMPLE_ID_KEY, (b,), np.dtype(np.int64), False))
+    layout.append((WEIGHT_KEY, (b,), np.dtype(np.float32), False))
 
     out = allocate(layout)
     for name in names:
@@ -136,13 +137,13 @@ def collate_batch(
                     arr[pos] = values[rows[pos]]
             continue
         starts, ends = bounds[name]
-        np.subtract(ends, starts, out=out[f"{name}_lengths"])
+        np.subtract(ends, starts, out=out[lengths_key(name)])
         pad_value = pad.pad_values.get(name, 0)
         if fill_first[name] and pad_value != 0:
             arr.fill(pad_value)
         _copy_rows(arr, cols, groups, name, starts, ends, None if fill_first[name] else pad_value)
-    out["sample_id"][:] = sample_ids
-    out["weight"][:] = weights
+    out[SAMPLE_ID_KEY][:] = sample_ids
+    out[WEIGHT_KEY][:] = weights
     return out
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from shardload.errors import ManifestError, ShardSetError
-from shardload.schema import SUPPORTED_DTYPES, Schema
+from shardload.schema import Schema, schema_problems
 
 MANIFEST_NAME = "manifest.json"
 LENGTHS_NAME = "lengths.npy"
@@ -28,9 +27,6 @@ FORMAT_VERSION = 1
 #: sanity bounds for values read from a manifest
 MAX_SAMPLES = 1 << 40
 MAX_SHARDS = 1 << 24
-#: bounds on a field's per-sample shape: dimensions, and elements of one row
-MAX_DIMS = 8
-MAX_ROW_ELEMENTS = 1 << 31
 
 
 @dataclass(frozen=True)
@@ -209,24 +205,10 @@ def _parse(obj: Any, where: str) -> Manifest:
 
 
 def _check_schema(schema: Schema, where: str) -> None:
-    """Refuse fields no shard could hold: unknown dtypes, odd shapes, duplicate names."""
-    if not schema.fields:
-        raise ManifestError(f"{where}: the schema has no fields")
-    if len(set(schema.names)) != len(schema.names):
-        raise ManifestError(f"{where}: the schema names a field twice ({list(schema.names)})")
-    for f in schema.fields:
-        if f.dtype not in SUPPORTED_DTYPES:
-            raise ManifestError(
-                f"{where}: field {f.name!r} has dtype {f.dtype!r}, not one of {', '.join(SUPPORTED_DTYPES)}"
-            )
-        dims = f.shape[1:] if f.variable else f.shape
-        if len(f.shape) > MAX_DIMS or any(d is None or d < 0 for d in dims):
-            raise ManifestError(
-                f"{where}: field {f.name!r} has shape {list(f.shape)}; only the first axis may be null, the "
-                f"others must be non-negative, at most {MAX_DIMS} axes"
-            )
-        if math.prod(f.inner_shape) > MAX_ROW_ELEMENTS:
-            raise ManifestError(f"{where}: field {f.name!r} has shape {list(f.shape)}, too large for one sample")
+    """Refuse a schema the loader cannot serve (see :func:`shardload.schema.schema_problems`)."""
+    problems = schema_problems(schema)
+    if problems:
+        raise ManifestError(f"{where}: {'; '.join(problems)}. Re-run prepare to make a set this version can load.")
 
 
 def _bounded_int(value: Any, what: str, limit: int = MAX_SAMPLES * 4096) -> int:

@@ -13,6 +13,7 @@ against it, so bad input fails on the sample that is wrong, by name.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,23 @@ SUPPORTED_DTYPES = (
     "float32",
     "float64",
 )
+
+#: bounds on a field's per-sample shape: dimensions, and elements of one row
+MAX_DIMS = 8
+MAX_ROW_ELEMENTS = 1 << 31
+#: longest field name (UTF-8 bytes) prepare accepts: names become file names (``lengths.<name>.npy``,
+#: Zarr groups), which most file systems cap at 255 bytes
+MAX_NAME_BYTES = 200
+
+#: keys the loader adds to every batch next to the fields (see :mod:`shardload.collate`)
+SAMPLE_ID_KEY = "sample_id"
+WEIGHT_KEY = "weight"
+LENGTHS_SUFFIX = "_lengths"
+
+
+def lengths_key(name: str) -> str:
+    """The batch key of variable field ``name``'s lengths (``tokens`` -> ``tokens_lengths``)."""
+    return name + LENGTHS_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -194,6 +212,18 @@ class Schema:
             out[f.name] = arr
         return out
 
+    def batch_keys(self) -> dict[str, str]:
+        """The keys the loader adds to every batch besides the fields, each with what it holds.
+
+        The one list of them: :func:`shardload.collate.collate_batch` builds its
+        keys with it, and :func:`schema_problems` refuses a field that has one of
+        these names (the loader would replace its data in every batch).
+        """
+        keys = {lengths_key(f.name): f"the lengths of variable field {f.name!r}" for f in self.variable_fields}
+        keys[SAMPLE_ID_KEY] = "the global sample ids"
+        keys[WEIGHT_KEY] = "the per-sample weights (0.0 for filler)"
+        return keys
+
     def lengths_of(self, sample: Mapping[str, np.ndarray]) -> int:
         """The batching length of a checked sample."""
         if self.length_field is not None:
@@ -228,3 +258,79 @@ def parse_dtype_overrides(items: Sequence[str]) -> dict[str, str]:
             raise InputError(f"--dtype {item!r}: expected FIELD=DTYPE with DTYPE one of {', '.join(SUPPORTED_DTYPES)}")
         out[name] = dtype
     return out
+
+
+def schema_problems(schema: Schema) -> list[str]:
+    """What makes ``schema`` unusable by the loader: one line per problem, empty if none.
+
+    The one check of a schema: :meth:`shardload.manifest.Manifest.load` refuses a
+    manifest with any of these, and prepare refuses them on the first sample,
+    before it writes anything (see :func:`prepare_problems`).
+    """
+    problems = []
+    if not schema.fields:
+        problems.append("the schema has no fields")
+    if len(set(schema.names)) != len(schema.names):
+        problems.append(f"the schema names a field twice ({list(schema.names)})")
+    for f in schema.fields:
+        if f.dtype not in SUPPORTED_DTYPES:
+            problems.append(f"field {f.name!r} has dtype {f.dtype!r}, not one of {', '.join(SUPPORTED_DTYPES)}")
+            continue
+        dims = f.shape[1:] if f.variable else f.shape
+        if len(f.shape) > MAX_DIMS or any(d is None or d < 0 for d in dims):
+            problems.append(
+                f"field {f.name!r} has shape {list(f.shape)}; only the first axis may be null (vary), the others "
+                f"must be non-negative, at most {MAX_DIMS} axes"
+            )
+        elif math.prod(f.inner_shape) > MAX_ROW_ELEMENTS:
+            problems.append(f"field {f.name!r} has shape {_shape_text(f.shape)}, too large for one sample")
+    reserved = schema.batch_keys()
+    for f in schema.fields:
+        if f.name in reserved:
+            problems.append(
+                f"field {f.name!r} has the name of a key the loader adds to every batch ({reserved[f.name]}), "
+                "which would replace its data in every batch: rename the field"
+            )
+    return problems
+
+
+def prepare_problems(schema: Schema) -> list[str]:
+    """What prepare refuses in a schema: :func:`schema_problems`, and fields it cannot store.
+
+    Field names become file and group names (``lengths.<name>.npy``, Zarr
+    groups), and the staged Arrow chunks cannot hold an axis of size 0 after the
+    first one; the batching length must be a variable field.
+    """
+    problems = schema_problems(schema)
+    for f in schema.fields:
+        problem = name_problem(f.name)
+        if problem:
+            problems.append(f"field name {f.name!r}: {problem}")
+        if f.dtype in SUPPORTED_DTYPES and 0 in f.inner_shape:
+            problems.append(
+                f"field {f.name!r} has shape {_shape_text(f.shape)}: an axis of size 0 holds no data and cannot be "
+                "stored; drop the field or give the axis a size"
+            )
+    length = schema.length_field
+    if length is not None and length in schema.names and not schema.field(length).variable:
+        problems.append(f"length_field {length!r} is fixed-shape; name a field whose length varies")
+    return problems
+
+
+def name_problem(name: str) -> str:
+    """Why prepare cannot store a field called ``name`` (it names files), or ``""``."""
+    if not name:
+        return "empty"
+    if name in (".", "..") or any(c in name for c in "/\\\0"):
+        return "must not be '.' or '..' nor hold '/', '\\' or NUL (it names files)"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "not valid Unicode (a lone surrogate?)"
+    if size > MAX_NAME_BYTES:
+        return f"{size} bytes long, more than {MAX_NAME_BYTES} (it names files)"
+    return ""
+
+
+def _shape_text(shape: Sequence[int | None]) -> str:
+    return "[" + ", ".join("L" if d is None else str(d) for d in shape) + "]"

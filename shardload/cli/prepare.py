@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="shuffle samples across shards once (default: on)",
     )
-    lay.add_argument("--seed", type=int, help="seed of that shuffle (default: 0)")
+    lay.add_argument("--seed", type=_seed, metavar="N", help="seed of that shuffle, 0 to 2**64-1 (default: 0)")
     fmt = p.add_argument_group("shard format")
     fmt.add_argument(
         "--format",
@@ -155,6 +155,11 @@ def run(args: argparse.Namespace) -> int:
         f"{format_bytes(result.bytes)}, {result.tokens:,} tokens "
         f"({result.seconds:.1f} s, {result.input_mb_per_s:.1f} MB/s, {result.samples_per_s:,.0f} samples/s)"
     )
+    if result.skipped_files:
+        from shardload.prepare.sources import SKIP_REASONS
+
+        why = "; ".join(f"{n} {SKIP_REASONS.get(k, k)}" for k, n in result.skipped.items())
+        print(f"skipped {result.skipped_files:,} files of the source directories as not data: {why}")
     print(f"load it: shardload.open({result.path!r})")
     return 0
 
@@ -186,3 +191,13 @@ def _dtype_item(text: str) -> tuple[str, str]:
     except InputError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return name, dtype
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**64), got {value}")
+    return value

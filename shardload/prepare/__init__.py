@@ -8,13 +8,17 @@ iterable of sample dicts. Both run the same resumable pipeline
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.pipeline import PrepareResult, run_prepare
-from shardload.prepare.sources import SourceOptions, discover
+from shardload.prepare.sources import SKIP_REASONS, SourceOptions, discover
+
+logger = logging.getLogger("shardload.prepare")
 
 __all__ = ["PrepareOptions", "PrepareResult", "prepare", "write"]
 
@@ -45,9 +49,13 @@ def prepare(
         sources = [sources]
     opts = PrepareOptions(**_tupled(options))
     source_options = SourceOptions(field=field, dtypes=dict(opts.dtypes), allow_pickle=allow_pickle)
-    units = discover(list(sources), source_format=source_format, options=source_options)
+    skipped: dict[str, list[str]] = {}
+    units = discover(list(sources), source_format=source_format, options=source_options, skipped=skipped)
+    for reason, files in skipped.items():
+        logger.info("skipped %d %s, not data: %s", len(files), SKIP_REASONS[reason], ", ".join(files[:5]))
     describe = {"source_format": source_format, "field": field, "allow_pickle": allow_pickle}
-    return run_prepare(out, options=opts, units=units, source_options=source_options, describe=describe)
+    result = run_prepare(out, options=opts, units=units, source_options=source_options, describe=describe)
+    return dataclasses.replace(result, skipped={k: len(v) for k, v in skipped.items()})
 
 
 def write(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike[str], **options: Any) -> PrepareResult:

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 from shardload.errors import InputError
 from shardload.formats import FORMATS
 from shardload.formats.zarr.codecs import (
@@ -70,6 +72,19 @@ class PrepareOptions:
     chunk_size: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("shard_size", "num_shards", "seed", "workers", "chunk_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+                raise InputError(f"{name} must be an integer, got {value!r}")
+            if value is not None:
+                object.__setattr__(self, name, int(value))  # numpy integers too; the manifest stores plain ints
+        for name in ("shuffle", "resume", "overwrite", "reject_nonfinite"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise InputError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not 0 <= self.seed < 2**64:
+            raise InputError(f"seed must be an integer in [0, 2**64), got {self.seed}")
+        if not isinstance(self.dtypes, Mapping):
+            raise InputError(f"dtypes must map field names to dtype names, got {self.dtypes!r}")
         if self.shard_format not in FORMATS:
             raise InputError(f"unknown shard format {self.shard_format!r}; choose one of {sorted(FORMATS)}")
         if self.shard_size <= 0:

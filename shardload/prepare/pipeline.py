@@ -21,32 +21,40 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.errors import InputError, OutputError
+from shardload.errors import InputError, OutputError, ShardSetError
 from shardload.formats import Columns, get_format
 from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
 from shardload.formats.base import concat_columns
 from shardload.manifest import LENGTHS_NAME, Manifest, ShardInfo, atomic_write_text, file_checksum
 from shardload.prepare.faults import crash_point
+from shardload.prepare.fingerprint import changed_input, fingerprint_units
 from shardload.prepare.layout import assign_samples, count_shards
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.progress import Progress
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
 from shardload.prepare.workdir import WorkDir, output_errors
-from shardload.schema import Schema
+from shardload.schema import Schema, name_problem, prepare_problems
 
 logger = logging.getLogger("shardload.prepare")
 
 Located = Iterable[tuple[str, Mapping[str, Any]]]
+
+#: how to rename a field, per kind of source (prepare has no rename option: names come from the source)
+RENAME_HINT = (
+    "Rename the field in the source: the dict key (write), the column (Parquet, Arrow), the key (JSON Lines), "
+    "the array name (.npz), the member suffix (WebDataset) or --field (.npy)."
+)
 
 
 @dataclass(frozen=True)
@@ -61,10 +69,18 @@ class PrepareResult:
     seconds: float
     input_mb_per_s: float
     samples_per_s: float
+    #: files of directory or glob sources left out as certainly not data, by reason
+    #: (``hidden``, ``marker``, ``checksum``; see :func:`shardload.prepare.sources.not_data`)
+    skipped: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def skipped_files(self) -> int:
+        """How many files were left out as certainly not data."""
+        return sum(self.skipped.values())
 
     def to_json(self) -> dict[str, Any]:
         """The result as a plain dict (what ``shardload prepare --json`` prints)."""
-        return dict(self.__dict__)
+        return {**self.__dict__, "skipped": dict(self.skipped), "skipped_files": self.skipped_files}
 
 
 # -- 1. ingest --------------------------------------------------------------------------------------
@@ -322,19 +338,27 @@ def run_prepare(
 ) -> PrepareResult:
     """Run the pipeline over source ``units`` or over an iterable of ``samples``."""
     source_options = source_options or SourceOptions()
+    started = time.perf_counter()
+    # The schema is checked before anything is created on disk, so that a refused run leaves nothing to
+    # clean up; a run killed during its commit needs no sources to finish it.
+    inferred = None if WorkDir.was_committing(out) else _infer_schema(units, source_options, samples, options)
     with WorkDir(out, resume=options.resume, overwrite=options.overwrite) as wd:
         if wd.committing:  # killed during the commit: everything is built, finish moving it in
             _finish_commit(wd)
             return _result(wd.out, 0.0, 0)
-        started = time.perf_counter()
-        schema, located = _infer_schema(units, source_options, samples, options)
+        if inferred is None:  # another run finished that commit while this one waited for the lock
+            raise OutputError(f"{wd.out}: another prepare changed this directory meanwhile; run this one again")
+        schema, located = inferred
+        inputs = fingerprint_units(units)
         state = {
             "options": options.layout_key(),
             "units": [u.describe() for u in units],
             "source": dict(describe or {}),
             "schema": schema.to_json(),
+            "inputs": inputs,
         }
         with output_errors(wd.out, "recording the run's state"):
+            _check_inputs(wd, inputs)
             wd.check_state(state)
         records = _ingest_all(wd, units, source_options, schema, options, located)
         staged = collect_staged(records, schema, wd.staging)
@@ -353,8 +377,25 @@ def run_prepare(
             manifest = _manifest(schema, options, shard_records, staged.lengths[order], files, describe)
             manifest.write(wd.work)
             crash_point("manifest")
+            check_new_set(wd)
             wd.commit(list(files.values()) + ["origin.npy"])
         return _result(wd.out, time.perf_counter() - started, in_bytes)
+
+
+def _check_inputs(wd: WorkDir, inputs: list[list[Any]]) -> None:
+    """Refuse to resume over source files that changed since the interrupted run (naming one)."""
+    path = wd.work / "state.json"
+    if not path.exists():
+        return
+    old = json.loads(path.read_text())
+    if not isinstance(old, dict) or "inputs" not in old:
+        return  # check_state names what differs
+    change = changed_input(old["inputs"], inputs)
+    if change is not None:
+        raise OutputError(
+            f"{wd.out}: cannot resume: {change}; its staged samples would mix old and new data. Restore the "
+            "sources, or rerun with --overwrite to start over."
+        )
 
 
 def _infer_schema(
@@ -377,8 +418,20 @@ def _infer_schema(
     if first is None:
         raise InputError("the sources hold no samples; nothing to prepare")
     where, sample = first
+    if isinstance(sample, Mapping) and options.dtypes:
+        unknown = sorted(set(options.dtypes) - {str(k) for k in sample})
+        if unknown:
+            raise InputError(
+                f"--dtype names {'fields' if len(unknown) > 1 else 'a field'} the samples do not have: "
+                f"{', '.join(map(repr, unknown))} (fields of {where}: {', '.join(map(repr, map(str, sample)))})"
+            )
     sample = cast_fields(sample, options.dtypes, where) if options.dtypes else sample
     schema = Schema.infer(sample, fixed_fields=options.fixed_fields, length_field=options.length_field, where=where)
+    problems = prepare_problems(schema)
+    if problems:
+        # Refused here, before anything is written: the loader would refuse (or misread) the finished set.
+        renaming = any(name_problem(n) or n in schema.batch_keys() for n in schema.names)
+        raise InputError(f"{where}: {'; '.join(problems)}." + (f" {RENAME_HINT}" if renaming else ""))
     if located is not None:
         located = itertools.chain([first], located)
     return schema, located
@@ -525,6 +578,37 @@ def _manifest(
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         shardload_version=__version__,
     )
+
+
+def check_new_set(wd: WorkDir) -> None:
+    """Open the finished set in the work dir as the loader will, before it replaces anything.
+
+    The commit then only ever replaces a valid set with a valid set. The schema
+    was checked on the first sample already; this catches whatever else the
+    loader refuses (manifest, lengths indexes, shard files).
+
+    Raises:
+        InputError: the set would not open; the work dir is removed (a resume
+            would end the same way) and any old set in ``OUT`` is untouched.
+    """
+    from shardload.shardset import ShardSet
+
+    try:
+        shard_set = ShardSet(wd.work)
+        try:
+            shard_set.lengths  # noqa: B018  (loads and checks the index)
+            for f in shard_set.schema.variable_fields:
+                shard_set.field_lengths(f.name)
+            for k in range(len(shard_set.shards)):
+                shard_set.shard_columns(k)
+        finally:
+            shard_set.close()
+    except ShardSetError as exc:
+        shutil.rmtree(wd.work, ignore_errors=True)
+        raise InputError(
+            f"{wd.out}: the new shard set would not open, so it was not committed ({exc}). Nothing was "
+            f"replaced: {wd.out} holds what it held before. Fix the input, then run prepare again."
+        ) from None
 
 
 def _finish_commit(wd: WorkDir) -> None:

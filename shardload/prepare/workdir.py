@@ -94,9 +94,17 @@ class WorkDir:
             self._lock.close()
             self._lock = None
 
+    @staticmethod
+    def was_committing(out: str | os.PathLike[str]) -> bool:
+        """Whether a run into ``out`` was killed during its commit (checked before taking the lock)."""
+        return (Path(out) / WORK / "COMMIT").exists()
+
     def _check_existing(self) -> None:
         out = self.out
         has_set = (out / MANIFEST_NAME).exists()
+        if self.work.exists() and not _holds_work(self.work):
+            # A run refused or killed before it staged anything: nothing to resume, nothing to lose.
+            shutil.rmtree(self.work)
         interrupted = self.work.exists()
         others = [p.name for p in out.iterdir() if p.name not in (LOCK, WORK, MANIFEST_NAME)]
         if interrupted and not (self.resume or self.overwrite):
@@ -209,6 +217,13 @@ def _hint(exc: OSError) -> str:
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return "The output directory is not writable: fix its permissions or choose another output."
     return "Fix the cause, then rerun with --resume to continue where it stopped."
+
+
+def _holds_work(work: Path) -> bool:
+    """Whether a work dir holds anything a resume would reuse (staged samples, shards, a commit)."""
+    if (work / "COMMIT").exists():
+        return True
+    return any(any((work / d).iterdir()) for d in ("staging", "shards", "done") if (work / d).is_dir())
 
 
 def _looks_like_owned(names: list[str]) -> bool:

@@ -88,6 +88,7 @@ def test_second_prepare_into_the_same_output_is_refused(tmp_path: Path, samples:
 def test_interrupted_output_is_not_a_shard_set_and_needs_resume(tmp_path: Path, samples: list[dict]) -> None:
     out = tmp_path / "s"
     (out / ".prepare" / "staging").mkdir(parents=True)
+    (out / ".prepare" / "staging" / "u00000000-000000.arrow").write_bytes(b"staged samples")  # work to resume
     with pytest.raises(shardload.ManifestError, match="--resume"):
         shardload.open(out)
     with pytest.raises(shardload.OutputExistsError, match="--resume"):
@@ -105,6 +106,8 @@ def test_resume_with_different_options_is_refused(tmp_path: Path, samples: list[
     out.mkdir()
     (out / ".prepare").mkdir()
     (out / ".prepare" / "state.json").write_text('{"options": {"seed": 99}}')
+    (out / ".prepare" / "staging").mkdir()
+    (out / ".prepare" / "staging" / "u00000000-000000.arrow").write_bytes(b"staged samples")  # work to resume
     with pytest.raises(shardload.OutputError, match="different sources or options"):
         shardload.write(samples, out, resume=True)
 

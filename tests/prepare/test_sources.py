@@ -535,7 +535,7 @@ def test_shardwriter_member_types_grouped_by_key(tmp_path: Path) -> None:
             "json": {"pos": [[i, i + 1]] * (i % 3 + 1), "score": i + 0.5},  # -> one field per entry
             "cls": i % 3,  # -> field "cls", an int64 scalar
             "len.txt": str(len(s["tokens"])),  # -> field "len", an int64 scalar
-            "weight.txt": f"{i / 4:.2f}\n",  # -> field "weight", a float32 scalar (newline ignored)
+            "prob.txt": f"{i / 4:.2f}\n",  # -> field "prob", a float32 scalar (newline ignored)
         }
         for i, s in enumerate(samples)
     ]
@@ -554,7 +554,7 @@ def test_shardwriter_member_types_grouped_by_key(tmp_path: Path) -> None:
             "score": np.array(i + 0.5, np.float32),
             "cls": np.array(i % 3, np.int64),
             "len": np.array(len(s["tokens"]), np.int64),
-            "weight": np.array(float(f"{i / 4:.2f}"), np.float32),
+            "prob": np.array(float(f"{i / 4:.2f}"), np.float32),
         }
         for i, s in enumerate(samples)
     ]

@@ -33,7 +33,7 @@ from shardload.prepare.sources import npz as _npz  # noqa: F401  (registers the 
 from shardload.prepare.sources import webdataset as _webdataset  # noqa: F401  (registers the reader)
 from shardload.prepare.sources.base import READERS, Sample, SourceOptions, SourceReader, SourceUnit
 
-__all__ = ["READERS", "Sample", "SourceOptions", "SourceReader", "SourceUnit", "discover", "read_unit"]
+__all__ = ["READERS", "Sample", "SourceOptions", "SourceReader", "SourceUnit", "discover", "not_data", "read_unit"]
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -60,20 +60,65 @@ def _detect(path: str) -> str | None:
     return None
 
 
-def _list_files(source: str) -> list[str]:
+#: file names that are never data: markers that Spark, Hadoop and Parquet tools write next to the data
+MARKER_FILES = frozenset({"_SUCCESS", "_metadata", "_common_metadata"})
+
+
+def not_data(path: Path, root: Path) -> str | None:
+    """Why a file found under directory ``root`` is certainly not data, or None if it may be.
+
+    Only hidden entries (a name starting with ``.`` for the file or a directory
+    on the way, e.g. ``.git``, ``.ipynb_checkpoints``), the marker files of
+    :data:`MARKER_FILES` and ``.crc`` checksum files are skipped. Anything else,
+    ``_utils.npy`` or ``__init__.npy`` included, is read (or refused by name when
+    its kind is unknown): a skipped data file would be lost without a word.
+    """
+    parts = path.relative_to(root).parts
+    if any(p.startswith(".") for p in parts):
+        return "hidden"
+    if path.name in MARKER_FILES:
+        return "marker"
+    if path.name.lower().endswith(".crc"):
+        return "checksum"
+    return None
+
+
+#: what each reason of :func:`not_data` means, for messages
+SKIP_REASONS = {
+    "hidden": "hidden (name starts with '.')",
+    "marker": f"marker files ({', '.join(sorted(MARKER_FILES))})",
+    "checksum": "checksum files (.crc)",
+}
+
+
+def _list_files(source: str, skipped: dict[str, list[str]]) -> list[str]:
     files: list[str] = []
     for pattern in expand_braces(str(source)):
         p = Path(pattern)
         if p.is_dir():
-            # Hidden files and marker files (Spark/Hadoop `_SUCCESS`, `_metadata`) are not samples.
-            found = sorted(str(f) for f in p.rglob("*") if f.is_file() and not f.name.startswith((".", "_")))
+            found = []
+            for f in sorted(p.rglob("*")):
+                if not f.is_file():
+                    continue
+                reason = not_data(f, p)
+                if reason is None:
+                    found.append(str(f))
+                else:
+                    skipped.setdefault(reason, []).append(str(f))
             if not found:
-                raise InputError(f"{p}: the directory holds no files")
+                raise InputError(f"{p}: the directory holds no data files{_skipped_note(skipped)}")
             files.extend(found)
         elif glob.has_magic(pattern):
-            found = sorted(glob.glob(pattern, recursive=True))
+            found = []
+            for name in sorted(glob.glob(pattern, recursive=True)):
+                # A glob names hidden files only when asked to; markers match `data/*` though.
+                reason = None if Path(name).name.startswith(".") else not_data(Path(name), Path(name).parent)
+                if reason is None:
+                    found.append(name)
+                else:
+                    skipped.setdefault(reason, []).append(name)
             if not found:
-                raise InputError(f"{pattern}: the pattern matches no file")
+                raise InputError(f"{pattern}: the pattern matches no data file{_skipped_note(skipped)}")
             files.extend(found)
         elif p.is_file():
             files.append(str(p))
@@ -82,13 +127,27 @@ def _list_files(source: str) -> list[str]:
     return files
 
 
+def _skipped_note(skipped: dict[str, list[str]]) -> str:
+    if not skipped:
+        return ""
+    return " (skipped, as not data: " + "; ".join(f"{len(v)} {SKIP_REASONS[k]}" for k, v in skipped.items()) + ")"
+
+
 def discover(
     sources: Sequence[str | os.PathLike[str]],
     *,
     source_format: str | None = None,
     options: SourceOptions | None = None,
+    skipped: dict[str, list[str]] | None = None,
 ) -> list[SourceUnit]:
     """Find the input files of ``sources`` and group them into units.
+
+    Args:
+        sources: files, directories, globs or brace patterns.
+        source_format: read every file as this kind instead of detecting it.
+        options: how sources are read.
+        skipped: filled with the files left out as certainly not data, by
+            reason (see :func:`not_data`), for the caller to report.
 
     Raises:
         InputError: a path that does not exist, a pattern that matches nothing,
@@ -101,7 +160,7 @@ def discover(
         raise InputError("no source given: name at least one file, directory or glob")
     by_kind: list[tuple[str, list[str]]] = []
     for source in sources:
-        for f in _list_files(os.fspath(source)):
+        for f in _list_files(os.fspath(source), skipped if skipped is not None else {}):
             kind = source_format or _detect(f)
             if kind is None:
                 known = sorted(s for r in READERS.values() for s in r.suffixes)
