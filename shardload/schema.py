@@ -162,6 +162,9 @@ class Schema:
         """
         if not isinstance(sample, Mapping) or not sample:
             raise InputError(f"{where}: a sample must be a non-empty dict of named arrays, got {type(sample).__name__}")
+        for name in sample:
+            if not isinstance(name, str):
+                raise InputError(f"{where}: field names must be strings, got {name!r} ({type(name).__name__})")
         fixed = set(fixed_fields)
         unknown = fixed - set(sample)
         if unknown:

@@ -137,6 +137,11 @@ def cast_fields(sample: Mapping[str, Any], dtypes: Mapping[str, str], where: str
     return out
 
 
+def unit_key(k: int) -> str:
+    """The name of source unit ``k``'s staged files."""
+    return f"u{k:08d}"
+
+
 def chunk_name(unit_key: str, j: int) -> str:
     return f"{unit_key}-{j:06d}.arrow"
 
@@ -160,15 +165,13 @@ def ingest(
     # Chunks finished by an interrupted run are kept; their samples are skipped.
     chunks: list[str] = []
     skip = 0
+    it = iter(samples)
     for j in itertools.count():
         path = staging / chunk_name(unit_key, j)
         if not path.exists():
             break
         chunks.append(path.name)
-        skip += ArrowShardReader(path, schema).columns().num_samples
-    it = iter(samples)
-    for _ in itertools.islice(it, skip):
-        pass
+        skip += _skip_staged(it, ArrowShardReader(path, schema).columns(), check, unit_key)
     pending: list[dict[str, Any]] = []
     total, nbytes, pending_bytes = skip, 0, 0
 
@@ -200,10 +203,34 @@ def ingest(
     return record
 
 
+def _skip_staged(it: Iterator[tuple[str, Mapping[str, Any]]], staged: Columns, check: SampleChecker, unit: str) -> int:
+    """Skip the samples of one chunk staged by an interrupted run, checking that they are the same.
+
+    A resumed run must read what the interrupted one read: otherwise the set
+    would mix old and new samples without a word (a changed file, or an
+    iterable given to ``write`` that yields other samples).
+    """
+    for i in range(staged.num_samples):
+        item = next(it, None)
+        if item is None:
+            raise OutputError(
+                f"cannot resume: the input ({unit}) now ends before sample {i} of a chunk the interrupted run "
+                "staged; resume needs the same samples in the same order. Rerun with --overwrite to start over."
+            )
+        where, sample = item
+        got, want = check(sample, where), staged.sample(i)
+        if any(not np.array_equal(got[k], want[k], equal_nan=got[k].dtype.kind == "f") for k in want):
+            raise OutputError(
+                f"cannot resume: {where} differs from the sample the interrupted run staged at that place; "
+                "resume needs the same samples in the same order. Rerun with --overwrite to start over."
+            )
+    return staged.num_samples
+
+
 def _ingest_unit(args: tuple[int, SourceUnit, SourceOptions, dict[str, Any], PrepareOptions, str]) -> dict[str, Any]:
     k, unit, source_options, schema_json, options, staging = args
     check = SampleChecker(Schema.from_json(schema_json), options)
-    return ingest(f"u{k:08d}", read_unit(unit, source_options), check, Path(staging), options.chunk_bytes)
+    return ingest(unit_key(k), read_unit(unit, source_options), check, Path(staging), options.chunk_bytes)
 
 
 # -- 2. layout --------------------------------------------------------------------------------------
@@ -339,6 +366,7 @@ def run_prepare(
     """Run the pipeline over source ``units`` or over an iterable of ``samples``."""
     source_options = source_options or SourceOptions()
     started = time.perf_counter()
+    _check_output_path(out)
     # The schema is checked before anything is created on disk, so that a refused run leaves nothing to
     # clean up; a run killed during its commit needs no sources to finish it.
     inferred = None if WorkDir.was_committing(out) else _infer_schema(units, source_options, samples, options)
@@ -349,17 +377,15 @@ def run_prepare(
         if inferred is None:  # another run finished that commit while this one waited for the lock
             raise OutputError(f"{wd.out}: another prepare changed this directory meanwhile; run this one again")
         schema, located = inferred
-        inputs = fingerprint_units(units)
         state = {
             "options": options.layout_key(),
             "units": [u.describe() for u in units],
             "source": dict(describe or {}),
             "schema": schema.to_json(),
-            "inputs": inputs,
         }
         with output_errors(wd.out, "recording the run's state"):
-            _check_inputs(wd, inputs)
             wd.check_state(state)
+            _check_inputs(wd, units)
         records = _ingest_all(wd, units, source_options, schema, options, located)
         staged = collect_staged(records, schema, wd.staging)
         n = len(staged.lengths)
@@ -382,20 +408,38 @@ def run_prepare(
         return _result(wd.out, time.perf_counter() - started, in_bytes)
 
 
-def _check_inputs(wd: WorkDir, inputs: list[list[Any]]) -> None:
-    """Refuse to resume over source files that changed since the interrupted run (naming one)."""
-    path = wd.work / "state.json"
-    if not path.exists():
-        return
-    old = json.loads(path.read_text())
-    if not isinstance(old, dict) or "inputs" not in old:
-        return  # check_state names what differs
-    change = changed_input(old["inputs"], inputs)
-    if change is not None:
+def _check_output_path(out: str | os.PathLike[str]) -> None:
+    """Refuse an output path that shard files cannot be written under (before creating anything)."""
+    text = os.fsdecode(out)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
         raise OutputError(
-            f"{wd.out}: cannot resume: {change}; its staged samples would mix old and new data. Restore the "
-            "sources, or rerun with --overwrite to start over."
-        )
+            f"{text!r}: the output path is not valid UTF-8; Arrow and Zarr cannot open files under it. Choose "
+            "an output directory whose path is UTF-8."
+        ) from None
+
+
+def _check_inputs(wd: WorkDir, units: Sequence[SourceUnit]) -> None:
+    """Refuse to resume over a source file that changed since its samples were staged (naming it).
+
+    Only units staged whole (``.done``) are compared by fingerprint; a unit
+    staged in part is compared sample by sample as it is skipped
+    (:func:`_skip_staged`), and a unit not staged yet is simply read. So a file
+    fixed after the run stopped on it can be resumed over.
+    """
+    inputs = fingerprint_units(units)
+    path = wd.work / "inputs.json"
+    done = [k for k in range(len(units)) if (wd.staging / f"{unit_key(k)}.done").exists()]
+    if done:
+        old = json.loads(path.read_text()) if path.exists() else None
+        change = changed_input(old, inputs, done)
+        if change is not None:
+            raise OutputError(
+                f"{wd.out}: cannot resume: {change}; its staged samples would mix old and new data. Restore the "
+                "sources, or rerun with --overwrite to start over."
+            )
+    atomic_write_text(path, json.dumps(inputs))
 
 
 def _infer_schema(

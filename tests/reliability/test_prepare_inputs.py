@@ -1,0 +1,296 @@
+"""Inputs that got past prepare and then were lost, replaced or refused later: each is refused up front.
+
+One area per section: files of a source directory skipped without a word, field
+names the loader uses for its own batch keys, schemas the loader refuses (checked
+on the first sample, and the new set checked before the commit), ``--resume``
+over changed input, and misused options.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shardload
+from shardload.cli import main
+from shardload.collate import PadSpec, collate_batch
+from shardload.prepare import pipeline
+
+
+def tok(n: int, dtype: Any = np.int32) -> np.ndarray:
+    return np.arange(n, dtype=dtype)
+
+
+def samples(n: int = 6, **extra: Any) -> list[dict[str, Any]]:
+    return [{"t": tok(i + 1), **extra} for i in range(n)]
+
+
+def read_all(path: Path) -> list[dict[str, np.ndarray]]:
+    ds = shardload.open(path)
+    return [ds[i] for i in range(len(ds))]
+
+
+# -- files skipped without a word ------------------------------------------------------------------
+def test_directory_keeps_underscore_files_and_reports_what_it_skips(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "src"
+    (src / ".ipynb_checkpoints").mkdir(parents=True)
+    (src / "sub").mkdir()
+    for name, n in [("a.npy", 1), ("__init__.npy", 2), ("_utils.npy", 3), ("sub/_part.npy", 4)]:
+        np.save(src / name, tok(n))
+    np.save(src / ".hidden.npy", tok(50))
+    np.save(src / ".ipynb_checkpoints" / "a-checkpoint.npy", tok(60))
+    (src / "_SUCCESS").write_bytes(b"")
+    (src / "_metadata").write_bytes(b"parquet footer")
+    (src / "a.npy.crc").write_bytes(b"crc")
+    result = shardload.prepare(src, tmp_path / "out", shuffle=False, progress=False)
+    # Every data file is read, '_' names included; only what is certainly not data is left out.
+    assert sorted(len(s["data"]) for s in read_all(tmp_path / "out")) == [1, 2, 3, 4]
+    assert result.skipped == {"hidden": 2, "marker": 2, "checksum": 1}
+    assert result.to_json()["skipped_files"] == 5
+    # The command line says so, in its summary and in --json.
+    args = ["prepare", str(src), "-o", str(tmp_path / "cli"), "--no-progress"]
+    assert main(args) == 0
+    assert "skipped 5 files" in capsys.readouterr().out
+    assert main([*args[:3], str(tmp_path / "cli-json"), "--no-progress", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["skipped_files"] == 5 and summary["skipped"]["marker"] == 2
+
+
+def test_glob_skips_marker_files_and_says_so(tmp_path: Path) -> None:
+    for k in range(2):
+        np.save(tmp_path / f"part-{k}.npy", tok(k + 1))
+    (tmp_path / "_SUCCESS").write_bytes(b"")
+    result = shardload.prepare(str(tmp_path / "*"), tmp_path / "out", source_format="npy", progress=False)
+    assert result.samples == 2 and result.skipped == {"marker": 1}
+
+
+# -- field names that the loader's batch keys would replace ---------------------------------------
+@pytest.mark.parametrize(
+    ("extra", "name"),
+    [
+        ({"weight": np.float32(2.0)}, "weight"),
+        ({"sample_id": np.int64(7)}, "sample_id"),
+        ({"t_lengths": tok(2)}, "t_lengths"),
+    ],
+    ids=["weight", "sample_id", "lengths-of-a-field"],
+)
+def test_batch_key_names_are_refused_at_prepare(tmp_path: Path, extra: dict[str, Any], name: str) -> None:
+    with pytest.raises(shardload.InputError) as info:
+        shardload.write(samples(**extra), tmp_path / "out", progress=False)
+    msg = str(info.value)
+    assert f"{name!r}" in msg and "every batch" in msg and "Rename the field in the source" in msg
+    assert not (tmp_path / "out").exists()  # refused before anything was created
+
+
+def test_set_with_a_batch_key_name_is_refused_at_open(tmp_path: Path) -> None:
+    # A set written by an older shardload, which accepted a field called "weight".
+    out = tmp_path / "set"
+    shardload.write(samples(y=np.float32(0.5)), out, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["schema"]["fields"][1]["name"] = "weight"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(shardload.ManifestError, match="field 'weight' has the name of a key the loader adds"):
+        shardload.open(out)
+
+
+def test_batch_keys_are_the_keys_the_collate_adds(tmp_path: Path) -> None:
+    out = tmp_path / "set"
+    shardload.write(
+        [{"t": tok(i + 1), "f": np.ones((i, 2), np.float32), "y": np.int64(i)} for i in range(4)], out, progress=False
+    )
+    ds = shardload.open(out)
+    rows = np.arange(2, dtype=np.int64)
+    batch = collate_batch(
+        ds.schema, ds.shard_columns, np.zeros(2, np.int64), rows, rows, np.ones(2, np.float32), PadSpec()
+    )
+    # One list of the added keys: the check that refuses field names uses exactly what the collate adds.
+    assert set(batch) - set(ds.schema.names) == set(ds.schema.batch_keys())
+
+
+# -- schemas the loader refuses: refused on the first sample, never after an overwrite ---------------
+HOSTILE_SCHEMAS: list[tuple[str, list[dict[str, Any]], dict[str, Any], str]] = [
+    ("more than 8 axes", [{"t": np.zeros((2,) + (1,) * 8, np.int8)}], {}, "at most 8 axes"),
+    ("slash in a name", [{"a/b": tok(3)}], {}, "'a/b'"),
+    ("name of 300 bytes", [{"n" * 300: tok(3)}], {}, "300 bytes"),
+    ("lone surrogate in a name", [{"\udcff": tok(3)}], {}, "not valid Unicode"),
+    ("NUL in a name", [{"a\0b": tok(3)}], {}, "NUL"),
+    ("non-string name", [{1: tok(3)}], {}, "field names must be strings"),
+    ("shape [L, 0]", [{"t": np.zeros((3, 0), np.float32)}], {}, "[L, 0]"),
+    ("fixed shape (0,)", [{"t": tok(2), "e": np.zeros(0)}], {"fixed_fields": ["e"]}, "axis of size 0"),
+    ("fixed length field", [{"t": tok(2), "y": np.int64(1)}], {"length_field": "y"}, "'y' is fixed-shape"),
+    ("batch key name", [{"t": tok(2), "weight": np.float32(1)}], {}, "'weight'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("new", "options", "fragment"), [r[1:] for r in HOSTILE_SCHEMAS], ids=[r[0] for r in HOSTILE_SCHEMAS]
+)
+def test_overwrite_with_a_schema_the_loader_refuses_keeps_the_old_set(
+    tmp_path: Path, new: list[dict[str, Any]], options: dict[str, Any], fragment: str
+) -> None:
+    out = tmp_path / "set"
+    shardload.write(samples(), out, progress=False)
+    before = read_all(out)
+    with pytest.raises(shardload.InputError) as info:
+        shardload.write(new * 3, out, overwrite=True, progress=False, **options)
+    assert fragment in str(info.value) and "sample 0" in str(info.value)
+    # Refused on the first sample: the old set is whole, and nothing blocks the next run.
+    after = read_all(out)
+    assert len(after) == len(before) and all(np.array_equal(a["t"], b["t"]) for a, b in zip(after, before))
+    assert not (out / ".prepare").exists()
+
+
+def test_new_set_is_opened_as_the_loader_will_before_the_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "set"
+    shardload.write(samples(), out, progress=False)
+    old = (out / "manifest.json").read_bytes()
+    # Whatever slips past the first-sample check (here: the check is switched off) is caught before the commit.
+    monkeypatch.setattr(pipeline, "prepare_problems", lambda schema: [])
+    with pytest.raises(shardload.InputError, match="would not open, so it was not committed.*at most 8 axes"):
+        shardload.write([{"t": np.zeros((2,) + (1,) * 8, np.int8)}], out, overwrite=True, progress=False)
+    assert (out / "manifest.json").read_bytes() == old
+    assert len(read_all(out)) == 6
+    assert not (out / ".prepare").exists()  # a resume could only end the same way
+
+
+# -- resume over changed input -----------------------------------------------------------------------
+def jsonl(path: Path, lengths: list[int], tail: str = "") -> None:
+    path.write_text("".join(json.dumps({"t": list(range(n))}) + "\n" for n in lengths) + tail)
+
+
+def interrupted_run(tmp_path: Path) -> tuple[list[Path], Path]:
+    """Sources a, b, c; the run stops on a bad line in c, after a and b are staged. Then c is fixed."""
+    files = [tmp_path / f"{k}.jsonl" for k in "abc"]
+    jsonl(files[0], [3, 4, 5])
+    jsonl(files[1], [6, 7])
+    jsonl(files[2], [8], tail='{"t": "oops"}\n')
+    out = tmp_path / "out"
+    with pytest.raises(shardload.InputError, match="c.jsonl"):
+        shardload.prepare([str(f) for f in files], out, progress=False)
+    jsonl(files[2], [8])
+    return files, out
+
+
+def rewrite_same_size_and_time(path: Path) -> None:
+    st = path.stat()
+    path.write_text(path.read_text().replace("[0, 1, 2]", "[9, 9, 9]"))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+CHANGES = {
+    "appended": lambda p: p.write_text(p.read_text() + json.dumps({"t": [1]}) + "\n"),
+    "same size, new time": lambda p: p.write_text(p.read_text().replace("[0, 1, 2]", "[9, 9, 9]")),
+    "same size and time": rewrite_same_size_and_time,
+    "replaced by a copy": lambda p: (
+        p.with_suffix(".tmp").write_bytes(p.read_bytes()),
+        p.with_suffix(".tmp").replace(p),
+    ),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_resume_over_a_changed_source_is_refused_by_name(tmp_path: Path, change: str) -> None:
+    files, out = interrupted_run(tmp_path)
+    CHANGES[change](files[0])
+    with pytest.raises(shardload.OutputError, match=r"a\.jsonl changed since the interrupted run.*--overwrite"):
+        shardload.prepare([str(f) for f in files], out, resume=True, progress=False)
+    # Starting over reads the new content.
+    shardload.prepare([str(f) for f in files], out, overwrite=True, progress=False)
+    assert len(shardload.open(out)) >= 6
+
+
+def test_resume_over_unchanged_sources_finishes(tmp_path: Path) -> None:
+    files, out = interrupted_run(tmp_path)
+    assert shardload.prepare([str(f) for f in files], out, resume=True, progress=False).samples == 6
+
+
+def failing_after(items: list[dict[str, Any]], n: int) -> Iterator[dict[str, Any]]:
+    yield from items[:n]
+    raise RuntimeError("interrupted")
+
+
+def test_resume_of_write_with_other_samples_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    first = samples(40)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        shardload.write(failing_after(first, 30), out, chunk_bytes=64, progress=False)
+    other = [{"t": s["t"] + 1} for s in first]
+    with pytest.raises(shardload.OutputError, match="sample 0 differs from the sample the interrupted run staged"):
+        shardload.write(other, out, resume=True, chunk_bytes=64, progress=False)
+    with pytest.raises(shardload.OutputError, match="ends before sample"):
+        shardload.write(first[:3], out, resume=True, chunk_bytes=64, progress=False)
+    assert shardload.write(first, out, resume=True, chunk_bytes=64, progress=False).samples == 40
+
+
+# -- misused options ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"dtypes": {"nosuch": "int32"}}, "'nosuch'"),
+        ({"seed": -1}, "seed must be an integer in [0, 2**64)"),
+        ({"seed": 2**64}, "seed must be"),
+        ({"seed": 1.5}, "seed must be an integer"),
+        ({"num_shards": 2.5}, "num_shards must be an integer"),
+        ({"shard_size": "1GB"}, "shard_size must be an integer"),
+        ({"shuffle": "no"}, "shuffle must be True or False"),
+    ],
+    ids=[
+        "dtype-of-no-field",
+        "seed-1",
+        "seed-2**64",
+        "seed-float",
+        "num_shards-float",
+        "shard_size-str",
+        "shuffle-str",
+    ],
+)
+def test_misused_options_are_refused_before_anything_is_created(
+    tmp_path: Path, options: dict[str, Any], fragment: str
+) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(shardload.InputError) as info:
+        shardload.write(samples(), out, progress=False, **options)
+    assert fragment in str(info.value)
+    if "dtypes" in options:
+        assert "fields of sample 0: 't'" in str(info.value)
+    assert not out.exists()
+    # The corrected run needs no --resume or --overwrite.
+    shardload.write(samples(), out, progress=False)
+
+
+def test_cli_dtype_of_no_field_and_negative_seed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a.npy", tok(3))
+    out = tmp_path / "out"
+    assert main(["prepare", str(src), "-o", str(out), "--dtype", "nosuch=int32", "--no-progress"]) == 3
+    err = capsys.readouterr().err
+    assert "'nosuch'" in err and "'data'" in err and "Traceback" not in err
+    assert main(["prepare", str(src), "-o", str(out), "--seed", "-1", "--no-progress"]) == 2
+    assert "--seed" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["prepare", str(src), "-o", str(out), "--no-progress"]) == 0
+
+
+def test_leftover_work_dir_without_work_does_not_block_a_fresh_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / ".prepare" / "staging").mkdir(parents=True)
+    (out / ".prepare" / "state.json").write_text("{}")
+    assert shardload.write(samples(), out, progress=False).samples == 6
+
+
+def test_non_utf8_output_path_is_refused_up_front(tmp_path: Path) -> None:
+    out = Path(os.fsdecode(os.fsencode(tmp_path) + b"/\xff-out"))
+    with pytest.raises(shardload.OutputError, match="not valid UTF-8"):
+        shardload.write(samples(), out, progress=False)
+    assert not out.exists()
