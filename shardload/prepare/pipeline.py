@@ -50,6 +50,10 @@ logger = logging.getLogger("shardload.prepare")
 
 Located = Iterable[tuple[str, Mapping[str, Any]]]
 
+#: most values (scalar elements) of one field in one staged chunk or Arrow shard: Arrow IPC cannot write
+#: a longer array. A test lowers it to try the limit on small data.
+MAX_FIELD_VALUES = 2**31 - 1
+
 #: how to rename a field, per kind of source (prepare has no rename option: names come from the source)
 RENAME_HINT = (
     "Rename the field in the source: the dict key (write), the column (Parquet, Arrow), the key (JSON Lines), "
@@ -96,6 +100,12 @@ class SampleChecker:
         if self.dtypes:
             sample = cast_fields(sample, self.dtypes, where)
         checked = self.schema.check(sample, where=where)
+        for name, arr in checked.items():
+            if arr.size > MAX_FIELD_VALUES:
+                raise InputError(
+                    f"{where}: field {name!r} holds {arr.size:,} values, more than a shard can hold in one field "
+                    f"({MAX_FIELD_VALUES:,}, the length limit of an Arrow array); split the sample into smaller ones"
+                )
         if self.reject_nonfinite:
             for name, arr in checked.items():
                 if arr.dtype.kind == "f" and not np.isfinite(arr).all():
@@ -174,9 +184,10 @@ def ingest(
         skip += _skip_staged(it, ArrowShardReader(path, schema).columns(), check, unit_key)
     pending: list[dict[str, Any]] = []
     total, nbytes, pending_bytes = skip, 0, 0
+    pending_values = 0  # bounds the values of any one field in the chunk (an Arrow array's length)
 
     def flush() -> None:
-        nonlocal pending, pending_bytes
+        nonlocal pending, pending_bytes, pending_values
         path = staging / chunk_name(unit_key, len(chunks))
         tmp = path.with_suffix(".tmp")
         with output_errors(staging.parents[1], f"staging the samples of {unit_key}", partial=tmp):
@@ -184,11 +195,15 @@ def ingest(
             os.replace(tmp, path)
         chunks.append(path.name)
         crash_point(f"staged:{len(chunks)}")
-        pending, pending_bytes = [], 0
+        pending, pending_bytes, pending_values = [], 0, 0
 
     for where, sample in it:
         checked = check(sample, where)
         size = sum(a.nbytes for a in checked.values())
+        values = max(a.size for a in checked.values())
+        if pending and pending_values + values > MAX_FIELD_VALUES:
+            flush()
+        pending_values += values
         pending.append(checked)
         pending_bytes += size
         nbytes += size
@@ -392,10 +407,7 @@ def run_prepare(
         if n == 0:
             raise InputError("the sources hold no samples; nothing to prepare")
         in_bytes = int(staged.sample_bytes.sum())
-        num_shards = count_shards(n, in_bytes, shard_size=options.shard_size, num_shards=options.num_shards)
-        order, bounds = assign_samples(
-            staged.lengths, num_shards, balance=options.balance, shuffle=options.shuffle, seed=options.seed
-        )
+        order, bounds = _lay_out(staged, schema, options, in_bytes)
         shard_records = _write_all(wd, staged, schema, options, order, bounds)
         with output_errors(wd.out, "writing the lengths index and the manifest", partial=wd.work):
             files = _write_index(wd, staged, schema, order)
@@ -479,6 +491,47 @@ def _infer_schema(
     if located is not None:
         located = itertools.chain([first], located)
     return schema, located
+
+
+def _lay_out(
+    staged: Staged, schema: Schema, options: PrepareOptions, in_bytes: int
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Order and shard bounds; Arrow shards get more of them if a field would exceed an array's length."""
+    n = len(staged.lengths)
+    num_shards = count_shards(n, in_bytes, shard_size=options.shard_size, num_shards=options.num_shards)
+    while True:
+        order, bounds = assign_samples(
+            staged.lengths, num_shards, balance=options.balance, shuffle=options.shuffle, seed=options.seed
+        )
+        if options.shard_format != "arrow":
+            return order, bounds
+        worst, name, shard = _most_values(staged, schema, order, bounds)
+        if worst <= MAX_FIELD_VALUES:
+            return order, bounds
+        if options.num_shards is not None:
+            raise InputError(
+                f"shard {shard} would hold {worst:,} values of field {name!r}, more than an Arrow shard can hold in "
+                f"one field ({MAX_FIELD_VALUES:,}); pass a larger num_shards (--num-shards), or leave it out"
+            )
+        # Deterministic, and ends: at one sample per shard every shard fits (each sample was checked).
+        num_shards = min(n, max(num_shards + 1, -(-num_shards * worst // MAX_FIELD_VALUES)))
+
+
+def _most_values(
+    staged: Staged, schema: Schema, order: NDArray[np.int64], bounds: NDArray[np.int64]
+) -> tuple[int, str, int]:
+    """The largest number of values of one field in one shard: ``(values, field, shard)``."""
+    best = (0, "", 0)
+    starts = bounds[:-1]
+    for f in schema.fields:
+        if f.variable:
+            per_shard = np.add.reduceat(staged.field_lengths[f.name][order], starts) * f.row_size
+        else:
+            per_shard = np.diff(bounds) * f.row_size
+        k = int(np.argmax(per_shard))
+        if int(per_shard[k]) > best[0]:
+            best = (int(per_shard[k]), f.name, k)
+    return best
 
 
 def _ingest_all(

@@ -294,3 +294,29 @@ def test_non_utf8_output_path_is_refused_up_front(tmp_path: Path) -> None:
     with pytest.raises(shardload.OutputError, match="not valid UTF-8"):
         shardload.write(samples(), out, progress=False)
     assert not out.exists()
+
+
+# -- more values in one field than an Arrow array holds (2**31 - 1; lowered here to try it small) -----
+def test_sample_with_more_values_than_an_arrow_array_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pipeline, "MAX_FIELD_VALUES", 100)
+    with pytest.raises(shardload.InputError, match=r"sample 1: field 'f' holds 102 values.*split the sample"):
+        shardload.write([{"f": np.ones((3, 2))}, {"f": np.ones((51, 2))}], tmp_path / "out", progress=False)
+
+
+def test_chunks_and_shards_stay_within_an_arrow_array(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline, "MAX_FIELD_VALUES", 100)
+    items = [{"t": np.full(30 + i % 7, i, np.uint8), "y": np.int64(i)} for i in range(40)]
+    out = tmp_path / "out"
+    # One shard by size, but ~1,300 values of 't' do not fit one Arrow array: more shards, chosen by prepare.
+    shardload.write(items, out, shard_size=1 << 40, progress=False)
+    ds = shardload.open(out)
+    assert (
+        len(ds.shards) >= 14
+        and sum(int(ds.lengths[s.first_sample : s.first_sample + s.samples].sum()) > 100 for s in ds.shards) == 0
+    )
+    got = sorted((int(ds[i]["y"]), ds[i]["t"].tolist()) for i in range(len(ds)))
+    assert got == [(i, [i] * (30 + i % 7)) for i in range(40)]
+    with pytest.raises(shardload.InputError, match=r"would hold \d+ values of field 't'.*--num-shards"):
+        shardload.write(items, tmp_path / "fixed", num_shards=2, progress=False)
