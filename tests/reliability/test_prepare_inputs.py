@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import shardload
 from shardload.cli import main
@@ -320,3 +322,52 @@ def test_chunks_and_shards_stay_within_an_arrow_array(tmp_path: Path, monkeypatc
     assert got == [(i, [i] * (30 + i % 7)) for i in range(40)]
     with pytest.raises(shardload.InputError, match=r"would hold \d+ values of field 't'.*--num-shards"):
         shardload.write(items, tmp_path / "fixed", num_shards=2, progress=False)
+
+
+# -- property: whatever prepare accepts, the loader serves unchanged -----------------------------------
+NAMES = ["t", "x", "weight", "sample_id", "t_lengths", "x_lengths", "a/b", "", ".", "n" * 250, "é", "\udcff", "a\\b"]
+DTYPES = ["int8", "uint16", "int32", "int64", "float16", "float32", "bool", "complex64", ">i4", "datetime64[s]"]
+
+
+@st.composite
+def sample_lists(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[str]]:
+    names = draw(st.lists(st.sampled_from(NAMES) | st.text(max_size=6), min_size=1, max_size=3, unique=True))
+    specs = [(draw(st.sampled_from(DTYPES)), draw(st.lists(st.integers(0, 2), max_size=9))) for _ in names]
+    fixed = [n for n in names if draw(st.booleans())]
+    items = []
+    for k in range(3):
+        sample = {}
+        for name, (dtype, shape) in zip(names, specs):
+            dims = list(shape)
+            if dims and name not in fixed:
+                dims[0] = (k * 2 + len(name)) % 4  # the first axis varies between samples
+            sample[name] = np.arange(int(np.prod(dims, dtype=np.int64))).reshape(dims).astype(dtype)
+        items.append(sample)
+    return items, fixed
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=sample_lists())
+def test_prepare_refuses_up_front_or_the_loader_serves_every_field_unchanged(
+    tmp_path_factory: pytest.TempPathFactory, case: tuple[list[dict[str, Any]], list[str]]
+) -> None:
+    items, fixed = case
+    out = tmp_path_factory.mktemp("prop") / "out"
+    try:
+        shardload.write(items, out, shuffle=False, fixed_fields=fixed, progress=False)
+    except shardload.InputError:
+        assert not out.exists()  # refused before anything was created
+        return
+    ds = shardload.open(out)
+    for i, want in enumerate(items):
+        got = ds[i]
+        assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    for batch in shardload.make_loader(out, batch_size=2, rank=0, world_size=1, seed=1):
+        for row, sid in enumerate(batch["sample_id"].tolist()):
+            for name, value in items[sid].items():
+                f = ds.schema.field(name)
+                arr = batch[name][row].numpy()
+                if f.variable:
+                    assert int(batch[name + "_lengths"][row]) == len(value)
+                    arr = arr[: len(value)]
+                assert np.array_equal(arr, value.astype(arr.dtype)), name
