@@ -75,5 +75,7 @@ def write(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike[str], **o
 
 def _tupled(options: dict[str, Any]) -> dict[str, Any]:
     if "fixed_fields" in options:
-        options = {**options, "fixed_fields": tuple(options["fixed_fields"])}
+        fixed = options["fixed_fields"]
+        # One name given as a string is one field, not one field per character.
+        options = {**options, "fixed_fields": (fixed,) if isinstance(fixed, str) else tuple(fixed)}
     return options

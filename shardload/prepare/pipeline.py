@@ -483,6 +483,11 @@ def _infer_schema(
             )
     sample = cast_fields(sample, options.dtypes, where) if options.dtypes else sample
     schema = Schema.infer(sample, fixed_fields=options.fixed_fields, length_field=options.length_field, where=where)
+    if options.shard_format == "zarr":  # its own naming rule (no leading '__'), checked now, not per shard
+        from shardload.formats.zarr.writer import check_node_name
+
+        for name in schema.names:
+            check_node_name(name)
     problems = prepare_problems(schema)
     if problems:
         # Refused here, before anything is written: the loader would refuse (or misread) the finished set.

@@ -371,3 +371,30 @@ def test_prepare_refuses_up_front_or_the_loader_serves_every_field_unchanged(
                     assert int(batch[name + "_lengths"][row]) == len(value)
                     arr = arr[: len(value)]
                 assert np.array_equal(arr, value.astype(arr.dtype)), name
+
+
+def test_parquet_source_with_a_non_utf8_name_is_refused_by_name(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "src"
+    src.mkdir()
+    good = src / "good.parquet"
+    pq.write_table(pa.table({"t": pa.array([np.arange(i + 1) for i in range(3)])}), good)
+    good.rename(os.fsdecode(os.fsencode(src) + b"/\xff.parquet"))
+    with pytest.raises(shardload.InputError, match="not valid UTF-8.*rename the file"):
+        shardload.prepare(src, tmp_path / "out", progress=False)
+
+
+def test_one_fixed_field_given_as_a_string_is_that_field(tmp_path: Path) -> None:
+    items = [{"t": tok(i + 1), "emb": np.ones(3, np.float32)} for i in range(4)]
+    shardload.write(items, tmp_path / "out", fixed_fields="emb", progress=False)
+    assert not shardload.open(tmp_path / "out").schema.field("emb").variable
+
+
+def test_zarr_field_name_rule_is_checked_on_the_first_sample(tmp_path: Path) -> None:
+    pytest.importorskip("zarr")
+    out = tmp_path / "out"
+    with pytest.raises(shardload.InputError, match="'__x' cannot name a Zarr group"):
+        shardload.write([{"__x": tok(3)}], out, shard_format="zarr", progress=False)
+    assert not out.exists()

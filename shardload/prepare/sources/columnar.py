@@ -266,6 +266,7 @@ class ParquetSource(SourceReader):
         import pyarrow.parquet as pq
 
         for path in unit.paths:
+            _check_utf8_name(path)
             try:
                 pf = pq.ParquetFile(path)
                 schema = pf.schema_arrow
@@ -290,6 +291,7 @@ class ArrowSource(SourceReader):
     @classmethod
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
         for path in unit.paths:
+            _check_utf8_name(path)
             try:
                 source = pa.memory_map(path, "r")
             except FileNotFoundError:
@@ -299,6 +301,16 @@ class ArrowSource(SourceReader):
             with source:
                 schema, batches = _open_ipc(path, source)
                 yield from batch_samples(_guarded(path, "Arrow IPC", batches, [0]), path, schema)
+
+
+def _check_utf8_name(path: str) -> None:
+    """pyarrow opens files by UTF-8 path: refuse another name by name instead of crashing on it."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(
+            f"{path!r}: the file name is not valid UTF-8, and pyarrow cannot open such a path; rename the file"
+        ) from None
 
 
 def _open_ipc(path: str, source: pa.MemoryMappedFile) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
