@@ -8,7 +8,12 @@
 3. **write**: each shard (in parallel) gathers its samples from the staged
    chunks, is written to a temporary name, checksummed, and renamed.
 4. **commit**: lengths index, then ``manifest.json`` last
-   (:class:`~shardload.prepare.workdir.WorkDir`).
+   (:class:`~shardload.prepare.workdir.WorkDir`), once the finished set opens
+   as the loader opens it.
+
+The checks that guard each step (the first sample's schema before anything is
+created, resume over changed input, Arrow's array length, the new set before
+the commit) are in :mod:`shardload.prepare.guards`.
 
 Every step skips work whose result is already on disk, which is what makes
 ``resume`` finish an interrupted run with the same bytes as an uninterrupted one.
@@ -21,7 +26,6 @@ import itertools
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -32,33 +36,22 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.errors import InputError, OutputError, ShardSetError
+from shardload.errors import InputError, OutputError
 from shardload.formats import Columns, get_format
 from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
 from shardload.formats.base import concat_columns
 from shardload.manifest import LENGTHS_NAME, Manifest, ShardInfo, atomic_write_text, file_checksum
+from shardload.prepare import guards
 from shardload.prepare.faults import crash_point
-from shardload.prepare.fingerprint import changed_input, fingerprint_units
-from shardload.prepare.layout import assign_samples, count_shards
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.progress import Progress
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
 from shardload.prepare.workdir import WorkDir, output_errors
-from shardload.schema import Schema, name_problem, prepare_problems
+from shardload.schema import Schema
 
 logger = logging.getLogger("shardload.prepare")
 
 Located = Iterable[tuple[str, Mapping[str, Any]]]
-
-#: most values (scalar elements) of one field in one staged chunk or Arrow shard: Arrow IPC cannot write
-#: a longer array. A test lowers it to try the limit on small data.
-MAX_FIELD_VALUES = 2**31 - 1
-
-#: how to rename a field, per kind of source (prepare has no rename option: names come from the source)
-RENAME_HINT = (
-    "Rename the field in the source: the dict key (write), the column (Parquet, Arrow), the key (JSON Lines), "
-    "the array name (.npz), the member suffix (WebDataset) or --field (.npy)."
-)
 
 
 @dataclass(frozen=True)
@@ -100,12 +93,7 @@ class SampleChecker:
         if self.dtypes:
             sample = cast_fields(sample, self.dtypes, where)
         checked = self.schema.check(sample, where=where)
-        for name, arr in checked.items():
-            if arr.size > MAX_FIELD_VALUES:
-                raise InputError(
-                    f"{where}: field {name!r} holds {arr.size:,} values, more than a shard can hold in one field "
-                    f"({MAX_FIELD_VALUES:,}, the length limit of an Arrow array); split the sample into smaller ones"
-                )
+        guards.check_sample_size(checked, where)
         if self.reject_nonfinite:
             for name, arr in checked.items():
                 if arr.dtype.kind == "f" and not np.isfinite(arr).all():
@@ -181,7 +169,7 @@ def ingest(
         if not path.exists():
             break
         chunks.append(path.name)
-        skip += _skip_staged(it, ArrowShardReader(path, schema).columns(), check, unit_key)
+        skip += guards.skip_staged(it, ArrowShardReader(path, schema).columns(), check, unit_key)
     pending: list[dict[str, Any]] = []
     total, nbytes, pending_bytes = skip, 0, 0
     pending_values = 0  # bounds the values of any one field in the chunk (an Arrow array's length)
@@ -201,7 +189,7 @@ def ingest(
         checked = check(sample, where)
         size = sum(a.nbytes for a in checked.values())
         values = max(a.size for a in checked.values())
-        if pending and pending_values + values > MAX_FIELD_VALUES:
+        if pending and pending_values + values > guards.MAX_FIELD_VALUES:
             flush()
         pending_values += values
         pending.append(checked)
@@ -216,30 +204,6 @@ def ingest(
     with output_errors(staging.parents[1], f"staging the samples of {unit_key}"):
         atomic_write_text(done, json.dumps(record))
     return record
-
-
-def _skip_staged(it: Iterator[tuple[str, Mapping[str, Any]]], staged: Columns, check: SampleChecker, unit: str) -> int:
-    """Skip the samples of one chunk staged by an interrupted run, checking that they are the same.
-
-    A resumed run must read what the interrupted one read: otherwise the set
-    would mix old and new samples without a word (a changed file, or an
-    iterable given to ``write`` that yields other samples).
-    """
-    for i in range(staged.num_samples):
-        item = next(it, None)
-        if item is None:
-            raise OutputError(
-                f"cannot resume: the input ({unit}) now ends before sample {i} of a chunk the interrupted run "
-                "staged; resume needs the same samples in the same order. Rerun with --overwrite to start over."
-            )
-        where, sample = item
-        got, want = check(sample, where), staged.sample(i)
-        if any(not np.array_equal(got[k], want[k], equal_nan=got[k].dtype.kind == "f") for k in want):
-            raise OutputError(
-                f"cannot resume: {where} differs from the sample the interrupted run staged at that place; "
-                "resume needs the same samples in the same order. Rerun with --overwrite to start over."
-            )
-    return staged.num_samples
 
 
 def _ingest_unit(args: tuple[int, SourceUnit, SourceOptions, dict[str, Any], PrepareOptions, str]) -> dict[str, Any]:
@@ -381,7 +345,7 @@ def run_prepare(
     """Run the pipeline over source ``units`` or over an iterable of ``samples``."""
     source_options = source_options or SourceOptions()
     started = time.perf_counter()
-    _check_output_path(out)
+    guards.check_output_path(out)
     # The schema is checked before anything is created on disk, so that a refused run leaves nothing to
     # clean up; a run killed during its commit needs no sources to finish it.
     inferred = None if WorkDir.was_committing(out) else _infer_schema(units, source_options, samples, options)
@@ -400,14 +364,14 @@ def run_prepare(
         }
         with output_errors(wd.out, "recording the run's state"):
             wd.check_state(state)
-            _check_inputs(wd, units)
+            guards.check_inputs(wd, units, [unit_key(k) for k in range(len(units))])
         records = _ingest_all(wd, units, source_options, schema, options, located)
         staged = collect_staged(records, schema, wd.staging)
         n = len(staged.lengths)
         if n == 0:
             raise InputError("the sources hold no samples; nothing to prepare")
         in_bytes = int(staged.sample_bytes.sum())
-        order, bounds = _lay_out(staged, schema, options, in_bytes)
+        order, bounds = guards.lay_out(staged.lengths, staged.field_lengths, schema, options, in_bytes)
         shard_records = _write_all(wd, staged, schema, options, order, bounds)
         with output_errors(wd.out, "writing the lengths index and the manifest", partial=wd.work):
             files = _write_index(wd, staged, schema, order)
@@ -415,43 +379,9 @@ def run_prepare(
             manifest = _manifest(schema, options, shard_records, staged.lengths[order], files, describe)
             manifest.write(wd.work)
             crash_point("manifest")
-            check_new_set(wd)
+            guards.check_new_set(wd)
             wd.commit(list(files.values()) + ["origin.npy"])
         return _result(wd.out, time.perf_counter() - started, in_bytes)
-
-
-def _check_output_path(out: str | os.PathLike[str]) -> None:
-    """Refuse an output path that shard files cannot be written under (before creating anything)."""
-    text = os.fsdecode(out)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise OutputError(
-            f"{text!r}: the output path is not valid UTF-8; Arrow and Zarr cannot open files under it. Choose "
-            "an output directory whose path is UTF-8."
-        ) from None
-
-
-def _check_inputs(wd: WorkDir, units: Sequence[SourceUnit]) -> None:
-    """Refuse to resume over a source file that changed since its samples were staged (naming it).
-
-    Only units staged whole (``.done``) are compared by fingerprint; a unit
-    staged in part is compared sample by sample as it is skipped
-    (:func:`_skip_staged`), and a unit not staged yet is simply read. So a file
-    fixed after the run stopped on it can be resumed over.
-    """
-    inputs = fingerprint_units(units)
-    path = wd.work / "inputs.json"
-    done = [k for k in range(len(units)) if (wd.staging / f"{unit_key(k)}.done").exists()]
-    if done:
-        old = json.loads(path.read_text()) if path.exists() else None
-        change = changed_input(old, inputs, done)
-        if change is not None:
-            raise OutputError(
-                f"{wd.out}: cannot resume: {change}; its staged samples would mix old and new data. Restore the "
-                "sources, or rerun with --overwrite to start over."
-            )
-    atomic_write_text(path, json.dumps(inputs))
 
 
 def _infer_schema(
@@ -474,69 +404,13 @@ def _infer_schema(
     if first is None:
         raise InputError("the sources hold no samples; nothing to prepare")
     where, sample = first
-    if isinstance(sample, Mapping) and options.dtypes:
-        unknown = sorted(set(options.dtypes) - {str(k) for k in sample})
-        if unknown:
-            raise InputError(
-                f"--dtype names {'fields' if len(unknown) > 1 else 'a field'} the samples do not have: "
-                f"{', '.join(map(repr, unknown))} (fields of {where}: {', '.join(map(repr, map(str, sample)))})"
-            )
+    guards.check_dtype_fields(sample, options.dtypes, where)
     sample = cast_fields(sample, options.dtypes, where) if options.dtypes else sample
     schema = Schema.infer(sample, fixed_fields=options.fixed_fields, length_field=options.length_field, where=where)
-    if options.shard_format == "zarr":  # its own naming rule (no leading '__'), checked now, not per shard
-        from shardload.formats.zarr.writer import check_node_name
-
-        for name in schema.names:
-            check_node_name(name)
-    problems = prepare_problems(schema)
-    if problems:
-        # Refused here, before anything is written: the loader would refuse (or misread) the finished set.
-        renaming = any(name_problem(n) or n in schema.batch_keys() for n in schema.names)
-        raise InputError(f"{where}: {'; '.join(problems)}." + (f" {RENAME_HINT}" if renaming else ""))
+    guards.check_schema(schema, options.shard_format, where)
     if located is not None:
         located = itertools.chain([first], located)
     return schema, located
-
-
-def _lay_out(
-    staged: Staged, schema: Schema, options: PrepareOptions, in_bytes: int
-) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Order and shard bounds; Arrow shards get more of them if a field would exceed an array's length."""
-    n = len(staged.lengths)
-    num_shards = count_shards(n, in_bytes, shard_size=options.shard_size, num_shards=options.num_shards)
-    while True:
-        order, bounds = assign_samples(
-            staged.lengths, num_shards, balance=options.balance, shuffle=options.shuffle, seed=options.seed
-        )
-        if options.shard_format != "arrow":
-            return order, bounds
-        worst, name, shard = _most_values(staged, schema, order, bounds)
-        if worst <= MAX_FIELD_VALUES:
-            return order, bounds
-        if options.num_shards is not None:
-            raise InputError(
-                f"shard {shard} would hold {worst:,} values of field {name!r}, more than an Arrow shard can hold in "
-                f"one field ({MAX_FIELD_VALUES:,}); pass a larger num_shards (--num-shards), or leave it out"
-            )
-        # Deterministic, and ends: at one sample per shard every shard fits (each sample was checked).
-        num_shards = min(n, max(num_shards + 1, -(-num_shards * worst // MAX_FIELD_VALUES)))
-
-
-def _most_values(
-    staged: Staged, schema: Schema, order: NDArray[np.int64], bounds: NDArray[np.int64]
-) -> tuple[int, str, int]:
-    """The largest number of values of one field in one shard: ``(values, field, shard)``."""
-    best = (0, "", 0)
-    starts = bounds[:-1]
-    for f in schema.fields:
-        if f.variable:
-            per_shard = np.add.reduceat(staged.field_lengths[f.name][order], starts) * f.row_size
-        else:
-            per_shard = np.diff(bounds) * f.row_size
-        k = int(np.argmax(per_shard))
-        if int(per_shard[k]) > best[0]:
-            best = (int(per_shard[k]), f.name, k)
-    return best
 
 
 def _ingest_all(
@@ -680,37 +554,6 @@ def _manifest(
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         shardload_version=__version__,
     )
-
-
-def check_new_set(wd: WorkDir) -> None:
-    """Open the finished set in the work dir as the loader will, before it replaces anything.
-
-    The commit then only ever replaces a valid set with a valid set. The schema
-    was checked on the first sample already; this catches whatever else the
-    loader refuses (manifest, lengths indexes, shard files).
-
-    Raises:
-        InputError: the set would not open; the work dir is removed (a resume
-            would end the same way) and any old set in ``OUT`` is untouched.
-    """
-    from shardload.shardset import ShardSet
-
-    try:
-        shard_set = ShardSet(wd.work)
-        try:
-            shard_set.lengths  # noqa: B018  (loads and checks the index)
-            for f in shard_set.schema.variable_fields:
-                shard_set.field_lengths(f.name)
-            for k in range(len(shard_set.shards)):
-                shard_set.shard_columns(k)
-        finally:
-            shard_set.close()
-    except ShardSetError as exc:
-        shutil.rmtree(wd.work, ignore_errors=True)
-        raise InputError(
-            f"{wd.out}: the new shard set would not open, so it was not committed ({exc}). Nothing was "
-            f"replaced: {wd.out} holds what it held before. Fix the input, then run prepare again."
-        ) from None
 
 
 def _finish_commit(wd: WorkDir) -> None:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import shardload
 from shardload.cli import main
 from shardload.collate import PadSpec, collate_batch
-from shardload.prepare import pipeline
+from shardload.prepare import guards
 
 
 def tok(n: int, dtype: Any = np.int32) -> np.ndarray:
@@ -157,7 +157,7 @@ def test_new_set_is_opened_as_the_loader_will_before_the_commit(
     shardload.write(samples(), out, progress=False)
     old = (out / "manifest.json").read_bytes()
     # Whatever slips past the first-sample check (here: the check is switched off) is caught before the commit.
-    monkeypatch.setattr(pipeline, "prepare_problems", lambda schema: [])
+    monkeypatch.setattr(guards, "prepare_problems", lambda schema: [])
     with pytest.raises(shardload.InputError, match="would not open, so it was not committed.*at most 8 axes"):
         shardload.write([{"t": np.zeros((2,) + (1,) * 8, np.int8)}], out, overwrite=True, progress=False)
     assert (out / "manifest.json").read_bytes() == old
@@ -302,13 +302,13 @@ def test_non_utf8_output_path_is_refused_up_front(tmp_path: Path) -> None:
 def test_sample_with_more_values_than_an_arrow_array_is_refused_by_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pipeline, "MAX_FIELD_VALUES", 100)
+    monkeypatch.setattr(guards, "MAX_FIELD_VALUES", 100)
     with pytest.raises(shardload.InputError, match=r"sample 1: field 'f' holds 102 values.*split the sample"):
         shardload.write([{"f": np.ones((3, 2))}, {"f": np.ones((51, 2))}], tmp_path / "out", progress=False)
 
 
 def test_chunks_and_shards_stay_within_an_arrow_array(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipeline, "MAX_FIELD_VALUES", 100)
+    monkeypatch.setattr(guards, "MAX_FIELD_VALUES", 100)
     items = [{"t": np.full(30 + i % 7, i, np.uint8), "y": np.int64(i)} for i in range(40)]
     out = tmp_path / "out"
     # One shard by size, but ~1,300 values of 't' do not fit one Arrow array: more shards, chosen by prepare.

@@ -1,0 +1,220 @@
+"""Checks that keep prepare from writing what the loader would refuse, and from mixing old and new input.
+
+Everything here runs at the edges of a run, never per value in a loop:
+
+* before anything is created: the output path, the options against the
+  first sample's fields, the schema of the first sample (:func:`check_schema`,
+  the same :func:`~shardload.schema.schema_problems` that ``Manifest.load``
+  runs, plus what prepare cannot store);
+* per sample: its size against what one Arrow array can hold;
+* on resume: source fingerprints (:func:`check_inputs`) and staged samples
+  (:func:`skip_staged`);
+* at the layout: shards whose field would exceed an Arrow array (:func:`lay_out`);
+* before the commit: the finished set, opened as the loader opens it
+  (:func:`check_new_set`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.errors import InputError, OutputError, ShardSetError
+from shardload.formats import Columns
+from shardload.manifest import atomic_write_text
+from shardload.prepare.fingerprint import changed_input, fingerprint_units
+from shardload.prepare.layout import assign_samples, count_shards
+from shardload.prepare.options import PrepareOptions
+from shardload.prepare.sources import SourceUnit
+from shardload.prepare.workdir import WorkDir
+from shardload.schema import Schema, name_problem, prepare_problems
+
+#: most values (scalar elements) of one field in one staged chunk or Arrow shard: Arrow IPC cannot write
+#: a longer array. A test lowers it to try the limit on small data.
+MAX_FIELD_VALUES = 2**31 - 1
+
+#: how to rename a field, per kind of source (prepare has no rename option: names come from the source)
+RENAME_HINT = (
+    "Rename the field in the source: the dict key (write), the column (Parquet, Arrow), the key (JSON Lines), "
+    "the array name (.npz), the member suffix (WebDataset) or --field (.npy)."
+)
+
+
+def check_output_path(out: str | os.PathLike[str]) -> None:
+    """Refuse an output path that shard files cannot be written under (before creating anything)."""
+    text = os.fsdecode(out)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise OutputError(
+            f"{text!r}: the output path is not valid UTF-8; Arrow and Zarr cannot open files under it. Choose "
+            "an output directory whose path is UTF-8."
+        ) from None
+
+
+def check_dtype_fields(sample: Any, dtypes: Mapping[str, str], where: str) -> None:
+    """Refuse ``dtypes`` (``--dtype``) naming a field the first sample does not have, listing the real ones."""
+    if not isinstance(sample, Mapping) or not dtypes:
+        return  # Schema.infer reports a sample that is not a dict
+    unknown = sorted(set(dtypes) - {str(k) for k in sample})
+    if unknown:
+        raise InputError(
+            f"--dtype names {'fields' if len(unknown) > 1 else 'a field'} the samples do not have: "
+            f"{', '.join(map(repr, unknown))} (fields of {where}: {', '.join(map(repr, map(str, sample)))})"
+        )
+
+
+def check_schema(schema: Schema, shard_format: str, where: str) -> None:
+    """Refuse, on the first sample, a schema the loader would refuse or misread, or prepare cannot store."""
+    if shard_format == "zarr":  # its own naming rule (no leading '__'), checked now, not per shard
+        from shardload.formats.zarr.writer import check_node_name
+
+        for name in schema.names:
+            check_node_name(name)
+    problems = prepare_problems(schema)
+    if problems:
+        renaming = any(name_problem(n) or n in schema.batch_keys() for n in schema.names)
+        raise InputError(f"{where}: {'; '.join(problems)}." + (f" {RENAME_HINT}" if renaming else ""))
+
+
+def check_sample_size(checked: Mapping[str, np.ndarray], where: str) -> None:
+    """Refuse a sample with a field longer than one Arrow array can be."""
+    for name, arr in checked.items():
+        if arr.size > MAX_FIELD_VALUES:
+            raise InputError(
+                f"{where}: field {name!r} holds {arr.size:,} values, more than a shard can hold in one field "
+                f"({MAX_FIELD_VALUES:,}, the length limit of an Arrow array); split the sample into smaller ones"
+            )
+
+
+def check_inputs(wd: WorkDir, units: Sequence[SourceUnit], keys: Sequence[str]) -> None:
+    """Refuse to resume over a source file that changed since its samples were staged (naming it).
+
+    Only units staged whole (``.done``) are compared by fingerprint; a unit
+    staged in part is compared sample by sample as it is skipped
+    (:func:`skip_staged`), and a unit not staged yet is simply read. So a file
+    fixed after the run stopped on it can be resumed over.
+    """
+    inputs = fingerprint_units(units)
+    path = wd.work / "inputs.json"
+    done = [k for k, key in enumerate(keys) if (wd.staging / f"{key}.done").exists()]
+    if done:
+        old = json.loads(path.read_text()) if path.exists() else None
+        change = changed_input(old, inputs, done)
+        if change is not None:
+            raise OutputError(
+                f"{wd.out}: cannot resume: {change}; its staged samples would mix old and new data. Restore the "
+                "sources, or rerun with --overwrite to start over."
+            )
+    atomic_write_text(path, json.dumps(inputs))
+
+
+def skip_staged(
+    it: Iterator[tuple[str, Mapping[str, Any]]],
+    staged: Columns,
+    check: Callable[[Mapping[str, Any], str], dict[str, np.ndarray]],
+    unit: str,
+) -> int:
+    """Skip the samples of one chunk staged by an interrupted run, checking that they are the same.
+
+    A resumed run must read what the interrupted one read: otherwise the set
+    would mix old and new samples without a word (a changed file, or an
+    iterable given to ``write`` that yields other samples).
+    """
+    for i in range(staged.num_samples):
+        item = next(it, None)
+        if item is None:
+            raise OutputError(
+                f"cannot resume: the input ({unit}) now ends before sample {i} of a chunk the interrupted run "
+                "staged; resume needs the same samples in the same order. Rerun with --overwrite to start over."
+            )
+        where, sample = item
+        got, want = check(sample, where), staged.sample(i)
+        if any(not np.array_equal(got[k], want[k], equal_nan=got[k].dtype.kind == "f") for k in want):
+            raise OutputError(
+                f"cannot resume: {where} differs from the sample the interrupted run staged at that place; "
+                "resume needs the same samples in the same order. Rerun with --overwrite to start over."
+            )
+    return staged.num_samples
+
+
+def lay_out(
+    lengths: NDArray[np.int64],
+    field_lengths: Mapping[str, NDArray[np.int64]],
+    schema: Schema,
+    options: PrepareOptions,
+    in_bytes: int,
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Order and shard bounds; Arrow shards get more of them if a field would exceed an array's length."""
+    n = len(lengths)
+    num_shards = count_shards(n, in_bytes, shard_size=options.shard_size, num_shards=options.num_shards)
+    while True:
+        order, bounds = assign_samples(
+            lengths, num_shards, balance=options.balance, shuffle=options.shuffle, seed=options.seed
+        )
+        if options.shard_format != "arrow":
+            return order, bounds
+        worst, name, shard = _most_values(field_lengths, schema, order, bounds)
+        if worst <= MAX_FIELD_VALUES:
+            return order, bounds
+        if options.num_shards is not None:
+            raise InputError(
+                f"shard {shard} would hold {worst:,} values of field {name!r}, more than an Arrow shard can hold in "
+                f"one field ({MAX_FIELD_VALUES:,}); pass a larger num_shards (--num-shards), or leave it out"
+            )
+        # Deterministic, and ends: at one sample per shard every shard fits (each sample was checked).
+        num_shards = min(n, max(num_shards + 1, -(-num_shards * worst // MAX_FIELD_VALUES)))
+
+
+def _most_values(
+    field_lengths: Mapping[str, NDArray[np.int64]], schema: Schema, order: NDArray[np.int64], bounds: NDArray[np.int64]
+) -> tuple[int, str, int]:
+    """The largest number of values of one field in one shard: ``(values, field, shard)``."""
+    best = (0, "", 0)
+    starts = bounds[:-1]
+    for f in schema.fields:
+        if f.variable:
+            per_shard = np.add.reduceat(field_lengths[f.name][order], starts) * f.row_size
+        else:
+            per_shard = np.diff(bounds) * f.row_size
+        k = int(np.argmax(per_shard))
+        if int(per_shard[k]) > best[0]:
+            best = (int(per_shard[k]), f.name, k)
+    return best
+
+
+def check_new_set(wd: WorkDir) -> None:
+    """Open the finished set in the work dir as the loader will, before it replaces anything.
+
+    The commit then only ever replaces a valid set with a valid set. The schema
+    was checked on the first sample already; this catches whatever else the
+    loader refuses (manifest, lengths indexes, shard files).
+
+    Raises:
+        InputError: the set would not open; the work dir is removed (a resume
+            would end the same way) and any old set in ``OUT`` is untouched.
+    """
+    from shardload.shardset import ShardSet
+
+    try:
+        shard_set = ShardSet(wd.work)
+        try:
+            shard_set.lengths  # noqa: B018  (loads and checks the index)
+            for f in shard_set.schema.variable_fields:
+                shard_set.field_lengths(f.name)
+            for k in range(len(shard_set.shards)):
+                shard_set.shard_columns(k)
+        finally:
+            shard_set.close()
+    except ShardSetError as exc:
+        shutil.rmtree(wd.work, ignore_errors=True)
+        raise InputError(
+            f"{wd.out}: the new shard set would not open, so it was not committed ({exc}). Nothing was "
+            f"replaced: {wd.out} holds what it held before. Fix the input, then run prepare again."
+        ) from None
