@@ -105,7 +105,10 @@ def check_inputs(wd: WorkDir, units: Sequence[SourceUnit], keys: Sequence[str]) 
     path = wd.work / "inputs.json"
     done = [k for k, key in enumerate(keys) if (wd.staging / f"{key}.done").exists()]
     if done:
-        old = json.loads(path.read_text()) if path.exists() else None
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError):  # missing or damaged: nothing proves the input is the same
+            old = None
         change = changed_input(old, inputs, done)
         if change is not None:
             raise OutputError(

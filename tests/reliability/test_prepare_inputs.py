@@ -398,3 +398,10 @@ def test_zarr_field_name_rule_is_checked_on_the_first_sample(tmp_path: Path) -> 
     with pytest.raises(shardload.InputError, match="'__x' cannot name a Zarr group"):
         shardload.write([{"__x": tok(3)}], out, shard_format="zarr", progress=False)
     assert not out.exists()
+
+
+def test_resume_with_a_damaged_fingerprint_record_is_refused(tmp_path: Path) -> None:
+    files, out = interrupted_run(tmp_path)
+    (out / ".prepare" / "inputs.json").write_text("{not json")
+    with pytest.raises(shardload.OutputError, match="recorded no fingerprint.*--overwrite"):
+        shardload.prepare([str(f) for f in files], out, resume=True, progress=False)
