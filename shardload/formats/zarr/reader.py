@@ -102,9 +102,7 @@ class ZarrShardReader(ShardReader):
         n = meta["num_samples"]
         if self.samples is not None and n != self.samples:
             # Checked before the offsets (8 bytes per sample) are decoded.
-            raise CorruptShardError(
-                f"shard {self.path} holds {n} samples, the manifest says {self.samples}. {_HINT}"
-            )
+            raise CorruptShardError(f"shard {self.path} holds {n} samples, the manifest says {self.samples}. {_HINT}")
         self._chunk_size = manifest_chunk_size(self.options, meta)
         fields = {f.name: self._field(f, n) for f in self.schema.fields}
         return Columns(num_samples=n, fields=fields)
@@ -189,6 +187,8 @@ class ZarrShardReader(ShardReader):
                 check_chunk_members(zf, f"{arr.path}/c/", "/0" * (len(shape) - 1), shape[0], chunks[0])
         except BoundsError as exc:
             raise self._refuse(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001  metadata zarr parsed but cannot describe: damage too
+            raise self._refuse(f"array {key!r} has unusable metadata ({_one_line(exc)})") from None
 
     def _field(self, f: Field, n: int) -> FieldData:
         key = f"{f.name}/values"
@@ -215,7 +215,9 @@ class ZarrShardReader(ShardReader):
                 f"shard {self.path}: array {okey!r} is {getattr(oarr, 'dtype', '?')} "
                 f"{list(getattr(oarr, 'shape', []))}, expected int64 [{n + 1}]. {_HINT}"
             )
-        self._check_array(okey, oarr, n + 1, (n + 1) * 8)  # one chunk: the whole array, exactly
+        self._check_array(okey, oarr, n + 1, (n + 1) * 8)
+        if tuple(oarr.chunks) != (n + 1,):
+            raise self._refuse(f"array {okey!r} has chunks {list(oarr.chunks)}; the format stores offsets in one chunk")
         offsets = self.read(okey, slice(0, n + 1), chunk=0)
         if offsets.dtype != np.int64 or offsets.shape != (n + 1,):
             raise CorruptShardError(
@@ -266,8 +268,9 @@ class _ChunkDecoder:
     (``bytes`` little-endian, then zstd, blosc or nothing) and the default
     chunk key encoding, the chunk is read from the zip (which checks its
     CRC-32) and decompressed with numcodecs, the codec library zarr itself
-    uses. Any other layout returns ``None`` from :meth:`for_array`, and is
-    read through zarr.
+    uses. Any other layout returns ``None`` from :meth:`for_array` (and is
+    refused when the shard is opened, see :mod:`.bounds`); then, as in tests
+    that compare both paths, it is read through zarr.
     """
 
     def __init__(
