@@ -363,6 +363,17 @@ def test_zarr_codec_outside_the_format_is_refused(zarr_set: Path) -> None:
         read_everything(zarr_set)
 
 
+def test_zarr_chunk_stored_larger_than_its_codec_can_make_it_is_not_read(zarr_set: Path) -> None:
+    # A 248-byte chunk stored as 1 MiB: the member's size is checked before the member is read.
+    members = zip_members(shard_file(zarr_set, 0))
+    members["tokens/values/c/0"] = zstd_zeros(248) + bytes(1 << 20)
+    install_shard(zarr_set, 0, zip_bytes(members))
+    with pytest.raises(
+        shardload.CorruptShardError, match=r"chunk 0 of array 'tokens/values'.*stores 10\d+ bytes, more than zstd"
+    ):
+        read_everything(zarr_set)
+
+
 def test_verify_decodes_every_zarr_chunk(zarr_set: Path) -> None:
     # A chunk that decodes to the wrong size passes the checksum (the manifest agrees with the file)
     # and the open-time checks (its metadata is honest); verify decodes it and reports it.

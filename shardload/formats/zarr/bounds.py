@@ -14,8 +14,10 @@ metadata, instead of after the allocation it asks for:
   blosc or nothing), chunks along the first axis only, and a decoded chunk no
   larger than :func:`max_chunk_bytes` (from the manifest's ``chunk_size``);
   every chunk it declares must be a member of the zip;
-* each compressed chunk: the size its frame header declares must be the
-  chunk's exact size, and it is decoded into a buffer of exactly that size.
+* each compressed chunk: its stored size at most what its compressor can
+  make of the chunk (read before the member is), the size its frame header
+  declares the chunk's exact size, and it is decoded into a buffer of exactly
+  that size.
 """
 
 from __future__ import annotations
@@ -142,6 +144,26 @@ def check_chunk_members(zf: zipfile.ZipFile, prefix: str, suffix: str, rows: int
     for c in range(count):
         if f"{prefix}{c}{suffix}" not in members:
             raise BoundsError(f"chunk {c} of array {prefix.removesuffix('/c/')!r} is missing from the zip")
+
+
+def max_stored_bytes(compressor: str, nbytes: int) -> int:
+    """The most bytes a stored chunk of ``nbytes`` decoded can take: a compressor's worst case on random data.
+
+    zstd's ``ZSTD_COMPRESSBOUND`` is ``n + n/256 + (128 KiB - n)/2048`` for
+    ``n`` under 128 KiB; blosc adds a 16-byte header and a few bytes per
+    block. ``n/128 + 4 KiB`` covers both with room to spare.
+    """
+    return nbytes if compressor == "" else nbytes + nbytes // 128 + 4096
+
+
+def check_stored_size(stored: int, compressor: str, nbytes: int) -> None:
+    """A chunk's zip member must not be larger than its compressor could make ``nbytes`` (checked before reading)."""
+    limit = max_stored_bytes(compressor, nbytes)
+    if stored > limit:
+        raise BoundsError(
+            f"the chunk stores {stored} bytes, more than {compressor or 'no compression'} can make of a "
+            f"{nbytes}-byte chunk ({limit} at most)"
+        )
 
 
 def check_encoded(raw: bytes, compressor: str, nbytes: int) -> None:

@@ -25,6 +25,7 @@ from shardload.formats.zarr.bounds import (
     check_array,
     check_chunk_members,
     check_encoded,
+    check_stored_size,
     check_zip,
     manifest_chunk_size,
     max_chunk_bytes,
@@ -45,6 +46,11 @@ class ZarrShardReader(ShardReader):
         schema: the shard set's schema (from the manifest).
         cache: where decoded chunks are kept; default: the process-wide
             :func:`~shardload.formats.zarr.cache.chunk_cache`.
+        samples: the manifest's sample count for this shard. Pass it when the
+            shard may be untrusted: without it, the shard's own count sizes
+            the offsets that are decoded when it is opened.
+        options: the manifest's options; ``chunk_size`` bounds a decoded chunk
+            (default: the shard's own attribute, else 64 KiB).
 
     The zip file is reopened after a fork, so columns taken in a parent
     process stay usable in DataLoader workers.
@@ -320,9 +326,14 @@ class _ChunkDecoder:
     def decode(self, zf: zipfile.ZipFile, c: int) -> np.ndarray:
         member = f"{self.prefix}{c}{self.suffix}"
         try:
-            raw = zf.read(member)  # checks the member's CRC-32
+            info = zf.getinfo(member)
         except KeyError:
             raise ValueError(f"the zip has no member {member!r}") from None
+        try:
+            check_stored_size(info.file_size, self.compressor, self.nbytes)
+        except BoundsError as exc:
+            raise ValueError(str(exc)) from None
+        raw = zf.read(info)  # checks the member's CRC-32
         # The frame's declared size must be the chunk's, and it is decoded into exactly that much memory,
         # so a frame that claims (or holds) more fails instead of allocating it.
         try:
