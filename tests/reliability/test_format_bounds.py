@@ -328,14 +328,16 @@ def test_zarr_zip_member_whose_declared_size_lies_is_refused(zarr_set: Path) -> 
 
 def test_zarr_sample_count_is_checked_against_the_manifest_before_offsets_are_read(zarr_set: Path) -> None:
     m = read_manifest(zarr_set)
-    m["shards"][0]["samples"] += 1
-    m["shards"][1]["samples"] -= 1
-    m["shards"][1]["first_sample"] += 1
+    m["shards"][0]["samples"] -= 1  # the shard declares one more: its offsets are not decoded
+    m["shards"][1]["samples"] += 1
+    m["shards"][1]["first_sample"] -= 1
     write_manifest(zarr_set, m)
     with pytest.raises(
         shardload.CorruptShardError, match=r"shard-000000\.zarr\.zip holds \d+ samples, the manifest says"
     ):
         shardload.open(zarr_set)[0]
+    reasons = {p.shard: p.reason for p in verify(zarr_set).problems if p.shard is not None}
+    assert reasons == {0: "unreadable", 1: "wrong_count"}, reasons  # shard 1 holds fewer: read, then counted
 
 
 def test_zarr_chunk_shape_across_inner_axes_is_refused(tmp_path: Path) -> None:

@@ -106,8 +106,9 @@ class ZarrShardReader(ShardReader):
                 f"version {LAYOUT_VERSION}. Upgrade shardload, or re-run prepare."
             )
         n = meta["num_samples"]
-        if self.samples is not None and n != self.samples:
-            # Checked before the offsets (8 bytes per sample) are decoded.
+        if self.samples is not None and n > self.samples:
+            # Checked before the offsets (8 bytes per sample) are decoded; fewer samples than the
+            # manifest says is bounded, and left to the callers' count checks (verify's wrong_count).
             raise CorruptShardError(f"shard {self.path} holds {n} samples, the manifest says {self.samples}. {_HINT}")
         self._chunk_size = manifest_chunk_size(self.options, meta)
         fields = {f.name: self._field(f, n) for f in self.schema.fields}
