@@ -146,7 +146,7 @@ class ShardSet:
                 f"shard {shard} ({path}) has {size} bytes, the manifest says {info.bytes}: truncated or "
                 f"rewritten. Run `shardload verify {self.path}` and re-run prepare."
             )
-        reader = self._reader_cls(path, self.schema)
+        reader = self._reader_cls(path, self.schema, samples=info.samples, options=self.manifest.options)
         try:
             cols = reader.columns()
             # Mapped first, checked second: if the manifest is still the one we opened, the

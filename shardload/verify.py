@@ -5,8 +5,10 @@ Where it sits: beside the flow, after ``prepare`` (``shardload verify OUT``).
 thorough counterpart of :func:`shardload.open`, which only checks sizes lazily.
 
 For each shard it checks, in order: the file exists, its size, its sha256
-checksum, that the format's reader can open it with the manifest's schema, its
-sample count, and that the lengths recomputed from its offsets equal its slice
+checksum, that the format's reader can open it with the manifest's schema (which
+checks the format's bounds: uncompressed Arrow, Zarr sizes within the manifest's),
+its sample count, that its data decodes (every Zarr chunk, one at a time), and
+that the lengths recomputed from its offsets equal its slice
 of the lengths index (and of each per-field index). Damage is *reported*, never
 raised, so one run lists everything that is wrong::
 
@@ -272,7 +274,7 @@ class _ShardChecker:
         return problems, read
 
     def _check_content(self, info: ShardInfo, path: Path, report: Callable[[str, str], None]) -> None:
-        reader = self.reader_cls(path, self.manifest.schema)
+        reader = self.reader_cls(path, self.manifest.schema, samples=info.samples, options=self.manifest.options)
         try:
             try:
                 cols = reader.columns()
@@ -281,6 +283,11 @@ class _ShardChecker:
                 return
             if cols.num_samples != info.samples:
                 report("wrong_count", f"holds {cols.num_samples} samples, the manifest says {info.samples}")
+                return
+            try:
+                reader.check_data()  # Zarr: every chunk decoded once, within the bounds checked at open
+            except Exception as exc:  # noqa: BLE001
+                report("unreadable", f"its data cannot be decoded: {_one_line(exc)}")
                 return
             try:
                 lengths = recompute_lengths(self.manifest.schema, cols)

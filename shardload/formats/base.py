@@ -154,13 +154,27 @@ class ShardWriter(ABC):
 
 
 class ShardReader(ABC):
-    """Reads one shard back as :class:`Columns` (zero-copy where possible)."""
+    """Reads one shard back as :class:`Columns` (zero-copy where possible).
+
+    Args:
+        path: the shard file.
+        schema: the shard set's schema (from the manifest).
+        samples: the samples the manifest gives this shard, when known; a
+            format whose sizes come from the file (Zarr) checks them against
+            it before reading anything that large.
+        options: the manifest's prepare options (e.g. Zarr's ``chunk_size``),
+            which bound what a shard may declare.
+    """
 
     name: ClassVar[str]
 
-    def __init__(self, path: Path, schema: Schema) -> None:
+    def __init__(
+        self, path: Path, schema: Schema, *, samples: int | None = None, options: Mapping[str, object] | None = None
+    ) -> None:
         self.path = Path(path)
         self.schema = schema
+        self.samples = samples
+        self.options: Mapping[str, object] = dict(options or {})
         self._columns: Columns | None = None
 
     def columns(self) -> Columns:
@@ -172,6 +186,15 @@ class ShardReader(ABC):
     @abstractmethod
     def _open(self) -> Columns:
         """Open the shard (called by :meth:`columns` once, and again after :meth:`close`)."""
+
+    def check_data(self) -> None:
+        """Decode everything the shard holds once, for ``shardload verify``; raise on the first failure.
+
+        Formats that read by mapping (Arrow) have checked every buffer when the
+        shard was opened and do nothing more; formats that decode (Zarr) decode
+        each chunk, one at a time, within the bounds they check at open.
+        """
+        self.columns()
 
     def close(self) -> None:
         """Release the file mapping; the reader may be reopened by ``columns()``.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
@@ -9,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardload.errors import CorruptShardError
+from shardload.formats.arrow.ipc import LayoutError, check_ipc_layout
 from shardload.formats.arrow.writer import arrow_type
 from shardload.formats.base import Columns, FieldData, ShardReader
 from shardload.schema import Field, Schema
@@ -23,8 +25,10 @@ class ArrowShardReader(ShardReader):
 
     name: ClassVar[str] = "arrow"
 
-    def __init__(self, path: Path, schema: Schema) -> None:
-        super().__init__(path, schema)
+    def __init__(
+        self, path: Path, schema: Schema, *, samples: int | None = None, options: Mapping[str, object] | None = None
+    ) -> None:
+        super().__init__(path, schema, samples=samples, options=options)
         self._mmap: pa.MemoryMappedFile | None = None
 
     def close(self) -> None:
@@ -36,11 +40,12 @@ class ArrowShardReader(ShardReader):
     def _open(self) -> Columns:
         try:
             self._mmap = pa.memory_map(str(self.path), "r")
+            whole = self._check_layout(self._mmap)
             reader = pa.ipc.open_file(self._mmap)
-            if reader.num_record_batches != 1:
-                raise CorruptShardError(f"{self.path}: expected one record batch, found {reader.num_record_batches}")
+            self._check_schema(reader.schema)
             batch = reader.get_batch(0)
             batch.validate()
+            self._check_mapped(batch, whole)
         except FileNotFoundError:
             raise CorruptShardError(
                 f"shard {self.path} is missing; run `shardload verify` on the shard set and re-run prepare"
@@ -59,14 +64,47 @@ class ArrowShardReader(ShardReader):
             fields[f.name] = self._field(f, col, batch.num_rows)
         return Columns(num_samples=batch.num_rows, fields=fields)
 
+    # -- the format's contract, checked before (and after) pyarrow reads the batch -------------------
+    def _refuse(self, problem: str) -> CorruptShardError:
+        return CorruptShardError(
+            f"shard {self.path}: {problem}. Shards are uncompressed Arrow IPC files with one record batch, as "
+            "`shardload prepare` writes them; run `shardload verify` and re-run prepare for this shard set."
+        )
+
+    def _check_layout(self, mmap: pa.MemoryMappedFile) -> pa.Buffer:
+        """The whole mapped file, once its IPC metadata is checked (see :mod:`.ipc`); nothing is decoded."""
+        mmap.seek(0)
+        whole = mmap.read_buffer(mmap.size())  # zero-copy: a view of the mapping (read_at would copy)
+        mmap.seek(0)
+        try:
+            check_ipc_layout(memoryview(whole))
+        except LayoutError as exc:
+            raise self._refuse(str(exc)) from None
+        return whole
+
+    def _check_schema(self, found: pa.Schema) -> None:
+        """The file's columns must be exactly the schema's: an extra column could be anything."""
+        names = [f.name for f in self.schema.fields]
+        if found.names != names:
+            raise self._refuse(f"its columns are {found.names}, the manifest's schema has {names}")
+        for f, af in zip(self.schema.fields, found, strict=True):
+            expected = arrow_type(f)
+            if not af.type.equals(expected):
+                # Reading the buffers of another type as this one would misread (or overrun) them.
+                raise CorruptShardError(
+                    f"shard {self.path}: column {f.name!r} is stored as {af.type}, but the manifest's schema "
+                    f"({f.dtype} {list(f.shape)}) needs {expected}; the shard does not belong to this manifest"
+                )
+
+    def _check_mapped(self, batch: pa.RecordBatch, whole: pa.Buffer) -> None:
+        """Every buffer pyarrow returned must be a view of the mapping, not memory it allocated."""
+        lo, hi = whole.address, whole.address + whole.size
+        for name, col in zip(batch.schema.names, batch.columns, strict=True):
+            for buf in col.buffers():
+                if buf is not None and buf.size and not lo <= buf.address <= hi - buf.size:
+                    raise self._refuse(f"column {name!r} was copied out of the file by pyarrow instead of mapped")
+
     def _field(self, f: Field, col: pa.Array, n: int) -> FieldData:
-        expected = arrow_type(f)
-        if not col.type.equals(expected):
-            # Reading the buffers of another type as this one would misread (or overrun) them.
-            raise CorruptShardError(
-                f"shard {self.path}: column {f.name!r} is stored as {col.type}, but the manifest's schema "
-                f"({f.dtype} {list(f.shape)}) needs {expected}; the shard does not belong to this manifest"
-            )
         offsets = None
         if f.variable:
             # buffers(): [validity, offsets, ...child buffers]; offsets are int64 for large_list.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import zipfile
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -20,8 +20,18 @@ import numpy as np
 
 from shardload.errors import CorruptShardError
 from shardload.formats.base import Columns, FieldData, ShardReader
+from shardload.formats.zarr.bounds import (
+    BoundsError,
+    check_array,
+    check_chunk_members,
+    check_encoded,
+    check_stored_size,
+    check_zip,
+    manifest_chunk_size,
+    max_chunk_bytes,
+)
 from shardload.formats.zarr.cache import ChunkCache, chunk_cache
-from shardload.formats.zarr.codecs import require_zarr
+from shardload.formats.zarr.codecs import DEFAULT_CHUNK_SIZE, require_zarr
 from shardload.formats.zarr.writer import LAYOUT_VERSION
 from shardload.schema import Field, Schema
 
@@ -36,6 +46,11 @@ class ZarrShardReader(ShardReader):
         schema: the shard set's schema (from the manifest).
         cache: where decoded chunks are kept; default: the process-wide
             :func:`~shardload.formats.zarr.cache.chunk_cache`.
+        samples: the manifest's sample count for this shard. Pass it when the
+            shard may be untrusted: without it, the shard's own count sizes
+            the offsets that are decoded when it is opened.
+        options: the manifest's options; ``chunk_size`` bounds a decoded chunk
+            (default: the shard's own attribute, else 64 KiB).
 
     The zip file is reopened after a fork, so columns taken in a parent
     process stay usable in DataLoader workers.
@@ -43,9 +58,18 @@ class ZarrShardReader(ShardReader):
 
     name: ClassVar[str] = "zarr"
 
-    def __init__(self, path: Path, schema: Schema, *, cache: ChunkCache | None = None) -> None:
-        super().__init__(path, schema)
+    def __init__(
+        self,
+        path: Path,
+        schema: Schema,
+        *,
+        cache: ChunkCache | None = None,
+        samples: int | None = None,
+        options: Mapping[str, object] | None = None,
+    ) -> None:
+        super().__init__(path, schema, samples=samples, options=options)
         self.cache = cache
+        self._chunk_size = DEFAULT_CHUNK_SIZE
         self._store: Any = None
         self._root: Any = None
         self._zip: zipfile.ZipFile | None = None
@@ -82,6 +106,11 @@ class ZarrShardReader(ShardReader):
                 f"version {LAYOUT_VERSION}. Upgrade shardload, or re-run prepare."
             )
         n = meta["num_samples"]
+        if self.samples is not None and n > self.samples:
+            # Checked before the offsets (8 bytes per sample) are decoded; fewer samples than the
+            # manifest says is bounded, and left to the callers' count checks (verify's wrong_count).
+            raise CorruptShardError(f"shard {self.path} holds {n} samples, the manifest says {self.samples}. {_HINT}")
+        self._chunk_size = manifest_chunk_size(self.options, meta)
         fields = {f.name: self._field(f, n) for f in self.schema.fields}
         return Columns(num_samples=n, fields=fields)
 
@@ -92,17 +121,28 @@ class ZarrShardReader(ShardReader):
             return self._root
         # A zip file handle inherited through fork shares its offset with the parent: open our own.
         self._store, self._zip, self._arrays, self._decoders, self._pid = None, None, {}, {}, os.getpid()
+        zf: zipfile.ZipFile | None = None
+        store: Any = None
         try:
+            # The zip's directory is checked before zarr reads any member through its own handle.
+            zf = zipfile.ZipFile(self.path, "r")
+            self._check_zip(zf)
             store = zarr.storage.ZipStore(self.path, mode="r")
             self._root = zarr.open_group(store, mode="r", zarr_format=3)
-            self._zip = zipfile.ZipFile(self.path, "r")
-        except FileNotFoundError:
-            raise CorruptShardError(f"shard {self.path} is missing. {_HINT}") from None
-        except Exception as exc:  # noqa: BLE001  zipfile, JSON and zarr metadata errors alike mean damage
+        except BaseException as exc:
+            for handle in (store, zf):  # a refused shard keeps no file open
+                if handle is not None:
+                    handle.close()
+            if isinstance(exc, FileNotFoundError):
+                raise CorruptShardError(f"shard {self.path} is missing. {_HINT}") from None
+            if isinstance(exc, CorruptShardError) or not isinstance(exc, Exception):
+                raise
+            # zipfile, JSON and zarr metadata errors alike mean damage
             raise CorruptShardError(
                 f"shard {self.path} cannot be opened as a zipped Zarr group ({_one_line(exc)}); it is truncated "
                 f"or corrupt. {_HINT}"
             ) from None
+        self._zip = zf
         self._store = store
         return self._root
 
@@ -122,6 +162,41 @@ class ZarrShardReader(ShardReader):
             self._arrays[key] = arr
         return arr
 
+    # -- bounds: what the shard declares, checked before it is decoded (see bounds.py) -------------------
+    def _refuse(self, problem: str) -> CorruptShardError:
+        return CorruptShardError(
+            f"shard {self.path}: {problem}. Such a shard is not one `shardload prepare` writes (it is damaged, or "
+            f"was made another way) and is refused before it is decoded. {_HINT}"
+        )
+
+    def _check_zip(self, zf: zipfile.ZipFile) -> None:
+        try:
+            check_zip(zf, os.fstat(zf.fp.fileno()).st_size if zf.fp is not None else 0)
+        except BoundsError as exc:
+            raise self._refuse(str(exc)) from None
+
+    def _check_array(self, key: str, arr: Any, rows: int | None, bound: int) -> None:
+        """``arr``'s codecs, chunks and chunk members against the format; ``rows``: its expected length."""
+        zf = self._zip
+        try:
+            shape, chunks = tuple(int(d) for d in arr.shape), tuple(int(c) for c in arr.chunks)
+            if rows is not None and shape[0] != rows:
+                raise BoundsError(f"array {key!r} has {shape[0]} rows, expected {rows}")
+            check_array(
+                arr.metadata.to_dict(),
+                key=key,
+                shape=shape,
+                chunks=chunks,
+                itemsize=np.dtype(arr.dtype).itemsize,
+                bound=bound,
+            )
+            if zf is not None and 0 not in shape[1:]:  # an axis of length 0 has no chunks at all
+                check_chunk_members(zf, f"{arr.path}/c/", "/0" * (len(shape) - 1), shape[0], chunks[0])
+        except BoundsError as exc:
+            raise self._refuse(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001  metadata zarr parsed but cannot describe: damage too
+            raise self._refuse(f"array {key!r} has unusable metadata ({_one_line(exc)})") from None
+
     def _field(self, f: Field, n: int) -> FieldData:
         key = f"{f.name}/values"
         arr = self.array(key)
@@ -131,6 +206,8 @@ class ZarrShardReader(ShardReader):
                 f"shard {self.path}: array {key!r} is {getattr(arr, 'dtype', '?')} {list(getattr(arr, 'shape', []))}, "
                 f"the manifest says {dtype} {['rows', *f.inner_shape]}. {_HINT}"
             )
+        row_bytes = math.prod(max(1, d) for d in f.inner_shape) * dtype.itemsize
+        self._check_array(key, arr, None if f.variable else n, max_chunk_bytes(self._chunk_size, row_bytes))
         values = ZarrValues(self, key, tuple(arr.shape), dtype, int(arr.chunks[0]))
         if not f.variable:
             if len(values) != n:
@@ -139,7 +216,16 @@ class ZarrShardReader(ShardReader):
                 )
             return FieldData(values, None)  # type: ignore[arg-type]  # a lazy array, sliced like an ndarray
         okey = f"{f.name}/offsets"
-        offsets = self.read(okey, slice(None), chunk=0)
+        oarr = self.array(okey)
+        if not hasattr(oarr, "chunks") or oarr.dtype != np.int64 or tuple(oarr.shape) != (n + 1,):
+            raise CorruptShardError(
+                f"shard {self.path}: array {okey!r} is {getattr(oarr, 'dtype', '?')} "
+                f"{list(getattr(oarr, 'shape', []))}, expected int64 [{n + 1}]. {_HINT}"
+            )
+        self._check_array(okey, oarr, n + 1, (n + 1) * 8)
+        if tuple(oarr.chunks) != (n + 1,):
+            raise self._refuse(f"array {okey!r} has chunks {list(oarr.chunks)}; the format stores offsets in one chunk")
+        offsets = self.read(okey, slice(0, n + 1), chunk=0)
         if offsets.dtype != np.int64 or offsets.shape != (n + 1,):
             raise CorruptShardError(
                 f"shard {self.path}: array {okey!r} is {offsets.dtype} {list(offsets.shape)}, expected int64 [{n + 1}]. "
@@ -149,6 +235,15 @@ class ZarrShardReader(ShardReader):
             raise CorruptShardError(f"shard {self.path}: offsets of {f.name!r} are out of bounds. {_HINT}")
         offsets.flags.writeable = False
         return FieldData(values, offsets)  # type: ignore[arg-type]
+
+    def check_data(self) -> None:
+        """Decode every chunk of every ``values`` array once (bypassing the cache), for ``shardload verify``."""
+        cols = self.columns()
+        for f in self.schema.fields:
+            values = cols.fields[f.name].values
+            if isinstance(values, ZarrValues):
+                for c in range(values.num_chunks):
+                    values.decode_chunk(c)
 
     def read(self, key: str, rows: slice, *, chunk: int) -> np.ndarray:
         """Decode ``rows`` of array ``key``; a failure is a :class:`CorruptShardError` naming ``chunk``.
@@ -180,17 +275,26 @@ class _ChunkDecoder:
     (``bytes`` little-endian, then zstd, blosc or nothing) and the default
     chunk key encoding, the chunk is read from the zip (which checks its
     CRC-32) and decompressed with numcodecs, the codec library zarr itself
-    uses. Any other layout returns ``None`` from :meth:`for_array`, and is
-    read through zarr.
+    uses. Any other layout returns ``None`` from :meth:`for_array` (and is
+    refused when the shard is opened, see :mod:`.bounds`); then, as in tests
+    that compare both paths, it is read through zarr.
     """
 
-    def __init__(self, prefix: str, chunks: tuple[int, ...], dtype: np.dtype[Any], decompress: Callable[[bytes], Any]):
+    def __init__(
+        self,
+        prefix: str,
+        chunks: tuple[int, ...],
+        dtype: np.dtype[Any],
+        decompress: Callable[..., Any] | None,
+        compressor: str = "",
+    ):
         self.prefix = prefix  # e.g. "tokens/values/c/"; chunk c of an n-d array is prefix + "c/0/.../0"
         self.suffix = "/0" * (len(chunks) - 1)
         self.chunks = chunks
         self.dtype = dtype
         self.nbytes = math.prod(chunks) * dtype.itemsize
-        self.decompress = decompress
+        self.decompress = decompress  # None: stored raw
+        self.compressor = compressor
 
     @classmethod
     def for_array(cls, arr: Any) -> _ChunkDecoder | None:
@@ -208,26 +312,38 @@ class _ChunkDecoder:
         if not codecs or codecs[0][0] != "bytes" or codecs[0][1].get("endian", "little") != "little":
             return None
         names = [name for name, _ in codecs[1:]]
-        decompress: Callable[[bytes], Any]
+        decompress: Callable[..., Any] | None
         if names == []:
-            decompress = bytes
+            decompress = None
         elif names == ["zstd"]:
             decompress = numcodecs.Zstd().decode
         elif names == ["blosc"]:
             decompress = numcodecs.Blosc().decode
         else:
             return None
-        return cls(f"{path}/c/", tuple(int(c) for c in arr.chunks), np.dtype(arr.dtype).newbyteorder("<"), decompress)
+        chunks = tuple(int(c) for c in arr.chunks)
+        return cls(f"{path}/c/", chunks, np.dtype(arr.dtype).newbyteorder("<"), decompress, names[0] if names else "")
 
     def decode(self, zf: zipfile.ZipFile, c: int) -> np.ndarray:
         member = f"{self.prefix}{c}{self.suffix}"
         try:
-            raw = zf.read(member)  # checks the member's CRC-32
+            info = zf.getinfo(member)
         except KeyError:
             raise ValueError(f"the zip has no member {member!r}") from None
-        data = self.decompress(raw)
-        if len(memoryview(data).cast("B")) != self.nbytes:
-            raise ValueError(f"decoded {len(memoryview(data).cast('B'))} bytes, expected {self.nbytes}")
+        try:
+            check_stored_size(info.file_size, self.compressor, self.nbytes)
+        except BoundsError as exc:
+            raise ValueError(str(exc)) from None
+        raw = zf.read(info)  # checks the member's CRC-32
+        # The frame's declared size must be the chunk's, and it is decoded into exactly that much memory,
+        # so a frame that claims (or holds) more fails instead of allocating it.
+        try:
+            check_encoded(raw, self.compressor, self.nbytes)
+        except BoundsError as exc:
+            raise ValueError(str(exc)) from None
+        data: Any = raw
+        if self.decompress is not None:
+            data = self.decompress(raw, out=np.empty(self.nbytes, dtype=np.uint8))
         return (
             np.frombuffer(data, dtype=self.dtype).reshape(self.chunks).astype(self.dtype.newbyteorder("="), copy=False)
         )
@@ -309,12 +425,25 @@ class ZarrValues:
         return self._take(np.asarray(key))
 
     # -- decoding ---------------------------------------------------------------------------------
-    def _chunk(self, c: int) -> np.ndarray:
+    @property
+    def num_chunks(self) -> int:
+        """Chunks stored for this array (none when an inner axis has length 0)."""
+        if not len(self) or 0 in self.shape[1:]:
+            return 0
+        return -(-len(self) // self.chunk_rows)
+
+    def decode_chunk(self, c: int) -> np.ndarray:
+        """Rows of chunk ``c``, decoded now (not through the cache)."""
         start = c * self.chunk_rows
         stop = min(start + self.chunk_rows, len(self))
+        if 0 in self.shape[1:]:  # nothing stored: zarr writes no chunk for an array of zero size
+            return np.empty((stop - start, *self.shape[1:]), dtype=self.dtype)
+        return self.reader.read(self.key, slice(start, stop), chunk=c)
+
+    def _chunk(self, c: int) -> np.ndarray:
         reader = self.reader
         cache = reader.cache if reader.cache is not None else chunk_cache()
-        return cache.get((reader._identity, self.key, c), lambda: reader.read(self.key, slice(start, stop), chunk=c))
+        return cache.get((reader._identity, self.key, c), lambda: self.decode_chunk(c))
 
     def _rows(self, start: int, stop: int) -> np.ndarray:
         if stop <= start:
