@@ -98,6 +98,12 @@ class Schema:
             raise InputError(
                 f"length_field {self.length_field!r} is not a field of the samples (fields: {', '.join(self.names)})"
             )
+        if self.length_field is not None and not self.field(self.length_field).variable:
+            variable = ", ".join(f.name for f in self.variable_fields) or "none"
+            raise InputError(
+                f"length_field {self.length_field!r} has a fixed shape, so it has no length to batch by; choose a "
+                f"field whose first axis varies (variable fields: {variable})"
+            )
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -193,6 +199,20 @@ class Schema:
                 )
             out[f.name] = arr
         return out
+
+    def batching_lengths(self, per_field: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+        """``(n,)`` int64 batching lengths from each variable field's ``(n,)`` first-axis lengths.
+
+        The one rule for ``lengths.npy``, used by ``prepare`` to write it and by
+        the loader and ``verify`` to check it: the ``length_field``'s length,
+        else the longest variable field of each sample, else 1.
+        """
+        if self.length_field is not None:
+            return np.asarray(per_field[self.length_field], dtype=np.int64)
+        if not per_field:
+            return np.ones(n, dtype=np.int64)
+        longest: np.ndarray = np.max(np.stack([np.asarray(v, dtype=np.int64) for v in per_field.values()]), axis=0)
+        return longest
 
     def lengths_of(self, sample: Mapping[str, np.ndarray]) -> int:
         """The batching length of a checked sample."""

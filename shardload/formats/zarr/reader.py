@@ -23,6 +23,7 @@ from shardload.formats.base import Columns, FieldData, ShardReader
 from shardload.formats.zarr.cache import ChunkCache, chunk_cache
 from shardload.formats.zarr.codecs import require_zarr
 from shardload.formats.zarr.writer import LAYOUT_VERSION
+from shardload.identity import IDENTITY_KEY
 from shardload.schema import Field, Schema
 
 _HINT = "Run `shardload verify` on the shard set and re-run prepare for it."
@@ -54,6 +55,10 @@ class ZarrShardReader(ShardReader):
         self._pid = -1
         self._identity: tuple[Hashable, ...] = ()
 
+    def fileno(self) -> int | None:
+        fp = None if self._zip is None else self._zip.fp
+        return None if fp is None or fp.closed else int(fp.fileno())
+
     def close(self) -> None:
         super().close()
         self._arrays, self._decoders = {}, {}
@@ -82,6 +87,7 @@ class ZarrShardReader(ShardReader):
                 f"version {LAYOUT_VERSION}. Upgrade shardload, or re-run prepare."
             )
         n = meta["num_samples"]
+        self.stored_identity = meta.get(IDENTITY_KEY)
         fields = {f.name: self._field(f, n) for f in self.schema.fields}
         return Columns(num_samples=n, fields=fields)
 
