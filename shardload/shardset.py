@@ -205,18 +205,15 @@ class ShardSet:
         bad = np.flatnonzero(batching != expected)
         if len(bad):
             row = int(bad[0])
+            given = f"{self.manifest.lengths_file} gives sample {lo + row} (row {row}) a batching length of {int(expected[row])}"
+            if not found:
+                self._corrupt_offsets(shard, f"{given}, but no field varies in length, so it must be 1")
             rule = (
                 f"the length of {self.schema.length_field!r}"
                 if self.schema.length_field is not None
                 else f"the longest of {', '.join(map(repr, found))}"
-                if found
-                else "1: no field varies"
             )
-            self._corrupt_offsets(
-                shard,
-                f"{self.manifest.lengths_file} gives sample {lo + row} (row {row}) a batching length of "
-                f"{int(expected[row])}, its offsets give {int(batching[row])} ({rule})",
-            )
+            self._corrupt_offsets(shard, f"{given}, its offsets give {int(batching[row])} ({rule})")
 
     def _field_rows(self, shard: int, name: str, cols: Columns) -> NDArray[np.int64]:
         """``(samples,)`` rows of each sample of field ``name``, from offsets checked against the values."""
