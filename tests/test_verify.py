@@ -12,8 +12,8 @@ import pytest
 import shardload
 from shardload.errors import ManifestError
 from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
-from shardload.manifest import file_checksum
 from shardload.identity import ShardIdentity
+from shardload.manifest import file_checksum
 from shardload.verify import REASONS, Problem, verify
 
 
