@@ -281,7 +281,10 @@ def write_shard(
     work_dir = Path(work)
     done = work_dir / "done" / f"{k:06d}.json"
     if done.exists():
-        return dict(json.loads(done.read_text()))
+        record = dict(json.loads(done.read_text()))
+        # A shard finished by a run that gave it another identity (an older shardload) is written again.
+        if record.get("set_id", "") == set_id:
+            return record
     schema = Schema.from_json(schema_json)
     writer_cls, _ = get_format(shard_format)
     name = shard_file(k, writer_cls.suffix)
@@ -298,6 +301,7 @@ def write_shard(
         "bytes": tmp.stat().st_size,
         "checksum": file_checksum(tmp),
         "tokens": int(tokens),
+        "set_id": set_id,
     }
     os.replace(tmp, final)
     crash_point(f"shard:{k}")

@@ -8,6 +8,8 @@ on a regression run in a forked child under a timeout.
 
 from __future__ import annotations
 
+import importlib
+import json
 import multiprocessing
 import os
 import shutil
@@ -393,3 +395,32 @@ def test_fuzz_shards_changed_under_a_live_loader(
         path = Path(shutil.copytree(pristine, Path(tmp) / "set"))
         outcome = in_child(run_epoch, str(path), str(other), expected, op, k, j, frac, at)
         check_outcome(outcome, len(expected))
+
+
+def test_resume_rewrites_shards_finished_without_this_identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A run interrupted after its shards were written, by a shardload whose shards carried no identity:
+    # the resumed set must not mix shards without identity into a set that has a set id.
+    pipeline = importlib.import_module("shardload.prepare.pipeline")
+    out = tmp_path / "s"
+
+    def stop(name: str) -> None:
+        if name == "index":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "crash_point", stop)
+    samples = synthetic_samples(60, seed=3)
+    with pytest.raises(KeyboardInterrupt):
+        shardload.write(samples, out, num_shards=3, progress=False)
+    work = out / ".prepare"
+    schema = shardload.Schema.from_json(json.loads((work / "state.json").read_text())["schema"])
+    for done in sorted((work / "done").glob("*.json")):
+        record = json.loads(done.read_text())
+        del record["set_id"]
+        shard = work / record["file"]
+        ArrowShardWriter(schema).write(work / "old", ArrowShardReader(shard, schema).columns())
+        (work / "old").replace(shard)
+        record.update(bytes=shard.stat().st_size, checksum=file_checksum(shard))
+        done.write_text(json.dumps(record))
+    monkeypatch.undo()
+    shardload.write(samples, out, num_shards=3, resume=True, progress=False)
+    assert read_all(out) == 60
