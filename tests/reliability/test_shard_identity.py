@@ -424,3 +424,17 @@ def test_resume_rewrites_shards_finished_without_this_identity(tmp_path: Path, m
     monkeypatch.undo()
     shardload.write(samples, out, num_shards=3, resume=True, progress=False)
     assert read_all(out) == 60
+
+
+def test_zarr_shard_rewritten_in_place_while_open_is_named(tmp_path: Path) -> None:
+    # Zarr shards are read through an open zip file and a cache of decoded chunks, not a mapping;
+    # a rewrite must not be answered from either.
+    shardload.write(synthetic_samples(60, seed=3), tmp_path / "s", num_shards=2, shard_format="zarr", progress=False)
+    ds = shardload.open(tmp_path / "s")
+    ds[0]
+    path = shard_file(tmp_path / "s", 0)
+    with open(path, "r+b") as fh:
+        fh.seek(path.stat().st_size // 2)
+        fh.write(b"\xff" * 64)
+    with pytest.raises(shardload.ShardSetChangedError, match=r"shard 0 .*rewritten in place"):
+        ds[0]
