@@ -270,7 +270,7 @@ class ShardSet:
     def _check_stamp(self, shard: int, reader: ShardReader) -> None:
         """Raise if the file that open shard ``shard`` reads from changed since it was mapped.
 
-        One ``fstat`` of the reader's own descriptor (under 1 us): a write into
+        One ``fstat`` of the reader's own descriptor (about 1-2 us in all): a write into
         the mapped file, or a truncation, changes its size or mtime. A file
         replaced by a rename leaves the mapped one intact and is not an error
         here (a re-prepare is caught through the manifest, a foreign file by its
