@@ -37,6 +37,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from shardload.collate import Allocate, Layout, PadSpec, allocate_separately, collate_batch
 from shardload.errors import ShardSetChangedError
+from shardload.formats import Columns
 from shardload.shardset import ShardSet
 
 
@@ -195,7 +196,17 @@ class ShardBatchDataset(Dataset[Any]):
         """The padded batch as numpy arrays (see :mod:`shardload.collate` for the contract)."""
         ss = self.shard_set
         shards, rows = ss.index.locate(sample_ids)
-        return collate_batch(ss.schema, ss.shard_columns, shards, rows, sample_ids, weights, self.pad, allocate)
+        touched: list[int] = []
+
+        def columns_of(shard: int) -> Columns:
+            cols = ss.shard_columns(shard)  # checks the file's stamp before its pages are read
+            touched.append(shard)
+            return cols
+
+        out = collate_batch(ss.schema, columns_of, shards, rows, sample_ids, weights, self.pad, allocate)
+        # Again after the copy: a shard rewritten while this batch was read must not go out as data.
+        ss.check_shards_unchanged(touched)
+        return out
 
     def __getitem__(self, key: BatchKey) -> dict[str, torch.Tensor] | WorkerBatch:
         """The batch dict in the main process; in a worker, a :class:`WorkerBatch` that the loader unpacks."""

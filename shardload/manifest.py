@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from shardload.errors import ManifestError, ShardSetError
+from shardload.identity import SET_ID_CHARS, is_set_id
 from shardload.schema import Schema, schema_problems
 
 MANIFEST_NAME = "manifest.json"
@@ -66,6 +67,9 @@ class Manifest:
             independently varying fields.
         options: the options prepare was run with.
         stats: summary length statistics (min, max, mean, quantiles).
+        set_id: the id every shard of this set carries in its own metadata
+            (see :mod:`shardload.identity`); empty for sets prepared before
+            shards carried one, whose shards are then not checked.
     """
 
     schema: Schema
@@ -79,6 +83,7 @@ class Manifest:
     stats: Mapping[str, Any] = field(default_factory=dict)
     created: str = ""
     shardload_version: str = ""
+    set_id: str = ""
 
     @property
     def fingerprint(self) -> str:
@@ -102,6 +107,7 @@ class Manifest:
             "stats": dict(self.stats),
             "options": dict(self.options),
             "fingerprint": self.fingerprint,
+            **({"set_id": self.set_id} if self.set_id else {}),
             "shards": [s.to_json() for s in self.shards],
         }
 
@@ -201,7 +207,14 @@ def _parse(obj: Any, where: str) -> Manifest:
         stats=dict(obj.get("stats", {})),
         created=str(obj.get("created", "")),
         shardload_version=str(obj.get("shardload_version", "")),
+        set_id=_set_id(obj.get("set_id", ""), where),
     )
+
+
+def _set_id(value: Any, where: str) -> str:
+    if value == "" or is_set_id(value):
+        return str(value)
+    raise ManifestError(f"{where}: set_id must be {SET_ID_CHARS} lowercase hex digits, got {str(value)[:80]!r}")
 
 
 def _check_schema(schema: Schema, where: str) -> None:

@@ -227,6 +227,20 @@ class Schema:
         keys[WEIGHT_KEY] = "the per-sample weights (0.0 for filler)"
         return keys
 
+    def batching_lengths(self, per_field: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+        """``(n,)`` int64 batching lengths from each variable field's ``(n,)`` first-axis lengths.
+
+        The one rule for ``lengths.npy``, used by ``prepare`` to write it and by
+        the loader and ``verify`` to check it: the ``length_field``'s length,
+        else the longest variable field of each sample, else 1.
+        """
+        if self.length_field is not None:
+            return np.asarray(per_field[self.length_field], dtype=np.int64)
+        if not per_field:
+            return np.ones(n, dtype=np.int64)
+        longest: np.ndarray = np.max(np.stack([np.asarray(v, dtype=np.int64) for v in per_field.values()]), axis=0)
+        return longest
+
     def lengths_of(self, sample: Mapping[str, np.ndarray]) -> int:
         """The batching length of a checked sample."""
         if self.length_field is not None:
@@ -316,7 +330,10 @@ def prepare_problems(schema: Schema) -> list[str]:
             )
     length = schema.length_field
     if length is not None and length in schema.names and not schema.field(length).variable:
-        problems.append(f"length_field {length!r} is fixed-shape; name a field whose length varies")
+        variable = ", ".join(f.name for f in schema.variable_fields) or "none"
+        problems.append(
+            f"length_field {length!r} is fixed-shape; name a field whose length varies (variable fields: {variable})"
+        )
     return problems
 
 

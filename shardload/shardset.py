@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from numpy.typing import NDArray
 
 from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError
 from shardload.formats import Columns, ShardReader, get_format
+from shardload.identity import FileStamp, ShardIdentity, describe_change, file_stamp, identity_problem
 from shardload.index import ShardIndex
 from shardload.manifest import MANIFEST_NAME, Manifest, resolve_inside
 from shardload.schema import Schema
@@ -44,6 +46,8 @@ class ShardSet:
         self._readers: dict[int, ShardReader] = {}
         self._lengths: NDArray[np.integer] | None = None
         self._field_lengths: dict[str, NDArray[np.integer]] = {}
+        # (device, inode, size, mtime) of each open shard when it was mapped
+        self._stamps: dict[int, FileStamp] = {}
 
     def _stat_manifest(self) -> tuple[int, int, int] | None:
         """Identity of ``manifest.json`` on disk (inode, size, mtime), to notice a re-prepare."""
@@ -116,6 +120,7 @@ class ShardSet:
         reader = self._readers.get(shard)
         if reader is None:
             return self._open_shard(shard)
+        self._check_stamp(shard, reader)  # before any page of a possibly truncated file is touched
         cols = reader.columns()
         expected = self.manifest.shards[shard].samples
         if cols.num_samples != expected:
@@ -142,16 +147,20 @@ class ShardSet:
         size = st.st_size
         if stat.S_ISREG(st.st_mode) and size != info.bytes:
             self._check_unchanged()  # a re-prepared set explains a new size better than damage does
+            why = self._misplaced(shard, path) or "truncated or rewritten"
             raise CorruptShardError(
-                f"shard {shard} ({path}) has {size} bytes, the manifest says {info.bytes}: truncated or "
-                f"rewritten. Run `shardload verify {self.path}` and re-run prepare."
+                f"shard {shard} ({path}) has {size} bytes, the manifest says {info.bytes}: {why}. "
+                f"Run `shardload verify {self.path}` and re-run prepare."
             )
         reader = self._reader_cls(path, self.schema, samples=info.samples, options=self.manifest.options)
         try:
             cols = reader.columns()
+            self._stamps[shard] = file_stamp(st)
+            self._check_stamp(shard, reader)  # the file mapped is the one whose size was checked, unchanged
             # Mapped first, checked second: if the manifest is still the one we opened, the
             # file we mapped was written with it (prepare removes the manifest before any shard).
             self._check_unchanged()
+            self._check_identity(shard, reader)
             if cols.num_samples != info.samples:
                 raise CorruptShardError(
                     f"shard {shard} ({path}) holds {cols.num_samples} samples, the manifest says {info.samples}. "
@@ -159,46 +168,141 @@ class ShardSet:
                 )
             self._check_offsets(shard, cols)
         except BaseException:
+            self._stamps.pop(shard, None)
             reader.close()
             raise
         self._readers[shard] = reader
         return cols
 
     def _check_offsets(self, shard: int, cols: Columns) -> None:
-        """Each variable field's offsets must agree with the lengths index, sample by sample.
+        """Each variable field's offsets must agree with the lengths indexes, sample by sample.
+
+        Checks every index a reader uses: each per-field index, and the batching
+        index the planner reads (``lengths.npy``), recomputed from the offsets
+        with the rule ``prepare`` used (:meth:`Schema.batching_lengths`).
 
         Raises:
-            CorruptShardError: naming the shard, the field and the first bad sample.
+            CorruptShardError: naming the shard, the field (or index) and the first bad sample.
         """
         info = self.manifest.shards[shard]
         lo, hi = info.first_sample, info.first_sample + info.samples
+        found: dict[str, NDArray[np.int64]] = {}
         for f in self.schema.variable_fields:
-            data = cols.fields[f.name]
-            offsets = data.offsets
-            if offsets is None or len(offsets) != info.samples + 1:
-                raise CorruptShardError(
-                    f"shard {shard} ({self.path / info.file}): field {f.name!r} has no offsets for its "
-                    f"{info.samples} samples. Run `shardload verify {self.path}` and re-run prepare."
-                )
-            found = np.diff(offsets)  # (samples,) rows of each sample, as the shard says
+            found[f.name] = self._field_rows(shard, f.name, cols)
             expected = self.field_lengths(f.name)[lo:hi]  # (samples,) as the lengths index says
-            bad = np.flatnonzero(found != expected)
-            if offsets[0] != 0:
-                problem, row = f"offsets start at {int(offsets[0])}, not 0", 0
-            elif len(bad):
+            bad = np.flatnonzero(found[f.name] != expected)
+            if len(bad):
                 row = int(bad[0])
-                problem = f"sample {lo + row} (row {row}) has {int(found[row])} rows, the lengths index says {int(expected[row])}"
-            elif int(offsets[-1]) != len(data.values):
-                problem, row = (
-                    f"offsets end at {int(offsets[-1])}, the values hold {len(data.values)} rows",
-                    info.samples,
+                self._corrupt_offsets(
+                    shard,
+                    f"field {f.name!r}: sample {lo + row} (row {row}) has {int(found[f.name][row])} rows, the "
+                    f"lengths index says {int(expected[row])}",
                 )
-            else:
-                continue
-            raise CorruptShardError(
-                f"shard {shard} ({self.path / info.file}): field {f.name!r}: {problem}; the shard (or the lengths "
-                f"index) is corrupt. Run `shardload verify {self.path}` and re-run prepare."
+        if any(self.field_lengths(name) is self.lengths for name in found):
+            return  # one variable field: its index is the batching index, checked above
+        batching = self.schema.batching_lengths(found, info.samples)
+        expected = self.lengths[lo:hi]
+        bad = np.flatnonzero(batching != expected)
+        if len(bad):
+            row = int(bad[0])
+            given = f"{self.manifest.lengths_file} gives sample {lo + row} (row {row}) a batching length of {int(expected[row])}"
+            if not found:
+                self._corrupt_offsets(shard, f"{given}, but no field varies in length, so it must be 1")
+            rule = (
+                f"the length of {self.schema.length_field!r}"
+                if self.schema.length_field is not None
+                else f"the longest of {', '.join(map(repr, found))}"
             )
+            self._corrupt_offsets(shard, f"{given}, its offsets give {int(batching[row])} ({rule})")
+
+    def _field_rows(self, shard: int, name: str, cols: Columns) -> NDArray[np.int64]:
+        """``(samples,)`` rows of each sample of field ``name``, from offsets checked against the values."""
+        samples = self.manifest.shards[shard].samples
+        data = cols.fields[name]
+        offsets = data.offsets
+        if offsets is None or len(offsets) != samples + 1:
+            self._corrupt_offsets(shard, f"field {name!r} has no offsets for its {samples} samples")
+        elif offsets[0] != 0:
+            self._corrupt_offsets(shard, f"field {name!r}: offsets start at {int(offsets[0])}, not 0")
+        elif int(offsets[-1]) != len(data.values):
+            self._corrupt_offsets(
+                shard, f"field {name!r}: offsets end at {int(offsets[-1])}, the values hold {len(data.values)} rows"
+            )
+        rows: NDArray[np.int64] = np.diff(offsets).astype(np.int64, copy=False)
+        return rows
+
+    def _corrupt_offsets(self, shard: int, problem: str) -> NoReturn:
+        raise CorruptShardError(
+            f"shard {shard} ({self.path / self.manifest.shards[shard].file}): {problem}; the shard (or the lengths "
+            f"index) is corrupt. Run `shardload verify {self.path}` and re-run prepare."
+        )
+
+    # -- where a shard belongs, and whether it changed while mapped (see shardload.identity) ---------
+    def _identity_problem(self, shard: int, reader: ShardReader) -> str | None:
+        info = self.manifest.shards[shard]
+        found = ShardIdentity.parse(reader.stored_identity, where=f"{shard} ({reader.path})")
+        return identity_problem(found, shard, info.first_sample, info.samples, self.manifest.set_id)
+
+    def _check_identity(self, shard: int, reader: ShardReader) -> None:
+        """The shard's own record must name this set and this position.
+
+        Raises:
+            CorruptShardError: naming the position the file claims and the one it is in.
+        """
+        problem = self._identity_problem(shard, reader)
+        if problem is not None:
+            raise CorruptShardError(
+                f"shard {shard} ({reader.path}): {problem}. Put the right file back (`shardload verify {self.path}` "
+                "lists every misplaced shard) or re-run prepare."
+            )
+
+    def _misplaced(self, shard: int, path: Path) -> str | None:
+        """Why a shard of the wrong size is there, if its own record says (best effort, for the message)."""
+        reader = self._reader_cls(path, self.schema)
+        try:
+            reader.columns()
+            return self._identity_problem(shard, reader)
+        except Exception:  # noqa: BLE001  unreadable: the caller reports the size
+            return None
+        finally:
+            reader.close()
+
+    def _check_stamp(self, shard: int, reader: ShardReader) -> None:
+        """Raise if the file that open shard ``shard`` reads from changed since it was mapped.
+
+        One ``fstat`` of the reader's own descriptor (about 1-2 us in all): a write into
+        the mapped file, or a truncation, changes its size or mtime. A file
+        replaced by a rename leaves the mapped one intact and is not an error
+        here (a re-prepare is caught through the manifest, a foreign file by its
+        identity when it is next opened). The dataset checks every shard a
+        batch touches, before reading and again after the batch is built.
+
+        Raises:
+            ShardSetChangedError: naming the shard and how its file changed.
+        """
+        old = self._stamps.get(shard)
+        if old is None:
+            return
+        fd = reader.fileno()
+        try:
+            new: FileStamp | None = file_stamp(os.fstat(fd) if fd is not None else os.stat(reader.path))
+        except OSError:
+            new = None
+        if new == old:
+            return
+        self._check_unchanged()  # a re-prepared set says more than one changed file
+        raise ShardSetChangedError(
+            f"shard {shard} ({reader.path}) changed on disk while this process had it open: "
+            f"{describe_change(old, new)}. Data read from it can no longer be trusted. Do not modify a shard set "
+            f"while a job reads it; run `shardload verify {self.path}`, then restart the job."
+        )
+
+    def check_shards_unchanged(self, shards: Iterable[int]) -> None:
+        """Raise :class:`ShardSetChangedError` if any of these open shards changed since it was mapped."""
+        for shard in shards:
+            reader = self._readers.get(shard)
+            if reader is not None:
+                self._check_stamp(shard, reader)
 
     def _check_unchanged(self) -> None:
         """Raise if ``manifest.json`` is no longer the one this set was opened with."""
@@ -237,11 +341,13 @@ class ShardSet:
         for reader in self._readers.values():
             reader.close()
         self._readers.clear()
+        self._stamps.clear()
 
     def __getstate__(self) -> dict[str, Any]:
         # Worker processes reopen shards themselves: never ship mappings across a fork/pickle.
         state = self.__dict__.copy()
         state["_readers"] = {}
+        state["_stamps"] = {}
         state["_lengths"] = None
         state["_field_lengths"] = {}
         return state

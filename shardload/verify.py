@@ -7,7 +7,7 @@ thorough counterpart of :func:`shardload.open`, which only checks sizes lazily.
 For each shard it checks, in order: the file exists, its size, its sha256
 checksum, that the format's reader can open it with the manifest's schema (which
 checks the format's bounds: uncompressed Arrow, Zarr sizes within the manifest's),
-its sample count, that its data decodes (every Zarr chunk, one at a time), and
+that its own identity record names this set and this position, its sample count, that its data decodes (every Zarr chunk, one at a time), and
 that the lengths recomputed from its offsets equal its slice
 of the lengths index (and of each per-field index). Damage is *reported*, never
 raised, so one run lists everything that is wrong::
@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.errors import ShardSetError
+from shardload.errors import CorruptShardError, ShardSetError
 from shardload.formats import Columns, get_format
+from shardload.identity import ShardIdentity, identity_problem
 from shardload.manifest import Manifest, ShardInfo, file_checksum, resolve_inside
 from shardload.schema import Schema
 
@@ -49,6 +50,7 @@ REASONS = (
     "size_mismatch",  # larger than the manifest says (rewritten, appended to)
     "checksum_mismatch",  # right size, different bytes
     "unreadable",  # the format's reader refuses it (or the lengths index is not a valid .npy)
+    "misplaced",  # its own identity record names another position, or another set
     "wrong_count",  # readable, but holds another number of samples
     "lengths_mismatch",  # the lengths index disagrees with the shard's offsets
 )
@@ -219,13 +221,7 @@ def recompute_lengths(schema: Schema, cols: Columns) -> dict[str, NDArray[np.int
     the longest variable field of each sample, else 1 (no variable field).
     """
     per_field = {f.name: cols.fields[f.name].lengths().astype(np.int64) for f in schema.variable_fields}
-    if schema.length_field is not None:
-        main = per_field[schema.length_field]
-    elif per_field:
-        main = np.max(np.stack(list(per_field.values())), axis=0) if cols.num_samples else np.zeros(0, np.int64)
-    else:
-        main = np.ones(cols.num_samples, dtype=np.int64)
-    return {"": main, **per_field}
+    return {"": schema.batching_lengths(per_field, cols.num_samples), **per_field}
 
 
 # -- one shard -----------------------------------------------------------------------------------------
@@ -270,10 +266,10 @@ class _ShardChecker:
             read = size
             if digest != info.checksum:
                 report("checksum_mismatch", f"content is {digest}, the manifest says {info.checksum}")
-        self._check_content(info, path, report)
+        self._check_content(k, info, path, report)
         return problems, read
 
-    def _check_content(self, info: ShardInfo, path: Path, report: Callable[[str, str], None]) -> None:
+    def _check_content(self, k: int, info: ShardInfo, path: Path, report: Callable[[str, str], None]) -> None:
         reader = self.reader_cls(path, self.manifest.schema, samples=info.samples, options=self.manifest.options)
         try:
             try:
@@ -281,6 +277,13 @@ class _ShardChecker:
             except Exception as exc:  # noqa: BLE001  any failure to decode is damage to report, not to raise
                 report("unreadable", f"the {self.manifest.shard_format} reader refuses it: {_one_line(exc)}")
                 return
+            try:
+                found = ShardIdentity.parse(reader.stored_identity, where=f"{k} ({path})")
+                misplaced = identity_problem(found, k, info.first_sample, info.samples, self.manifest.set_id)
+            except CorruptShardError as exc:
+                misplaced = str(exc)
+            if misplaced is not None:
+                report("misplaced", misplaced)
             if cols.num_samples != info.samples:
                 report("wrong_count", f"holds {cols.num_samples} samples, the manifest says {info.samples}")
                 return

@@ -12,6 +12,7 @@ import pytest
 import shardload
 from shardload.errors import ManifestError
 from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
+from shardload.identity import ShardIdentity
 from shardload.manifest import file_checksum
 from shardload.verify import REASONS, Problem, verify
 
@@ -141,10 +142,12 @@ def test_consistent_file_with_wrong_count(shard_set: Path) -> None:
     m = manifest_of(shard_set)
     schema = shardload.open(shard_set).schema
     path = shard_path(shard_set, 1)
-    cols = ArrowShardReader(path, schema).columns()
+    reader = ArrowShardReader(path, schema)
+    cols = reader.columns()
     short = cols.take(np.arange(cols.num_samples - 1))
+    identity = ShardIdentity.parse(reader.stored_identity, where="1")  # still in its place: only the count is wrong
     path.unlink()
-    ArrowShardWriter(schema).write(path, short)
+    ArrowShardWriter(schema).write(path, short, identity=identity)
     m["shards"][1].update(bytes=path.stat().st_size, checksum=file_checksum(path))
     (shard_set / "manifest.json").write_text(json.dumps(m))
     assert reasons(verify(shard_set), 1) == {"wrong_count"}
@@ -180,5 +183,6 @@ def test_problem_text_and_reason_codes() -> None:
         "checksum_mismatch",
         "wrong_count",
         "unreadable",
+        "misplaced",
         "lengths_mismatch",
     }

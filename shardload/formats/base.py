@@ -19,10 +19,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
+from shardload.identity import ShardIdentity
 from shardload.schema import Field, Schema
 
 
@@ -149,8 +150,13 @@ class ShardWriter(ABC):
         self.options = options
 
     @abstractmethod
-    def write(self, path: Path, columns: Columns) -> None:
-        """Write ``columns`` to ``path``; the caller renames it into place."""
+    def write(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> None:
+        """Write ``columns`` to ``path``; the caller renames it into place.
+
+        ``identity`` (set by ``prepare`` for the shards of a set, not for staged
+        chunks) goes into the file's own metadata, where readers give it back as
+        :attr:`ShardReader.stored_identity`.
+        """
 
 
 class ShardReader(ABC):
@@ -176,6 +182,8 @@ class ShardReader(ABC):
         self.samples = samples
         self.options: Mapping[str, object] = dict(options or {})
         self._columns: Columns | None = None
+        #: the identity record found in the shard's metadata by ``_open`` (raw; ``None`` when there is none)
+        self.stored_identity: Any = None
 
     def columns(self) -> Columns:
         """The whole shard, opened lazily on first call and cached."""
@@ -195,6 +203,10 @@ class ShardReader(ABC):
         each chunk, one at a time, within the bounds they check at open.
         """
         self.columns()
+
+    def fileno(self) -> int | None:
+        """The descriptor of the file this reader has open (for ``fstat``), or ``None`` if none is open."""
+        return None
 
     def close(self) -> None:
         """Release the file mapping; the reader may be reopened by ``columns()``.

@@ -40,6 +40,7 @@ from shardload.errors import InputError, OutputError
 from shardload.formats import Columns, get_format
 from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
 from shardload.formats.base import concat_columns
+from shardload.identity import ShardIdentity, set_id_of
 from shardload.manifest import LENGTHS_NAME, Manifest, ShardInfo, atomic_write_text, file_checksum
 from shardload.prepare import guards
 from shardload.prepare.faults import crash_point
@@ -249,13 +250,7 @@ def collect_staged(records: Sequence[Mapping[str, Any]], schema: Schema, staging
     starts = np.zeros(len(paths) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
     field_lengths = {k: _cat(v) for k, v in field_parts.items()}
-    n = int(starts[-1])
-    if schema.length_field is not None:
-        lengths = field_lengths[schema.length_field]
-    elif field_lengths:
-        lengths = np.max(np.stack(list(field_lengths.values())), axis=0) if n else np.zeros(0, np.int64)
-    else:
-        lengths = np.ones(n, dtype=np.int64)
+    lengths = schema.batching_lengths(field_lengths, int(starts[-1]))
     return Staged(paths, starts, lengths, field_lengths, _cat(bytes_parts))
 
 
@@ -296,23 +291,30 @@ def write_shard(
     shard_format: str,
     work: str,
     writer_options: Mapping[str, Any] | None = None,
+    set_id: str = "",
+    first_sample: int = 0,
 ) -> dict[str, Any]:
     """Write shard ``k`` unless a finished copy is recorded; return its record.
 
     ``writer_options`` go to the format's writer (e.g. zarr compression, see
-    :meth:`PrepareOptions.writer_options`).
+    :meth:`PrepareOptions.writer_options`). With a ``set_id``, the shard
+    carries its identity (set, index, first sample, count) in its metadata.
     """
     work_dir = Path(work)
     done = work_dir / "done" / f"{k:06d}.json"
     if done.exists():
-        return dict(json.loads(done.read_text()))
+        record = dict(json.loads(done.read_text()))
+        # A shard finished by a run that gave it another identity (an older shardload) is written again.
+        if record.get("set_id", "") == set_id:
+            return record
     schema = Schema.from_json(schema_json)
     writer_cls, _ = get_format(shard_format)
     name = shard_file(k, writer_cls.suffix)
     final = work_dir / "shards" / name
     tmp = final.with_name(final.name + ".tmp")
     cols = gather(schema, positions, [Path(p) for p in staged_paths], chunk_starts)
-    writer_cls(schema, **dict(writer_options or {})).write(tmp, cols)
+    identity = ShardIdentity(set_id, k, first_sample, len(positions)) if set_id else None
+    writer_cls(schema, **dict(writer_options or {})).write(tmp, cols, identity=identity)
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
     record = {
@@ -321,6 +323,7 @@ def write_shard(
         "bytes": tmp.stat().st_size,
         "checksum": file_checksum(tmp),
         "tokens": int(tokens),
+        "set_id": set_id,
     }
     os.replace(tmp, final)
     crash_point(f"shard:{k}")
@@ -370,13 +373,15 @@ def run_prepare(
         n = len(staged.lengths)
         if n == 0:
             raise InputError("the sources hold no samples; nothing to prepare")
+        # Same options, sources and staged bytes give the same id, so --resume writes the same shards.
+        set_id = set_id_of(state, staged.chunk_paths)
         in_bytes = int(staged.sample_bytes.sum())
         order, bounds = guards.lay_out(staged.lengths, staged.field_lengths, schema, options, in_bytes)
-        shard_records = _write_all(wd, staged, schema, options, order, bounds)
+        shard_records = _write_all(wd, staged, schema, options, order, bounds, set_id)
         with output_errors(wd.out, "writing the lengths index and the manifest", partial=wd.work):
             files = _write_index(wd, staged, schema, order)
             crash_point("index")
-            manifest = _manifest(schema, options, shard_records, staged.lengths[order], files, describe)
+            manifest = _manifest(schema, options, shard_records, staged.lengths[order], files, describe, set_id)
             manifest.write(wd.work)
             crash_point("manifest")
             guards.check_new_set(wd)
@@ -444,6 +449,7 @@ def _write_all(
     options: PrepareOptions,
     order: NDArray[np.int64],
     bounds: NDArray[np.int64],
+    set_id: str,
 ) -> list[dict[str, Any]]:
     paths = [str(p) for p in staged.chunk_paths]
     jobs = []
@@ -460,6 +466,8 @@ def _write_all(
                 options.shard_format,
                 str(wd.work),
                 options.writer_options(),
+                set_id,
+                int(bounds[k]),  # shard k holds global ids bounds[k]..bounds[k + 1] - 1
             )
         )
     progress = Progress("write", total=len(order), enabled=options.progress)
@@ -532,6 +540,7 @@ def _manifest(
     lengths: NDArray[np.int64],
     files: Mapping[str, str],
     describe: Mapping[str, Any] | None,
+    set_id: str = "",
 ) -> Manifest:
     from shardload import __version__
 
@@ -553,6 +562,7 @@ def _manifest(
         stats=length_stats(lengths),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         shardload_version=__version__,
+        set_id=set_id,
     )
 
 

@@ -15,6 +15,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -100,8 +101,8 @@ def disk_full_after(monkeypatch: pytest.MonkeyPatch, writes: int) -> None:
     real = ArrowShardWriter.write
     count = iter(range(1, 10**6))
 
-    def write(self: ArrowShardWriter, path: Path, columns: object) -> None:
-        real(self, path, columns)  # type: ignore[arg-type]
+    def write(self: ArrowShardWriter, path: Path, columns: object, **kwargs: Any) -> None:
+        real(self, path, columns, **kwargs)  # type: ignore[arg-type]
         if next(count) == writes:
             size = path.stat().st_size
             with open(path, "r+b") as fh:

@@ -13,6 +13,7 @@ from shardload.errors import CorruptShardError
 from shardload.formats.arrow.ipc import LayoutError, check_ipc_layout
 from shardload.formats.arrow.writer import arrow_type
 from shardload.formats.base import Columns, FieldData, ShardReader
+from shardload.identity import ARROW_IDENTITY_KEY
 from shardload.schema import Field, Schema
 
 
@@ -31,6 +32,9 @@ class ArrowShardReader(ShardReader):
         super().__init__(path, schema, samples=samples, options=options)
         self._mmap: pa.MemoryMappedFile | None = None
 
+    def fileno(self) -> int | None:
+        return None if self._mmap is None or self._mmap.closed else int(self._mmap.fileno())
+
     def close(self) -> None:
         super().close()
         if self._mmap is not None:
@@ -46,6 +50,7 @@ class ArrowShardReader(ShardReader):
             batch = reader.get_batch(0)
             batch.validate()
             self._check_mapped(batch, whole)
+            self.stored_identity = (reader.schema.metadata or {}).get(ARROW_IDENTITY_KEY)
         except FileNotFoundError:
             raise CorruptShardError(
                 f"shard {self.path} is missing; run `shardload verify` on the shard set and re-run prepare"

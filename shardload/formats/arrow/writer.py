@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardload.formats.base import Columns, ShardWriter
+from shardload.identity import ARROW_IDENTITY_KEY, ShardIdentity
 from shardload.schema import Field, Schema
 
 #: key of the Arrow schema metadata that holds the shardload schema as JSON
@@ -25,8 +26,10 @@ def arrow_type(field: Field) -> pa.DataType:
     return pa.large_list(typ) if field.variable else typ
 
 
-def arrow_schema(schema: Schema) -> pa.Schema:
+def arrow_schema(schema: Schema, identity: ShardIdentity | None = None) -> pa.Schema:
     meta = {SCHEMA_METADATA_KEY: json.dumps(schema.to_json()).encode()}
+    if identity is not None:
+        meta[ARROW_IDENTITY_KEY] = json.dumps(identity.to_json(), sort_keys=True).encode()
     return pa.schema([pa.field(f.name, arrow_type(f), nullable=False) for f in schema.fields], metadata=meta)
 
 
@@ -49,8 +52,8 @@ class ArrowShardWriter(ShardWriter):
     name: ClassVar[str] = "arrow"
     suffix: ClassVar[str] = ".arrow"
 
-    def write(self, path: Path, columns: Columns) -> None:
-        schema = arrow_schema(self.schema)
+    def write(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> None:
+        schema = arrow_schema(self.schema, identity)
         arrays = [
             to_arrow(f, columns.fields[f.name].values, columns.fields[f.name].offsets) for f in self.schema.fields
         ]

@@ -33,6 +33,7 @@ from shardload.formats.zarr.bounds import (
 from shardload.formats.zarr.cache import ChunkCache, chunk_cache
 from shardload.formats.zarr.codecs import DEFAULT_CHUNK_SIZE, require_zarr
 from shardload.formats.zarr.writer import LAYOUT_VERSION
+from shardload.identity import IDENTITY_KEY
 from shardload.schema import Field, Schema
 
 _HINT = "Run `shardload verify` on the shard set and re-run prepare for it."
@@ -78,6 +79,10 @@ class ZarrShardReader(ShardReader):
         self._pid = -1
         self._identity: tuple[Hashable, ...] = ()
 
+    def fileno(self) -> int | None:
+        fp = None if self._zip is None else self._zip.fp
+        return None if fp is None or fp.closed else int(fp.fileno())
+
     def close(self) -> None:
         super().close()
         self._arrays, self._decoders = {}, {}
@@ -111,6 +116,7 @@ class ZarrShardReader(ShardReader):
             # manifest says is bounded, and left to the callers' count checks (verify's wrong_count).
             raise CorruptShardError(f"shard {self.path} holds {n} samples, the manifest says {self.samples}. {_HINT}")
         self._chunk_size = manifest_chunk_size(self.options, meta)
+        self.stored_identity = meta.get(IDENTITY_KEY)
         fields = {f.name: self._field(f, n) for f in self.schema.fields}
         return Columns(num_samples=n, fields=fields)
 

@@ -24,6 +24,7 @@ from shardload.formats.zarr.codecs import (
     compressors_for,
     require_zarr,
 )
+from shardload.identity import IDENTITY_KEY, ShardIdentity
 from shardload.schema import Field, Schema
 
 #: version of the layout inside a Zarr shard, in the root group's ``shardload`` attribute
@@ -85,11 +86,14 @@ class ZarrShardWriter(ShardWriter):
         self.compression_level = compression_level
         self.chunk_size = chunk_size
 
-    def write(self, path: Path, columns: Columns) -> None:
+    def write(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> None:
         zarr = require_zarr()
         members: dict[str, Any] = {}
         store = zarr.storage.MemoryStore(store_dict=members)
-        root = zarr.open_group(store, mode="w", zarr_format=3, attributes={"shardload": self._attributes(columns)})
+        attributes = self._attributes(columns)
+        if identity is not None:
+            attributes[IDENTITY_KEY] = identity.to_json()
+        root = zarr.open_group(store, mode="w", zarr_format=3, attributes={"shardload": attributes})
         for f in self.schema.fields:
             data = columns.fields[f.name]
             group = root.create_group(f.name)
