@@ -113,7 +113,10 @@ class PadSpec:
                     f"pad_values[{name!r}]: field {name!r} is not among the loaded fields {list(loaded)}; "
                     "add it to fields or remove it from pad_values"
                 )
-            fitted[name] = fit_pad_value(name, value, np.dtype(f.dtype))
+            try:
+                fitted[name] = fit_pad_value(name, value, np.dtype(f.dtype))
+            except PlanError as exc:
+                raise PlanError(f"{exc} (the field of {where})") from None
         return PadSpec(fitted, self.pad_to_multiple_of, self.fields)
 
 
@@ -122,7 +125,9 @@ def check_fields(fields: object) -> tuple[str, ...] | None:
     if fields is None:
         return None
     if isinstance(fields, (str, bytes)):
-        raise PlanError(f"fields must be a sequence of field names, got the string {fields!r}: write fields=({fields!r},)")
+        raise PlanError(
+            f"fields must be a sequence of field names, got the string {fields!r}: write fields=({fields!r},)"
+        )
     if not isinstance(fields, Iterable):
         raise PlanError(f"fields must be a sequence of field names, got {type(fields).__name__}")
     names: tuple[object, ...] = tuple(fields)

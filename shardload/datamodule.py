@@ -113,7 +113,9 @@ class ShardDataModule(pl.LightningDataModule):
             uneven=uneven,
         )
         # Everything that does not need the shard sets is checked now, where the user wrote it.
-        check_call(world_size=1, batching=self.batching, stage="train", seed=seed, epoch=0, shard_assignment=shard_assignment)
+        check_call(
+            world_size=1, batching=self.batching, stage="train", seed=seed, epoch=0, shard_assignment=shard_assignment
+        )
         workers, prefetch, persistent, _, wait = check_worker_options(
             num_workers=num_workers,
             prefetch_factor=prefetch_factor,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+
 import numpy as np
 
 from shardload.errors import PlanError
@@ -123,7 +124,9 @@ def check_state(state: object, *, version: int) -> tuple[int, int, str, int]:
             "ShardLoader.state_dict(), or was edited"
         )
     if state["version"] != version or isinstance(state["version"], bool):
-        raise PlanError(f"loader state of version {state['version']!r} is not supported (this shardload writes {version})")
+        raise PlanError(
+            f"loader state of version {state['version']!r} is not supported (this shardload writes {version})"
+        )
     fingerprint = state["fingerprint"]
     if not isinstance(fingerprint, str):
         raise PlanError(f"loader state: fingerprint must be a str, got {fingerprint!r}")
@@ -134,4 +137,3 @@ def check_state(state: object, *, version: int) -> tuple[int, int, str, int]:
         fingerprint,
         check_scalar(f"{where}world_size", state["world_size"], low=1, high=MAX_WORLD_SIZE),
     )
-
