@@ -31,6 +31,7 @@ from shardload.errors import (
     ShardloadError,
     ShardSetChangedError,
     ShardSetError,
+    WorkerError,
 )
 from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
 from shardload.schema import Field, Schema
@@ -85,6 +86,7 @@ __all__ = [
     "ShardSetChangedError",
     "ShardSetError",
     "ShardloadError",
+    "WorkerError",
     "World",
     "__version__",
     "make_loader",

@@ -21,12 +21,14 @@ one per array.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.errors import PlanError
 from shardload.formats import Columns
 from shardload.schema import SAMPLE_ID_KEY, WEIGHT_KEY, Schema, lengths_key
 
@@ -36,9 +38,16 @@ Layout = list[tuple[str, tuple[int, ...], np.dtype, bool]]
 Allocate = Callable[[Layout], dict[str, np.ndarray]]
 
 
+PadValue = int | float | bool
+
+
 @dataclass(frozen=True)
 class PadSpec:
     """How to pad variable fields.
+
+    Construction checks what can be checked without the shard set (types,
+    duplicates, the multiple); :meth:`for_schema` checks the rest against the
+    set's schema. Both raise :class:`~shardload.errors.PlanError`.
 
     Attributes:
         pad_values: pad value per field name (default 0 for every field).
@@ -46,9 +55,127 @@ class PadSpec:
         fields: load only these fields (default: all).
     """
 
-    pad_values: Mapping[str, float] = field(default_factory=dict)
+    pad_values: Mapping[str, PadValue] = field(default_factory=dict)
     pad_to_multiple_of: int = 1
     fields: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        from shardload.plan.options import MAX_PAD_MULTIPLE
+        from shardload.plan.validate import check_scalar
+
+        if not isinstance(self.pad_values, Mapping):
+            raise PlanError(
+                f"pad_values must be a mapping of field name to pad value, e.g. {{'tokens': -1}}; "
+                f"got {type(self.pad_values).__name__}"
+            )
+        for name, value in self.pad_values.items():
+            if not isinstance(name, str):
+                raise PlanError(f"pad_values: keys must be field names (str), got {name!r}")
+            if not isinstance(value, (int, float, np.integer, np.floating, np.bool_)):
+                raise PlanError(
+                    f"pad_values[{name!r}] = {value!r}: a pad value must be a number, not {type(value).__name__}"
+                )
+        object.__setattr__(self, "pad_values", dict(self.pad_values))
+        check_scalar("pad_to_multiple_of", self.pad_to_multiple_of, low=1, high=MAX_PAD_MULTIPLE)
+        object.__setattr__(self, "fields", check_fields(self.fields))
+
+    def for_schema(self, schema: Schema, where: str = "the shard set") -> PadSpec:
+        """This spec checked against ``schema``, with each pad value converted to its field's dtype.
+
+        Raises:
+            PlanError: a loaded field is not in the schema; a pad value names a
+                field that is not loaded or has no variable axis (it would
+                never be used), or does not fit the field's dtype (0.5 or NaN
+                on an integer field, 1e10 on int32, -1 on an unsigned field,
+                1e5 on float16).
+        """
+        names = schema.names
+        if self.fields is not None:
+            unknown = [f for f in self.fields if f not in names]
+            if unknown:
+                raise PlanError(f"fields {unknown} are not in {where} (its fields: {', '.join(names)})")
+        loaded = self.fields if self.fields is not None else names
+        fitted: dict[str, PadValue] = {}
+        for name, value in self.pad_values.items():
+            if name not in names:
+                raise PlanError(
+                    f"pad_values names {name!r}, which is not a field of {where} (its fields: "
+                    f"{', '.join(names)}); check the spelling"
+                )
+            f = schema.field(name)
+            if not f.variable:
+                raise PlanError(
+                    f"pad_values[{name!r}]: field {name!r} has a fixed shape {list(f.shape)} and is never padded; "
+                    "remove it from pad_values"
+                )
+            if name not in loaded:
+                raise PlanError(
+                    f"pad_values[{name!r}]: field {name!r} is not among the loaded fields {list(loaded)}; "
+                    "add it to fields or remove it from pad_values"
+                )
+            try:
+                fitted[name] = fit_pad_value(name, value, np.dtype(f.dtype))
+            except PlanError as exc:
+                raise PlanError(f"{exc} (the field of {where})") from None
+        return PadSpec(fitted, self.pad_to_multiple_of, self.fields)
+
+
+def check_fields(fields: object) -> tuple[str, ...] | None:
+    """``fields`` as a tuple of distinct names (or None), else :class:`PlanError`."""
+    if fields is None:
+        return None
+    if isinstance(fields, (str, bytes)):
+        raise PlanError(
+            f"fields must be a sequence of field names, got the string {fields!r}: write fields=({fields!r},)"
+        )
+    if not isinstance(fields, Iterable):
+        raise PlanError(f"fields must be a sequence of field names, got {type(fields).__name__}")
+    names: tuple[object, ...] = tuple(fields)
+    for name in names:
+        if not isinstance(name, str):
+            raise PlanError(f"fields: each entry must be a field name (str), got {name!r}")
+    dups = sorted({str(n) for n in names if names.count(n) > 1})
+    if dups:
+        raise PlanError(f"fields lists {dups} more than once; each field is loaded once")
+    return tuple(str(n) for n in names)
+
+
+def fit_pad_value(name: str, value: object, dtype: np.dtype) -> PadValue:
+    """``value`` as a Python scalar that ``dtype`` holds exactly, else :class:`PlanError` naming field and dtype.
+
+    Floating fields take any finite value in their range, and NaN or +-inf
+    (deliberate markers); integer fields take integers in their range (an
+    integral float such as ``-1.0`` is fine); bool fields take 0, 1, False or True.
+    """
+    where = f"pad_values[{name!r}] = {value!r} for field {name!r} of dtype {dtype}"
+    if isinstance(value, (bool, np.bool_)):
+        value = int(value)
+    if not isinstance(value, (int, float, np.integer, np.floating)):
+        raise PlanError(f"{where}: a pad value must be a number, not {type(value).__name__}")
+    if dtype.kind == "f":
+        limit = float(np.finfo(dtype).max)
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond float64
+            number = math.inf
+        # NaN and inf given as such are deliberate markers; a finite value beyond the range would become inf.
+        if abs(number) > limit and (math.isfinite(number) or isinstance(value, (int, np.integer))):
+            raise PlanError(f"{where}: out of the range of {dtype} (largest {limit:g}); it would pad with inf")
+        return number
+    if isinstance(value, (float, np.floating)):
+        if not math.isfinite(value):
+            raise PlanError(f"{where}: {dtype} cannot hold NaN or inf; pick an integer pad value such as -1 or 0")
+        if not float(value).is_integer():
+            raise PlanError(f"{where}: {dtype} holds integers only; {value!r} would be truncated")
+    number_i = int(value)
+    if dtype.kind == "b":
+        if number_i not in (0, 1):
+            raise PlanError(f"{where}: a bool field pads with False or True (0 or 1)")
+        return bool(number_i)
+    info = np.iinfo(dtype)
+    if not int(info.min) <= number_i <= int(info.max):
+        raise PlanError(f"{where}: out of the range of {dtype} [{int(info.min)}, {int(info.max)}]")
+    return number_i
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -16,10 +16,23 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 
+from shardload.collate import PadSpec
 from shardload.errors import PlanError
 from shardload.loader import ShardLoader, Stage, make_loader
+from shardload.loader_options import check_bool, check_path, check_worker_options
 from shardload.plan import Batching
+from shardload.plan.validate import MAX_SEED, check_call, check_scalar
+from shardload.shardset import ShardSet
 from shardload.world import World
+
+#: which shard sets each Lightning stage reads
+_SETS_OF_STAGE: dict[str | None, tuple[Stage, ...]] = {
+    "fit": ("train", "val"),
+    "validate": ("val",),
+    "test": ("test",),
+    "predict": ("predict",),
+    None: ("train", "val", "test", "predict"),
+}
 
 PathLike = str | os.PathLike[str]
 
@@ -50,6 +63,14 @@ class ShardDataModule(pl.LightningDataModule):
             cross-rank check that raises instead of hanging.
         persistent_workers: keep worker processes alive between epochs (passed to the DataLoader).
         prefetch_factor: batches each worker loads ahead (passed to the DataLoader).
+        timeout: seconds to wait for a batch from the workers before raising
+            :class:`~shardload.errors.WorkerError` (0, the default, waits for
+            ever); see :func:`~shardload.loader.make_loader`.
+
+    Raises:
+        PlanError: an option has the wrong type or value (here, when the
+            DataModule is built); ``pad_values`` or ``fields`` do not fit the
+            shard set's schema (in :meth:`setup`, before any batch).
 
     Examples:
         >>> dm = ShardDataModule(train="data/train", val="data/val", max_tokens=16384)  # doctest: +SKIP
@@ -77,9 +98,13 @@ class ShardDataModule(pl.LightningDataModule):
         debug: bool = False,
         persistent_workers: bool = False,
         prefetch_factor: int | None = None,
+        timeout: float = 0,
     ) -> None:
         super().__init__()
         self.paths: dict[Stage, PathLike | None] = {"train": train, "val": val, "test": test, "predict": predict}
+        for stage, path in self.paths.items():
+            if path is not None:
+                check_path(stage, path)
         self.batching = Batching(
             batch_size=batch_size,
             max_tokens=max_tokens,
@@ -87,20 +112,41 @@ class ShardDataModule(pl.LightningDataModule):
             pad_to_multiple_of=pad_to_multiple_of,
             uneven=uneven,
         )
-        self.seed = seed
+        # Everything that does not need the shard sets is checked now, where the user wrote it.
+        check_call(
+            world_size=1, batching=self.batching, stage="train", seed=seed, epoch=0, shard_assignment=shard_assignment
+        )
+        workers, prefetch, persistent, _, wait = check_worker_options(
+            num_workers=num_workers,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory=False if pin_memory is None else pin_memory,
+            timeout=timeout,
+        )
+        self.debug = check_bool("debug", debug)
+        self.pad = PadSpec({} if pad_values is None else pad_values, self.batching.pad_to_multiple_of, fields)
+        self.seed = check_scalar("seed", seed, low=0, high=MAX_SEED)
         self.shard_assignment: Literal["rotate", "fixed"] = shard_assignment
-        self.num_workers = 0 if debug else num_workers
+        self.num_workers = 0 if self.debug else workers
         self.pin_memory = pin_memory
-        self.pad_values = dict(pad_values or {})
-        self.fields = fields
-        self.debug = debug
-        self.persistent_workers = persistent_workers
-        self.prefetch_factor = prefetch_factor
+        self.pad_values = dict(self.pad.pad_values)
+        self.fields = self.pad.fields
+        self.persistent_workers = persistent
+        self.prefetch_factor = prefetch
+        self.timeout = wait
         self.world: World | None = None
 
     def setup(self, stage: str | None = None) -> None:
-        """Take rank and world size from the trainer (Lightning calls this on every rank)."""
+        """Take rank and world size from the trainer (Lightning calls this on every rank).
+
+        Also checks ``pad_values`` and ``fields`` against the schema of each shard
+        set the stage reads (its manifest only), so that a typo fails before training starts.
+        """
         self.world = World.detect(trainer=self.trainer)
+        for name in _SETS_OF_STAGE.get(stage, ()):
+            path = self.paths[name]
+            if path is not None:
+                self.pad.for_schema(ShardSet(path).schema, f"the {name} set {path}")
 
     def _make(self, stage: Stage) -> ShardLoader | list[Any]:
         path = self.paths[stage]
@@ -132,6 +178,7 @@ class ShardDataModule(pl.LightningDataModule):
             pin_memory=pin,
             prefetch_factor=self.prefetch_factor,
             persistent_workers=self.persistent_workers,
+            timeout=self.timeout,
             debug=self.debug,
         )
         if stage == "train" and self.trainer is not None:
@@ -166,7 +213,11 @@ class ShardDataModule(pl.LightningDataModule):
         return {"seed": self.seed}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Refuse a checkpoint taken with another seed (:class:`PlanError`)."""
+        """Refuse a checkpoint taken with another seed, or a state that is not this DataModule's (:class:`PlanError`)."""
+        if not isinstance(state_dict, Mapping):
+            raise PlanError(
+                f"a ShardDataModule state must be the dict that state_dict() returned, got {type(state_dict).__name__}"
+            )
         if "seed" in state_dict and state_dict["seed"] != self.seed:
             raise PlanError(
                 f"the checkpoint was trained with seed {state_dict['seed']}, this DataModule has seed "

@@ -154,7 +154,9 @@ class ShardBatchDataset(Dataset[Any]):
         path: the shard set directory, or an opened :class:`ShardSet` to reuse
             (saves parsing the manifest again in the main process; worker
             processes get a copy without mappings and map their own shards).
-        pad: padding options (pad values, multiple, fields to load).
+        pad: padding options (pad values, multiple, fields to load); checked
+            against the set's schema (:meth:`PadSpec.for_schema`) when the set
+            is opened, here if an opened set is given.
         fingerprint: the manifest fingerprint the plan was made from; a worker
             that finds a different one (the set was re-prepared) raises
             :class:`ShardSetChangedError` instead of mixing old and new data.
@@ -164,12 +166,19 @@ class ShardBatchDataset(Dataset[Any]):
         self, path: str | os.PathLike[str] | ShardSet, pad: PadSpec | None = None, *, fingerprint: str | None = None
     ):
         self._shard_set: ShardSet | None = None
+        self.pad = pad or PadSpec()
+        self._pad_checked = False
         if isinstance(path, ShardSet):
             self._shard_set, self.path = path, path.path
+            self._check_pad(path)  # a typo in pad_values fails here, not in a worker
         else:
             self.path = Path(path)
-        self.pad = pad or PadSpec()
         self.fingerprint = fingerprint
+
+    def _check_pad(self, shard_set: ShardSet) -> None:
+        if not self._pad_checked:
+            self.pad = self.pad.for_schema(shard_set.schema, str(shard_set.path))
+            self._pad_checked = True
 
     @property
     def shard_set(self) -> ShardSet:
@@ -181,6 +190,7 @@ class ShardBatchDataset(Dataset[Any]):
                     f"{self.path} changed since this job planned its epoch (fingerprint {self.fingerprint} -> "
                     f"{shard_set.fingerprint}); it was re-prepared while the job ran. Restart the job."
                 )
+            self._check_pad(shard_set)
             self._shard_set = shard_set
         return self._shard_set
 

@@ -12,12 +12,14 @@ caller can catch them all with one clause, or one branch of the tree::
      +-- OutputError (OSError)            prepare cannot write where it was told to
      |    +-- OutputExistsError           a shard set is there and overwrite was not given
      |    +-- OutputLockedError           another prepare is writing into the same output
-     +-- PlanError (ValueError)           invalid batching options, or a plan cannot be built
-          +-- PlanMismatchError           ranks disagree: batch counts or plan fingerprints differ
+     +-- PlanError (ValueError)           invalid batching or loader options, or a plan cannot be built
+     |    +-- PlanMismatchError           ranks disagree: batch counts or plan fingerprints differ
+     +-- WorkerError (RuntimeError)       a DataLoader worker died or sent no batch within the timeout
 
 A name in parentheses is a second, built-in base class: ``except ValueError``
-also catches bad input and bad batching options, and ``except OSError`` also
-catches output problems. The command line maps each branch to an exit status
+also catches bad input and bad batching options, ``except OSError`` also
+catches output problems, and ``except RuntimeError`` also catches a dead or
+stuck worker (as for torch's own errors). The command line maps each branch to an exit status
 (see ``shardload.cli``).
 
 Messages name the file, the shard or the sample, and say what to do about it.
@@ -37,6 +39,7 @@ __all__ = [
     "ShardSetChangedError",
     "ShardSetError",
     "ShardloadError",
+    "WorkerError",
 ]
 
 
@@ -81,8 +84,15 @@ class OutputLockedError(OutputError):
 
 
 class PlanError(ShardloadError, ValueError):
-    """Batching options are invalid, or a plan cannot be built from them."""
+    """Batching or loader options are invalid, or a plan cannot be built from them."""
 
 
 class PlanMismatchError(PlanError):
     """Ranks disagree about the plan (batch counts or fingerprints differ)."""
+
+
+class WorkerError(ShardloadError, RuntimeError):
+    """A DataLoader worker died, or no batch came from the workers within ``timeout``.
+
+    The message names the worker, the signal or state, and the likely cause.
+    """

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
@@ -25,9 +24,12 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from shardload.collate import PadSpec
 from shardload.dataset import BatchKey, ShardBatchDataset, WorkerBatch
-from shardload.errors import PlanError, PlanMismatchError
+from shardload.errors import PlanError, PlanMismatchError, ShardloadError, WorkerError
+from shardload.loader_options import check_bool, check_path, check_state, check_worker_options
 from shardload.plan import Batching, RankPlan, plan_rank
+from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_call, check_scalar
 from shardload.shardset import ShardSet
+from shardload.workers import dead_worker, describe_exit, describe_stall
 from shardload.world import World
 
 logger = logging.getLogger("shardload.loader")
@@ -85,6 +87,8 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         self._plan: RankPlan | None = None
 
     def set_epoch(self, epoch: int) -> None:
+        """Select the epoch to plan; :class:`PlanError` if it is not an integer >= 0."""
+        epoch = check_scalar("epoch", epoch, low=0, high=MAX_EPOCH)
         if epoch != self.epoch:
             self.epoch = epoch
             self._start = 0
@@ -92,22 +96,28 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
     def plan(self) -> RankPlan:
         """This rank's plan for the current epoch (computed once per epoch)."""
         if self._plan is None or self._plan.epoch != self.epoch:
-            ss = self.shard_set
-            self._plan = plan_rank(
-                ss.lengths,
-                ss.index.sizes,
-                rank=self.world.rank,
-                world_size=self.world.world_size,
-                batching=self.batching,
-                stage=self.stage,
-                seed=self.seed,
-                epoch=self.epoch,
-                shard_assignment=self.shard_assignment,
-                # The manifest fingerprint covers every shard's checksum, so it identifies the
-                # lengths too; this saves hashing the whole lengths index every epoch.
-                lengths_digest=ss.fingerprint,
-            )
+            self._plan = self.plan_for(self.epoch)
         return self._plan
+
+    def plan_for(self, epoch: int) -> RankPlan:
+        """This rank's plan for ``epoch`` (the current epoch's is cached by :meth:`plan`)."""
+        if self._plan is not None and self._plan.epoch == epoch:
+            return self._plan
+        ss = self.shard_set
+        return plan_rank(
+            ss.lengths,
+            ss.index.sizes,
+            rank=self.world.rank,
+            world_size=self.world.world_size,
+            batching=self.batching,
+            stage=self.stage,
+            seed=self.seed,
+            epoch=epoch,
+            shard_assignment=self.shard_assignment,
+            # The manifest fingerprint covers every shard's checksum, so it identifies the
+            # lengths too; this saves hashing the whole lengths index every epoch.
+            lengths_digest=ss.fingerprint,
+        )
 
     def __len__(self) -> int:
         return len(self.plan())
@@ -162,23 +172,6 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
                 f"{len(prints)} distinct fingerprints). Every rank must open the same shard set with the same "
                 "options; check paths, seeds and batching options on each node."
             )
-
-
-def _dead_worker(iterator: Any, wait: float = 2.0) -> Any:
-    """The first worker process of ``iterator`` that has exited, or ``None``.
-
-    A worker that just died may not be reaped yet, so this polls for up to ``wait`` seconds.
-    """
-    workers = list(getattr(iterator, "_workers", ()))
-    deadline = time.monotonic() + wait
-    while workers:
-        for w in workers:
-            if w.exitcode is not None:
-                return w
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.05)
-    return None
 
 
 def _as_is(batch: Any) -> Any:
@@ -246,21 +239,30 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                 batch = next(it)
             except StopIteration:
                 return
+            except ShardloadError:
+                raise  # raised on purpose in a worker, with its own message
             except Exception as exc:
-                # A worker killed mid-transfer (OOM killer, kill -9) can surface as a bare
-                # ConnectionResetError or EOFError; name the dead worker instead.
-                dead = _dead_worker(it)
-                if dead is None:
-                    raise
-                raise RuntimeError(
-                    f"DataLoader worker (pid {dead.pid}) died with exit code {dead.exitcode} at batch "
-                    f"{self.batches_done} of epoch {self.plan_sampler.epoch} (a negative code is the signal "
-                    "that killed it; -9 is often the out-of-memory killer). Lower num_workers or "
-                    "prefetch_factor if memory is short, then resume from the last checkpoint."
-                ) from exc
+                raise self._worker_failure(it, exc) from exc
             self.batches_done += 1
             # A batch from a worker arrives packed (unless the pinning thread unpacked it already).
             yield batch.tensors() if isinstance(batch, WorkerBatch) else batch
+
+    def _worker_failure(self, it: Any, exc: Exception) -> Exception:
+        """What to raise when the next batch failed: a dead or stuck worker named, or ``exc`` itself.
+
+        A worker killed mid-transfer can surface as a bare ``ConnectionResetError`` or
+        ``EOFError``, a dead one as torch's "exited unexpectedly" (which names no cause),
+        a stuck one as torch's "timed out".
+        """
+        where = f"at batch {self.batches_done} of epoch {self.plan_sampler.epoch}"
+        dead = dead_worker(it)
+        if dead is not None:
+            why = describe_exit(int(dead.exitcode), self.plan_sampler.shard_set)
+            return WorkerError(f"DataLoader worker (pid {dead.pid}) {why} It failed {where}.")
+        if self.timeout > 0 and "timed out" in str(exc):
+            why = describe_stall(list(getattr(it, "_workers", ())), self.timeout)
+            return WorkerError(f"{where}: {why}")
+        return exc
 
     def state_dict(self) -> dict[str, Any]:
         """Where this epoch stands: restoring it resumes with exactly the remaining batches."""
@@ -278,27 +280,37 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next iteration yields the batches that were left.
 
+        The state is checked completely before anything changes: on an error the
+        loader is as it was.
+
         Raises:
-            PlanError: the world size differs from the checkpoint's, or the state is of
-                an unknown version.
+            PlanError: the state is not a loader state (``None``, a key missing, a value
+                of the wrong type, a negative ``batches_done``), of an unknown version,
+                taken with another world size, or ``batches_done`` is beyond the epoch's
+                batch count.
             PlanMismatchError: the plan differs (shard set, seed or batching changed).
         """
         s = self.plan_sampler
-        if state.get("version") != STATE_VERSION:
-            raise PlanError(f"loader state of version {state.get('version')!r} is not supported")
-        if state["world_size"] != s.world.world_size:
+        epoch, done, fingerprint, world_size = check_state(state, version=STATE_VERSION)
+        if world_size != s.world.world_size:
             raise PlanError(
-                f"the checkpoint was taken with world size {state['world_size']}, this run has "
+                f"the checkpoint was taken with world size {world_size}, this run has "
                 f"{s.world.world_size}; a mid-epoch resume needs the same world size (resume from an "
                 "end-of-epoch checkpoint instead)"
             )
-        s.resume_at(int(state["epoch"]), int(state["batches_done"]))
-        if s.plan().fingerprint != state["fingerprint"]:
+        plan = s.plan_for(epoch)
+        if plan.fingerprint != fingerprint:
             raise PlanMismatchError(
                 "the plan for this epoch differs from the checkpoint's (shard set, seed or batching options "
                 "changed); the remaining batches would not be the ones the run would have seen"
             )
-        self.batches_done = s._start
+        if done > len(plan):
+            raise PlanError(
+                f"the loader state says {done} batches of epoch {epoch} were done, but the epoch has "
+                f"{len(plan)}; the state was edited or belongs to another run"
+            )
+        s.resume_at(epoch, done)
+        self.batches_done = done
 
 
 def make_loader(
@@ -322,6 +334,7 @@ def make_loader(
     pin_memory: bool = False,
     prefetch_factor: int | None = None,
     persistent_workers: bool = False,
+    timeout: float = 0,
     debug: bool = False,
     trainer: Any = None,
 ) -> ShardLoader:
@@ -330,6 +343,19 @@ def make_loader(
     Rank and world size default to the environment (``RANK``/``WORLD_SIZE``,
     SLURM, or the initialised process group; see :mod:`shardload.world`).
 
+    Every option is checked here, before any batch is planned or read: a wrong
+    type (``batch_size=True``, ``num_workers=1.5``, ``pin_memory="no"``), a value
+    out of range, a ``pad_values`` entry for a field the set does not have or
+    that its dtype cannot hold, or ``batching`` given together with the options
+    it replaces, raises :class:`~shardload.errors.PlanError` naming the option.
+
+    Args:
+        timeout: seconds to wait for a batch from the worker processes before
+            raising :class:`~shardload.errors.WorkerError` (0, the default,
+            waits for ever). It turns a stopped or stuck worker into an error
+            instead of a hang; set it well above the slowest batch, e.g. 300.
+            No effect with ``num_workers=0``.
+
     Examples:
         >>> loader = shardload.make_loader("out/", batch_size=32, num_workers=2)  # doctest: +SKIP
         >>> for epoch in range(3):                                                # doctest: +SKIP
@@ -337,8 +363,16 @@ def make_loader(
         ...     for batch in loader:
         ...         loss = (model(batch) * batch["weight"]).sum() / batch["weight"].sum()
     """
-    shard_set = path if isinstance(path, ShardSet) else ShardSet(path)
-    world = World.detect(rank, world_size, trainer=trainer)
+    if not isinstance(path, ShardSet):
+        check_path("path", path)
+    workers, prefetch, persistent, pin, wait = check_worker_options(
+        num_workers=num_workers,
+        prefetch_factor=prefetch_factor,
+        persistent_workers=persistent_workers,
+        pin_memory=pin_memory,
+        timeout=timeout,
+    )
+    debug = check_bool("debug", debug)
     if batching is None:
         if batch_size is None and max_tokens is None:
             raise PlanError("give batch_size or max_tokens (or a Batching object)")
@@ -349,34 +383,60 @@ def make_loader(
             pad_to_multiple_of=pad_to_multiple_of,
             uneven=uneven,
         )
-    if fields is not None:
-        unknown = set(fields) - set(shard_set.schema.names)
-        if unknown:
-            raise PlanError(f"fields {sorted(unknown)} are not in {shard_set.path} (fields: {shard_set.schema.names})")
-    pad = PadSpec(
-        pad_values=dict(pad_values or {}),
-        pad_to_multiple_of=batching.pad_to_multiple_of,
-        fields=tuple(fields) if fields is not None else None,
+    else:
+        given = {
+            "batch_size": batch_size is not None,
+            "max_tokens": max_tokens is not None,
+            "bucketing": bucketing is not True,
+            "pad_to_multiple_of": pad_to_multiple_of != 1,
+            "uneven": uneven != "split",
+        }
+        clash = [name for name, set_ in given.items() if set_]
+        if clash:
+            raise PlanError(
+                f"batching= replaces {', '.join(clash)}, which would be ignored: put them in the Batching "
+                "object, or leave out batching="
+            )
+    if rank is not None or world_size is not None:
+        # World.detect would round 1.5 to 1; refuse instead
+        world_size = check_scalar("world_size", world_size, low=1, high=MAX_WORLD_SIZE)
+        rank = check_scalar("rank", rank, low=0, high=world_size - 1, hint="rank must be in [0, world_size)")
+    world = World.detect(rank, world_size, trainer=trainer)
+    check_call(
+        world_size=world.world_size,
+        batching=batching,
+        stage=stage,
+        seed=seed,
+        epoch=epoch,
+        shard_assignment=shard_assignment,
     )
+    pad = PadSpec(
+        pad_values={} if pad_values is None else pad_values,
+        pad_to_multiple_of=batching.pad_to_multiple_of,
+        fields=fields,
+    )
+    shard_set = path if isinstance(path, ShardSet) else ShardSet(path)
     sampler = PlanSampler(
         shard_set,
         world=world,
         batching=batching,
         stage=stage,
-        seed=seed,
+        seed=int(seed),
         shard_assignment=shard_assignment,
-        epoch=epoch,
+        epoch=int(epoch),
         debug=debug,
     )
+    # Checks fields and pad values against the set's schema (names and dtypes).
     dataset = ShardBatchDataset(shard_set, pad, fingerprint=shard_set.fingerprint)
     if debug:
-        num_workers = 0
+        workers = 0
     # sampler by keyword: Lightning re-creates the loader (predict) from the recorded arguments
     return ShardLoader(
         dataset,
         sampler=sampler,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        prefetch_factor=prefetch_factor,
-        persistent_workers=persistent_workers,
+        num_workers=workers,
+        pin_memory=pin,
+        prefetch_factor=prefetch,
+        persistent_workers=persistent,
+        timeout=wait,
     )

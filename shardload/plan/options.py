@@ -19,6 +19,8 @@ from shardload.errors import PlanError
 
 __all__ = [
     "EVAL_STAGES",
+    "MAX_COUNT",
+    "MAX_PAD_MULTIPLE",
     "Batching",
     "ShardAssignment",
     "Stage",
@@ -64,12 +66,21 @@ def padded_length(max_len: int, pad_to_multiple_of: int = 1) -> int:
     return -(-max_len // multiple) * multiple
 
 
-def _positive_int(name: str, value: object, *, hint: str) -> int:
-    """Return ``value`` as a plain int if it is an integer >= 1, else raise."""
+#: Largest row count or token budget: beyond it, counts no longer fit the planner's int64 arithmetic.
+MAX_COUNT = 1 << 62
+#: Largest ``pad_to_multiple_of``: every batch is at least this long, so a larger one means
+#: a giant allocation per batch (and padded-token sums that overflow int64).
+MAX_PAD_MULTIPLE = 1 << 20
+
+
+def _positive_int(name: str, value: object, *, hint: str, limit: int = MAX_COUNT) -> int:
+    """Return ``value`` as a plain int if it is an integer in ``[1, limit]``, else raise."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise PlanError(f"Batching({name}={value!r}): must be an integer >= 1; {hint}")
+        raise PlanError(f"Batching({name}={value!r}): must be an integer >= 1 (not {type(value).__name__}); {hint}")
     if value < 1:
         raise PlanError(f"Batching({name}={value}): must be >= 1; {hint}")
+    if value > limit:
+        raise PlanError(f"Batching({name}={value}): must be at most {limit:,}; {hint}")
     return int(value)
 
 
@@ -153,7 +164,10 @@ class Batching:
                     "max_rows", self.max_rows, hint="or None for no cap on rows per batch"
                 )
         fixed["pad_to_multiple_of"] = _positive_int(
-            "pad_to_multiple_of", self.pad_to_multiple_of, hint="use 1 for no rounding"
+            "pad_to_multiple_of",
+            self.pad_to_multiple_of,
+            hint="use 1 for no rounding (every batch is padded to at least this length)",
+            limit=MAX_PAD_MULTIPLE,
         )
         if not isinstance(self.bucketing, (bool, np.bool_)):
             raise PlanError(f"Batching(bucketing={self.bucketing!r}): must be True or False")

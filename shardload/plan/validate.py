@@ -15,20 +15,39 @@ from numpy.typing import NDArray
 from shardload.errors import PlanError
 from shardload.plan.options import EVAL_STAGES, Batching, ShardAssignment, Stage
 
-__all__ = ["check_arrays", "check_call", "check_rank"]
+__all__ = ["MAX_EPOCH", "MAX_SEED", "MAX_WORLD_SIZE", "check_arrays", "check_call", "check_rank", "check_scalar"]
+
+#: Largest world size: planning computes every rank's batch count, O(world size) per epoch
+#: (about 8 s at 65,536 ranks, 100 s at 2^20), and a plan summary is one row per rank.
+MAX_WORLD_SIZE = 1 << 20
+#: Seeds and epochs are hashed as 64-bit values; larger ones are refused, not wrapped.
+MAX_SEED = (1 << 64) - 1
+MAX_EPOCH = (1 << 63) - 1
 
 
-def _integer(name: str, value: object, *, low: int) -> int:
+def check_scalar(name: str, value: object, *, low: int, high: int, hint: str = "") -> int:
+    """``value`` as a plain int in ``[low, high]``, else :class:`PlanError` naming ``name``.
+
+    Bools and floats are refused, even integral ones: ``batch_size=True`` or
+    ``seed=1e20`` is a mistake, not a number to round.
+    """
+    tail = f"; {hint}" if hint else ""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise PlanError(f"{name} must be an integer, got {value!r}")
+        raise PlanError(f"{name} must be an integer, got {value!r} ({type(value).__name__}){tail}")
     if value < low:
-        raise PlanError(f"{name} must be >= {low}, got {value}")
+        raise PlanError(f"{name} must be >= {low}, got {value}{tail}")
+    if value > high:
+        raise PlanError(f"{name} must be at most {high:,}, got {value}{tail}")
     return int(value)
+
+
+def _integer(name: str, value: object, *, low: int, high: int) -> int:
+    return check_scalar(name, value, low=low, high=high)
 
 
 def check_rank(rank: object, world_size: int) -> int:
     """``rank`` as an int in ``[0, world_size)``, else :class:`PlanError`."""
-    value = _integer("rank", rank, low=0)
+    value = _integer("rank", rank, low=0, high=MAX_WORLD_SIZE - 1)
     if value >= world_size:
         raise PlanError(f"rank={value} is out of range for world_size={world_size}: use 0 <= rank < world_size")
     return value
@@ -66,9 +85,9 @@ def check_call(
             "see every sample once: use uneven='split' (default) or 'pad' for evaluation"
         )
     return (
-        _integer("world_size", world_size, low=1),
-        _integer("seed", seed, low=0),
-        _integer("epoch", epoch, low=0),
+        _integer("world_size", world_size, low=1, high=MAX_WORLD_SIZE),
+        _integer("seed", seed, low=0, high=MAX_SEED),
+        _integer("epoch", epoch, low=0, high=MAX_EPOCH),
     )
 
 

@@ -1,36 +1,81 @@
-"""Kill one DataLoader worker with SIGKILL mid-epoch; the loop must raise, not hang.
+"""Kill, stop or starve one DataLoader worker mid-epoch; the loop must raise, not hang.
 
-Run by test_worker_death.py under a watchdog. Prints ``RAISED <message>`` when
-the loader raised, ``FINISHED`` if the epoch somehow completed.
+Run by test_worker_death.py under a watchdog, as ``worker_death_job.py OUT MODE``:
+
+* ``KILL``, ``SEGV``: that signal, sent by the training process;
+* ``TERM-outside``: SIGTERM sent by another process (a scheduler), ``TERM-parent`` by the training process;
+* ``truncate``: the shard files are truncated under the worker's mappings (SIGBUS in the worker);
+* ``STOP``: the worker is stopped; the loader has ``timeout=3``.
+
+Prints ``KILLED <pid>`` when the worker was hit, ``RAISED <type>: <message>`` and
+``AFTER <seconds>`` when the loader raised, ``FINISHED`` if the epoch somehow completed.
+A stopped worker is resumed and killed before the job exits.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import psutil
 
 import shardload
 from shardload.testing import synthetic_samples
 
+TIMEOUT = 3.0
 
-def main(out: str) -> None:
-    shardload.write(synthetic_samples(400, seed=5), out, num_shards=8, progress=False)
-    loader = shardload.make_loader(out, rank=0, world_size=1, batch_size=4, num_workers=2, prefetch_factor=2)
+
+def hit(worker: psutil.Process, mode: str, out: str) -> None:
+    if mode == "truncate":
+        for shard in sorted(Path(out, "shards").iterdir()):
+            os.truncate(shard, 1000)
+    elif mode == "TERM-outside":
+        subprocess.run(["kill", "-TERM", str(worker.pid)], check=True, timeout=10)
+    elif mode == "TERM-parent":
+        os.kill(worker.pid, signal.SIGTERM)
+    else:
+        os.kill(worker.pid, getattr(signal, "SIG" + mode))
+
+
+def main(out: str, mode: str) -> None:
+    shardload.write(synthetic_samples(400, seed=5), out, num_shards=2, shuffle=False, progress=False)
+    loader = shardload.make_loader(
+        out,
+        rank=0,
+        world_size=1,
+        batch_size=4,
+        stage="val",  # in order: after a truncation the next batches read the truncated part
+        num_workers=2,
+        prefetch_factor=2,
+        timeout=TIMEOUT if mode == "STOP" else 0,
+    )
+    workers: list[psutil.Process] = []
+    start = 0.0
     try:
         for i, _batch in enumerate(loader):
             if i == 2:
                 workers = psutil.Process().children()
                 assert len(workers) == 2, workers
-                os.kill(workers[0].pid, signal.SIGKILL)
+                hit(workers[0], mode, out)
+                start = time.monotonic()
                 print(f"KILLED {workers[0].pid}", flush=True)
     except Exception as exc:  # noqa: BLE001  report whatever came out, then exit non-zero
+        print(f"AFTER {time.monotonic() - start:.1f}", flush=True)
         print(f"RAISED {type(exc).__name__}: {exc}", flush=True)
         sys.exit(3)
+    finally:
+        for w in workers:  # a stopped worker must not outlive the job
+            try:
+                w.send_signal(signal.SIGCONT)
+                w.kill()
+            except psutil.NoSuchProcess:
+                pass
     print("FINISHED", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "KILL")
