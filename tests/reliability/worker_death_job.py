@@ -65,7 +65,9 @@ def main(out: str, mode: str) -> None:
                 print(f"KILLED {workers[0].pid}", flush=True)
     except Exception as exc:  # noqa: BLE001  report whatever came out, then exit non-zero
         print(f"AFTER {time.monotonic() - start:.1f}", flush=True)
-        print(f"RAISED {type(exc).__name__}: {exc}", flush=True)
+        # One line: torch re-raises a worker's error with the worker's traceback and message below its first line.
+        one_line = " | ".join(str(exc).splitlines())
+        print(f"RAISED {type(exc).__name__}: {one_line}", flush=True)
         sys.exit(3)
     finally:
         for w in workers:  # a stopped worker must not outlive the job
