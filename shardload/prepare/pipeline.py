@@ -22,8 +22,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from shardload.prepare.options import PrepareOptions
 from shardload.prepare.progress import Progress
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
 from shardload.prepare.workdir import WorkDir, output_errors
+from shardload.prepare.workers import map_in_workers
 from shardload.schema import Schema
 
 logger = logging.getLogger("shardload.prepare")
@@ -400,7 +400,7 @@ def _ingest_all(
             return [rec]
         jobs = [(k, u, source_options, schema.to_json(), options, str(wd.staging)) for k, u in enumerate(units)]
         records = []
-        for rec in _map(_ingest_unit, jobs, options.workers):
+        for rec in map_in_workers(_ingest_unit, jobs, options.workers, out=wd.out, what="staging the samples"):
             progress.update(rec["samples"], rec["bytes"])
             records.append(rec)
         return records
@@ -437,21 +437,12 @@ def _write_all(
     records = []
     try:
         with output_errors(wd.out, "writing shards", partial=wd.shards):
-            for rec in _map(_write_shard_star, jobs, options.workers):
+            for rec in map_in_workers(_write_shard_star, jobs, options.workers, out=wd.out, what="writing shards"):
                 progress.update(rec["samples"], rec["bytes"])
                 records.append(rec)
     finally:
         progress.close()
     return records
-
-
-def _map(fn: Callable[[Any], dict[str, Any]], jobs: Sequence[Any], workers: int) -> Iterator[dict[str, Any]]:
-    """Results in job order; in-process when one worker (debuggable), else a process pool."""
-    if workers <= 1 or len(jobs) <= 1:
-        yield from map(fn, jobs)
-        return
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-        yield from pool.map(fn, jobs)
 
 
 def _index_dtype(max_value: int) -> type[np.signedinteger[Any]]:
