@@ -31,7 +31,14 @@ from shardload.prepare.sources import jsonl as _jsonl  # noqa: F401  (registers 
 from shardload.prepare.sources import npy as _npy  # noqa: F401  (registers the reader)
 from shardload.prepare.sources import npz as _npz  # noqa: F401  (registers the reader)
 from shardload.prepare.sources import webdataset as _webdataset  # noqa: F401  (registers the reader)
-from shardload.prepare.sources.base import READERS, Sample, SourceOptions, SourceReader, SourceUnit
+from shardload.prepare.sources.base import (
+    READERS,
+    Sample,
+    SourceOptions,
+    SourceReader,
+    SourceUnit,
+    check_input_file,
+)
 
 __all__ = ["READERS", "Sample", "SourceOptions", "SourceReader", "SourceUnit", "discover", "read_unit"]
 
@@ -66,7 +73,8 @@ def _list_files(source: str) -> list[str]:
         p = Path(pattern)
         if p.is_dir():
             # Hidden files and marker files (Spark/Hadoop `_SUCCESS`, `_metadata`) are not samples.
-            found = sorted(str(f) for f in p.rglob("*") if f.is_file() and not f.name.startswith((".", "_")))
+            # Anything but a directory is listed, so that a pipe or a broken link is refused, not skipped.
+            found = sorted(str(f) for f in p.rglob("*") if not f.is_dir() and not f.name.startswith((".", "_")))
             if not found:
                 raise InputError(f"{p}: the directory holds no files")
             files.extend(found)
@@ -75,7 +83,7 @@ def _list_files(source: str) -> list[str]:
             if not found:
                 raise InputError(f"{pattern}: the pattern matches no file")
             files.extend(found)
-        elif p.is_file():
+        elif p.exists() or p.is_symlink():  # not only regular files: discover() says what else it is
             files.append(str(p))
         else:
             raise InputError(f"{pattern}: no such file or directory")
@@ -91,7 +99,8 @@ def discover(
     """Find the input files of ``sources`` and group them into units.
 
     Raises:
-        InputError: a path that does not exist, a pattern that matches nothing,
+        InputError: a path that does not exist or is not a regular file (a FIFO,
+            a device, a broken link), a pattern that matches nothing,
             a file of no known kind, or an unknown ``source_format``.
     """
     options = options or SourceOptions()
@@ -102,6 +111,7 @@ def discover(
     by_kind: list[tuple[str, list[str]]] = []
     for source in sources:
         for f in _list_files(os.fspath(source)):
+            check_input_file(f)
             kind = source_format or _detect(f)
             if kind is None:
                 known = sorted(s for r in READERS.values() for s in r.suffixes)

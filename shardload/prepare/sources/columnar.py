@@ -265,7 +265,7 @@ class ParquetSource(SourceReader):
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
         import pyarrow.parquet as pq
 
-        for path in unit.paths:
+        for path in unit.files():
             try:
                 pf = pq.ParquetFile(path)
                 schema = pf.schema_arrow
@@ -289,7 +289,7 @@ class ArrowSource(SourceReader):
 
     @classmethod
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
-        for path in unit.paths:
+        for path in unit.files():
             try:
                 source = pa.memory_map(path, "r")
             except FileNotFoundError:
