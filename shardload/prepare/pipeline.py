@@ -33,9 +33,9 @@ from numpy.typing import NDArray
 from shardload.errors import InputError, OutputError
 from shardload.formats import Columns, get_format
 from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
-from shardload.formats.base import concat_columns
 from shardload.manifest import LENGTHS_NAME, Manifest, ShardInfo, atomic_write_text, file_checksum
 from shardload.prepare.faults import crash_point
+from shardload.prepare.gather import gather
 from shardload.prepare.layout import assign_samples, count_shards
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.progress import Progress
@@ -244,24 +244,6 @@ def _cat(parts: Sequence[NDArray[np.int64]]) -> NDArray[np.int64]:
 # -- 3. write shards ----------------------------------------------------------------------------------
 def shard_file(k: int, suffix: str) -> str:
     return f"shard-{k:06d}{suffix}"
-
-
-def gather(
-    schema: Schema, positions: NDArray[np.int64], chunk_paths: Sequence[Path], chunk_starts: NDArray[np.int64]
-) -> Columns:
-    """The samples at source ``positions`` (in that order), copied out of the staged chunks."""
-    chunk_of = np.searchsorted(chunk_starts, positions, side="right") - 1
-    by_chunk = np.argsort(chunk_of, kind="stable")
-    parts = []
-    for c in np.unique(chunk_of):
-        sel = by_chunk[chunk_of[by_chunk] == c]
-        cols = ArrowShardReader(chunk_paths[c], schema).columns()
-        parts.append(cols.take(positions[sel] - chunk_starts[c]))
-    grouped = concat_columns(schema, parts)
-    # grouped holds positions[by_chunk]; put them back in the requested order.
-    inverse = np.empty_like(by_chunk)
-    inverse[by_chunk] = np.arange(len(by_chunk))
-    return grouped.take(inverse)
 
 
 def write_shard(
