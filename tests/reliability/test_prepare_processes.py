@@ -166,6 +166,7 @@ def assert_resume_gives_the_reference(src: Path, out: Path, reference: dict[str,
 
 
 # -- the main process killed: its workers follow, the lock is free ------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("signum", "code", "message"),
     [
@@ -225,6 +226,7 @@ with WorkDir({str(tmp_path / "out")!r}, resume=True, overwrite=False):
 
 
 # -- a worker killed: the main process says which and what to do --------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 @pytest.mark.parametrize("point", ["staged:1", "shard:0"], ids=["staging", "writing shards"])
 def test_a_killed_worker_is_named_with_its_signal(
