@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -73,12 +75,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return Exit.USAGE
     module = _command(args.command)
+    # What to do after an interruption: a prepare is finished by rerunning it with --resume.
+    after = "; rerun the same command with --resume to continue where it stopped" if args.command == "prepare" else ""
     try:
-        with _logging_to_stderr():
+        with _logging_to_stderr(), _sigterm_raises():
             return int(module.run(args))
     except KeyboardInterrupt:
-        _error("interrupted")
-        return 130
+        _error(f"interrupted{after}")
+        return EXIT_INTERRUPTED
+    except Terminated:
+        _error(f"stopped by SIGTERM{after}")
+        return EXIT_TERMINATED
     except CommandError as exc:
         return _fail(exc, exc.code, args.debug)
     except ShardloadError as exc:
@@ -97,6 +104,43 @@ def main(argv: Sequence[str] | None = None) -> int:
             "and report the traceback."
         )
         return Exit.INTERNAL
+
+
+#: exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
+EXIT_INTERRUPTED = 130
+#: exit status after SIGTERM (128 + SIGTERM)
+EXIT_TERMINATED = 143
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by SIGTERM while a command runs, so that it stops cleanly.
+
+    A ``BaseException``, like ``KeyboardInterrupt``, so that no ``except
+    Exception`` on the way swallows it; ``finally`` blocks run (locks are
+    released, worker processes stopped) and the command exits with 143.
+    """
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` for the duration of a command (main thread only).
+
+    The handler gives way to the default after the first signal: a second
+    SIGTERM ends the process at once.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Terminated
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:

@@ -31,11 +31,12 @@ exit status:
   1   verify found problems in the shard set
   2   usage error (bad options), or a missing optional dependency
   3   bad input (the sources given to prepare are malformed)
-  4   output problem (the output exists, is locked, or cannot be written), or another
-      operating-system error (disk full, permission denied)
+  4   output problem (the output exists, is locked, or cannot be written; a prepare
+      worker died), or another operating-system error (disk full, permission denied)
   5   shard set unusable (missing, not a shard set, damaged manifest or shard)
   6   plan error (invalid batching options)
-  70  internal error (a bug: rerun with --debug and report the traceback)"""
+  70  internal error (a bug: rerun with --debug and report the traceback)
+  130 interrupted (Ctrl-C); 143 stopped by SIGTERM: rerun an interrupted prepare with --resume"""
 
 
 class CommandError(Exception):

@@ -27,8 +27,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,15 +38,16 @@ from numpy.typing import NDArray
 from shardload.errors import InputError, OutputError
 from shardload.formats import Columns, get_format
 from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
-from shardload.formats.base import concat_columns
 from shardload.identity import ShardIdentity, set_id_of
 from shardload.manifest import LENGTHS_NAME, Manifest, ShardInfo, atomic_write_text, file_checksum
 from shardload.prepare import guards
 from shardload.prepare.faults import crash_point
+from shardload.prepare.gather import gather
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.progress import Progress
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
 from shardload.prepare.workdir import WorkDir, output_errors
+from shardload.prepare.workers import map_in_workers
 from shardload.schema import Schema
 
 logger = logging.getLogger("shardload.prepare")
@@ -263,24 +263,6 @@ def shard_file(k: int, suffix: str) -> str:
     return f"shard-{k:06d}{suffix}"
 
 
-def gather(
-    schema: Schema, positions: NDArray[np.int64], chunk_paths: Sequence[Path], chunk_starts: NDArray[np.int64]
-) -> Columns:
-    """The samples at source ``positions`` (in that order), copied out of the staged chunks."""
-    chunk_of = np.searchsorted(chunk_starts, positions, side="right") - 1
-    by_chunk = np.argsort(chunk_of, kind="stable")
-    parts = []
-    for c in np.unique(chunk_of):
-        sel = by_chunk[chunk_of[by_chunk] == c]
-        cols = ArrowShardReader(chunk_paths[c], schema).columns()
-        parts.append(cols.take(positions[sel] - chunk_starts[c]))
-    grouped = concat_columns(schema, parts)
-    # grouped holds positions[by_chunk]; put them back in the requested order.
-    inverse = np.empty_like(by_chunk)
-    inverse[by_chunk] = np.arange(len(by_chunk))
-    return grouped.take(inverse)
-
-
 def write_shard(
     k: int,
     positions: NDArray[np.int64],
@@ -434,7 +416,7 @@ def _ingest_all(
             return [rec]
         jobs = [(k, u, source_options, schema.to_json(), options, str(wd.staging)) for k, u in enumerate(units)]
         records = []
-        for rec in _map(_ingest_unit, jobs, options.workers):
+        for rec in map_in_workers(_ingest_unit, jobs, options.workers, out=wd.out, what="staging the samples"):
             progress.update(rec["samples"], rec["bytes"])
             records.append(rec)
         return records
@@ -474,21 +456,12 @@ def _write_all(
     records = []
     try:
         with output_errors(wd.out, "writing shards", partial=wd.shards):
-            for rec in _map(_write_shard_star, jobs, options.workers):
+            for rec in map_in_workers(_write_shard_star, jobs, options.workers, out=wd.out, what="writing shards"):
                 progress.update(rec["samples"], rec["bytes"])
                 records.append(rec)
     finally:
         progress.close()
     return records
-
-
-def _map(fn: Callable[[Any], dict[str, Any]], jobs: Sequence[Any], workers: int) -> Iterator[dict[str, Any]]:
-    """Results in job order; in-process when one worker (debuggable), else a process pool."""
-    if workers <= 1 or len(jobs) <= 1:
-        yield from map(fn, jobs)
-        return
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-        yield from pool.map(fn, jobs)
 
 
 def _index_dtype(max_value: int) -> type[np.signedinteger[Any]]:

@@ -2,7 +2,8 @@
 
 Layout while a run is in progress::
 
-    OUT/.prepare.lock        flock'd by the running prepare (freed by the kernel on kill -9)
+    OUT/.prepare.lock        flock'd by the running prepare (freed by the kernel on kill -9; never
+                             inherited: forked children let go of it, exec'd ones never get it)
     OUT/.prepare/state.json  options + units + schema, to check that --resume continues the same run
     OUT/.prepare/staging/    intermediate chunks, one group per source unit, each renamed when complete
     OUT/.prepare/shards/     finished shards, each renamed into place when complete
@@ -33,6 +34,34 @@ WORK = ".prepare"
 LOCK = ".prepare.lock"
 #: the names a shard set owns inside OUT (removed when it is overwritten)
 OWNED = ("shards", "origin.npy")
+
+#: fds of the output locks this process holds, let go of by forked children (below)
+_HELD_LOCKS: set[int] = set()
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child: let go of the parent's output locks.
+
+    An ``flock`` lives as long as any descriptor of its open file, and a forked
+    child (a pool worker, or any process a user's code forks) shares the
+    parent's: a child that outlived its parent would hold the lock for ever, and
+    every ``--resume`` would be refused. The descriptor is pointed at
+    ``/dev/null`` rather than closed, so its number is never reused while the
+    copied file object still names it.
+    """
+    if not _HELD_LOCKS:
+        return
+    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        for fd in _HELD_LOCKS:
+            os.dup2(devnull, fd, inheritable=False)
+    finally:
+        os.close(devnull)
+    _HELD_LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited_locks)
 
 
 class WorkDir:
@@ -80,6 +109,8 @@ class WorkDir:
                 f"{out}: another prepare is writing into this directory right now; wait for it to finish "
                 "or choose another output"
             ) from None
+        # Python opens files non-inheritable (O_CLOEXEC): exec'd children never get the lock.
+        _HELD_LOCKS.add(self._lock.fileno())
         try:
             with output_errors(out, "preparing the output directory"):
                 self._check_existing()
@@ -90,6 +121,7 @@ class WorkDir:
 
     def __exit__(self, *exc: object) -> None:
         if self._lock is not None:
+            _HELD_LOCKS.discard(self._lock.fileno())
             fcntl.flock(self._lock.fileno(), fcntl.LOCK_UN)
             self._lock.close()
             self._lock = None

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +239,11 @@ def make_inputs(src: Path, kind: str) -> list[Path]:
         elif kind == "parquet":
             p = src / f"{i}.parquet"
             pq.write_table(pa.table({"x": pa.array([x])}), p)
+        elif kind == "arrow":
+            p = src / f"{i}.arrow"
+            table = pa.table({"x": pa.array([x])})
+            with pa.OSFile(str(p), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
         elif kind == "jsonl":
             p = src / f"{i}.jsonl"
             p.write_text(json.dumps({"x": x.tolist()}) + "\n")
@@ -271,3 +277,65 @@ def test_input_deleted_between_listing_and_reading(tmp_path: Path, monkeypatch: 
     ):
         shardload.prepare(tmp_path / "in", out, progress=False)
     assert_not_a_shard_set(out)
+
+
+# -- a FIFO or a device among the inputs ---------------------------------------------------------------
+@contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Fail instead of hanging: SIGALRM interrupts a blocked open() or read() after ``seconds``."""
+
+    def on_alarm(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s: prepare hangs")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("how", ["glob", "directory", "path"])
+def test_a_fifo_among_the_sources_is_refused_by_name(tmp_path: Path, how: str) -> None:
+    make_inputs(tmp_path / "in", "npy")
+    fifo = tmp_path / "in" / "3.npy"
+    os.mkfifo(fifo)
+    source = {"glob": str(tmp_path / "in" / "*.npy"), "directory": tmp_path / "in", "path": fifo}[how]
+    # Invariant: never a hang (opening a FIFO waits for a writer), never a silent skip
+    with (
+        deadline(20),
+        pytest.raises(shardload.InputError, match=r"3\.npy: is a FIFO \(named pipe\), not a regular file"),
+    ):
+        shardload.prepare(source, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()  # refused while listing, before the output is touched
+
+
+@pytest.mark.parametrize("kind", ["npy", "npz", "parquet", "arrow", "jsonl", "webdataset"])
+def test_input_replaced_by_a_fifo_after_listing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    prepare_module = importlib.import_module("shardload.prepare")
+    paths = make_inputs(tmp_path / "in", kind)
+    real_discover = prepare_module.discover
+
+    def discover_then_swap(*args: object, **kw: object) -> object:
+        units = real_discover(*args, **kw)  # type: ignore[arg-type]
+        paths[2].unlink()
+        os.mkfifo(paths[2])  # listed as a file, a pipe when it is read
+        return units
+
+    monkeypatch.setattr(prepare_module, "discover", discover_then_swap)
+    with deadline(20), pytest.raises(shardload.InputError, match=rf"{paths[2].name}: is a FIFO"):
+        shardload.prepare(tmp_path / "in", tmp_path / "out", progress=False)
+    assert_not_a_shard_set(tmp_path / "out")
+
+
+def test_devices_and_broken_links_are_refused_by_name(tmp_path: Path) -> None:
+    src = tmp_path / "in"
+    make_inputs(src, "jsonl")
+    (src / "zero.jsonl").symlink_to("/dev/zero")  # read as a file, it never ends
+    with deadline(20), pytest.raises(shardload.InputError, match=r"zero\.jsonl: is a character device"):
+        shardload.prepare(src, tmp_path / "out", progress=False)
+    (src / "zero.jsonl").unlink()
+    (src / "gone.jsonl").symlink_to(tmp_path / "nowhere.jsonl")  # skipped without a word before
+    with pytest.raises(shardload.InputError, match=r"gone\.jsonl: a symbolic link to .*nowhere\.jsonl.*does not exist"):
+        shardload.prepare(src, tmp_path / "out", progress=False)

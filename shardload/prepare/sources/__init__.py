@@ -31,7 +31,14 @@ from shardload.prepare.sources import jsonl as _jsonl  # noqa: F401  (registers 
 from shardload.prepare.sources import npy as _npy  # noqa: F401  (registers the reader)
 from shardload.prepare.sources import npz as _npz  # noqa: F401  (registers the reader)
 from shardload.prepare.sources import webdataset as _webdataset  # noqa: F401  (registers the reader)
-from shardload.prepare.sources.base import READERS, Sample, SourceOptions, SourceReader, SourceUnit
+from shardload.prepare.sources.base import (
+    READERS,
+    Sample,
+    SourceOptions,
+    SourceReader,
+    SourceUnit,
+    check_input_file,
+)
 
 __all__ = ["READERS", "Sample", "SourceOptions", "SourceReader", "SourceUnit", "discover", "not_data", "read_unit"]
 
@@ -98,7 +105,7 @@ def _list_files(source: str, skipped: dict[str, list[str]]) -> list[str]:
         if p.is_dir():
             found = []
             for f in sorted(p.rglob("*")):
-                if not f.is_file():
+                if f.is_dir():  # anything else is listed: a pipe or a broken link is refused, not skipped
                     continue
                 reason = not_data(f, p)
                 if reason is None:
@@ -120,7 +127,7 @@ def _list_files(source: str, skipped: dict[str, list[str]]) -> list[str]:
             if not found:
                 raise InputError(f"{pattern}: the pattern matches no data file{_skipped_note(skipped)}")
             files.extend(found)
-        elif p.is_file():
+        elif p.exists() or p.is_symlink():  # not only regular files: discover() says what else it is
             files.append(str(p))
         else:
             raise InputError(f"{pattern}: no such file or directory")
@@ -150,7 +157,8 @@ def discover(
             reason (see :func:`not_data`), for the caller to report.
 
     Raises:
-        InputError: a path that does not exist, a pattern that matches nothing,
+        InputError: a path that does not exist or is not a regular file (a FIFO,
+            a device, a broken link), a pattern that matches nothing,
             a file of no known kind, or an unknown ``source_format``.
     """
     options = options or SourceOptions()
@@ -161,6 +169,7 @@ def discover(
     by_kind: list[tuple[str, list[str]]] = []
     for source in sources:
         for f in _list_files(os.fspath(source), skipped if skipped is not None else {}):
+            check_input_file(f)
             kind = source_format or _detect(f)
             if kind is None:
                 known = sorted(s for r in READERS.values() for s in r.suffixes)

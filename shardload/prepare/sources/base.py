@@ -9,6 +9,8 @@ line 17"``), used in every error message about it.
 
 from __future__ import annotations
 
+import os
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +47,12 @@ class SourceUnit:
     kind: str
     paths: tuple[str, ...]
 
+    def files(self) -> Iterator[str]:
+        """The unit's paths in order, each checked by :func:`check_input_file` just before it is read."""
+        for path in self.paths:
+            check_input_file(path)
+            yield path
+
     def describe(self) -> str:
         if len(self.paths) == 1:
             return f"{self.kind}:{self.paths[0]}"
@@ -80,6 +88,45 @@ class SourceReader(ABC):
 
 
 READERS: dict[str, type[SourceReader]] = {}
+
+#: how a file that is not a regular file is described
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def check_input_file(path: str) -> None:
+    """Refuse anything but a regular file, without opening it.
+
+    Opening a FIFO waits for a writer for ever, and a device such as
+    ``/dev/zero`` never ends: reading either would hang prepare or fill its
+    memory. ``os.stat`` tells the type without opening the file (following
+    symbolic links, as reading would). Called when the sources are listed and
+    again just before each file is read.
+
+    Raises:
+        InputError: naming the file and what it is instead.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise InputError(
+                f"{path}: a symbolic link to {os.readlink(path)!r}, which does not exist; fix or remove the link"
+            ) from None
+        raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
+    except OSError as exc:  # a symbolic link loop, a name too long, a directory that may not be searched
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(mode):
+        what = next((name for test, name in _NOT_REGULAR if test(mode)), f"a special file (mode {mode:o})")
+        raise InputError(
+            f"{path}: is {what}, not a regular file; prepare reads regular files only (a pipe or a device "
+            "would block it or never end). Remove it from the sources, or copy its data into a file."
+        )
 
 
 def register(reader: type[SourceReader]) -> type[SourceReader]:

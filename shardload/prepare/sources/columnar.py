@@ -265,7 +265,7 @@ class ParquetSource(SourceReader):
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
         import pyarrow.parquet as pq
 
-        for path in unit.paths:
+        for path in unit.files():
             _check_utf8_name(path)
             try:
                 pf = pq.ParquetFile(path)
@@ -290,7 +290,7 @@ class ArrowSource(SourceReader):
 
     @classmethod
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
-        for path in unit.paths:
+        for path in unit.files():
             _check_utf8_name(path)
             try:
                 source = pa.memory_map(path, "r")

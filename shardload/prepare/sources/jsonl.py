@@ -134,7 +134,7 @@ class JsonlSource(SourceReader):
 
     @classmethod
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
-        for path in unit.paths:
+        for path in unit.files():
             yield from _read_file(path, options)
 
 

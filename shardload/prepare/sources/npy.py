@@ -26,7 +26,7 @@ class NpySource(SourceReader):
 
     @classmethod
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
-        for path in unit.paths:
+        for path in unit.files():
             try:
                 arr = np.load(path, allow_pickle=options.allow_pickle)
             except FileNotFoundError:

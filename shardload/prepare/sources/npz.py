@@ -32,7 +32,7 @@ class NpzSource(SourceReader):
 
     @classmethod
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
-        for path in unit.paths:
+        for path in unit.files():
             yield path, _load(path, options.allow_pickle)
 
 

@@ -123,7 +123,7 @@ class WebDatasetSource(SourceReader):
 
     @classmethod
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
-        for path in unit.paths:
+        for path in unit.files():
             yield from _read_tar(path, options)
 
 

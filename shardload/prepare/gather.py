@@ -1,0 +1,120 @@
+"""Gather one shard's samples out of the staged chunks, in memory proportional to the shard.
+
+The samples of a shard are spread over many staged chunks (the layout
+shuffles them), so writing a shard is a gather. Its memory is the shard itself
+plus per-sample index arrays and temporaries of bounded size, whatever the
+dtype; see :func:`gather`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.formats.arrow import ArrowShardReader
+from shardload.formats.base import Columns, FieldData
+from shardload.schema import Schema
+
+#: rows copied per vectorized step of :func:`gather`: bounds its temporaries (three int64 index
+#: arrays and the rows themselves) to a few MiB, whatever the size of the shard
+GATHER_BLOCK_ROWS = 1 << 18
+
+
+def gather(
+    schema: Schema, positions: NDArray[np.int64], chunk_paths: Sequence[Path], chunk_starts: NDArray[np.int64]
+) -> Columns:
+    """The samples at source ``positions`` (in that order), copied out of the staged chunks.
+
+    Memory is the shard itself plus per-sample index arrays and temporaries of
+    at most :data:`GATHER_BLOCK_ROWS` rows, whatever the dtype: the output is
+    allocated once and each sample's rows are copied straight to their place,
+    never through an int64 index per element of the whole shard (which was 8x
+    the data for uint8) or an intermediate copy in chunk order. Chunks are
+    mapped one at a time and unmapped after use, so their pages do not pile up.
+    """
+    positions = np.asarray(positions, dtype=np.int64)
+    n = len(positions)
+    chunk_of = np.searchsorted(chunk_starts, positions, side="right") - 1
+    by_chunk = np.argsort(chunk_of, kind="stable")  # output slots, grouped by the chunk they come from
+    cuts = np.flatnonzero(np.diff(chunk_of[by_chunk])) + 1
+    groups = [(int(chunk_of[g[0]]), g) for g in np.split(by_chunk, cuts) if len(g)]
+    variable = [f for f in schema.fields if f.variable]
+    # pass 1: every sample's length, to lay the output out
+    lens = {f.name: np.zeros(n, dtype=np.int64) for f in variable}
+    for c, slots in groups:
+        with _mapped(chunk_paths[c], schema) as cols:
+            rows = positions[slots] - chunk_starts[c]
+            for f in variable:
+                offsets = cols.fields[f.name].offsets
+                assert offsets is not None
+                lens[f.name][slots] = offsets[rows + 1] - offsets[rows]
+    out: dict[str, FieldData] = {}
+    for f in schema.fields:
+        if f.variable:
+            offsets = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(lens[f.name], out=offsets[1:])
+            out[f.name] = FieldData(np.empty((int(offsets[-1]), *f.inner_shape), dtype=f.dtype), offsets)
+        else:
+            out[f.name] = FieldData(np.empty((n, *f.inner_shape), dtype=f.dtype), None)
+    # pass 2: copy, one chunk at a time
+    for c, slots in groups:
+        with _mapped(chunk_paths[c], schema) as cols:
+            rows = positions[slots] - chunk_starts[c]
+            for f in schema.fields:
+                src, dst = cols.fields[f.name], out[f.name]
+                if src.offsets is None:
+                    _copy_samples(src.values, rows, dst.values, slots)
+                else:
+                    assert dst.offsets is not None
+                    _copy_ranges(src.values, src.offsets[rows], dst.values, dst.offsets[slots], lens[f.name][slots])
+    return Columns(num_samples=n, fields=out)
+
+
+@contextmanager
+def _mapped(path: Path, schema: Schema) -> Iterator[Columns]:
+    """A staged chunk's columns, unmapped on exit (the caller keeps no view of them)."""
+    reader = ArrowShardReader(path, schema)
+    try:
+        yield reader.columns()
+    finally:
+        reader.close()
+
+
+def _copy_samples(src: np.ndarray, rows: NDArray[np.int64], dst: np.ndarray, slots: NDArray[np.int64]) -> None:
+    """``dst[slots] = src[rows]`` for fixed-shape samples, in blocks of bounded size."""
+    row_elems = max(1, int(np.prod(src.shape[1:], dtype=np.int64)))
+    step = max(1, GATHER_BLOCK_ROWS // row_elems)
+    for i in range(0, len(rows), step):
+        dst[slots[i : i + step]] = src[rows[i : i + step]]
+
+
+def _copy_ranges(
+    src: np.ndarray,
+    starts: NDArray[np.int64],
+    dst: np.ndarray,
+    dst_starts: NDArray[np.int64],
+    lens: NDArray[np.int64],
+) -> None:
+    """``dst[dst_starts[k]:+lens[k]] = src[starts[k]:+lens[k]]`` for every k, in blocks of bounded size.
+
+    Runs of short samples are copied with one fancy index per block of about
+    :data:`GATHER_BLOCK_ROWS` rows; a sample longer than that is one slice copy.
+    """
+    ends = np.cumsum(lens)
+    i, m = 0, len(lens)
+    while i < m:
+        before = int(ends[i - 1]) if i else 0
+        j = max(i + 1, int(np.searchsorted(ends, before + GATHER_BLOCK_ROWS, side="right")))
+        if j == i + 1:
+            s, d, k = int(starts[i]), int(dst_starts[i]), int(lens[i])
+            dst[d : d + k] = src[s : s + k]
+        else:
+            block = lens[i:j]
+            first = np.repeat(ends[i:j] - block - before, block)  # each row's sample's first row in the block
+            within = np.arange(int(ends[j - 1]) - before, dtype=np.int64) - first
+            dst[np.repeat(dst_starts[i:j], block) + within] = src[np.repeat(starts[i:j], block) + within]
+        i = j

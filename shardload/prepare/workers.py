@@ -1,0 +1,173 @@
+"""The worker processes of ``prepare``: they die with their parent, and their death is an error.
+
+Three rules keep a killed prepare resumable:
+
+* **Workers die with the parent.** Whatever kills the main process (SIGKILL,
+  SIGTERM, the out-of-memory killer, an orchestrator), its workers follow:
+  ``PR_SET_PDEATHSIG`` on Linux, plus a watchdog thread polling the parent pid
+  everywhere (the portable fallback). A worker left behind would keep running
+  or wait for work for ever, holding the output open.
+* **The output lock is never kept by a worker**: forked children let go of it
+  (see :mod:`shardload.prepare.workdir`), so it lives exactly as long as the
+  main process.
+* **A worker that dies is an error that says so**, with its signal (SIGKILL is
+  what the out-of-memory killer sends) and what to do; and when the main
+  process stops for any reason (an error, Ctrl-C, SIGTERM), its workers are
+  stopped before it returns, instead of being waited for.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from shardload.errors import OutputError
+
+#: prctl option: the signal a process gets when its parent dies (linux/prctl.h)
+PR_SET_PDEATHSIG = 1
+#: how often a worker's watchdog checks that its parent is alive
+WATCHDOG_INTERVAL = 0.5
+#: how long stopped workers get to exit on SIGTERM before SIGKILL
+STOP_GRACE = 5.0
+
+
+def map_in_workers(
+    fn: Callable[[Any], dict[str, Any]], jobs: Sequence[Any], workers: int, *, out: Path, what: str
+) -> Iterator[dict[str, Any]]:
+    """``fn`` over ``jobs``, results in job order: in-process for one worker, else in a process pool.
+
+    Args:
+        fn: a module-level function (it is pickled by name).
+        jobs: its arguments, one per call.
+        workers: the most processes to run at once.
+        out: the output directory (named in errors).
+        what: the step, for errors (``"staging the samples"``).
+
+    Raises:
+        OutputError: a worker process died (killed by a signal, or exited).
+    """
+    if workers <= 1 or len(jobs) <= 1:
+        yield from map(fn, jobs)
+        return
+    ctx = multiprocessing.get_context()
+    # A forkserver's children are the server's, not ours: they can only watch it (it exits with us).
+    parent = None if ctx.get_start_method() == "forkserver" else os.getpid()
+    pool = ProcessPoolExecutor(
+        max_workers=min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker, initargs=(parent,)
+    )
+    procs: list[BaseProcess] = []
+    finished = False
+    try:
+        results = pool.map(fn, jobs)
+        procs = list(pool._processes.values())  # started by the submits of map(); kept to report or stop them
+        yield from results
+        finished = True
+    except BrokenProcessPool:
+        raise worker_died(procs, out, what) from None
+    finally:
+        if finished:
+            pool.shutdown(wait=True)
+        else:  # an error, Ctrl-C, SIGTERM, or the consumer stopped: do not wait for the queued jobs
+            stop_workers(pool, procs)
+
+
+def worker_died(procs: Sequence[BaseProcess], out: Path, what: str) -> OutputError:
+    """The error for a pool whose worker died; names its pid and signal when they can be told."""
+    for p in procs:  # the pool reaps them in its own thread: wait for their exit statuses
+        p.join(1.0)
+    codes = [(p.pid, p.exitcode) for p in procs if p.exitcode not in (None, 0)]
+    # Once one died, the pool SIGTERMs the others: a code that is not that is the first death.
+    first = [pc for pc in codes if pc[1] != -signal.SIGTERM] or codes
+    if first:
+        pid, code = first[0]
+        assert code is not None
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
+        if code == -signal.SIGKILL:
+            how += " (what the out-of-memory killer sends)"
+        # with several alike, which one died first cannot be told
+        who = (
+            f"a worker process of prepare (pid {pid}) {how}"
+            if len(first) == 1
+            else f"a worker process of prepare {how}"
+        )
+    else:
+        who = "a worker process of prepare died"
+    return OutputError(
+        f"{out}: {who} while {what}. Nothing finished so far is lost. If memory is short, lower --workers "
+        "(or --shard-size); then rerun the same command with --resume to continue where it stopped."
+    )
+
+
+def stop_workers(pool: ProcessPoolExecutor, procs: Sequence[BaseProcess]) -> None:
+    """Cancel the queued jobs and end the running ones now: SIGTERM, then SIGKILL after a grace period."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.exitcode is None:
+            p.terminate()
+    deadline = time.monotonic() + STOP_GRACE
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.exitcode is None:
+            p.kill()
+            p.join(1.0)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+# -- in the worker ------------------------------------------------------------------------------------
+def _init_worker(parent: int | None) -> None:
+    """Runs first in every worker: signals as a worker needs them, and die with the parent."""
+    # Ctrl-C reaches the whole process group: the parent stops the workers, which must not
+    # turn it into a result of their own. SIGTERM ends a worker (the parent's handler, if
+    # any was inherited by fork, is for the parent).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_parent(parent)
+
+
+def die_with_parent(parent: int | None) -> None:
+    """Make this process exit when its parent does.
+
+    Args:
+        parent: the pid the parent had when it started this process, to catch a
+            parent that died before this was set up; ``None`` if unknown.
+    """
+    _set_pdeathsig(signal.SIGKILL)
+    ppid = os.getppid()
+    if parent is not None and ppid != parent:
+        os._exit(1)  # the parent is already gone (we were adopted before the death signal was set)
+    threading.Thread(target=_watch_parent, args=(ppid,), name="shardload-parent-watchdog", daemon=True).start()
+
+
+def _set_pdeathsig(signum: int) -> bool:
+    """``prctl(PR_SET_PDEATHSIG, signum)`` where the platform has it; True if it was set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(ppid: int) -> None:
+    """The portable fallback: once the parent is gone the process is adopted, and its parent pid changes."""
+    while os.getppid() == ppid:
+        time.sleep(WATCHDOG_INTERVAL)
+    os._exit(1)
