@@ -36,7 +36,7 @@ from types import ModuleType
 from typing import TextIO
 
 from shardload.cli._common import EXIT_CODES_HELP, CommandError, Exit
-from shardload.errors import InputError, OutputError, PlanError, ShardloadError, ShardSetError
+from shardload.errors import InputError, OutputError, PlanError, ShardloadError, ShardSetError, WorkerError
 
 __all__ = ["COMMANDS", "Exit", "main"]
 
@@ -56,6 +56,7 @@ ERROR_CODES: tuple[tuple[type[BaseException], Exit], ...] = (
     (OutputError, Exit.OUTPUT),
     (ShardSetError, Exit.SHARD_SET),
     (PlanError, Exit.PLAN),
+    (WorkerError, Exit.LOADER),
 )
 
 

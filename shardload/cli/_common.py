@@ -22,6 +22,7 @@ class Exit(IntEnum):
     OUTPUT = 4  # OutputError: cannot write the output where asked (and other OSErrors)
     SHARD_SET = 5  # ShardSetError: the shard set is missing or unusable
     PLAN = 6  # PlanError: batching options are invalid
+    LOADER = 7  # WorkerError: a DataLoader worker died or sent no batch within the timeout
     INTERNAL = 70  # an unexpected exception: a bug in shardload (EX_SOFTWARE)
 
 
@@ -35,6 +36,7 @@ exit status:
       worker died), or another operating-system error (disk full, permission denied)
   5   shard set unusable (missing, not a shard set, damaged manifest or shard)
   6   plan error (invalid batching options)
+  7   a DataLoader worker died or sent no batch within the timeout (demo)
   70  internal error (a bug: rerun with --debug and report the traceback)
   130 interrupted (Ctrl-C); 143 stopped by SIGTERM: rerun an interrupted prepare with --resume"""
 

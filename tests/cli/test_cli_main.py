@@ -139,3 +139,15 @@ def test_parse_size_rejects(text: str) -> None:
 
     with pytest.raises(argparse.ArgumentTypeError):
         parse_size(text)
+
+
+def test_every_error_class_has_its_own_exit_status() -> None:
+    import shardload.errors as errors
+    from shardload.cli import ERROR_CODES
+
+    # Invariant: no error raised on purpose falls through to exit 1 ("verify found problems")
+    direct = [cls for name in errors.__all__ if (cls := getattr(errors, name)).__base__ is errors.ShardloadError]
+    for cls in direct:
+        assert any(issubclass(cls, mapped) for mapped, _ in ERROR_CODES), cls.__name__
+    codes = [int(code) for _, code in ERROR_CODES]
+    assert len(set(codes)) == len(codes) and 1 not in codes
