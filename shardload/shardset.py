@@ -117,10 +117,16 @@ class ShardSet:
     def _load_lengths(self, file: str, total: int | None = None) -> NDArray[np.integer]:
         """Map one lengths index after checking its file, header and (once) its values."""
         path = resolve_inside(self.path, file, what="the lengths index")
-        index: NDArray[np.integer] = open_index(path, what="the lengths index", samples=len(self), error=ManifestError)
-        if file not in self._checked_indexes:
-            check_index_values(index, path, what="the lengths index", total=total, error=ManifestError)
-            self._checked_indexes.add(file)
+        try:
+            index: NDArray[np.integer] = open_index(
+                path, what="the lengths index", samples=len(self), error=ManifestError
+            )
+            if file not in self._checked_indexes:
+                check_index_values(index, path, what="the lengths index", total=total, error=ManifestError)
+                self._checked_indexes.add(file)
+        except ManifestError:
+            self._check_unchanged()  # a re-prepared set explains another index better than damage does
+            raise
         return index
 
     # -- samples: opens shards lazily ----------------------------------------------------------
