@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,24 +34,26 @@ SET_FILES = ["manifest.json", "lengths.npy", "lengths.tokens.npy", "shard"]
 
 
 @contextmanager
-def no_hang(seconds: float = 5, fifo: Path | None = None) -> Iterator[None]:
+def no_hang(seconds: float = 5, fifo: Path | Sequence[Path] | None = None) -> Iterator[None]:
     """Fail (instead of hanging the suite) when the body blocks for ``seconds``.
 
     A read blocked on a FIFO in C code cannot be interrupted by a signal, so the
-    watchdog also opens ``fifo`` for writing and closes it: the reader wakes up
-    with end of file, and the test fails for having hung.
+    watchdog also opens ``fifo`` (or each of several) for writing and closes it:
+    the reader wakes up with end of file, and the test fails for having hung.
     """
+    fifos = [] if fifo is None else [fifo] if isinstance(fifo, Path) else list(fifo)
     hung, done = threading.Event(), threading.Event()
 
     def unblock() -> None:
         if done.wait(seconds):
             return
         hung.set()
-        while fifo is not None and not done.wait(0.05):  # every blocked open of the FIFO, until the body ends
-            try:
-                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError:
-                pass
+        while fifos and not done.wait(0.05):  # every blocked open of a FIFO, until the body ends
+            for path in fifos:
+                try:
+                    os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:
+                    pass
 
     watchdog = threading.Thread(target=unblock, daemon=True)
     watchdog.start()
