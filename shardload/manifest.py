@@ -8,17 +8,19 @@ or cause giant allocations.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 from shardload.errors import ManifestError, ShardSetError
 from shardload.identity import SET_ID_CHARS, is_set_id
 from shardload.schema import Schema, schema_problems
+from shardload.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES, env_limit, read_small, tagged
 
 MANIFEST_NAME = "manifest.json"
 LENGTHS_NAME = "lengths.npy"
@@ -28,6 +30,9 @@ FORMAT_VERSION = 1
 #: sanity bounds for values read from a manifest
 MAX_SAMPLES = 1 << 40
 MAX_SHARDS = 1 << 24
+#: bounds on a file name in the manifest (bytes): of one path component, and of the whole relative path
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -130,14 +135,19 @@ class Manifest:
     @classmethod
     def load(cls, directory: Path) -> Manifest:
         path = Path(directory) / MANIFEST_NAME
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            hint = ""
+        hint = ""
+        with contextlib.suppress(OSError, ValueError):
             if (Path(directory) / ".prepare").exists():
                 hint = " A prepare into it was interrupted: rerun it with --resume to finish it."
-            raise ManifestError(f"{directory} is not a shard set: it has no {MANIFEST_NAME}.{hint}") from None
-        except (OSError, UnicodeDecodeError) as exc:
+        missing = ManifestError(f"{directory} is not a shard set: it has no {MANIFEST_NAME}.{hint}")
+        limit = env_limit(ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES)
+        # Bounded and regular-files-only: a FIFO or a link to /dev/zero must not hang or fill memory.
+        raw = read_small(
+            path, what="the manifest", limit=limit, env=ENV_MAX_MANIFEST_BYTES, error=ManifestError, missing=missing
+        )
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
             raise ManifestError(f"{path}: cannot be read ({exc})") from None
         try:
             obj = json.loads(text)
@@ -237,6 +247,16 @@ def safe_relative_path(value: Any, *, where: str) -> str:
     p = PurePosixPath(value)
     if p.is_absolute() or ".." in p.parts or "\\" in value or value.startswith("~"):
         raise ManifestError(f"{where}: path {value!r} points outside the shard set; refusing to read it")
+    try:
+        encoded = value.encode("utf-8")  # prepare writes UTF-8 names; a lone surrogate is damage
+    except UnicodeEncodeError:
+        raise ManifestError(f"{where}: path {value!r} is not a valid file name; refusing to read it") from None
+    # prepare writes short names: a longer one is damage, better named here than as ENAMETOOLONG later
+    if len(encoded) > MAX_PATH_BYTES or any(len(part.encode("utf-8")) > MAX_NAME_BYTES for part in p.parts):
+        raise ManifestError(
+            f"{where}: path {value[:80]!r}... is too long (at most {MAX_NAME_BYTES} bytes per name, "
+            f"{MAX_PATH_BYTES} in all); the manifest is damaged, re-run prepare"
+        )
     return value
 
 
@@ -250,14 +270,29 @@ def resolve_inside(root: Path, relative: str, *, what: str) -> Path:
         ShardSetError: naming ``what`` (e.g. ``"shard 3"``) and where the link leads.
     """
     path = root / relative
-    real_root = root.resolve()
-    target = path.resolve()
+    try:
+        real_root = root.resolve()
+        target = path.resolve()
+    except (OSError, RuntimeError, UnicodeError) as exc:  # RuntimeError: a loop of links (Python < 3.13)
+        raise tagged(
+            ShardSetError,
+            f"{what} ({path}): its path cannot be resolved ({_one_line(exc)}); fix the links on its way or move "
+            "the shard set to a shorter path",
+            "unreadable",
+        ) from None
     if target != real_root and real_root not in target.parents:
-        raise ShardSetError(
+        raise tagged(
+            ShardSetError,
             f"{what} ({path}) is a symbolic link to {target}, outside the shard set {root}; refusing to read it. "
-            "Copy the file into the shard set, or re-run prepare."
+            "Copy the file into the shard set, or re-run prepare.",
+            "outside_set",
         )
     return path
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -285,10 +320,16 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def file_checksum(path: Path, chunk: int = 8 << 20) -> str:
-    """``"sha256:<hex>"`` of a file's bytes."""
+def file_checksum(file: Path | BinaryIO, chunk: int = 8 << 20) -> str:
+    """``"sha256:<hex>"`` of a file's bytes: a path, or a file already open for reading (read to its end)."""
+    if not isinstance(file, (str, os.PathLike)):
+        return _sha256_of(file, chunk)
+    with open(file, "rb") as fh:
+        return _sha256_of(fh, chunk)
+
+
+def _sha256_of(fh: BinaryIO, chunk: int) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
+    while block := fh.read(chunk):
+        h.update(block)
     return "sha256:" + h.hexdigest()

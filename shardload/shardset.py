@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -16,12 +17,22 @@ from typing import Any, NoReturn
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError
+from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError, ShardSetError
 from shardload.formats import Columns, ShardReader, get_format
 from shardload.identity import FileStamp, ShardIdentity, describe_change, file_stamp, identity_problem
 from shardload.index import ShardIndex
 from shardload.manifest import MANIFEST_NAME, Manifest, resolve_inside
 from shardload.schema import Schema
+from shardload.setfiles import (
+    ENV_MAX_OPEN_SHARDS,
+    MAX_OPEN_SHARDS,
+    check_index_values,
+    check_path_encoding,
+    env_limit,
+    open_index,
+    reason_of,
+    stat_regular,
+)
 
 
 class ShardSet:
@@ -32,18 +43,26 @@ class ShardSet:
         manifest: the validated manifest.
         index: sample id <-> (shard, row).
 
+    At most ``max_open_shards`` shards stay open (mapped, holding a file
+    descriptor) in one process; opening another closes the least recently used
+    one. Arrays handed out before stay valid: they keep their mapping alive.
+
     Examples:
         >>> ds = shardload.open("out/")          # doctest: +SKIP
         >>> len(ds), ds.lengths[:3], ds[0]["tokens"].dtype  # doctest: +SKIP
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, max_open_shards: int | None = None) -> None:
         self.path = Path(path)
+        #: shards kept open in this process (default: $SHARDLOAD_MAX_OPEN_SHARDS, else 128)
+        self.max_open_shards = max_open_shards or env_limit(ENV_MAX_OPEN_SHARDS, MAX_OPEN_SHARDS)
         self._manifest_stat = self._stat_manifest()
         self.manifest = Manifest.load(self.path)
         self.index = ShardIndex([s.samples for s in self.manifest.shards])
         _, self._reader_cls = get_format(self.manifest.shard_format)
-        self._readers: dict[int, ShardReader] = {}
+        self._readers: OrderedDict[int, ShardReader] = OrderedDict()  # least recently used first
+        self._opened: set[int] = set()  # every shard opened in this process, closed since or not
+        self._checked_indexes: set[str] = set()  # lengths files whose values were checked (kept across pickling)
         self._lengths: NDArray[np.integer] | None = None
         self._field_lengths: dict[str, NDArray[np.integer]] = {}
         # (device, inode, size, mtime) of each open shard when it was mapped
@@ -84,7 +103,7 @@ class ShardSet:
     def lengths(self) -> NDArray[np.integer]:
         """``(num_samples,)`` batching length of every sample, memory-mapped."""
         if self._lengths is None:
-            self._lengths = self._load_lengths(self.manifest.lengths_file)
+            self._lengths = self._load_lengths(self.manifest.lengths_file, total=self.manifest.total_tokens)
         return self._lengths
 
     def field_lengths(self, name: str) -> NDArray[np.integer]:
@@ -99,19 +118,19 @@ class ShardSet:
             self._field_lengths[name] = self._load_lengths(file)
         return self._field_lengths[name]
 
-    def _load_lengths(self, file: str) -> NDArray[np.integer]:
+    def _load_lengths(self, file: str, total: int | None = None) -> NDArray[np.integer]:
+        """Map one lengths index after checking its file, header and (once) its values."""
         path = resolve_inside(self.path, file, what="the lengths index")
         try:
-            arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        except FileNotFoundError:
-            raise ManifestError(f"{path}: the lengths index is missing; re-run prepare") from None
-        except (ValueError, OSError, EOFError) as exc:
-            raise ManifestError(f"{path}: the lengths index is unreadable ({exc}); re-run prepare") from None
-        if arr.ndim != 1 or len(arr) != len(self) or arr.dtype.kind not in "iu":
-            raise ManifestError(
-                f"{path}: the lengths index holds {arr.shape} {arr.dtype}, expected {len(self)} integers; re-run prepare"
+            index: NDArray[np.integer] = open_index(
+                path, what="the lengths index", samples=len(self), error=ManifestError
             )
-        index: NDArray[np.integer] = arr
+            if file not in self._checked_indexes:
+                check_index_values(index, path, what="the lengths index", total=total, error=ManifestError)
+                self._checked_indexes.add(file)
+        except ManifestError:
+            self._check_unchanged()  # a re-prepared set explains another index better than damage does
+            raise
         return index
 
     # -- samples: opens shards lazily ----------------------------------------------------------
@@ -121,6 +140,7 @@ class ShardSet:
         if reader is None:
             return self._open_shard(shard)
         self._check_stamp(shard, reader)  # before any page of a possibly truncated file is touched
+        self._readers.move_to_end(shard)
         cols = reader.columns()
         expected = self.manifest.shards[shard].samples
         if cols.num_samples != expected:
@@ -138,12 +158,8 @@ class ShardSet:
         """
         info = self.manifest.shards[shard]
         path = resolve_inside(self.path, info.file, what=f"shard {shard}")
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            raise CorruptShardError(
-                f"shard {shard} ({path}) is missing; run `shardload verify {self.path}` and re-run prepare"
-            ) from None
+        self._evict(self.max_open_shards - 1)
+        st = self._probe(shard, path)
         size = st.st_size
         if stat.S_ISREG(st.st_mode) and size != info.bytes:
             self._check_unchanged()  # a re-prepared set explains a new size better than damage does
@@ -152,9 +168,14 @@ class ShardSet:
                 f"shard {shard} ({path}) has {size} bytes, the manifest says {info.bytes}: {why}. "
                 f"Run `shardload verify {self.path}` and re-run prepare."
             )
+        check_path_encoding(path, what=f"shard {shard}", shard_format=self.manifest.shard_format)
         reader = self._reader_cls(path, self.schema, samples=info.samples, options=self.manifest.options)
         try:
-            cols = reader.columns()
+            try:
+                cols = reader.columns()
+            except CorruptShardError:
+                self._probe(shard, path)  # out of file descriptors, or made unreadable since: say that instead
+                raise
             self._stamps[shard] = file_stamp(st)
             self._check_stamp(shard, reader)  # the file mapped is the one whose size was checked, unchanged
             # Mapped first, checked second: if the manifest is still the one we opened, the
@@ -172,7 +193,39 @@ class ShardSet:
             reader.close()
             raise
         self._readers[shard] = reader
+        self._opened.add(shard)
         return cols
+
+    def _probe(self, shard: int, path: Path) -> os.stat_result:
+        """``fstat`` of shard ``shard``, refusing anything but a readable regular file.
+
+        Raises:
+            CorruptShardError: the file is missing.
+            ShardSetError: not a regular file (a FIFO would hang the read), permission denied,
+                out of file descriptors (after closing the shards opened least recently), ...
+        """
+        what = f"shard {shard}"
+        missing = CorruptShardError(
+            f"{what} ({path}) is missing; run `shardload verify {self.path}` and re-run prepare"
+        )
+        try:
+            return stat_regular(path, what=what, missing=missing)
+        except ShardSetError as exc:
+            if reason_of(exc) != "fd_limit" or not self._readers:
+                raise
+        self._evict(len(self._readers) // 2)  # free descriptors of our own, then try once more
+        return stat_regular(path, what=what, missing=missing)
+
+    def _evict(self, keep: int) -> None:
+        """Close the least recently used shards until at most ``keep`` stay open.
+
+        Closing releases the file descriptor; arrays already handed out keep
+        their memory mapping alive until they are freed, so they stay valid.
+        """
+        while len(self._readers) > max(keep, 0):
+            shard, reader = self._readers.popitem(last=False)
+            self._stamps.pop(shard, None)  # a reopen stamps (and checks) the file afresh
+            reader.close()
 
     def _check_offsets(self, shard: int, cols: Columns) -> None:
         """Each variable field's offsets must agree with the lengths indexes, sample by sample.
@@ -326,7 +379,7 @@ class ShardSet:
     @property
     def open_shards(self) -> list[int]:
         """Indices of the shards this process has opened so far (for locality checks)."""
-        return sorted(self._readers)
+        return sorted(self._opened)
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         """Sample ``i`` as a dict of numpy arrays (zero-copy views for Arrow shards)."""
@@ -346,8 +399,9 @@ class ShardSet:
     def __getstate__(self) -> dict[str, Any]:
         # Worker processes reopen shards themselves: never ship mappings across a fork/pickle.
         state = self.__dict__.copy()
-        state["_readers"] = {}
+        state["_readers"] = OrderedDict()
         state["_stamps"] = {}
+        state["_opened"] = set()
         state["_lengths"] = None
         state["_field_lengths"] = {}
         return state

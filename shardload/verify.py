@@ -37,6 +37,7 @@ from shardload.formats import Columns, get_format
 from shardload.identity import ShardIdentity, identity_problem
 from shardload.manifest import Manifest, ShardInfo, file_checksum, resolve_inside
 from shardload.schema import Schema
+from shardload.setfiles import check_index_values, check_path_encoding, open_index, open_regular, reason_of
 
 __all__ = ["REASONS", "Problem", "VerifyReport", "verify"]
 
@@ -186,27 +187,24 @@ def verify(path: str | os.PathLike[str], *, workers: int = 1, progress: bool | N
 
 # -- the lengths index ---------------------------------------------------------------------------------
 def _load_index(root: Path, file: str, total: int, problems: list[Problem]) -> NDArray[np.integer] | None:
-    """Memory-map one lengths index, or record why it cannot be used (and return ``None``)."""
+    """Memory-map one lengths index, or record why it cannot be used (and return ``None``).
+
+    The same rules as the loader's: inside the set, a regular file, a plain
+    ``.npy`` of ``total`` integers, every value in range.
+    """
     try:
-        arr = np.load(root / file, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError:
-        problems.append(Problem(None, file, "missing", "the lengths index is missing; re-run prepare"))
+        path = resolve_inside(root, file, what="the lengths index")
+        index: NDArray[np.integer] = open_index(path, what="the lengths index", samples=total)
+        check_index_values(index, path, what="the lengths index")  # the sum is compared by the caller
+    except ShardSetError as exc:
+        problems.append(Problem(None, file, _reason(exc), str(exc)))
         return None
-    except (ValueError, OSError, EOFError) as exc:
-        problems.append(Problem(None, file, "unreadable", f"not a readable .npy file ({exc})"))
-        return None
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        problems.append(
-            Problem(None, file, "lengths_mismatch", f"holds {arr.dtype} of shape {arr.shape}, expected 1-D integers")
-        )
-        return None
-    if len(arr) != total:
-        problems.append(
-            Problem(None, file, "lengths_mismatch", f"holds {len(arr)} lengths, the manifest has {total} samples")
-        )
-        return None
-    index: NDArray[np.integer] = arr
     return index
+
+
+def _reason(exc: BaseException) -> str:
+    reason = reason_of(exc)
+    return reason if reason in REASONS else "unreadable"
 
 
 def _chunked_sum(arr: NDArray[np.integer], chunk: int = 1 << 24) -> int:
@@ -242,30 +240,32 @@ class _ShardChecker:
             problems.append(Problem(k, info.file, reason, detail))
 
         read = 0
-        if not path.exists():
-            report("missing", "the file does not exist")
-            return problems, read
         try:
-            resolve_inside(self.root, info.file, what=f"shard {k}")
+            path = resolve_inside(self.root, info.file, what=f"shard {k}")
+            # regular files only (a FIFO would hang the read), opened once for the size and the checksum
+            fd, st = open_regular(path, what=f"shard {k}")
         except ShardSetError as exc:
-            report("outside_set", str(exc))
+            report(_reason(exc), "the file does not exist" if reason_of(exc) == "missing" else str(exc))
             return problems, read
-        if not path.is_file():
-            report("unreadable", "is not a regular file (every shard format stores a shard as one file)")
+        with open(fd, "rb") as fh:
+            size = st.st_size
+            if size != info.bytes:
+                reason = "truncated" if size < info.bytes else "size_mismatch"
+                report(reason, f"{size} bytes on disk, the manifest says {info.bytes}")
+            else:
+                try:
+                    digest = file_checksum(fh)
+                except OSError as exc:
+                    report("unreadable", f"cannot be read ({exc})")
+                    return problems, read
+                read = size
+                if digest != info.checksum:
+                    report("checksum_mismatch", f"content is {digest}, the manifest says {info.checksum}")
+        try:
+            check_path_encoding(path, what=f"shard {k}", shard_format=self.manifest.shard_format)
+        except ShardSetError as exc:
+            report("unreadable", str(exc))
             return problems, read
-        size = path.stat().st_size
-        if size != info.bytes:
-            reason = "truncated" if size < info.bytes else "size_mismatch"
-            report(reason, f"{size} bytes on disk, the manifest says {info.bytes}")
-        else:
-            try:
-                digest = file_checksum(path)
-            except OSError as exc:
-                report("unreadable", f"cannot be read ({exc})")
-                return problems, read
-            read = size
-            if digest != info.checksum:
-                report("checksum_mismatch", f"content is {digest}, the manifest says {info.checksum}")
         self._check_content(k, info, path, report)
         return problems, read
 

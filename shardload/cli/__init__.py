@@ -67,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     0
     """
     argv = sys.argv[1:] if argv is None else list(argv)
+    _tolerant_stdout()
     parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
@@ -193,6 +194,16 @@ def _fail(exc: BaseException, code: int, debug: bool) -> int:
         traceback.print_exc()
     _error(str(exc))
     return code
+
+
+def _tolerant_stdout() -> None:
+    """Escape what stdout cannot encode (a non-UTF-8 path under LANG=C) rather than fail after the work."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        try:
+            reconfigure(errors="backslashreplace")
+        except (ValueError, OSError):  # not a text stream we own (pytest's capture, a closed stream)
+            pass
 
 
 def _error(message: str) -> None:

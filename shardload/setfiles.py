@@ -1,0 +1,364 @@
+"""Opening the files of a shard set safely: one place for the checks every reader needs.
+
+``manifest.json``, the lengths indexes and the shards are opened by the loader,
+``inspect`` and ``verify`` alike, and each of them must survive what a damaged,
+hostile or unlucky set directory holds instead of a file:
+
+* a FIFO, a device or a socket: opened non-blocking (``O_NONBLOCK``), then
+  ``fstat``, and refused unless it is a regular file, so nothing ever waits for
+  a writer that never comes or reads ``/dev/zero`` for ever;
+* a file too large for what it claims to be (a manifest over
+  :data:`MAX_MANIFEST_BYTES`): refused before it is read;
+* an ``OSError`` that says nothing about the set's integrity (permission
+  denied, too many open files, a path too long): reported as what it is, never
+  as corruption.
+
+Every error raised here is a :class:`~shardload.errors.ShardSetError` (or the
+subclass the caller asks for) naming the file and saying what to do; it also
+carries a reason code (:func:`reason_of`) that ``verify`` reports as is.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import stat
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.errors import ShardSetError
+
+__all__ = [
+    "ENV_MAX_MANIFEST_BYTES",
+    "ENV_MAX_OPEN_SHARDS",
+    "MAX_INDEX_LENGTH",
+    "MAX_MANIFEST_BYTES",
+    "MAX_OPEN_SHARDS",
+    "check_index_values",
+    "check_path_encoding",
+    "env_limit",
+    "open_index",
+    "open_regular",
+    "read_small",
+    "reason_of",
+    "stat_regular",
+    "tagged",
+]
+
+#: largest ``manifest.json`` read (a million shards take about 250 MB); raise with the variable below
+MAX_MANIFEST_BYTES = 256 << 20
+ENV_MAX_MANIFEST_BYTES = "SHARDLOAD_MAX_MANIFEST_BYTES"
+#: shards one process keeps open (mapped, with a file descriptor) before closing the least recently used
+MAX_OPEN_SHARDS = 128
+ENV_MAX_OPEN_SHARDS = "SHARDLOAD_MAX_OPEN_SHARDS"
+#: largest length a lengths index may hold for one sample (far beyond any real sample; keeps sums in int64)
+MAX_INDEX_LENGTH = 1 << 40
+
+_CHUNK = 1 << 22
+_MAX_NPY_HEADER = 1 << 16
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def reason_of(exc: BaseException) -> str:
+    """The reason code of an error raised here.
+
+    One of ``missing``, ``outside_set``, ``unreadable``, ``lengths_mismatch`` (the
+    codes of :mod:`shardload.verify`) or ``fd_limit`` (out of file descriptors).
+    """
+    reason = getattr(exc, "shardload_reason", "unreadable")
+    return reason if isinstance(reason, str) else "unreadable"
+
+
+def tagged(cls: type[ShardSetError], message: str, reason: str) -> ShardSetError:
+    """``cls(message)`` carrying ``reason`` (see :func:`reason_of`)."""
+    exc = cls(message)
+    exc.shardload_reason = reason  # type: ignore[attr-defined]  # read back by reason_of()
+    return exc
+
+
+def env_limit(name: str, default: int) -> int:
+    """A positive integer from environment variable ``name``, else ``default``."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ShardSetError(f"{name}={text!r} is not a positive integer; unset it or set e.g. {name}={default}")
+    return value
+
+
+def os_error(
+    exc: OSError, path: Path, *, what: str, error: type[ShardSetError], missing: ShardSetError | None = None
+) -> ShardSetError:
+    """The :class:`ShardSetError` that says what ``exc`` (raised opening ``path``) means for the user."""
+    where = f"{what} ({path})"
+    code = exc.errno
+    if code in (errno.ENOENT, errno.ENOTDIR):
+        if missing is not None:
+            missing.shardload_reason = "missing"  # type: ignore[attr-defined]
+            return missing
+        how = "does not exist" if code == errno.ENOENT else "is missing: a directory on its path is a file"
+        return tagged(error, f"{where} {how}; re-run prepare for this shard set", "missing")
+    if code in (errno.EACCES, errno.EPERM):
+        return tagged(
+            error,
+            f"{where} cannot be read: permission denied. Fix its permissions (e.g. `chmod a+r` on it, and "
+            "`chmod a+x` on its directories) for the user running this job; the shard set itself is not damaged.",
+            "unreadable",
+        )
+    if code in (errno.EMFILE, errno.ENFILE):
+        return tagged(error, f"cannot open {where}: {fd_limit_hint(code)}", "fd_limit")
+    if code == errno.ENAMETOOLONG:
+        return tagged(
+            error,
+            f"{where}: the path is too long for the file system ({exc.strerror}); move the shard set to a "
+            "shorter path, or re-run prepare if the manifest names such a file",
+            "unreadable",
+        )
+    if code == errno.ELOOP:
+        return tagged(error, f"{where}: a loop of symbolic links; fix the links or re-run prepare", "unreadable")
+    return tagged(error, f"{where} cannot be read ({exc.strerror or exc}); check the disk and re-run", "unreadable")
+
+
+def fd_limit_hint(code: int = errno.EMFILE) -> str:
+    """What to do about running out of file descriptors (no fault of the shard set)."""
+    if code == errno.ENFILE:
+        return (
+            "the system-wide table of open files is full (ENFILE). Close other programs or raise fs.file-max; "
+            "nothing is wrong with the shard set."
+        )
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        used = -1
+    now = f"{used} open of a limit of {soft}" if used >= 0 else f"a limit of {soft}"
+    return (
+        f"too many open files in this process (EMFILE: {now}). Raise the limit (`ulimit -n 65536` in the shell "
+        f"that starts the job), or lower {ENV_MAX_OPEN_SHARDS} (shards kept open per process); nothing is wrong "
+        "with the shard set."
+    )
+
+
+def _encodable(path: Path, *, what: str, error: type[ShardSetError]) -> None:
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError:
+        raise tagged(
+            error,
+            f"{what} ({path!s:.200}): the path holds characters no file name can have; re-run prepare",
+            "unreadable",
+        ) from None
+
+
+def check_path_encoding(path: Path, *, what: str, shard_format: str) -> None:
+    """Refuse, naming the fix, a path pyarrow cannot open: it takes file names as UTF-8 only.
+
+    Python keeps a non-UTF-8 file name as lone surrogates; pyarrow cannot encode
+    them and its error would read as a damaged shard.
+    """
+    if shard_format != "arrow":
+        return
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise tagged(
+            ShardSetError,
+            f"{what} ({path!s}): its path is not valid UTF-8, and pyarrow opens UTF-8 paths only; rename the shard "
+            "set's directory (or a directory above it) to a UTF-8 name",
+            "unreadable",
+        ) from None
+
+
+def open_regular(
+    path: Path, *, what: str, error: type[ShardSetError] = ShardSetError, missing: ShardSetError | None = None
+) -> tuple[int, os.stat_result]:
+    """Open ``path`` for reading if, and only if, it is a regular file.
+
+    The open is non-blocking, so a FIFO without a writer returns at once
+    instead of waiting; the file type then comes from ``fstat`` of that very
+    descriptor, so what is checked is what is read.
+
+    Args:
+        path: the file.
+        what: how to name it in messages, e.g. ``"shard 3"`` or ``"the lengths index"``.
+        error: the class raised (a :class:`ShardSetError`).
+        missing: raised as is when the file does not exist (default: ``error`` saying so).
+
+    Returns:
+        ``(fd, stat)``: a descriptor the caller must close, and its ``fstat``.
+    """
+    _encodable(path, what=what, error=error)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise os_error(exc, path, what=what, error=error, missing=missing) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+            raise tagged(
+                error,
+                f"{what} ({path}) is {kind}, not a regular file; refusing to read it (it could block or never end). "
+                "Put back the file prepare wrote, or re-run prepare.",
+                "unreadable",
+            )
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def stat_regular(
+    path: Path, *, what: str, error: type[ShardSetError] = ShardSetError, missing: ShardSetError | None = None
+) -> os.stat_result:
+    """``fstat`` of ``path`` once :func:`open_regular` accepts it (the file is closed again)."""
+    fd, st = open_regular(path, what=what, error=error, missing=missing)
+    os.close(fd)
+    return st
+
+
+def read_small(
+    path: Path,
+    *,
+    what: str,
+    limit: int,
+    env: str,
+    error: type[ShardSetError] = ShardSetError,
+    missing: ShardSetError | None = None,
+) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (raise it with environment variable ``env``)."""
+    fd, st = open_regular(path, what=what, error=error, missing=missing)
+    with open(fd, "rb") as fh:
+        if st.st_size > limit:
+            data = b""
+        else:
+            try:
+                # fstat's size (+1: a file that grew since is still caught), not the cap: read(n) allocates n
+                data = fh.read(st.st_size + 1)
+            except OSError as exc:
+                raise os_error(exc, path, what=what, error=error) from None
+    if st.st_size > limit or len(data) > limit:
+        raise tagged(
+            error,
+            f"{what} ({path}) is {max(st.st_size, len(data)):,} bytes, more than the {limit:,} bytes this "
+            f"shardload reads; if the file is genuine, raise the cap with {env}=<bytes>",
+            "unreadable",
+        )
+    return data
+
+
+def open_index(
+    path: Path, *, what: str, samples: int, error: type[ShardSetError] = ShardSetError
+) -> NDArray[np.integer[Any]]:
+    """Memory-map a lengths index (``.npy``, one integer per sample) after checking its header.
+
+    Refused: anything but a regular file, a header that is not a plain 1-D
+    array of ``samples`` integers (no pickle, no structured or object dtype,
+    no other shape), and a file whose size is not exactly header plus data.
+    Any byte order is read correctly; Fortran order is the same thing for 1-D.
+    The values themselves are checked by :func:`check_index_values`.
+    """
+    missing = tagged(error, f"{path}: {what} is missing; re-run prepare", "missing")
+    fd, st = open_regular(path, what=what, error=error, missing=missing)
+    with open(fd, "rb") as fh:
+        try:
+            version = np.lib.format.read_magic(fh)
+            # numpy reads the header length it is told before it checks it: check it first
+            size_bytes = 2 if version == (1, 0) else 4
+            header_len = int.from_bytes(fh.read(size_bytes), "little")
+            if header_len > _MAX_NPY_HEADER:
+                raise ValueError(f"a header of {header_len} bytes, more than a .npy index ever has")
+            fh.seek(-size_bytes, os.SEEK_CUR)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+            elif version in ((2, 0), (3, 0)):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+            else:
+                raise ValueError(f"unknown .npy version {version}")
+            offset = fh.tell()
+        except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
+            raise tagged(
+                error, f"{path}: {what} is unreadable (not a valid .npy file: {exc}); re-run prepare", "unreadable"
+            ) from None
+        if dtype.kind not in "iu" or dtype.fields is not None or dtype.subdtype is not None:
+            # object (pickled), float, bool, structured: never what prepare writes, never loaded
+            raise tagged(
+                error,
+                f"{path}: {what} is unreadable: it holds {dtype} values, not integers; re-run prepare",
+                "unreadable" if dtype.hasobject else "lengths_mismatch",
+            )
+        if shape != (samples,):
+            raise tagged(
+                error,
+                f"{path}: {what} holds {tuple(shape)} {dtype}, expected {samples} integers; re-run prepare",
+                "lengths_mismatch",
+            )
+        expected = offset + samples * dtype.itemsize
+        if st.st_size != expected:
+            raise tagged(
+                error,
+                f"{path}: {what} is {st.st_size} bytes, a .npy of {samples} {dtype} is {expected}: truncated or "
+                "damaged; re-run prepare",
+                "unreadable",
+            )
+        if samples == 0:
+            return np.zeros(0, dtype=dtype)
+        try:
+            arr: NDArray[np.integer[Any]] = np.memmap(fh, dtype=dtype, mode="r", offset=offset, shape=(samples,))
+        except OSError as exc:
+            raise os_error(exc, path, what=what, error=error) from None
+        except ValueError as exc:
+            raise tagged(error, f"{what} ({path}) cannot be mapped ({exc}); re-run prepare", "unreadable") from None
+        return arr
+
+
+def check_index_values(
+    arr: NDArray[np.integer[Any]],
+    path: Path,
+    *,
+    what: str,
+    total: int | None = None,
+    error: type[ShardSetError] = ShardSetError,
+) -> None:
+    """Every length in ``[0, MAX_INDEX_LENGTH]`` and, given ``total``, their sum equal to it.
+
+    Reads the index in chunks (no temporary larger than a few MB), once per
+    process: about 0.1 s per 100 M int32 lengths. Catches uint64 values that
+    would wrap negative in int64, negative values, and narrow integers that
+    wrapped when written (their sum no longer matches the manifest).
+    """
+    running = 0
+    for lo in range(0, len(arr), _CHUNK):
+        chunk = arr[lo : lo + _CHUNK]
+        low, high = int(chunk.min()), int(chunk.max())
+        if low < 0 or high > MAX_INDEX_LENGTH:
+            bad = lo + int(np.argmin(chunk) if low < 0 else np.argmax(chunk))
+            raise tagged(
+                error,
+                f"{what} ({path}) says sample {bad} has length {int(arr[bad])}, outside [0, {MAX_INDEX_LENGTH}]: "
+                "the index is damaged (or was written with too narrow an integer type); re-run prepare",
+                "lengths_mismatch",
+            )
+        running += int(chunk.sum(dtype=np.int64))  # at most 2**22 values of at most 2**40: no int64 overflow
+    if total is not None and running != total:
+        raise tagged(
+            error,
+            f"{what} ({path}) sums to {running} tokens, the manifest says {total}: the index is damaged (or was "
+            "written with too narrow an integer type); re-run prepare",
+            "lengths_mismatch",
+        )
