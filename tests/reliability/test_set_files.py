@@ -163,6 +163,7 @@ def test_open_shards_are_bounded_and_views_of_closed_ones_stay_valid(damaged: Pa
     ds = shardload.ShardSet(damaged, max_open_shards=2)
     for f in ds.schema.variable_fields:
         ds.field_lengths(f.name)  # the lengths indexes stay mapped (and open) for good: not shards
+    assert len(ds.lengths) == 120  # the batching index too: the first open of a shard checks its slice of it
     before = open_fds()
     views = [ds[i]["tokens"] for i in range(120)]  # 4 shards, opened in turn; 2 closed on the way
     assert open_fds() - before <= 2

@@ -69,6 +69,15 @@ def edit_index(path: Path, value: int) -> None:
     np.save(path / "lengths.npy", np.full_like(lengths, value))
 
 
+def edit_index_keeping_its_total(path: Path, value: int) -> None:
+    """Sample 0 gets ``value``; the last sample takes the difference, so the index still sums to ``total_tokens``."""
+    lengths = np.load(path / "lengths.npy")
+    lengths[-1] += lengths[0] - value
+    lengths[0] = value
+    assert lengths[-1] >= 0
+    np.save(path / "lengths.npy", lengths)
+
+
 @pytest.mark.parametrize(
     ("samples", "options", "rule"),
     [
@@ -86,7 +95,8 @@ def test_edited_batching_index_is_caught_at_first_open(
     tmp_path: Path, samples: Callable[[], list[dict[str, Any]]], options: dict[str, Any], rule: str
 ) -> None:
     shardload.write(samples(), tmp_path / "s", num_shards=3, progress=False, **options)
-    edit_index(tmp_path / "s", 2)
+    # The total is kept, so the check of the whole index on open passes and the shard's own check must see it.
+    edit_index_keeping_its_total(tmp_path / "s", 2)
     with pytest.raises(shardload.CorruptShardError, match=rf"shard 0 .*lengths\.npy gives sample 0 .*{rule}"):
         shardload.open(tmp_path / "s")[0]
     assert any(p.reason == "lengths_mismatch" for p in verify(tmp_path / "s").problems)
@@ -95,8 +105,11 @@ def test_edited_batching_index_is_caught_at_first_open(
 def test_index_of_ones_cannot_make_batches_over_max_tokens(damaged: Path) -> None:
     # Two variable fields: lengths.npy is the per-sample max of both, and only it is planned with.
     edit_index(damaged, 1)
-    loader = shardload.make_loader(damaged, rank=0, world_size=1, max_tokens=64)
-    with pytest.raises(shardload.CorruptShardError, match=r"lengths\.npy gives sample \d+ .* batching length of 1"):
+    # Caught on open (the index no longer sums to total_tokens) or at the shard's first open: never a batch.
+    with pytest.raises(
+        shardload.ShardSetError, match=r"lengths\.npy(\) sums to| gives sample \d+ .* batching length of 1)"
+    ):
+        loader = shardload.make_loader(damaged, rank=0, world_size=1, max_tokens=64)
         for batch in loader:
             assert int(batch["tokens_lengths"].sum()) <= 64  # never reached with the edited index
 
