@@ -69,6 +69,11 @@ _KINDS = (
 )
 
 
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, for a message: ``"a FIFO (named pipe)"``, ``"a directory"``, ..."""
+    return next((name for test, name in _KINDS if test(mode)), f"a special file (mode {mode:o})")
+
+
 def reason_of(exc: BaseException) -> str:
     """The reason code of an error raised here.
 
@@ -209,7 +214,7 @@ def open_regular(
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+            kind = file_kind(st.st_mode)
             raise tagged(
                 error,
                 f"{what} ({path}) is {kind}, not a regular file; refusing to read it (it could block or never end). "

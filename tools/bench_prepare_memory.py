@@ -71,28 +71,11 @@ def legacy_gather(schema: Any, positions: Any, chunk_paths: Sequence[Path], chun
     for c in np.unique(chunk_of):
         sel = by_chunk[chunk_of[by_chunk] == c]
         cols = ArrowShardReader(chunk_paths[c], schema).columns()
-        parts.append(legacy_take(cols, positions[sel] - chunk_starts[c]))
+        parts.append(cols.take(positions[sel] - chunk_starts[c]))
     grouped = concat_columns(schema, parts)
     inverse = np.empty_like(by_chunk)
     inverse[by_chunk] = np.arange(len(by_chunk))
-    return legacy_take(grouped, inverse)
-
-
-def legacy_take(cols: Any, rows: Any) -> Any:
-    from shardload.formats.base import Columns, FieldData
-
-    fields = {}
-    for name, data in cols.fields.items():
-        if data.offsets is None:
-            fields[name] = FieldData(np.ascontiguousarray(data.values[rows]), None)
-            continue
-        starts = data.offsets[rows]
-        lens = data.offsets[rows + 1] - starts
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        pos = np.repeat(starts - offsets[:-1], lens) + np.arange(offsets[-1], dtype=np.int64)
-        fields[name] = FieldData(np.ascontiguousarray(data.values[pos]), offsets)
-    return Columns(num_samples=len(rows), fields=fields)
+    return grouped.take(inverse)
 
 
 def proc_status() -> dict[str, int]:

@@ -18,6 +18,7 @@ from dataclasses import field as dc_field
 from typing import Any, ClassVar
 
 from shardload.errors import InputError
+from shardload.setfiles import file_kind
 
 Sample = Mapping[str, Any]
 
@@ -89,15 +90,6 @@ class SourceReader(ABC):
 
 READERS: dict[str, type[SourceReader]] = {}
 
-#: how a file that is not a regular file is described
-_NOT_REGULAR = (
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISDIR, "a directory"),
-)
-
 
 def check_input_file(path: str) -> None:
     """Refuse anything but a regular file, without opening it.
@@ -122,7 +114,7 @@ def check_input_file(path: str) -> None:
     except OSError as exc:  # a symbolic link loop, a name too long, a directory that may not be searched
         raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     if not stat.S_ISREG(mode):
-        what = next((name for test, name in _NOT_REGULAR if test(mode)), f"a special file (mode {mode:o})")
+        what = file_kind(mode)
         raise InputError(
             f"{path}: is {what}, not a regular file; prepare reads regular files only (a pipe or a device "
             "would block it or never end). Remove it from the sources, or copy its data into a file."
