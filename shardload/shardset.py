@@ -141,6 +141,7 @@ class ShardSet:
         try:
             st = path.stat()
         except FileNotFoundError:
+            self._check_unchanged()  # removed by a re-prepare: say so, not damage
             raise CorruptShardError(
                 f"shard {shard} ({path}) is missing; run `shardload verify {self.path}` and re-run prepare"
             ) from None

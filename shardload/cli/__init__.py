@@ -65,6 +65,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     >>> main(["verify", "out/"])   # doctest: +SKIP
     0
     """
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before a command runs (imports, parsing): one line, no traceback
+        _error("interrupted")
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     try:
