@@ -30,11 +30,10 @@ def _interrupted_while_starting() -> None:
     """
     import os
 
-    argv = [*getattr(_sys, "orig_argv", []), ""]
+    orig = list(getattr(_sys, "orig_argv", []))
     script = os.path.basename(getattr(_sys, "argv", [""])[0] or "")
-    if script in ("shardload", "shardload.exe") or any(
-        a == "-m" and b == "shardload" for a, b in zip(argv, argv[1:])
-    ):
+    as_module = any(orig[i : i + 2] == ["-m", "shardload"] for i in range(len(orig)))
+    if script in ("shardload", "shardload.exe") or as_module:
         print("shardload: error: interrupted", file=_sys.stderr)
         raise SystemExit(130)
 

@@ -369,12 +369,16 @@ def fd_limit_hint(*, resume: bool = True) -> str:
         soft = hard = -1
     limit = f" is {soft}" if soft >= 0 else ""
     if 0 <= hard <= soft:  # RLIM_INFINITY is -1
-        how = f"raise it (its hard limit is {hard} too: that needs root, e.g. /etc/security/limits.conf or the container's settings)"
+        how = (
+            f"raise it (its hard limit is {hard} too: that needs root, e.g. /etc/security/limits.conf or the "
+            "container's settings)"
+        )
     else:
         how = f"raise it (e.g. `ulimit -n {65536 if hard < 0 else min(hard, 65536)}` in the shell that runs prepare)"
     return (
         f"This is the limit on open files of the process (`ulimit -n`{limit}), or of the system, not damaged "
-        f"data: {how}, then rerun the same command" + (" with --resume to continue where it stopped." if resume else ".")
+        f"data: {how}, then rerun the same command"
+        + (" with --resume to continue where it stopped." if resume else ".")
     )
 
 
