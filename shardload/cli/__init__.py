@@ -88,12 +88,14 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         with _logging_to_stderr(), _sigterm_raises():
             return int(module.run(args))
-    except KeyboardInterrupt:
-        _error(f"interrupted{after}")
-        return EXIT_INTERRUPTED
-    except Terminated:
-        _error(f"stopped by SIGTERM{after}")
-        return EXIT_TERMINATED
+    except (KeyboardInterrupt, Terminated) as exc:
+        how = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by SIGTERM"
+        if args.command == "prepare" and _committed(args.output):
+            # Stopped after its commit: the set is complete, and a --resume would find nothing to finish.
+            print(f"shardload: {how} after {args.output} was complete; nothing to resume", file=sys.stderr)
+            return Exit.OK
+        _error(f"{how}{after}")
+        return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_TERMINATED
     except CommandError as exc:
         return _fail(exc, exc.code, args.debug)
     except ShardloadError as exc:
@@ -189,6 +191,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             )
             module.add_arguments(p)
     return parser
+
+
+def _committed(out: str) -> bool:
+    """Whether this process's prepare committed its set into ``out``."""
+    from shardload.prepare.workdir import WorkDir
+
+    return WorkDir.committed(out)
 
 
 def _command(name: str) -> ModuleType:

@@ -38,6 +38,9 @@ FAILED = "FAILED"
 #: the names a shard set owns inside OUT (removed when it is overwritten)
 OWNED = ("shards", "origin.npy")
 
+#: outputs whose set a run of this process committed (see WorkDir.committed)
+_COMMITTED: set[str] = set()
+
 #: fds of the output locks this process holds, let go of by forked children (below)
 _HELD_LOCKS: set[int] = set()
 
@@ -106,8 +109,13 @@ class WorkDir:
         out = self.out
         _check_output_path(out)
         if out.is_dir():  # refused now, nothing is created; checked again under the lock (a race)
-            with output_errors(out, "checking the output directory", started=False):
-                self._check_existing(dry=True)
+            try:
+                with output_errors(out, "checking the output directory", started=False):
+                    self._check_existing(dry=True)
+            except OutputExistsError:
+                if _locked_by_another(out / LOCK):  # what is there is a run in progress: say that instead
+                    raise _locked_error(out) from None
+                raise
         else:
             self._make_out()
         try:
@@ -187,10 +195,7 @@ class WorkDir:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 lock.close()
-                raise OutputLockedError(
-                    f"{self.out}: another prepare is writing into this directory right now; wait for it to finish "
-                    "or choose another output"
-                ) from None
+                raise _locked_error(self.out) from None
             try:
                 same = os.path.samestat(os.fstat(fd), os.stat(path))
             except FileNotFoundError:
@@ -201,6 +206,11 @@ class WorkDir:
         self._lock = lock
         # Opened non-inheritable (O_CLOEXEC): exec'd children never get the lock; forked ones let go of it.
         _HELD_LOCKS.add(fd)
+
+    @staticmethod
+    def committed(out: str | os.PathLike[str]) -> bool:
+        """Whether a run of this process committed its set into ``out`` (so a later stop leaves nothing to resume)."""
+        return os.path.abspath(out) in _COMMITTED
 
     @staticmethod
     def was_committing(out: str | os.PathLike[str]) -> bool:
@@ -298,6 +308,8 @@ class WorkDir:
             os.replace(manifest, self.out / MANIFEST_NAME)
             fsync_dir(self.out)
             crash_point("commit:manifest-moved")
+        # From here the set is complete and the work dir goes: a run stopped now has nothing left to resume.
+        _COMMITTED.add(os.path.abspath(self.out))
         shutil.rmtree(self.work, ignore_errors=True)
         (self.out / LOCK).unlink(missing_ok=True)
 
@@ -320,6 +332,30 @@ def _check_output_path(out: Path) -> None:
         )
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out} exists and is not a directory; choose another output path")
+
+
+def _locked_error(out: Path) -> OutputLockedError:
+    return OutputLockedError(
+        f"{out}: another prepare is writing into this directory right now; wait for it to finish or choose "
+        "another output"
+    )
+
+
+def _locked_by_another(lock: Path) -> bool:
+    """Whether another run holds the lock file ``lock`` (looked at without creating it)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False  # no locking here (some network file systems): the check under the lock decides
+    finally:
+        os.close(fd)  # also lets go of the lock, if it was taken
+    return False
 
 
 def interrupted_hint(work: Path) -> str:

@@ -10,6 +10,7 @@ the command starts.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import resource
@@ -145,6 +146,20 @@ def test_a_refused_run_leaves_no_lock_file(tmp_path: Path) -> None:
     with pytest.raises(shardload.OutputExistsError, match="already holds a shard set"):
         shardload.prepare(src, tmp_path / "set", progress=False)
     assert not (tmp_path / "set" / ".prepare.lock").exists()
+    # Checked before the lock is taken, a run in progress is still named as one, not as an interrupted run.
+    with pytest.raises(KeyboardInterrupt):
+        shardload.write(interrupted_after(3), tmp_path / "busy", chunk_bytes=1, progress=False)
+    with open(tmp_path / "busy" / ".prepare.lock", "a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(shardload.OutputLockedError, match="another prepare is writing"):
+            shardload.write(interrupted_after(3), tmp_path / "busy", progress=False)
+
+
+def interrupted_after(n: int) -> Any:
+    for k in range(10):
+        if k == n:
+            raise KeyboardInterrupt
+        yield {"t": tok(k + 1)}
 
 
 @pytest.mark.parametrize(
@@ -364,3 +379,20 @@ def test_ctrl_c_while_the_command_imports_exits_130_without_a_traceback() -> Non
     )
     proc = run(program.replace("sys.exit(main())", ""))
     assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in proc.stderr
+
+
+def test_stopped_after_the_commit_says_the_set_is_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardload.prepare import pipeline
+
+    def stopped(*args: Any) -> Any:
+        raise KeyboardInterrupt  # Ctrl-C (or SIGTERM) once the set is committed and the work dir removed
+
+    monkeypatch.setattr(pipeline, "_result", stopped)
+    src = jsonl(tmp_path / "a.jsonl", [{"t": [1, 2]}, {"t": [3]}])
+    out = tmp_path / "out"
+    # It said "interrupted; rerun ... with --resume" (exit 130), and that resume was refused: the set was complete.
+    assert main(["prepare", str(src), "-o", str(out), "--no-progress"]) == 0
+    assert f"interrupted after {out} was complete; nothing to resume" in capsys.readouterr().err
+    assert len(shardload.open(out)) == 2 and not (out / ".prepare").exists()
