@@ -73,6 +73,28 @@ def test_a_symbolic_link_loop_is_refused_by_name(tmp_path: Path, target: str) ->
     assert not (tmp_path / "out").exists()
 
 
+def test_folders_nested_too_deeply_are_an_input_error(tmp_path: Path) -> None:
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY)
+    try:  # 1100 levels, made relative to a descriptor (a path that long would be refused by the system)
+        for _ in range(1100):
+            os.mkdir("a", dir_fd=fd)
+            fd, old = os.open("a", os.O_RDONLY, dir_fd=fd), fd
+            os.close(old)
+    finally:
+        os.close(fd)
+    try:  # It was a RecursionError: exit 70, "a bug in shardload".
+        with pytest.raises(shardload.InputError, match=r"deep: folders nested too deeply to list"):
+            shardload.prepare(deep, tmp_path / "out", progress=False)
+    finally:  # one level at a time: shutil.rmtree (pytest's clean-up) recurses as deep
+        while (deep / "a").exists():
+            (deep / "a").rename(tmp_path / "up")
+            if (tmp_path / "up" / "a").exists():
+                (tmp_path / "up" / "a").rename(deep / "a")
+            (tmp_path / "up").rmdir()
+
+
 def test_a_folder_reached_twice_is_refused(tmp_path: Path) -> None:
     npy_files(tmp_path / "data" / "v2", [1, 2])
     (tmp_path / "data" / "latest").symlink_to("v2")

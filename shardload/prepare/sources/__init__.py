@@ -210,14 +210,17 @@ def _walk(root: Path, listing: _Listing, collect: bool = True) -> list[str]:
                 else:
                     listing.skip(reason, path)
 
-    visit(str(root), ())
+    try:
+        visit(str(root), ())
+    except RecursionError:
+        raise InputError(f"{root}: folders nested too deeply to list (hundreds of levels)") from None
     return found
 
 
 def _glob_root(pattern: str) -> str:
     """The folder a recursive glob starts from: its longest leading part without wildcards."""
     parts = Path(pattern).parts
-    head = [p for p in itertools.takewhile(lambda p: not glob.has_magic(p), parts)]
+    head = list(itertools.takewhile(lambda p: not glob.has_magic(p), parts))
     return str(Path(*head)) if head else "."
 
 
