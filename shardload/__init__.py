@@ -15,28 +15,51 @@ The data flow, one module boundary per arrow::
 
 from __future__ import annotations
 
+import sys as _sys
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-from shardload.errors import (
-    CorruptShardError,
-    InputError,
-    ManifestError,
-    OutputError,
-    OutputExistsError,
-    OutputLockedError,
-    PlanError,
-    PlanMismatchError,
-    ShardloadError,
-    ShardSetChangedError,
-    ShardSetError,
-    WorkerError,
-)
-from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
-from shardload.schema import Field, Schema
-from shardload.shardset import ShardSet
-from shardload.shardset import open_shard_set as open
+
+def _interrupted_while_starting() -> None:
+    """Ctrl-C while the ``shardload`` command imports the library: one line and exit 130, no traceback.
+
+    Only when this process is the command (the ``shardload`` script, or
+    ``python -m shardload``); a program that imports shardload gets its
+    ``KeyboardInterrupt`` as usual.
+    """
+    import os
+
+    orig = list(getattr(_sys, "orig_argv", []))
+    script = os.path.basename(getattr(_sys, "argv", [""])[0] or "")
+    as_module = any(orig[i : i + 2] == ["-m", "shardload"] for i in range(len(orig)))
+    if script in ("shardload", "shardload.exe") or as_module:
+        print("shardload: error: interrupted", file=_sys.stderr)
+        raise SystemExit(130)
+
+
+try:  # the imports below take a few tenths of a second: see _interrupted_while_starting
+    from shardload.errors import (
+        CorruptShardError,
+        InputError,
+        ManifestError,
+        OutputError,
+        OutputExistsError,
+        OutputLockedError,
+        PlanError,
+        PlanMismatchError,
+        ShardloadError,
+        ShardSetChangedError,
+        ShardSetError,
+        WorkerError,
+    )
+    from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
+    from shardload.schema import Field, Schema
+    from shardload.shardset import ShardSet
+    from shardload.shardset import open_shard_set as open
+except KeyboardInterrupt:
+    _interrupted_while_starting()
+    raise
 
 if TYPE_CHECKING:  # type checkers see the real objects; at run time they load lazily (below)
     from shardload.datamodule import ShardDataModule

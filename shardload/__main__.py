@@ -2,7 +2,10 @@
 
 import sys
 
-from shardload.cli import main
-
 if __name__ == "__main__":
+    try:  # Ctrl-C while the library imports: one line and exit 130, as for the command itself
+        from shardload.cli import main
+    except KeyboardInterrupt:
+        print("shardload: error: interrupted", file=sys.stderr)
+        sys.exit(130)
     sys.exit(main())

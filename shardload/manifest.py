@@ -137,7 +137,15 @@ class Manifest:
         path = Path(directory) / MANIFEST_NAME
         hint = ""
         with contextlib.suppress(OSError, ValueError):
-            if (Path(directory) / ".prepare").exists():
+            failed = Path(directory) / ".prepare" / "FAILED"  # written by a run that stopped on bad input
+            if failed.is_file():
+                with open(failed, encoding="utf-8", errors="replace") as fh:
+                    why = " ".join(fh.read(2000).split())
+                hint = (
+                    f" A prepare into it stopped on bad input ({why}): fix the input, then rerun it with --resume, "
+                    "or with --overwrite to start over."
+                )
+            elif (Path(directory) / ".prepare").exists():
                 hint = " A prepare into it was interrupted: rerun it with --resume to finish it."
         missing = ManifestError(f"{directory} is not a shard set: it has no {MANIFEST_NAME}.{hint}")
         limit = env_limit(ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES)

@@ -159,7 +159,11 @@ class ShardSet:
         info = self.manifest.shards[shard]
         path = resolve_inside(self.path, info.file, what=f"shard {shard}")
         self._evict(self.max_open_shards - 1)
-        st = self._probe(shard, path)
+        try:
+            st = self._probe(shard, path)
+        except CorruptShardError:  # missing
+            self._check_unchanged()  # removed by a re-prepare: say so, not damage
+            raise
         size = st.st_size
         if stat.S_ISREG(st.st_mode) and size != info.bytes:
             self._check_unchanged()  # a re-prepared set explains a new size better than damage does

@@ -66,6 +66,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     >>> main(["verify", "out/"])   # doctest: +SKIP
     0
     """
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before a command runs (imports, parsing): one line, no traceback
+        _error("interrupted")
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     _tolerant_stdout()
     parser = build_parser(argv)
@@ -82,12 +90,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _logging_to_stderr(), _sigterm_raises():
             return int(module.run(args))
-    except KeyboardInterrupt:
-        _error(f"interrupted{after}")
-        return EXIT_INTERRUPTED
-    except Terminated:
-        _error(f"stopped by SIGTERM{after}")
-        return EXIT_TERMINATED
+    except (KeyboardInterrupt, Terminated) as exc:
+        how = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by SIGTERM"
+        if args.command == "prepare" and _committed(args.output):
+            # Stopped after its commit: the set is complete, and a --resume would find nothing to finish.
+            print(f"shardload: {how} after {args.output} was complete; nothing to resume", file=sys.stderr)
+            return Exit.OK
+        _error(f"{how}{after}")
+        return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_TERMINATED
     except CommandError as exc:
         return _fail(exc, exc.code, args.debug)
     except ShardloadError as exc:
@@ -183,6 +193,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             )
             module.add_arguments(p)
     return parser
+
+
+def _committed(out: str) -> bool:
+    """Whether this process's prepare committed its set into ``out``."""
+    from shardload.prepare.workdir import WorkDir
+
+    return WorkDir.committed(out)
 
 
 def _command(name: str) -> ModuleType:

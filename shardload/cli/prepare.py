@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from shardload.cli._common import parse_size, positive_int, print_json, python_hint
+from shardload.cli._common import CommandError, parse_size, positive_int, print_json, python_hint
 
 SUMMARY = "turn raw files into a shard set"
 
@@ -72,7 +72,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="target bytes per shard: 256MB (default), 1GiB, 512M or plain bytes",
     )
     lay.add_argument(
-        "--num-shards", type=positive_int, metavar="N", help="exact number of shards (overrides --shard-size)"
+        "--num-shards",
+        type=positive_int,
+        metavar="N",
+        help="exact number of shards, at most one per sample (overrides --shard-size)",
     )
     lay.add_argument(
         "--balance", choices=("samples", "tokens"), help="even out samples per shard (default), or tokens per shard too"
@@ -134,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     if args.fixed_field:
         options["fixed_fields"] = tuple(args.fixed_field)
     if args.dtype:
-        options["dtypes"] = dict(args.dtype)
+        options["dtypes"] = _dtypes(args.dtype)
     if args.field is not None:
         options["field"] = args.field  # a keyword of prepare() itself, not a PrepareOptions field
     options["progress"] = False if args.no_progress else None
@@ -191,6 +194,18 @@ def _dtype_item(text: str) -> tuple[str, str]:
     except InputError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return name, dtype
+
+
+def _dtypes(items: list[tuple[str, str]]) -> dict[str, str]:
+    """``--dtype`` items as a dict, refusing a field given twice (which one would win is a guess)."""
+    dtypes: dict[str, str] = {}
+    for name, dtype in items:
+        if name in dtypes:
+            raise CommandError(
+                f"--dtype names field {name!r} twice ({dtypes[name]}, then {dtype}); give each field one dtype"
+            )
+        dtypes[name] = dtype
+    return dtypes
 
 
 def _seed(text: str) -> int:

@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from shardload.errors import InputError
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.pipeline import PrepareResult, run_prepare
 from shardload.prepare.sources import SKIP_REASONS, SourceOptions, discover
@@ -28,7 +29,7 @@ def prepare(
     out: str | os.PathLike[str],
     *,
     source_format: str | None = None,
-    field: str = "data",
+    field: str | None = None,
     allow_pickle: bool = False,
     **options: Any,
 ) -> PrepareResult:
@@ -38,7 +39,9 @@ def prepare(
         sources: files, directories, globs or brace patterns (``data-{000..009}.tar``).
         out: the shard set directory to create.
         source_format: force a source kind instead of detecting it by suffix.
-        field: field name for ``.npy`` files (one unnamed array per file).
+        field: field name for ``.npy`` files (one unnamed array per file;
+            default ``data``). Refused when no source is a ``.npy`` file: other
+            kinds name their fields themselves.
         allow_pickle: allow pickled data (never do this with untrusted input).
         **options: see :class:`PrepareOptions` (``num_shards``, ``shuffle``, ``workers``, ...).
 
@@ -48,12 +51,18 @@ def prepare(
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     opts = PrepareOptions(**_tupled(options))
-    source_options = SourceOptions(field=field, dtypes=dict(opts.dtypes), allow_pickle=allow_pickle)
+    source_options = SourceOptions(field=field or "data", dtypes=dict(opts.dtypes), allow_pickle=allow_pickle)
     skipped: dict[str, list[str]] = {}
-    units = discover(list(sources), source_format=source_format, options=source_options, skipped=skipped)
+    units = discover(list(sources), source_format=source_format, options=source_options, skipped=skipped, output=out)
+    if field is not None and not any(u.kind == "npy" for u in units):
+        kinds = ", ".join(sorted({u.kind for u in units}))
+        raise InputError(
+            f"--field {field!r} names the one array of .npy files, but no source is a .npy file ({kinds}: their "
+            "fields are named by the data itself); leave --field out"
+        )
     for reason, files in skipped.items():
         logger.info("skipped %d %s, not data: %s", len(files), SKIP_REASONS[reason], ", ".join(files[:5]))
-    describe = {"source_format": source_format, "field": field, "allow_pickle": allow_pickle}
+    describe = {"source_format": source_format, "field": field or "data", "allow_pickle": allow_pickle}
     result = run_prepare(out, options=opts, units=units, source_options=source_options, describe=describe)
     return dataclasses.replace(result, skipped={k: len(v) for k, v in skipped.items()})
 

@@ -32,7 +32,7 @@ from shardload.prepare.fingerprint import changed_input, fingerprint_units
 from shardload.prepare.layout import assign_samples, count_shards
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.sources import SourceUnit
-from shardload.prepare.workdir import WorkDir
+from shardload.prepare.workdir import WorkDir, fd_limit_hint, fd_limit_reached
 from shardload.schema import Schema, name_problem, prepare_problems
 
 #: most values (scalar elements) of one field in one staged chunk or Arrow shard: Arrow IPC cannot write
@@ -123,19 +123,28 @@ def skip_staged(
     staged: Columns,
     check: Callable[[Mapping[str, Any], str], dict[str, np.ndarray]],
     unit: str,
+    first: int = 0,
 ) -> int:
     """Skip the samples of one chunk staged by an interrupted run, checking that they are the same.
 
     A resumed run must read what the interrupted one read: otherwise the set
     would mix old and new samples without a word (a changed file, or an
     iterable given to ``write`` that yields other samples).
+
+    Args:
+        it: the unit's samples, from where the chunk starts.
+        staged: the chunk.
+        check: casts and checks a sample as ingest does.
+        unit: the input, for messages (a file, or the samples given to ``write``).
+        first: how many of the unit's samples come before the chunk (messages count from the unit's start).
     """
     for i in range(staged.num_samples):
         item = next(it, None)
         if item is None:
             raise OutputError(
-                f"cannot resume: the input ({unit}) now ends before sample {i} of a chunk the interrupted run "
-                "staged; resume needs the same samples in the same order. Rerun with --overwrite to start over."
+                f"cannot resume: {unit} now ends before sample {first + i:,}, but the interrupted run staged "
+                f"{first + staged.num_samples:,} samples from it; resume needs the same samples in the same order. Rerun "
+                "with --overwrite to start over."
             )
         where, sample = item
         got, want = check(sample, where), staged.sample(i)
@@ -202,6 +211,8 @@ def check_new_set(wd: WorkDir) -> None:
     Raises:
         InputError: the set would not open; the work dir is removed (a resume
             would end the same way) and any old set in ``OUT`` is untouched.
+        OutputError: the process ran out of file descriptors (``ulimit -n``);
+            the work dir is kept, a resume with a higher limit commits the set.
     """
     from shardload.shardset import ShardSet
 
@@ -213,9 +224,15 @@ def check_new_set(wd: WorkDir) -> None:
                 shard_set.field_lengths(f.name)
             for k in range(len(shard_set.shards)):
                 shard_set.shard_columns(k)
+                shard_set.close()  # one shard mapped at a time: any number of shards needs a few descriptors
         finally:
             shard_set.close()
     except ShardSetError as exc:
+        if fd_limit_reached(exc):  # the set may well be valid: keep the work, so that a resume commits it
+            raise OutputError(
+                f"{wd.out}: opening the new shard set before the commit ran out of file descriptors ({exc}). "
+                f"{fd_limit_hint()}"
+            ) from None
         shutil.rmtree(wd.work, ignore_errors=True)
         raise InputError(
             f"{wd.out}: the new shard set would not open, so it was not committed ({exc}). Nothing was "

@@ -70,6 +70,8 @@ class PrepareResult:
     #: files of directory or glob sources left out as certainly not data, by reason
     #: (``hidden``, ``marker``, ``checksum``; see :func:`shardload.prepare.sources.not_data`)
     skipped: Mapping[str, int] = field(default_factory=dict)
+    #: what the run did other than asked, e.g. fewer shards than ``num_shards`` (each is also logged)
+    warnings: tuple[str, ...] = ()
 
     @property
     def skipped_files(self) -> int:
@@ -78,7 +80,12 @@ class PrepareResult:
 
     def to_json(self) -> dict[str, Any]:
         """The result as a plain dict (what ``shardload prepare --json`` prints)."""
-        return {**self.__dict__, "skipped": dict(self.skipped), "skipped_files": self.skipped_files}
+        return {
+            **self.__dict__,
+            "skipped": dict(self.skipped),
+            "skipped_files": self.skipped_files,
+            "warnings": list(self.warnings),
+        }
 
 
 # -- 1. ingest --------------------------------------------------------------------------------------
@@ -151,10 +158,12 @@ def ingest(
     check: SampleChecker,
     staging: Path,
     chunk_bytes: int,
+    source: str = "the iterable given to write()",
 ) -> dict[str, Any]:
     """Stage one unit's samples as Arrow chunks; resume after complete chunks.
 
-    Returns the unit's record: chunk names, sample count and bytes.
+    ``source`` names the input in messages (the unit's file). Returns the
+    unit's record: chunk names, sample count and bytes.
     """
     done = staging / f"{unit_key}.done"
     if done.exists():
@@ -170,7 +179,7 @@ def ingest(
         if not path.exists():
             break
         chunks.append(path.name)
-        skip += guards.skip_staged(it, ArrowShardReader(path, schema).columns(), check, unit_key)
+        skip += guards.skip_staged(it, ArrowShardReader(path, schema).columns(), check, source, skip)
     pending: list[dict[str, Any]] = []
     total, nbytes, pending_bytes = skip, 0, 0
     pending_values = 0  # bounds the values of any one field in the chunk (an Arrow array's length)
@@ -179,7 +188,7 @@ def ingest(
         nonlocal pending, pending_bytes, pending_values
         path = staging / chunk_name(unit_key, len(chunks))
         tmp = path.with_suffix(".tmp")
-        with output_errors(staging.parents[1], f"staging the samples of {unit_key}", partial=tmp):
+        with output_errors(staging.parents[1], f"staging the samples of {source}", partial=tmp):
             writer.write(tmp, Columns.from_samples(schema, pending))
             os.replace(tmp, path)
         chunks.append(path.name)
@@ -202,7 +211,7 @@ def ingest(
     if pending:
         flush()
     record = {"unit": unit_key, "chunks": chunks, "samples": total, "bytes": nbytes}
-    with output_errors(staging.parents[1], f"staging the samples of {unit_key}"):
+    with output_errors(staging.parents[1], f"staging the samples of {source}"):
         atomic_write_text(done, json.dumps(record))
     return record
 
@@ -210,7 +219,8 @@ def ingest(
 def _ingest_unit(args: tuple[int, SourceUnit, SourceOptions, dict[str, Any], PrepareOptions, str]) -> dict[str, Any]:
     k, unit, source_options, schema_json, options, staging = args
     check = SampleChecker(Schema.from_json(schema_json), options)
-    return ingest(unit_key(k), read_unit(unit, source_options), check, Path(staging), options.chunk_bytes)
+    source = unit.paths[0] if len(unit.paths) == 1 else unit.describe()
+    return ingest(unit_key(k), read_unit(unit, source_options), check, Path(staging), options.chunk_bytes, source)
 
 
 # -- 2. layout --------------------------------------------------------------------------------------
@@ -550,6 +560,15 @@ def _result(out: Path, seconds: float, in_bytes: int) -> PrepareResult:
         raise OutputError(f"{out}: commit left an inconsistent manifest")
     size = sum(s.bytes for s in m.shards)
     dt = max(seconds, 1e-9)
+    warnings = []
+    asked = m.options.get("num_shards")
+    if isinstance(asked, int) and asked > len(m.shards):
+        warnings.append(
+            f"num_shards (--num-shards) asked for {asked:,} shards, but there are only {m.total_samples:,} samples and "
+            f"a shard holds at least one: the set has {len(m.shards):,} shards"
+        )
+    for w in warnings:
+        logger.warning("%s", w)
     return PrepareResult(
         path=str(out),
         samples=m.total_samples,
@@ -559,6 +578,7 @@ def _result(out: Path, seconds: float, in_bytes: int) -> PrepareResult:
         seconds=round(seconds, 3),
         input_mb_per_s=round(in_bytes / dt / 1e6, 1),
         samples_per_s=round(m.total_samples / dt, 1),
+        warnings=tuple(warnings),
     )
 
 

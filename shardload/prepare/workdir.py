@@ -9,6 +9,7 @@ Layout while a run is in progress::
     OUT/.prepare/shards/     finished shards, each renamed into place when complete
     OUT/.prepare/done/       one small JSON per finished shard (size, checksum), written after its rename
     OUT/.prepare/COMMIT      present once the old set (if any) has been removed and the new one is moving in
+    OUT/.prepare/FAILED      the message of the bad input the run stopped on, if it did (after staging some)
 
 ``manifest.json`` is moved into ``OUT`` last, so a directory is a valid shard
 set exactly when it has one, and an interrupted run never looks complete.
@@ -26,14 +27,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from shardload.errors import OutputError, OutputExistsError, OutputLockedError
+from shardload.errors import InputError, OutputError, OutputExistsError, OutputLockedError
 from shardload.manifest import MANIFEST_NAME, atomic_write_text, fsync_dir
 from shardload.prepare.faults import crash_point
 
 WORK = ".prepare"
 LOCK = ".prepare.lock"
+#: in the work dir: the message of the bad input a run stopped on (for the next run's and open's message)
+FAILED = "FAILED"
 #: the names a shard set owns inside OUT (removed when it is overwritten)
 OWNED = ("shards", "origin.npy")
+
+#: outputs whose set a run of this process committed (see WorkDir.committed)
+_COMMITTED: set[str] = set()
 
 #: fds of the output locks this process holds, let go of by forked children (below)
 _HELD_LOCKS: set[int] = set()
@@ -65,7 +71,16 @@ if hasattr(os, "register_at_fork"):
 
 
 class WorkDir:
-    """Owns ``OUT`` for the duration of one prepare run (use as a context manager)."""
+    """Owns ``OUT`` for the duration of one prepare run (use as a context manager).
+
+    Nothing is created before the checks that can refuse the run have passed
+    (they run once before anything is created, and again under the lock). A
+    run that ends with no work dir (refused, committed, or its new set refused
+    before the commit) removes the lock file, and ``OUT`` too if this run
+    created it and it is empty: a refused run leaves no trace. A run that
+    failed keeps its work dir for ``--resume``, with the bad input it stopped
+    on, if any, in ``FAILED`` (so that messages say why, not just "resume").
+    """
 
     def __init__(self, out: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> None:
         self.out = Path(out)
@@ -73,6 +88,8 @@ class WorkDir:
         self.overwrite = overwrite
         self.work = self.out / WORK
         self._lock: TextIO | None = None
+        #: folders this run created for OUT, outermost first (removed again if the run leaves them empty)
+        self._created: list[Path] = []
 
     # -- paths ------------------------------------------------------------------------------------
     @property
@@ -90,60 +107,139 @@ class WorkDir:
     # -- lifecycle --------------------------------------------------------------------------------
     def __enter__(self) -> WorkDir:
         out = self.out
-        if out.exists() and not out.is_dir():
-            raise OutputError(f"{out} exists and is not a directory; choose another output path")
+        _check_output_path(out)
+        if out.is_dir():  # refused now, nothing is created; checked again under the lock (a race)
+            try:
+                with output_errors(out, "checking the output directory", started=False):
+                    self._check_existing(dry=True)
+            except OutputExistsError:
+                if _locked_by_another(out / LOCK):  # what is there is a run in progress: say that instead
+                    raise _locked_error(out) from None
+                raise
+        else:
+            self._make_out()
         try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise OutputError(f"{out}: cannot create the output directory ({exc.strerror}). {_hint(exc)}") from None
-        try:
-            self._lock = open(out / LOCK, "a+")
-        except OSError as exc:
-            raise OutputError(f"{out}: cannot write into the output directory ({exc.strerror}). {_hint(exc)}") from None
-        try:
-            fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            self._lock = None
-            raise OutputLockedError(
-                f"{out}: another prepare is writing into this directory right now; wait for it to finish "
-                "or choose another output"
-            ) from None
-        # Python opens files non-inheritable (O_CLOEXEC): exec'd children never get the lock.
-        _HELD_LOCKS.add(self._lock.fileno())
-        try:
-            with output_errors(out, "preparing the output directory"):
+            self._take_lock()
+            with output_errors(out, "preparing the output directory", started=False):
                 self._check_existing()
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._lock is not None:
+    def __exit__(self, exc_type: object = None, exc: object = None, tb: object = None) -> None:
+        limit = isinstance(exc, Exception) and "ulimit -n" not in str(exc) and fd_limit_reached(exc)
+        try:
+            if isinstance(exc, InputError) and not limit and self._lock is not None:
+                self._record_failure(exc)
+        finally:
+            # A failed run keeps its work dir, even one with nothing staged (the next run removes that one):
+            # `open` then says why it stopped and that --resume continues (or starts afresh).
+            self._leave(clean=exc is None)
+        if limit:
+            # Whatever step met the limit (a reader, a worker, pyarrow), it is not bad data: say what it is.
+            raise OutputError(f"{self.out}: prepare ran out of file descriptors ({exc}). {fd_limit_hint()}") from None
+
+    def _leave(self, clean: bool = True) -> None:
+        """Let go of the lock; with ``clean``, remove what a run that leaves nothing to resume created."""
+        if self._lock is None:
+            return
+        try:
+            if clean and self.work.exists() and not _holds_work(self.work):
+                shutil.rmtree(self.work, ignore_errors=True)
+            if not self.work.exists():  # nothing to resume: the lock file would only be litter
+                (self.out / LOCK).unlink(missing_ok=True)
+        except OSError:
+            pass  # best effort: a leftover lock file or empty work dir never blocks a later run
+        finally:
             _HELD_LOCKS.discard(self._lock.fileno())
             fcntl.flock(self._lock.fileno(), fcntl.LOCK_UN)
             self._lock.close()
             self._lock = None
+        for d in reversed(self._created):
+            try:
+                d.rmdir()  # only if empty: whatever the run left in it stays
+            except OSError:
+                break
+        self._created = []
+
+    def _make_out(self) -> None:
+        """Create OUT (and missing parents), remembering which folders this run made."""
+        out = self.out
+        missing = [p for p in (out, *out.parents) if not (p.exists() or p.is_symlink())]
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(
+                f"{out}: cannot create the output directory ({exc.strerror or exc}). {_create_hint(exc)}"
+            ) from None
+        self._created = list(reversed(missing))
+
+    def _take_lock(self) -> None:
+        """flock ``OUT/.prepare.lock``; the file is created if needed and removed when a run leaves no work.
+
+        Since the file may be removed by the run that held it, the lock is only
+        taken once the locked file is the one at that path (otherwise two runs
+        could each lock a file of their own).
+        """
+        path = self.out / LOCK
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                raise OutputError(
+                    f"{self.out}: cannot write into the output directory ({exc.strerror or exc}). {_create_hint(exc)}"
+                ) from None
+            lock = os.fdopen(fd, "r+")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                raise _locked_error(self.out) from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            lock.close()  # the run that held it removed the file meanwhile: lock the new one
+        self._lock = lock
+        # Opened non-inheritable (O_CLOEXEC): exec'd children never get the lock; forked ones let go of it.
+        _HELD_LOCKS.add(fd)
+
+    @staticmethod
+    def committed(out: str | os.PathLike[str]) -> bool:
+        """Whether a run of this process committed its set into ``out`` (so a later stop leaves nothing to resume)."""
+        return os.path.abspath(out) in _COMMITTED
 
     @staticmethod
     def was_committing(out: str | os.PathLike[str]) -> bool:
         """Whether a run into ``out`` was killed during its commit (checked before taking the lock)."""
         return (Path(out) / WORK / "COMMIT").exists()
 
-    def _check_existing(self) -> None:
+    def _record_failure(self, exc: InputError) -> None:
+        """Keep the bad input the run stopped on next to its work, for the next run's and ``open``'s message."""
+        if self.work.is_dir():
+            try:
+                atomic_write_text(self.work / FAILED, str(exc)[:2000] + "\n")
+            except OSError:
+                pass
+
+    def _check_existing(self, dry: bool = False) -> None:
+        """Refuse an output that holds a set, an interrupted run or other files (as the options say).
+
+        With ``dry``, only look (before anything is created); otherwise also
+        remove a work dir with nothing to resume and set up a fresh one.
+        """
         out = self.out
         has_set = (out / MANIFEST_NAME).exists()
-        if self.work.exists() and not _holds_work(self.work):
+        if self.work.exists() and not _holds_work(self.work) and not dry:
             # A run refused or killed before it staged anything: nothing to resume, nothing to lose.
             shutil.rmtree(self.work)
-        interrupted = self.work.exists()
+        interrupted = self.work.exists() and _holds_work(self.work)
         others = [p.name for p in out.iterdir() if p.name not in (LOCK, WORK, MANIFEST_NAME)]
         if interrupted and not (self.resume or self.overwrite):
-            raise OutputExistsError(
-                f"{out}: an earlier prepare into this directory was interrupted. Rerun with --resume to finish "
-                "it, or with --overwrite to start over."
-            )
+            raise OutputExistsError(f"{out}: {interrupted_hint(self.work)}")
         if has_set and not (self.overwrite or (self.resume and interrupted)):
             raise OutputExistsError(
                 f"{out}: already holds a shard set. Pass --overwrite to replace it (the old set stays intact "
@@ -154,8 +250,11 @@ class WorkDir:
                 f"{out}: the directory is not empty and is not a shard set ({', '.join(sorted(others)[:5])}"
                 "...); refusing to write into it. Choose an empty or new directory."
             )
-        if self.overwrite and interrupted:
+        if dry:
+            return
+        if self.overwrite and self.work.exists():
             shutil.rmtree(self.work)
+        (self.work / FAILED).unlink(missing_ok=True)  # a resumed run starts with a clean record
         # With resume and nothing interrupted, this simply starts afresh: --resume is safe to pass always.
         for d in (self.work, self.staging, self.shards, self.done):
             d.mkdir(parents=True, exist_ok=True)
@@ -209,6 +308,8 @@ class WorkDir:
             os.replace(manifest, self.out / MANIFEST_NAME)
             fsync_dir(self.out)
             crash_point("commit:manifest-moved")
+        # From here the set is complete and the work dir goes: a run stopped now has nothing left to resume.
+        _COMMITTED.add(os.path.abspath(self.out))
         shutil.rmtree(self.work, ignore_errors=True)
         (self.out / LOCK).unlink(missing_ok=True)
 
@@ -217,8 +318,108 @@ class WorkDir:
         return (self.work / "COMMIT").exists()
 
 
+def _check_output_path(out: Path) -> None:
+    """Refuse an output path that cannot become a directory, before anything is created."""
+    if out.is_symlink() and not out.exists():
+        try:
+            os.stat(out)
+            why = "which cannot be followed"
+        except OSError as exc:
+            why = "a loop of links" if exc.errno == errno.ELOOP else "which does not exist"
+        raise OutputError(
+            f"{out}: is a symbolic link to {os.readlink(out)!r}, {why}; point it at a directory, remove it, or "
+            "choose another output path"
+        )
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{out} exists and is not a directory; choose another output path")
+
+
+def _locked_error(out: Path) -> OutputLockedError:
+    return OutputLockedError(
+        f"{out}: another prepare is writing into this directory right now; wait for it to finish or choose "
+        "another output"
+    )
+
+
+def _locked_by_another(lock: Path) -> bool:
+    """Whether another run holds the lock file ``lock`` (looked at without creating it)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False  # no locking here (some network file systems): the check under the lock decides
+    finally:
+        os.close(fd)  # also lets go of the lock, if it was taken
+    return False
+
+
+def interrupted_hint(work: Path) -> str:
+    """What to say about an interrupted run whose work dir is ``work``: how it ended, and what to do."""
+    try:
+        with open(work / FAILED, encoding="utf-8", errors="replace") as fh:
+            failure = " ".join(fh.read(2000).split())
+    except OSError:
+        failure = ""
+    if failure:
+        return (
+            f"an earlier prepare into this directory stopped on bad input ({failure}). Fix the input, then rerun "
+            "with --resume to continue where it stopped, or with --overwrite to start over."
+        )
+    return (
+        "an earlier prepare into this directory was interrupted. Rerun with --resume to finish it, or with "
+        "--overwrite to start over."
+    )
+
+
+def fd_limit_reached(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from or during) is the open-files limit (EMFILE/ENFILE).
+
+    Looks through the whole chain, ``raise ... from None`` included, and at the
+    text of errors that crossed a process boundary (a worker's) or came from
+    pyarrow, which keep only the message.
+    """
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in (errno.EMFILE, errno.ENFILE):
+            return True
+        if "Too many open files" in str(cur):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def fd_limit_hint(*, resume: bool = True) -> str:
+    """What to do when prepare hits the open-files limit (names the limit, and the command that raises it)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        soft = hard = -1
+    limit = f" is {soft}" if soft >= 0 else ""
+    if 0 <= hard <= soft:  # RLIM_INFINITY is -1
+        how = (
+            f"raise it (its hard limit is {hard} too: that needs root, e.g. /etc/security/limits.conf or the "
+            "container's settings)"
+        )
+    else:
+        how = f"raise it (e.g. `ulimit -n {65536 if hard < 0 else min(hard, 65536)}` in the shell that runs prepare)"
+    return (
+        f"This is the limit on open files of the process (`ulimit -n`{limit}), or of the system, not damaged "
+        f"data: {how}, then rerun the same command"
+        + (" with --resume to continue where it stopped." if resume else ".")
+    )
+
+
 @contextmanager
-def output_errors(out: Path, what: str, *, partial: Path | None = None) -> Iterator[None]:
+def output_errors(out: Path, what: str, *, partial: Path | None = None, started: bool = True) -> Iterator[None]:
     """Turn an ``OSError`` while writing into ``out`` into an :class:`OutputError` that says what to do.
 
     Args:
@@ -226,6 +427,7 @@ def output_errors(out: Path, what: str, *, partial: Path | None = None) -> Itera
         what: the step that failed, e.g. ``"writing shard 3"``.
         partial: a half-written file to remove on failure (or a directory whose
             ``*.tmp`` files are removed), so a full disk gets its space back.
+        started: False before the run has written anything (nothing to resume).
     """
     try:
         yield
@@ -236,14 +438,31 @@ def output_errors(out: Path, what: str, *, partial: Path | None = None) -> Itera
             for tmp in partial.glob("*.tmp") if partial.is_dir() else [partial]:
                 tmp.unlink(missing_ok=True)
         where = f" ({exc.filename})" if exc.filename else ""
+        if not started:
+            raise OutputError(f"{out}: {what} failed: {exc.strerror or exc}{where}. {_create_hint(exc)}") from None
         raise OutputError(
             f"{out}: {what} failed: {exc.strerror or exc}{where}. {_hint(exc)} Nothing in {out} looks like a "
             "complete shard set until a run finishes."
         ) from None
 
 
+def _create_hint(exc: OSError) -> str:
+    """What to do about an OSError before anything was written (there is nothing to resume)."""
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "The output directory is not writable: fix its permissions or choose another output."
+    if exc.errno == errno.ENOTDIR:
+        return "A part of the path is a file, not a directory: choose another output path."
+    if exc.errno == errno.ENOENT:
+        return "A directory on the way cannot be created there: choose another output path."
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return fd_limit_hint(resume=False)
+    return "Fix the cause or choose another output path, then run the same command again."
+
+
 def _hint(exc: OSError) -> str:
     """What to do about an OSError while writing the output."""
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return fd_limit_hint()
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return "The disk is full: free some space, then rerun with --resume to continue where it stopped."
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):

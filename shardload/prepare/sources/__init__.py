@@ -20,9 +20,12 @@ Each kind's module says how its values become fields: :mod:`.npz`, :mod:`.column
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
 
 from shardload.errors import InputError
@@ -90,44 +93,179 @@ def not_data(path: Path, root: Path) -> str | None:
     return None
 
 
-#: what each reason of :func:`not_data` means, for messages
+#: what each reason of :func:`not_data` (and ``output``) means, for messages
 SKIP_REASONS = {
     "hidden": "hidden (name starts with '.')",
     "marker": f"marker files ({', '.join(sorted(MARKER_FILES))})",
     "checksum": "checksum files (.crc)",
+    "output": "files of the output directory (the shard set this run replaces)",
 }
 
+#: (st_dev, st_ino): what tells two paths to one file or directory apart
+FileKey = tuple[int, int]
 
-def _list_files(source: str, skipped: dict[str, list[str]]) -> list[str]:
+
+@dataclass
+class _Listing:
+    """The state of one :func:`discover` call: what was skipped, what was seen, where the output is."""
+
+    skipped: dict[str, list[str]]
+    #: the real path of the output directory, when it exists: never a source of its own run
+    output: str | None = None
+    #: every file listed so far, by identity: a file read twice would double its samples
+    files: dict[FileKey, str] = dc_field(default_factory=dict)
+
+    def skip(self, reason: str, path: str) -> None:
+        self.skipped.setdefault(reason, []).append(path)
+
+    def in_output(self, path: str) -> bool:
+        """Whether ``path`` (a file, or a directory) is the output directory or lies inside it."""
+        if self.output is None:
+            return False
+        real = os.path.realpath(path)
+        return real == self.output or real.startswith(self.output.rstrip(os.sep) + os.sep)
+
+    def see(self, path: str) -> None:
+        """Refuse a file listed a second time (named twice, or reached again through a link)."""
+        key = _key(os.stat(path))
+        first = self.files.get(key)
+        if first is not None:
+            same = "named twice" if os.path.abspath(first) == os.path.abspath(path) else "reached again through a link"
+            raise InputError(
+                f"{path}: is the same file as {first} ({same}), so its samples would be read twice. Name each "
+                "file once."
+            )
+        self.files[key] = path
+
+
+def _key(st: os.stat_result) -> FileKey:
+    return (st.st_dev, st.st_ino)
+
+
+def _count_files(top: str, reason: str, listing: _Listing) -> None:
+    """Skip every file under ``top`` for ``reason`` (symbolic links to folders are not followed: no loop)."""
+    for dirpath, _dirs, names in os.walk(top):
+        for name in sorted(names):
+            listing.skip(reason, os.path.join(dirpath, name))
+
+
+def _walk(root: Path, listing: _Listing, collect: bool = True) -> list[str]:
+    """Every file under directory ``root`` in sorted order, following symbolic links to folders.
+
+    A linked folder is read like any other (skipping it would lose its files
+    without a word). A link back to a folder on the way down (a loop), or a
+    second path to a folder already listed, is refused by name: following it
+    would never end, or read the same files twice. Hidden folders and the output
+    directory are not entered except to count the files they hold.
+
+    Raises:
+        InputError: naming the link and the folder it leads to again.
+    """
+    found: list[str] = []
+    seen: dict[FileKey, str] = {}
+    top = os.path.realpath(root)
+
+    def visit(d: str, up: tuple[FileKey, ...]) -> None:
+        if up and os.path.islink(d):
+            target = os.path.realpath(d)
+            if top == target or top.startswith(target.rstrip(os.sep) + os.sep):  # e.g. a link to '..' or '/'
+                raise InputError(
+                    f"{d}: a symbolic link loop: it leads to {target}, which holds {root}, so listing it would "
+                    "never end. Remove the link, or name the folders to read instead of their parent."
+                )
+        key = _key(os.stat(d))
+        if key in up:
+            raise InputError(
+                f"{d}: a symbolic link loop: it leads back to {seen[key]}, a folder that holds it, so listing it "
+                "would never end. Remove the link, or name the folders to read instead of their parent."
+            )
+        if key in seen:
+            raise InputError(
+                f"{d}: leads to the folder {seen[key]} a second time (through a symbolic link), so its files would "
+                "be read twice. Remove one of the two paths, or name the folders to read instead of their parent."
+            )
+        seen[key] = d
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError as exc:
+            raise InputError(f"{d}: cannot list the folder ({exc.strerror or exc})") from None
+        for e in entries:
+            path = os.path.join(d, e.name)
+            try:
+                is_dir = e.is_dir()  # follows links: a linked folder is listed like any other
+            except OSError:
+                is_dir = False  # a link loop or an unreadable entry: listed, and refused by name when checked
+            hidden = e.name.startswith(".")
+            if is_dir and (hidden or listing.in_output(path)):
+                if not (hidden and e.is_symlink()):
+                    _count_files(path, "hidden" if hidden else "output", listing)
+            elif is_dir:
+                visit(path, (*up, key))
+            elif hidden:
+                listing.skip("hidden", path)
+            elif collect:
+                reason = not_data(Path(path), Path(d))
+                if reason is None:
+                    found.append(path)
+                else:
+                    listing.skip(reason, path)
+
+    try:
+        visit(str(root), ())
+    except RecursionError:
+        raise InputError(f"{root}: folders nested too deeply to list (hundreds of levels)") from None
+    return found
+
+
+def _glob_root(pattern: str) -> str:
+    """The folder a recursive glob starts from: its longest leading part without wildcards."""
+    parts = Path(pattern).parts
+    head = list(itertools.takewhile(lambda p: not glob.has_magic(p), parts))
+    return str(Path(*head)) if head else "."
+
+
+def _list_files(source: str, listing: _Listing) -> list[str]:
+    if source == "":
+        raise InputError("an empty source name ('') was given; name a file, directory or glob")
     files: list[str] = []
     for pattern in expand_braces(str(source)):
         p = Path(pattern)
         if p.is_dir():
-            found = []
-            for f in sorted(p.rglob("*")):
-                if f.is_dir():  # anything else is listed: a pipe or a broken link is refused, not skipped
-                    continue
-                reason = not_data(f, p)
-                if reason is None:
-                    found.append(str(f))
-                else:
-                    skipped.setdefault(reason, []).append(str(f))
+            if listing.in_output(pattern):
+                raise InputError(
+                    f"{p}: this source is the output directory or lies inside it; prepare would read the set it "
+                    "replaces. Write the shard set somewhere else."
+                )
+            before = sum(map(len, listing.skipped.values()))
+            found = _walk(p, listing)
             if not found:
-                raise InputError(f"{p}: the directory holds no data files{_skipped_note(skipped)}")
+                note = _skipped_note(listing.skipped) if sum(map(len, listing.skipped.values())) > before else ""
+                raise InputError(f"{p}: the directory holds no data files{note}")
             files.extend(found)
         elif glob.has_magic(pattern):
+            if "**" in pattern and Path(_glob_root(pattern)).is_dir():
+                # Python's glob follows linked folders without noticing a loop (it would list the same files
+                # dozens of times): check the tree first, which refuses loops and folders reached twice.
+                _walk(Path(_glob_root(pattern)), _Listing({}, listing.output), collect=False)
             found = []
             for name in sorted(glob.glob(pattern, recursive=True)):
                 # A glob names hidden files only when asked to; markers match `data/*` though.
                 reason = None if Path(name).name.startswith(".") else not_data(Path(name), Path(name).parent)
+                if reason is None and listing.in_output(name):
+                    reason = "output"
                 if reason is None:
                     found.append(name)
                 else:
-                    skipped.setdefault(reason, []).append(name)
+                    listing.skip(reason, name)
             if not found:
-                raise InputError(f"{pattern}: the pattern matches no data file{_skipped_note(skipped)}")
+                raise InputError(f"{pattern}: the pattern matches no data file{_skipped_note(listing.skipped)}")
             files.extend(found)
         elif p.exists() or p.is_symlink():  # not only regular files: discover() says what else it is
+            if listing.in_output(pattern) and not p.is_dir():
+                raise InputError(
+                    f"{p}: this source lies inside the output directory; prepare would read the set it replaces. "
+                    "Move the file out, or write the shard set somewhere else."
+                )
             files.append(str(p))
         else:
             raise InputError(f"{pattern}: no such file or directory")
@@ -146,6 +284,7 @@ def discover(
     source_format: str | None = None,
     options: SourceOptions | None = None,
     skipped: dict[str, list[str]] | None = None,
+    output: str | os.PathLike[str] | None = None,
 ) -> list[SourceUnit]:
     """Find the input files of ``sources`` and group them into units.
 
@@ -154,22 +293,31 @@ def discover(
         source_format: read every file as this kind instead of detecting it.
         options: how sources are read.
         skipped: filled with the files left out as certainly not data, by
-            reason (see :func:`not_data`), for the caller to report.
+            reason (see :func:`not_data`; ``output`` for files in ``output``),
+            for the caller to report.
+        output: the output directory of the run: a directory or glob source
+            that covers it leaves it out (its files are counted as skipped);
+            a source that is, or lies inside, it is refused.
 
     Raises:
         InputError: a path that does not exist or is not a regular file (a FIFO,
-            a device, a broken link), a pattern that matches nothing,
-            a file of no known kind, or an unknown ``source_format``.
+            a device, a broken link), an empty name, a pattern that matches
+            nothing, a file of no known kind, an unknown ``source_format``, the
+            same file twice, a symbolic link loop, or a folder reached twice.
     """
     options = options or SourceOptions()
     if source_format is not None and source_format not in READERS:
         raise InputError(f"unknown --source-format {source_format!r}; choose one of {', '.join(sorted(READERS))}")
     if not sources:
         raise InputError("no source given: name at least one file, directory or glob")
+    listing = _Listing(skipped if skipped is not None else {})
+    if output is not None and os.path.isdir(output):
+        listing.output = os.path.realpath(output)
     by_kind: list[tuple[str, list[str]]] = []
     for source in sources:
-        for f in _list_files(os.fspath(source), skipped if skipped is not None else {}):
+        for f in _list_files(os.fspath(source), listing):
             check_input_file(f)
+            listing.see(f)
             kind = source_format or _detect(f)
             if kind is None:
                 known = sorted(s for r in READERS.values() for s in r.suffixes)
