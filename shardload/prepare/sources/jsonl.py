@@ -30,28 +30,89 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
+import re
 import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
+from shardload.cast import CastError, cast_exact
 from shardload.errors import InputError
-from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, register
+from shardload.prepare.sources.base import (
+    Sample,
+    SourceOptions,
+    SourceReader,
+    SourceUnit,
+    record_too_large,
+    register,
+)
 
-__all__ = ["JsonlSource", "json_to_array"]
+__all__ = ["JsonlSource", "NumberRangeError", "checked_float", "json_to_array", "loads"]
 
 
 class _Refused(ValueError):
     """A JSON value that is not numeric; the message says why (without the location)."""
 
 
-def json_to_array(value: Any, dtype: str | np.dtype | None = None) -> np.ndarray:
+class NumberRangeError(_Refused):
+    """A number written in text that a 64-bit float cannot hold (it would become inf, or 0)."""
+
+
+#: an exponent of 100 or more, or 300 digits in a row: a number that may overflow or underflow a float64
+_EXTREME_NUMBER = re.compile(r"[eE][+-]?0*[1-9][0-9]{2}|[0-9]{300}")
+_NONZERO_DIGIT = re.compile(r"[1-9]")
+
+
+def loads(text: str) -> Any:
+    """Decode JSON text as :func:`json.loads`, refusing what it would silently change.
+
+    Refused with a ``ValueError`` (the caller adds the location): a key given
+    twice in one object (the last would win), a number too large for a 64-bit
+    float (``1e400`` would be ``inf``) or a nonzero one too small (``1e-400``
+    would be ``0.0``). Numbers are parsed by the fast default unless the text
+    holds an exponent of 100 or more, or 300 digits in a row.
+
+    Raises:
+        json.JSONDecodeError, RecursionError: as :func:`json.loads`.
+    """
+    parse_float = checked_float if _EXTREME_NUMBER.search(text) else float
+    return json.loads(text, object_pairs_hook=_unique_keys, parse_float=parse_float)
+
+
+def checked_float(text: str) -> float:
+    """``float(text)`` for a number written in JSON or a text member, refusing overflow to inf and underflow to 0.
+
+    ``inf``, ``nan`` (any case and sign) are taken as written.
+    """
+    value = float(text)
+    if math.isinf(value) and text.strip().lstrip("+-").lower() not in ("inf", "infinity"):
+        raise NumberRangeError(f"holds the number {_short(text)}, beyond the largest 64-bit float: it would become inf")
+    if value == 0.0 and _NONZERO_DIGIT.search(text.partition("e")[0].partition("E")[0]):
+        raise NumberRangeError(f"holds the number {_short(text)}, too small for a 64-bit float: it would become 0")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise _Refused(f"has the key {twice!r} twice in one object (the last would silently win); remove one")
+    return obj
+
+
+def json_to_array(value: Any, dtype: str | np.dtype | None = None, *, may_hold_bools: bool = True) -> np.ndarray:
     """Convert a decoded JSON value (number, bool or nested lists of them) to an array.
 
-    ``dtype`` forces the dtype (conversions that would change a value are refused);
-    without it, integers are int64, floats float32, booleans bool and
-    empty lists int64.
+    ``dtype`` forces the dtype; without it, integers are int64, floats float32,
+    booleans bool and empty lists int64. Either way the conversion is
+    :func:`~shardload.cast.cast_exact`: it never changes a value silently. A
+    list mixing ``true``/``false`` with numbers is refused without ``dtype``
+    (JSON booleans are not numbers); with one, they count as 1/0.
+    ``may_hold_bools=False`` (the JSON text holds no ``true``/``false``) skips
+    looking for them.
 
     Raises:
         ValueError: the value is not numeric, is ragged, or does not fit ``dtype``;
@@ -68,6 +129,11 @@ def json_to_array(value: Any, dtype: str | np.dtype | None = None) -> np.ndarray
         raise _Refused(_describe_object(value))
     kind = arr.dtype.kind
     if dtype is None:
+        if kind != "b" and may_hold_bools and isinstance(value, list) and _holds_bool(value):
+            raise _Refused(
+                "mixes true/false with numbers; JSON booleans are not numbers: write 0 and 1, or choose a dtype "
+                "with --dtype (an integer or float dtype counts true as 1, bool takes 0 and 1)"
+            )
         # numpy makes [] float64; JSON gave no hint, so it counts as integers
         kind = "i" if arr.size == 0 else kind
         target = {"b": np.dtype(bool), "i": np.dtype(np.int64), "u": np.dtype(np.int64), "f": np.dtype(np.float32)}[
@@ -75,32 +141,25 @@ def json_to_array(value: Any, dtype: str | np.dtype | None = None) -> np.ndarray
         ]
     else:
         target = np.dtype(dtype)
-    return _cast_exact(arr, target)
+    try:
+        return cast_exact(arr, target)
+    except CastError as exc:
+        default = "" if dtype is not None else f" (the default dtype of JSON {_KIND_NAMES[kind]})"
+        raise _Refused(f"cannot be stored as {target}{default}: {exc} with --dtype") from None
 
 
-def _cast_exact(arr: np.ndarray, target: np.dtype) -> np.ndarray:
-    """``arr`` as ``target``, refusing conversions that change a value's kind or range."""
-    if arr.dtype == target:
-        return arr
-    src, dst = arr.dtype.kind, target.kind
-    if dst == "b" and src != "b":
-        raise _Refused("holds numbers, which cannot become bool; choose a numeric dtype with --dtype")
-    if src == "f" and dst in "iu" and not (np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))):
-        raise _Refused(f"holds non-integer numbers, which cannot become {target}; choose a float dtype with --dtype")
-    if dst in "iu" and src in "iuf" and arr.size:
-        info = np.iinfo(target)
-        lo, hi = arr.min(), arr.max()
-        if lo < info.min or hi > info.max:
-            raise _Refused(
-                f"holds values in [{lo}, {hi}], which do not fit {target}; choose a wider dtype with --dtype"
-            )
-    if dst == "f" and src == "f":
-        with np.errstate(over="ignore"):
-            out = arr.astype(target)
-        if not np.array_equal(np.isfinite(out), np.isfinite(arr)):
-            raise _Refused(f"holds values too large for {target}; choose a wider dtype with --dtype")
-        return out
-    return arr.astype(target)
+_KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers with a fraction or exponent"}
+
+
+def _holds_bool(value: list[Any]) -> bool:
+    stack: list[Any] = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is bool:
+            return True
+        if isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 def _describe_object(value: Any) -> str:
@@ -148,10 +207,14 @@ def _read_file(path: str, options: SourceOptions) -> Iterator[tuple[str, Sample]
     # field -> (dtype, inner shape) of its last non-empty list, for empty lists
     seen: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
     lineno = 0
+    limit = options.max_record_bytes
     try:
         with _open(path) as fh:
-            for lineno, raw in enumerate(fh, 1):
+            # readline with a bound: one line never takes more memory than the bound, however it is padded
+            for lineno, raw in enumerate(iter(lambda: fh.readline(limit + 1), b""), 1):
                 where = f"{path}: line {lineno}"
+                if len(raw) > limit and not raw.endswith(b"\n"):
+                    raise record_too_large(where, "the line", f"more than {limit:,} bytes", limit)
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
@@ -180,17 +243,20 @@ def _decode_line(
     text: str, where: str, options: SourceOptions, seen: dict[str, tuple[np.dtype, tuple[int, ...]]]
 ) -> dict[str, np.ndarray]:
     try:
-        obj = json.loads(text)
+        obj = loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); fix or remove the line") from None
     except RecursionError:
         raise InputError(f"{where}: JSON nested too deeply") from None
+    except _Refused as exc:
+        raise InputError(f"{where}: the JSON object {exc}") from None
     if not isinstance(obj, dict):
         raise InputError(
             f'{where}: expected a JSON object ({{"field": [...], ...}}), found {type(obj).__name__}; '
             "each line must be one sample"
         )
     sample: dict[str, np.ndarray] = {}
+    bools = "true" in text or "false" in text  # most lines hold none: then no value is searched for them
     for name, value in obj.items():
         dtype = options.dtypes.get(name)
         if isinstance(value, list) and not value and name in seen:
@@ -198,7 +264,7 @@ def _decode_line(
             sample[name] = np.empty((0, *inner), dtype=known_dtype)
             continue
         try:
-            arr = json_to_array(value, dtype)
+            arr = json_to_array(value, dtype, may_hold_bools=bools)
         except ValueError as exc:
             raise InputError(f"{where}: field {name!r} {exc}") from None
         if arr.ndim and arr.shape[0]:
