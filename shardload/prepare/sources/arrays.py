@@ -41,8 +41,9 @@ def load_npy(fh: IO[bytes], size: int, where: str, what: str, *, allow_pickle: b
             raise InputError(f"{where}: not an {what} ({_looks_like(head)})")
         fh.seek(0)
         version = np.lib.format.read_magic(fh)
-        # the header parser of every version (1.0, 2.0, 3.0); read_array uses it too
-        shape, _, dtype = np.lib.format._read_array_header(fh, version)  # type: ignore[attr-defined]
+        # version 3.0 differs from 2.0 only in the encoding of structured dtypes' field names (not supported)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(fh)
         if not dtype.hasobject:  # a pickled array's size is known only once unpickled
             data = size - fh.tell()
             declared = math.prod(shape) * dtype.itemsize

@@ -46,12 +46,13 @@ def max_record_bytes_from_env() -> int:
     return value
 
 
-def record_too_large(where: str, what: str, size: int | str, limit: int) -> InputError:
-    """The error for a record over ``limit`` bytes: names it, the bound and how to raise the bound."""
+def record_too_large(where: str, what: str, size: int | None, limit: int) -> InputError:
+    """The error for a record over ``limit`` bytes (``size`` if known): names it, the bound and how to raise it."""
+    how_big = f"is {size:,} bytes, more than" if size is not None else "is longer than"
     return InputError(
-        f"{where}: {what} is {size if isinstance(size, str) else f'{size:,} bytes'}, more than the "
-        f"{limit:,} bytes one record may have (a guard against files that decompress to huge sizes). If the "
-        f"data is right, raise the bound: {MAX_RECORD_BYTES_ENV}=4GiB (or prepare(..., max_record_bytes=...))."
+        f"{where}: {what} {how_big} the {limit:,} bytes one record may have (a guard against files that "
+        f"decompress to huge sizes). If the data is right, raise the bound: {MAX_RECORD_BYTES_ENV}=4GiB "
+        "(or prepare(..., max_record_bytes=...))."
     )
 
 

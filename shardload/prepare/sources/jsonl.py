@@ -10,13 +10,20 @@ How JSON values become arrays (JSON has no dtypes):
   equally long lists a 2-D array (``[[...], [...]]`` -> ``[rows, C]``), and so on;
 * the dtype of a field named in ``--dtype FIELD=DTYPE`` (``SourceOptions.dtypes``)
   is that dtype, decoded directly (a float64 field is never rounded through
-  float32). A value is converted only if no value changes kind or range:
-  ``3.0`` may become an int32, ``3.5`` may not; ``300`` does not fit int8;
+  float32);
 * otherwise, integers become **int64** and floats **float32**; a list mixing
-  integers and floats is float32 (so integers above 2**24 lose precision:
-  pass ``--dtype FIELD=float64`` or ``int64`` to keep them);
-* ``true``/``false`` become **bool** (a list mixing booleans with numbers
-  counts them as 0/1);
+  integers and floats is float32;
+* either way the conversion follows :func:`shardload.cast.cast_exact`: no value
+  may change (``3.0`` may become an int32, ``3.5`` may not; ``300`` does not
+  fit int8; ``16777217`` does not fit float32; a float may be rounded, but
+  ``1e-50`` does not become ``0.0`` in float32, nor ``1e300`` ``inf``);
+* ``true``/``false`` become **bool**; a list mixing booleans with numbers is
+  refused unless ``--dtype`` names the field (then they count as 1/0);
+* numbers a 64-bit float cannot hold (``1e400``, ``1e-400``: Python's parser
+  makes them ``inf`` and ``0.0``) and a key given twice in one object (Python
+  keeps the last) are refused;
+* a line longer than ``SourceOptions.max_record_bytes`` (256 MiB) is refused
+  before it is read whole;
 * an empty list ``[]`` takes the dtype and inner shape of the same field on
   the last line of the same file where it was not empty (so ``[]`` in a
   ``[rows, 4]`` field is a ``[0, 4]`` array); before any such line, its dtype
@@ -214,7 +221,7 @@ def _read_file(path: str, options: SourceOptions) -> Iterator[tuple[str, Sample]
             for lineno, raw in enumerate(iter(lambda: fh.readline(limit + 1), b""), 1):
                 where = f"{path}: line {lineno}"
                 if len(raw) > limit and not raw.endswith(b"\n"):
-                    raise record_too_large(where, "the line", f"more than {limit:,} bytes", limit)
+                    raise record_too_large(where, "the line", None, limit)
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
