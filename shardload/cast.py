@@ -130,23 +130,17 @@ def _int_to_float(arr: np.ndarray, target: np.dtype[Any]) -> np.ndarray:
 
 
 def _float_to_float(arr: np.ndarray, target: np.dtype[Any]) -> np.ndarray:
-    with np.errstate(over="ignore", under="ignore"):
+    with np.errstate(over="ignore"):
         out = arr.astype(target)
-    info = np.finfo(target)
-    _refuse(
-        arr,
-        np.isinf(out) & np.isfinite(arr),
-        f"values overflow {target} (its largest value is {info.max})",
-        "choose a wider dtype",
-        out=out,
-    )
-    _refuse(
-        arr,
-        (out == 0) & (arr != 0),
-        f"values underflow {target} (its smallest nonzero value is {info.smallest_subnormal})",
-        "choose a wider dtype",
-        out=out,
-    )
+    # Cheap tests first: most arrays hold no inf, and zeros only where the source has them.
+    overflow = np.isinf(out).any() and (np.isinf(out) & np.isfinite(arr)).any()
+    underflow = (out == 0).any() and ((out == 0) & (arr != 0)).any()
+    if overflow or underflow:
+        info = np.finfo(target)
+        why = f"values overflow {target} (its largest value is {info.max})"
+        _refuse(arr, np.isinf(out) & np.isfinite(arr), why, "choose a wider dtype", out=out)
+        why = f"values underflow {target} (its smallest nonzero value is {info.smallest_subnormal})"
+        _refuse(arr, (out == 0) & (arr != 0), why, "choose a wider dtype", out=out)
     return out
 
 

@@ -220,6 +220,11 @@ JSON_LINES = [
     ("1e-400 is not 0", '{"a": [1e-400]}', {}, ["1e-400", "0"]),
     ("1e-50 underflows float32", '{"a": [1e-50]}', {}, ["'a'", "1e-50", "float32", "--dtype"]),
     ("key twice", '{"a": [1], "a": [2]}', {}, ["'a'", "twice"]),
+    ("key twice, spaced", '{"a": [1], "a" : [2]}', {}, ["'a'", "twice"]),
+    ("key twice, escaped", '{"a": [1], "\\u0061": [2]}', {}, ["'a'", "twice"]),
+    ("1e400 next to Infinity", '{"a": [Infinity, 1e400]}', {}, ["1e400", "inf"]),
+    ("1e-400 next to a 0", '{"a": [0.0, 1e-400]}', {}, ["1e-400", "0"]),
+    ("300 zeros then a digit", '{"a": [0.' + "0" * 400 + "1]}", {}, ["0.000", "0"]),
     ("bools mixed with numbers", '{"a": [1, true]}', {}, ["'a'", "true/false", "--dtype"]),
 ]
 
@@ -377,10 +382,11 @@ def test_write_of_one_dict_or_a_path_says_what_it_takes(tmp_path: Path) -> None:
 
 
 def test_json_round_trip_of_exact_values(tmp_path: Path) -> None:
-    """What is accepted is stored exactly: extreme but representable values survive JSON and a dtype."""
-    line = {"i": [2**62, -(2**63)], "f": [1e-300, 1.5e300], "h": [65504.0, 6e-8]}
-    (tmp_path / "a.jsonl").write_text(json.dumps(line) + "\n")
-    [(_, s)] = read_all("jsonl", tmp_path / "a.jsonl", dtypes={"f": "float64", "h": "float16"})
+    """What is accepted is stored exactly: extreme but representable values, NaN and Infinity survive JSON."""
+    line = {"i": [2**62, -(2**63)], "f": [1e-300, 1.5e300, 0.0], "h": [65504.0, 6e-8], "x": [float("inf"), 0.5]}
+    (tmp_path / "a.jsonl").write_text(json.dumps(line) + "\n" + '{"i": [1, 2], "f": [0.0], "h": [0], "x": [NaN]}\n')
+    [(_, s), (_, t)] = read_all("jsonl", tmp_path / "a.jsonl", dtypes={"f": "float64", "h": "float16"})
     assert s["i"].tolist() == line["i"]
     assert s["f"].tolist() == line["f"]
     assert s["h"].dtype == np.float16 and s["h"][0] == 65504.0 and s["h"][1] != 0
+    assert s["x"].tolist() == [float("inf"), 0.5] and np.isnan(t["x"]).all()

@@ -40,7 +40,7 @@ import json
 import math
 import re
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -56,7 +56,15 @@ from shardload.prepare.sources.base import (
     register,
 )
 
-__all__ = ["JsonlSource", "NumberRangeError", "checked_float", "json_to_array", "loads"]
+__all__ = [
+    "JsonlSource",
+    "NumberRangeError",
+    "check_tiny_numbers",
+    "checked_float",
+    "json_to_array",
+    "loads",
+    "may_mix_bools",
+]
 
 
 class _Refused(ValueError):
@@ -67,25 +75,52 @@ class NumberRangeError(_Refused):
     """A number written in text that a 64-bit float cannot hold (it would become inf, or 0)."""
 
 
-#: an exponent of 100 or more, or 300 digits in a row: a number that may overflow or underflow a float64
-_EXTREME_NUMBER = re.compile(r"[eE][+-]?0*[1-9][0-9]{2}|[0-9]{300}")
+#: 300 zeros in a row: part of a number that may be too small for a float64 (0.000...1)
+_ZEROS = "0" * 300
 _NONZERO_DIGIT = re.compile(r"[1-9]")
 
 
-def loads(text: str) -> Any:
-    """Decode JSON text as :func:`json.loads`, refusing what it would silently change.
+def loads(text: str) -> tuple[Any, bool]:
+    """Decode JSON text as :func:`json.loads`, refusing a key given twice in an object (the last would win).
 
-    Refused with a ``ValueError`` (the caller adds the location): a key given
-    twice in one object (the last would win), a number too large for a 64-bit
-    float (``1e400`` would be ``inf``) or a nonzero one too small (``1e-400``
-    would be ``0.0``). Numbers are parsed by the fast default unless the text
-    holds an exponent of 100 or more, or 300 digits in a row.
+    The common text takes the fast path of :func:`json.loads`; keys are
+    compared only when one may repeat. With ``Infinity`` in the text, numbers
+    are checked one by one (:func:`checked_float`), so that an ``inf`` in the
+    value was written so.
+
+    Returns:
+        The value, and whether its numbers were checked. When not, an ``inf``
+        in it is a number too large for a float64 (``1e400``) and a ``0.0`` may
+        be one too small (``1e-400``): :func:`json_to_array` refuses the first,
+        :func:`check_tiny_numbers` the second.
 
     Raises:
         json.JSONDecodeError, RecursionError: as :func:`json.loads`.
+        ValueError: a key given twice, a number out of range (its message says which).
     """
-    parse_float = checked_float if _EXTREME_NUMBER.search(text) else float
-    return json.loads(text, object_pairs_hook=_unique_keys, parse_float=parse_float)
+    if "Infinity" in text:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_float=checked_float), True
+    value = json.loads(text)
+    # A sample's text holds quotes only around its keys (numbers need none), so a key written twice
+    # shows as more quotes than the keys kept; an escaped quote or deeper strings take the exact path.
+    if isinstance(value, dict) and ("\\" in text or text.count('"') != 2 * len(value)):
+        json.loads(text, object_pairs_hook=_unique_keys)  # raises if a key repeats
+    return value, False
+
+
+def check_tiny_numbers(text: str, arrays: Iterable[np.ndarray]) -> None:
+    """Refuse JSON ``text`` holding a nonzero number that a float64 made ``0.0`` (``1e-400``).
+
+    ``arrays`` are the fields decoded from it: only a float 0 in them can be
+    such a number, and only a negative exponent or 300 zeros in a row can write
+    one, so most text is not parsed again.
+
+    Raises:
+        NumberRangeError: naming the number.
+    """
+    zero = any(a.dtype.kind == "f" and not a.all() for a in arrays)
+    if zero and ("e-" in text or "E-" in text or _ZEROS in text):
+        json.loads(text, parse_float=checked_float)
 
 
 def checked_float(text: str) -> float:
@@ -110,7 +145,27 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def json_to_array(value: Any, dtype: str | np.dtype | None = None, *, may_hold_bools: bool = True) -> np.ndarray:
+def may_mix_bools(text: str) -> bool:
+    """Whether JSON ``text`` may hold a list mixing booleans with numbers (most text cannot: no value is searched).
+
+    True when a ``true``/``false`` follows ``[`` or ``,`` (an element of a list);
+    found with substring searches, which cost far less than a regex that tries every comma.
+    """
+    for word in ("true", "false"):
+        i = text.find(word)
+        while i >= 0:
+            j = i - 1
+            while j >= 0 and text[j] in " \t\r\n":
+                j -= 1
+            if j >= 0 and text[j] in "[,":
+                return True
+            i = text.find(word, i + len(word))
+    return False
+
+
+def json_to_array(
+    value: Any, dtype: str | np.dtype | None = None, *, may_hold_bools: bool = True, infinity_written: bool = True
+) -> np.ndarray:
     """Convert a decoded JSON value (number, bool or nested lists of them) to an array.
 
     ``dtype`` forces the dtype; without it, integers are int64, floats float32,
@@ -118,8 +173,9 @@ def json_to_array(value: Any, dtype: str | np.dtype | None = None, *, may_hold_b
     :func:`~shardload.cast.cast_exact`: it never changes a value silently. A
     list mixing ``true``/``false`` with numbers is refused without ``dtype``
     (JSON booleans are not numbers); with one, they count as 1/0.
-    ``may_hold_bools=False`` (the JSON text holds no ``true``/``false``) skips
-    looking for them.
+    ``may_hold_bools=False`` (the JSON text holds no ``true``/``false`` in a
+    list) skips looking for them; ``infinity_written=False`` (see :func:`loads`)
+    refuses an ``inf``, which can then only come from a number too large.
 
     Raises:
         ValueError: the value is not numeric, is ragged, or does not fit ``dtype``;
@@ -135,6 +191,11 @@ def json_to_array(value: Any, dtype: str | np.dtype | None = None, *, may_hold_b
     if arr.dtype.kind not in "biuf":
         raise _Refused(_describe_object(value))
     kind = arr.dtype.kind
+    if kind == "f" and not infinity_written and np.isinf(arr).any():
+        raise NumberRangeError(
+            "holds a number beyond the largest 64-bit float (such as 1e400), which would become inf; "
+            "write it within range, or as Infinity if inf is meant"
+        )
     if dtype is None:
         if kind != "b" and may_hold_bools and isinstance(value, list) and _holds_bool(value):
             raise _Refused(
@@ -250,7 +311,7 @@ def _decode_line(
     text: str, where: str, options: SourceOptions, seen: dict[str, tuple[np.dtype, tuple[int, ...]]]
 ) -> dict[str, np.ndarray]:
     try:
-        obj = loads(text)
+        obj, checked = loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); fix or remove the line") from None
     except RecursionError:
@@ -263,7 +324,7 @@ def _decode_line(
             "each line must be one sample"
         )
     sample: dict[str, np.ndarray] = {}
-    bools = "true" in text or "false" in text  # most lines hold none: then no value is searched for them
+    bools = may_mix_bools(text)
     for name, value in obj.items():
         dtype = options.dtypes.get(name)
         if isinstance(value, list) and not value and name in seen:
@@ -271,10 +332,15 @@ def _decode_line(
             sample[name] = np.empty((0, *inner), dtype=known_dtype)
             continue
         try:
-            arr = json_to_array(value, dtype, may_hold_bools=bools)
+            arr = json_to_array(value, dtype, may_hold_bools=bools, infinity_written=checked)
         except ValueError as exc:
             raise InputError(f"{where}: field {name!r} {exc}") from None
         if arr.ndim and arr.shape[0]:
             seen[name] = (arr.dtype, arr.shape[1:])
         sample[name] = arr
+    if not checked:
+        try:
+            check_tiny_numbers(text, sample.values())
+        except NumberRangeError as exc:
+            raise InputError(f"{where}: the JSON object {exc}") from None
     return sample

@@ -73,7 +73,14 @@ import numpy as np
 from shardload.errors import InputError
 from shardload.prepare.sources.arrays import load_npy, load_npz
 from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, record_too_large, register
-from shardload.prepare.sources.jsonl import NumberRangeError, checked_float, json_to_array, loads
+from shardload.prepare.sources.jsonl import (
+    NumberRangeError,
+    check_tiny_numbers,
+    checked_float,
+    json_to_array,
+    loads,
+    may_mix_bools,
+)
 
 __all__ = ["WebDatasetSource", "split_member_name"]
 
@@ -271,7 +278,7 @@ def _decode(data: bytes, field: str, ext: str, where: str, options: SourceOption
     if ext in JSON_EXTS:
         try:
             text = data.decode("utf-8-sig")  # -sig: tolerate a byte-order mark
-            value = loads(text)
+            value, checked = loads(text)
         except UnicodeDecodeError as exc:
             raise InputError(f"{where}: not valid UTF-8 (byte {exc.start + 1}); JSON members must be UTF-8") from None
         except json.JSONDecodeError as exc:
@@ -280,7 +287,13 @@ def _decode(data: bytes, field: str, ext: str, where: str, options: SourceOption
             raise InputError(f"{where}: JSON nested too deeply") from None
         except ValueError as exc:  # refused by loads: a key twice, a number beyond a float64
             raise InputError(f"{where}: the JSON {exc}") from None
-        return _from_value(value, field, where, options, may_hold_bools="true" in text or "false" in text)
+        fields = _from_value(value, field, where, options, may_hold_bools=may_mix_bools(text), infinity_written=checked)
+        if not checked:
+            try:
+                check_tiny_numbers(text, (arr for _, arr in fields))
+            except NumberRangeError as exc:
+                raise InputError(f"{where}: the JSON {exc}") from None
+        return fields
     if ext in CLASS_EXTS:
         text = _text(data, where).strip()
         try:
@@ -328,22 +341,27 @@ def _text(data: bytes, where: str) -> str:
 
 
 def _from_value(
-    value: Any, field: str, where: str, options: SourceOptions, *, may_hold_bools: bool = True
+    value: Any, field: str, where: str, options: SourceOptions, **json: bool
 ) -> list[tuple[str, np.ndarray]]:
-    """A decoded JSON / unpickled value: a mapping gives one field per entry, anything else one field."""
+    """A decoded JSON / unpickled value: a mapping gives one field per entry, anything else one field.
+
+    ``json`` are :func:`json_to_array`'s flags about the text a JSON value came from.
+    """
     if isinstance(value, Mapping):
         if not value:
             raise InputError(f"{where}: an empty object gives no fields; remove the member")
-        return [(str(k), _convert(v, str(k), where, options, may_hold_bools)) for k, v in value.items()]
-    return [(field, _convert(value, field, where, options, may_hold_bools))]
+        return [(str(k), _convert(v, str(k), where, options, json)) for k, v in value.items()]
+    return [(field, _convert(value, field, where, options, json))]
 
 
-def _convert(value: Any, field: str, where: str, options: SourceOptions, may_hold_bools: bool = True) -> np.ndarray:
+def _convert(
+    value: Any, field: str, where: str, options: SourceOptions, json: Mapping[str, bool] | None = None
+) -> np.ndarray:
     if isinstance(value, np.ndarray) and value.dtype != object:
         return value
     if isinstance(value, np.generic):
         return np.asarray(value)
     try:
-        return json_to_array(value, options.dtypes.get(field), may_hold_bools=may_hold_bools)
+        return json_to_array(value, options.dtypes.get(field), **(json or {}))
     except ValueError as exc:
         raise InputError(f"{where}: field {field!r} {exc}") from None
