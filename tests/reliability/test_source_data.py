@@ -167,6 +167,18 @@ def test_dtype_casts_that_change_a_value_are_refused_by_value(
         )
 
 
+def test_reject_nonfinite_is_not_blamed_for_an_inf_a_cast_would_make(tmp_path: Path) -> None:
+    msg = refused(
+        lambda: shardload.write(
+            [{"x": np.array([70000])}], tmp_path / "o", dtypes={"x": "float16"}, reject_nonfinite=True
+        ),
+        "'x'",
+        "cannot be cast to float16",
+        "70000",
+    )
+    assert "--reject-nonfinite" not in msg
+
+
 EXACT_CASTS = [
     (np.array([3.0, -2.0]), "int8"),
     (np.array([2**24, 2**60]), "float32"),
