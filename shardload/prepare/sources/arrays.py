@@ -43,8 +43,11 @@ def load_npy(fh: IO[bytes], size: int, where: str, what: str, *, allow_pickle: b
         version = np.lib.format.read_magic(fh)
         # version 3.0 differs from 2.0 only in the encoding of structured dtypes' field names (not supported)
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read_header(fh)
-        if not dtype.hasobject:  # a pickled array's size is known only once unpickled
+        shape, fortran, dtype = read_header(fh)
+        if dtype.hasobject:  # a pickled array: its size is known only once unpickled
+            fh.seek(0)
+            arr = np.lib.format.read_array(fh, allow_pickle=allow_pickle)
+        else:
             data = size - fh.tell()
             declared = math.prod(shape) * dtype.itemsize
             if declared != data:
@@ -57,8 +60,10 @@ def load_npy(fh: IO[bytes], size: int, where: str, what: str, *, allow_pickle: b
                         else "more than one array was saved into it, or it is corrupt; save one array per file"
                     )
                 )
-        fh.seek(0)
-        arr = np.lib.format.read_array(fh, allow_pickle=allow_pickle)
+            body = fh.read(declared)
+            if len(body) != declared:
+                raise InputError(f"{where}: the {what} ends after {len(body):,} of its {declared:,} bytes of data")
+            arr = np.frombuffer(body, dtype=dtype).reshape(shape, order="F" if fortran else "C")
         if fh.read(1):  # reading to the end also makes a zip member check its CRC
             raise InputError(f"{where}: bytes follow the array of the {what}; save one array per file")
     except InputError:
