@@ -250,9 +250,22 @@ class Schema:
 
 
 def as_array(value: Any, *, name: str, where: str) -> np.ndarray:
-    """Convert a field value to a numpy array of a supported dtype, or raise."""
-    if isinstance(value, np.ndarray):
+    """Convert a field value to a numpy array of a supported dtype, or raise.
+
+    A torch tensor is taken as the data it holds, wherever it is: one that
+    requires grad or lives on a GPU is detached and copied to the CPU (what
+    ``numpy()`` refuses to do by itself). A masked array is refused unless
+    nothing is masked: a shard has no mask, so masked values would be stored as
+    if they were data.
+    """
+    if isinstance(value, np.ma.MaskedArray):
+        value = _unmasked(value, name, where)
+    elif _is_torch_tensor(value):
+        value = _tensor_to_numpy(value, name, where)
+    if type(value) is np.ndarray:
         arr = value
+    elif isinstance(value, np.ndarray):  # a subclass (np.matrix, ...): only its data is stored
+        arr = np.asarray(value)
     else:
         try:
             arr = np.asarray(value)
@@ -264,6 +277,34 @@ def as_array(value: Any, *, name: str, where: str) -> np.ndarray:
             f"{where}: field {name!r} has unsupported dtype {arr.dtype}{hint}; supported: {', '.join(SUPPORTED_DTYPES)}"
         )
     return arr
+
+
+def _unmasked(value: np.ma.MaskedArray, name: str, where: str) -> np.ndarray:
+    masked = int(np.count_nonzero(np.ma.getmaskarray(value)))
+    if masked:
+        raise InputError(
+            f"{where}: field {name!r} is a masked array with {masked} masked value(s); a shard stores no mask, so "
+            "they would be stored as data. Fill them (arr.filled(value)) or leave those samples out."
+        )
+    return np.asarray(value.data)
+
+
+def _is_torch_tensor(value: Any) -> bool:
+    # torch is optional: recognise its tensors without importing it
+    return type(value).__module__.partition(".")[0] == "torch" and hasattr(value, "detach")
+
+
+def _tensor_to_numpy(value: Any, name: str, where: str) -> np.ndarray:
+    """A tensor's values as a numpy array, from any device, grad or not; or an InputError saying why not."""
+    try:
+        arr = value.detach().cpu().resolve_conj().resolve_neg().numpy()
+    except Exception as exc:  # noqa: BLE001  (bfloat16, sparse, meta tensors ... raise TypeError or RuntimeError)
+        raise InputError(
+            f"{where}: field {name!r} is a torch tensor ({value.dtype}, {value.layout}, on {value.device}) that "
+            f"numpy cannot hold ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc!r}); "
+            "convert it first, e.g. tensor.to_dense().float()"
+        ) from None
+    return np.asarray(arr)
 
 
 def parse_dtype_overrides(items: Sequence[str]) -> dict[str, str]:

@@ -31,6 +31,7 @@ def prepare(
     source_format: str | None = None,
     field: str | None = None,
     allow_pickle: bool = False,
+    max_record_bytes: int | None = None,
     **options: Any,
 ) -> PrepareResult:
     """Prepare a shard set from files on disk.
@@ -43,6 +44,9 @@ def prepare(
             default ``data``). Refused when no source is a ``.npy`` file: other
             kinds name their fields themselves.
         allow_pickle: allow pickled data (never do this with untrusted input).
+        max_record_bytes: the most bytes one JSON line, tar member or ``.npz``
+            array may have once decompressed (default 256 MiB, or the
+            ``SHARDLOAD_MAX_RECORD_BYTES`` environment variable).
         **options: see :class:`PrepareOptions` (``num_shards``, ``shuffle``, ``workers``, ...).
 
     Examples:
@@ -51,7 +55,8 @@ def prepare(
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     opts = PrepareOptions(**_tupled(options))
-    source_options = SourceOptions(field=field or "data", dtypes=dict(opts.dtypes), allow_pickle=allow_pickle)
+    bound = {} if max_record_bytes is None else {"max_record_bytes": max_record_bytes}
+    source_options = SourceOptions(field=field or "data", dtypes=dict(opts.dtypes), allow_pickle=allow_pickle, **bound)
     skipped: dict[str, list[str]] = {}
     units = discover(list(sources), source_format=source_format, options=source_options, skipped=skipped, output=out)
     if field is not None and not any(u.kind == "npy" for u in units):
@@ -78,6 +83,16 @@ def write(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike[str], **o
         >>> samples = ({"tokens": np.arange(n, dtype=np.int32)} for n in range(1, 100))
         >>> shardload.write(samples, "out/", num_shards=4)  # doctest: +SKIP
     """
+    if isinstance(samples, Mapping):
+        raise InputError(
+            f"write() takes an iterable of samples, and got one sample (a {type(samples).__name__} with keys "
+            f"{', '.join(map(repr, list(samples)[:5]))}): pass a list of samples, e.g. write([sample], out)"
+        )
+    if isinstance(samples, (str, bytes, os.PathLike)):
+        raise InputError(
+            f"write() takes an iterable of samples (dicts of arrays), and got the path {os.fsdecode(samples)!r}: "
+            "to read files, use shardload.prepare(sources, out)"
+        )
     opts = PrepareOptions(**_tupled(options))
     return run_prepare(out, options=opts, samples=samples)
 

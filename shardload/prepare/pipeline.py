@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.cast import CastError, cast_exact
 from shardload.errors import InputError, OutputError
 from shardload.formats import Columns, get_format
 from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
@@ -48,7 +49,7 @@ from shardload.prepare.progress import Progress
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
 from shardload.prepare.workdir import WorkDir, output_errors
 from shardload.prepare.workers import map_in_workers
-from shardload.schema import Schema
+from shardload.schema import Schema, as_array
 
 logger = logging.getLogger("shardload.prepare")
 
@@ -110,36 +111,18 @@ class SampleChecker:
 
 
 def cast_fields(sample: Mapping[str, Any], dtypes: Mapping[str, str], where: str) -> dict[str, Any]:
-    """Apply ``dtypes`` overrides, refusing casts that would change values' kind or overflow."""
+    """Apply ``dtypes`` overrides with :func:`~shardload.cast.cast_exact`: a cast never changes a value."""
     if not isinstance(sample, Mapping):
         return sample  # Schema.check reports it
     out = dict(sample)
     for name, dtype in dtypes.items():
         if name not in out:
             continue
-        target = np.dtype(dtype)
-        value = out[name]
+        arr = as_array(out[name], name=name, where=where)
         try:
-            arr = value if isinstance(value, np.ndarray) else np.asarray(value)
-            if arr.dtype == object:
-                raise TypeError("not numeric")
-            if arr.dtype != target:
-                if not np.can_cast(arr.dtype, target, casting="same_kind") and not (
-                    arr.dtype.kind in "iub" and target.kind in "iuf"
-                ):
-                    raise TypeError(f"{arr.dtype} cannot become {target} without losing values")
-                if arr.size and target.kind in "iu" and arr.dtype.kind in "iu":
-                    info = np.iinfo(target)
-                    lo, hi = arr.min(), arr.max()
-                    if lo < info.min or hi > info.max:
-                        raise TypeError(f"values in [{lo}, {hi}] do not fit {target}")
-                cast = arr.astype(target)
-                if target.kind == "f" and arr.dtype.kind == "f" and np.isinf(cast).any() and np.isfinite(arr).all():
-                    raise TypeError(f"values overflow {target}")
-                arr = cast
-        except (TypeError, ValueError) as exc:
+            out[name] = cast_exact(arr, dtype)
+        except CastError as exc:
             raise InputError(f"{where}: field {name!r} cannot be cast to {dtype}: {exc}") from None
-        out[name] = arr
     return out
 
 

@@ -9,6 +9,7 @@ line 17"``), used in every error message about it.
 
 from __future__ import annotations
 
+import argparse
 import os
 import stat
 from abc import ABC, abstractmethod
@@ -22,6 +23,39 @@ from shardload.setfiles import file_kind
 
 Sample = Mapping[str, Any]
 
+#: the most bytes one record may have once decompressed: a line of a JSON Lines file, a member of a tar, an
+#: array of an .npz. A small compressed file can expand to any size, and decoding a record takes several
+#: times its size in memory, so a record beyond this is refused by name. Raise it with the environment
+#: variable below or ``prepare(..., max_record_bytes=...)``.
+MAX_RECORD_BYTES = 256 << 20
+MAX_RECORD_BYTES_ENV = "SHARDLOAD_MAX_RECORD_BYTES"
+
+
+def max_record_bytes_from_env() -> int:
+    """:data:`MAX_RECORD_BYTES`, or the value of ``SHARDLOAD_MAX_RECORD_BYTES`` (``4GiB``, ``500MB``, bytes)."""
+    text = os.environ.get(MAX_RECORD_BYTES_ENV, "").strip()
+    if not text:
+        return MAX_RECORD_BYTES
+    from shardload.cli._common import parse_size  # the CLI's size syntax; imported late: the CLI imports prepare
+
+    try:
+        value = parse_size(text)
+    except argparse.ArgumentTypeError:
+        value = 0
+    if value <= 0:
+        raise InputError(f"{MAX_RECORD_BYTES_ENV}={text!r}: expected a positive size such as 1GiB or 500MB")
+    return value
+
+
+def record_too_large(where: str, what: str, size: int | None, limit: int) -> InputError:
+    """The error for a record over ``limit`` bytes (``size`` if known): names it, the bound and how to raise it."""
+    how_big = f"is {size:,} bytes, more than" if size is not None else "is longer than"
+    return InputError(
+        f"{where}: {what} {how_big} the {limit:,} bytes one record may have (a guard against files that "
+        f"decompress to huge sizes). If the data is right, raise the bound: {MAX_RECORD_BYTES_ENV}=4GiB "
+        "(or prepare(..., max_record_bytes=...))."
+    )
+
 
 @dataclass(frozen=True)
 class SourceOptions:
@@ -33,12 +67,20 @@ class SourceOptions:
         allow_pickle: allow pickled members/arrays; off by default because
             unpickling untrusted data runs arbitrary code.
         files_per_unit: how many one-sample files (``.npy``/``.npz``) one unit reads.
+        max_record_bytes: the most bytes of one line, tar member or ``.npz`` array,
+            once decompressed (:data:`MAX_RECORD_BYTES`, or ``SHARDLOAD_MAX_RECORD_BYTES``).
     """
 
     field: str = "data"
     dtypes: Mapping[str, str] = dc_field(default_factory=dict)
     allow_pickle: bool = False
     files_per_unit: int = 1024
+    max_record_bytes: int = dc_field(default_factory=max_record_bytes_from_env)
+
+    def __post_init__(self) -> None:
+        value = self.max_record_bytes
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise InputError(f"max_record_bytes must be a positive integer (bytes), got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,20 @@ How JSON values become arrays (JSON has no dtypes):
   equally long lists a 2-D array (``[[...], [...]]`` -> ``[rows, C]``), and so on;
 * the dtype of a field named in ``--dtype FIELD=DTYPE`` (``SourceOptions.dtypes``)
   is that dtype, decoded directly (a float64 field is never rounded through
-  float32). A value is converted only if no value changes kind or range:
-  ``3.0`` may become an int32, ``3.5`` may not; ``300`` does not fit int8;
+  float32);
 * otherwise, integers become **int64** and floats **float32**; a list mixing
-  integers and floats is float32 (so integers above 2**24 lose precision:
-  pass ``--dtype FIELD=float64`` or ``int64`` to keep them);
-* ``true``/``false`` become **bool** (a list mixing booleans with numbers
-  counts them as 0/1);
+  integers and floats is float32;
+* either way the conversion follows :func:`shardload.cast.cast_exact`: no value
+  may change (``3.0`` may become an int32, ``3.5`` may not; ``300`` does not
+  fit int8; ``16777217`` does not fit float32; a float may be rounded, but
+  ``1e-50`` does not become ``0.0`` in float32, nor ``1e300`` ``inf``);
+* ``true``/``false`` become **bool**; a list mixing booleans with numbers is
+  refused unless ``--dtype`` names the field (then they count as 1/0);
+* numbers a 64-bit float cannot hold (``1e400``, ``1e-400``: Python's parser
+  makes them ``inf`` and ``0.0``) and a key given twice in one object (Python
+  keeps the last) are refused;
+* a line longer than ``SourceOptions.max_record_bytes`` (256 MiB) is refused
+  before it is read whole;
 * an empty list ``[]`` takes the dtype and inner shape of the same field on
   the last line of the same file where it was not empty (so ``[]`` in a
   ``[rows, 4]`` field is a ``[0, 4]`` array); before any such line, its dtype
@@ -30,28 +37,145 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
+import re
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
+from shardload.cast import CastError, cast_exact
 from shardload.errors import InputError
-from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, register
+from shardload.prepare.sources.base import (
+    Sample,
+    SourceOptions,
+    SourceReader,
+    SourceUnit,
+    record_too_large,
+    register,
+)
 
-__all__ = ["JsonlSource", "json_to_array"]
+__all__ = [
+    "JsonlSource",
+    "NumberRangeError",
+    "check_tiny_numbers",
+    "checked_float",
+    "json_to_array",
+    "loads",
+    "may_mix_bools",
+]
 
 
 class _Refused(ValueError):
     """A JSON value that is not numeric; the message says why (without the location)."""
 
 
-def json_to_array(value: Any, dtype: str | np.dtype | None = None) -> np.ndarray:
+class NumberRangeError(_Refused):
+    """A number written in text that a 64-bit float cannot hold (it would become inf, or 0)."""
+
+
+#: 300 zeros in a row: part of a number that may be too small for a float64 (0.000...1)
+_ZEROS = "0" * 300
+_NONZERO_DIGIT = re.compile(r"[1-9]")
+
+
+def loads(text: str) -> tuple[Any, bool]:
+    """Decode JSON text as :func:`json.loads`, refusing a key given twice in an object (the last would win).
+
+    The common text takes the fast path of :func:`json.loads`; keys are
+    compared only when one may repeat. With ``Infinity`` in the text, numbers
+    are checked one by one (:func:`checked_float`), so that an ``inf`` in the
+    value was written so.
+
+    Returns:
+        The value, and whether its numbers were checked. When not, an ``inf``
+        in it is a number too large for a float64 (``1e400``) and a ``0.0`` may
+        be one too small (``1e-400``): :func:`json_to_array` refuses the first,
+        :func:`check_tiny_numbers` the second.
+
+    Raises:
+        json.JSONDecodeError, RecursionError: as :func:`json.loads`.
+        ValueError: a key given twice, a number out of range (its message says which).
+    """
+    if "Infinity" in text:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_float=checked_float), True
+    value = json.loads(text)
+    # A sample's text holds quotes only around its keys (numbers need none), so a key written twice
+    # shows as more quotes than the keys kept; an escaped quote or deeper strings take the exact path.
+    if isinstance(value, dict) and ("\\" in text or text.count('"') != 2 * len(value)):
+        json.loads(text, object_pairs_hook=_unique_keys)  # raises if a key repeats
+    return value, False
+
+
+def check_tiny_numbers(text: str, arrays: Iterable[np.ndarray]) -> None:
+    """Refuse JSON ``text`` holding a nonzero number that a float64 made ``0.0`` (``1e-400``).
+
+    ``arrays`` are the fields decoded from it: only a float 0 in them can be
+    such a number, and only a negative exponent or 300 zeros in a row can write
+    one, so most text is not parsed again.
+
+    Raises:
+        NumberRangeError: naming the number.
+    """
+    zero = any(a.dtype.kind == "f" and not a.all() for a in arrays)
+    if zero and ("e-" in text or "E-" in text or _ZEROS in text):
+        json.loads(text, parse_float=checked_float)
+
+
+def checked_float(text: str) -> float:
+    """``float(text)`` for a number written in JSON or a text member, refusing overflow to inf and underflow to 0.
+
+    ``inf``, ``nan`` (any case and sign) are taken as written.
+    """
+    value = float(text)
+    if math.isinf(value) and text.strip().lstrip("+-").lower() not in ("inf", "infinity"):
+        raise NumberRangeError(f"holds the number {_short(text)}, beyond the largest 64-bit float: it would become inf")
+    if value == 0.0 and _NONZERO_DIGIT.search(text.partition("e")[0].partition("E")[0]):
+        raise NumberRangeError(f"holds the number {_short(text)}, too small for a 64-bit float: it would become 0")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise _Refused(f"has the key {twice!r} twice in one object (the last would silently win); remove one")
+    return obj
+
+
+def may_mix_bools(text: str) -> bool:
+    """Whether JSON ``text`` may hold a list mixing booleans with numbers (most text cannot: no value is searched).
+
+    True when a ``true``/``false`` follows ``[`` or ``,`` (an element of a list);
+    found with substring searches, which cost far less than a regex that tries every comma.
+    """
+    for word in ("true", "false"):
+        i = text.find(word)
+        while i >= 0:
+            j = i - 1
+            while j >= 0 and text[j] in " \t\r\n":
+                j -= 1
+            if j >= 0 and text[j] in "[,":
+                return True
+            i = text.find(word, i + len(word))
+    return False
+
+
+def json_to_array(
+    value: Any, dtype: str | np.dtype | None = None, *, may_hold_bools: bool = True, infinity_written: bool = True
+) -> np.ndarray:
     """Convert a decoded JSON value (number, bool or nested lists of them) to an array.
 
-    ``dtype`` forces the dtype (conversions that would change a value are refused);
-    without it, integers are int64, floats float32, booleans bool and
-    empty lists int64.
+    ``dtype`` forces the dtype; without it, integers are int64, floats float32,
+    booleans bool and empty lists int64. Either way the conversion is
+    :func:`~shardload.cast.cast_exact`: it never changes a value silently. A
+    list mixing ``true``/``false`` with numbers is refused without ``dtype``
+    (JSON booleans are not numbers); with one, they count as 1/0.
+    ``may_hold_bools=False`` (the JSON text holds no ``true``/``false`` in a
+    list) skips looking for them; ``infinity_written=False`` (see :func:`loads`)
+    refuses an ``inf``, which can then only come from a number too large.
 
     Raises:
         ValueError: the value is not numeric, is ragged, or does not fit ``dtype``;
@@ -67,7 +191,17 @@ def json_to_array(value: Any, dtype: str | np.dtype | None = None) -> np.ndarray
     if arr.dtype.kind not in "biuf":
         raise _Refused(_describe_object(value))
     kind = arr.dtype.kind
+    if kind == "f" and not infinity_written and np.isinf(arr).any():
+        raise NumberRangeError(
+            "holds a number beyond the largest 64-bit float (such as 1e400), which would become inf; "
+            "write it within range, or as Infinity if inf is meant"
+        )
     if dtype is None:
+        if kind != "b" and may_hold_bools and isinstance(value, list) and _holds_bool(value):
+            raise _Refused(
+                "mixes true/false with numbers; JSON booleans are not numbers: write 0 and 1, or choose a dtype "
+                "with --dtype (an integer or float dtype counts true as 1, bool takes 0 and 1)"
+            )
         # numpy makes [] float64; JSON gave no hint, so it counts as integers
         kind = "i" if arr.size == 0 else kind
         target = {"b": np.dtype(bool), "i": np.dtype(np.int64), "u": np.dtype(np.int64), "f": np.dtype(np.float32)}[
@@ -75,32 +209,25 @@ def json_to_array(value: Any, dtype: str | np.dtype | None = None) -> np.ndarray
         ]
     else:
         target = np.dtype(dtype)
-    return _cast_exact(arr, target)
+    try:
+        return cast_exact(arr, target)
+    except CastError as exc:
+        default = "" if dtype is not None else f" (the default dtype of JSON {_KIND_NAMES[kind]})"
+        raise _Refused(f"cannot be stored as {target}{default}: {exc} with --dtype") from None
 
 
-def _cast_exact(arr: np.ndarray, target: np.dtype) -> np.ndarray:
-    """``arr`` as ``target``, refusing conversions that change a value's kind or range."""
-    if arr.dtype == target:
-        return arr
-    src, dst = arr.dtype.kind, target.kind
-    if dst == "b" and src != "b":
-        raise _Refused("holds numbers, which cannot become bool; choose a numeric dtype with --dtype")
-    if src == "f" and dst in "iu" and not (np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))):
-        raise _Refused(f"holds non-integer numbers, which cannot become {target}; choose a float dtype with --dtype")
-    if dst in "iu" and src in "iuf" and arr.size:
-        info = np.iinfo(target)
-        lo, hi = arr.min(), arr.max()
-        if lo < info.min or hi > info.max:
-            raise _Refused(
-                f"holds values in [{lo}, {hi}], which do not fit {target}; choose a wider dtype with --dtype"
-            )
-    if dst == "f" and src == "f":
-        with np.errstate(over="ignore"):
-            out = arr.astype(target)
-        if not np.array_equal(np.isfinite(out), np.isfinite(arr)):
-            raise _Refused(f"holds values too large for {target}; choose a wider dtype with --dtype")
-        return out
-    return arr.astype(target)
+_KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers with a fraction or exponent"}
+
+
+def _holds_bool(value: list[Any]) -> bool:
+    stack: list[Any] = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is bool:
+            return True
+        if isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 def _describe_object(value: Any) -> str:
@@ -148,10 +275,14 @@ def _read_file(path: str, options: SourceOptions) -> Iterator[tuple[str, Sample]
     # field -> (dtype, inner shape) of its last non-empty list, for empty lists
     seen: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
     lineno = 0
+    limit = options.max_record_bytes
     try:
         with _open(path) as fh:
-            for lineno, raw in enumerate(fh, 1):
+            # readline with a bound: one line never takes more memory than the bound, however it is padded
+            for lineno, raw in enumerate(iter(lambda: fh.readline(limit + 1), b""), 1):
                 where = f"{path}: line {lineno}"
+                if len(raw) > limit and not raw.endswith(b"\n"):
+                    raise record_too_large(where, "the line", None, limit)
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
@@ -180,17 +311,20 @@ def _decode_line(
     text: str, where: str, options: SourceOptions, seen: dict[str, tuple[np.dtype, tuple[int, ...]]]
 ) -> dict[str, np.ndarray]:
     try:
-        obj = json.loads(text)
+        obj, checked = loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); fix or remove the line") from None
     except RecursionError:
         raise InputError(f"{where}: JSON nested too deeply") from None
+    except _Refused as exc:
+        raise InputError(f"{where}: the JSON object {exc}") from None
     if not isinstance(obj, dict):
         raise InputError(
             f'{where}: expected a JSON object ({{"field": [...], ...}}), found {type(obj).__name__}; '
             "each line must be one sample"
         )
     sample: dict[str, np.ndarray] = {}
+    bools = may_mix_bools(text)
     for name, value in obj.items():
         dtype = options.dtypes.get(name)
         if isinstance(value, list) and not value and name in seen:
@@ -198,10 +332,15 @@ def _decode_line(
             sample[name] = np.empty((0, *inner), dtype=known_dtype)
             continue
         try:
-            arr = json_to_array(value, dtype)
+            arr = json_to_array(value, dtype, may_hold_bools=bools, infinity_written=checked)
         except ValueError as exc:
             raise InputError(f"{where}: field {name!r} {exc}") from None
         if arr.ndim and arr.shape[0]:
             seen[name] = (arr.dtype, arr.shape[1:])
         sample[name] = arr
+    if not checked:
+        try:
+            check_tiny_numbers(text, sample.values())
+        except NumberRangeError as exc:
+            raise InputError(f"{where}: the JSON object {exc}") from None
     return sample

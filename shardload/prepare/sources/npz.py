@@ -4,6 +4,11 @@
 and ``features``, in the order they were saved; arrays saved without a name
 are ``arr_0``, ``arr_1``, ... as numpy names them. Many files are grouped into
 one unit (``SourceOptions.files_per_unit``), as for ``.npy``.
+
+Every member of the archive must be an ``.npy`` array; two members that give
+one name (``x`` and ``x.npy``, or one name twice) are refused, as is an array
+larger than ``SourceOptions.max_record_bytes`` once decompressed
+(:mod:`.arrays`).
 """
 
 from __future__ import annotations
@@ -14,14 +19,8 @@ from typing import ClassVar
 import numpy as np
 
 from shardload.errors import InputError
-from shardload.prepare.sources.base import (
-    Sample,
-    SourceOptions,
-    SourceReader,
-    SourceUnit,
-    numpy_load_error,
-    register,
-)
+from shardload.prepare.sources.arrays import load_npz
+from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, register
 
 
 @register
@@ -33,27 +32,17 @@ class NpzSource(SourceReader):
     @classmethod
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
         for path in unit.files():
-            yield path, _load(path, options.allow_pickle)
+            yield path, _load(path, options)
 
 
-def _load(path: str, allow_pickle: bool) -> dict[str, np.ndarray]:
-    name = None
+def _load(path: str, options: SourceOptions) -> dict[str, np.ndarray]:
     try:
         with open(path, "rb") as fh:
             magic = fh.read(4)
-        if magic[:2] != b"PK":
-            raise InputError(f"{path}: not an .npz file (no zip header); save samples with numpy.savez")
-        with np.load(path, allow_pickle=allow_pickle) as npz:
-            sample = {}
-            for name in npz.files:
-                sample[name] = npz[name]
-    except InputError:
-        raise
     except FileNotFoundError:
         raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
-    except Exception as exc:  # noqa: BLE001  zip, zlib and .npy header damage raise many kinds
-        where = f"{path}: array {name!r}" if name is not None else path
-        raise numpy_load_error(where, ".npz file", exc, hint="; re-create the file") from None
-    if not sample:
-        raise InputError(f"{path}: the .npz file holds no arrays; every sample needs at least one field")
-    return sample
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if magic[:2] != b"PK":
+        raise InputError(f"{path}: not an .npz file (no zip header); save samples with numpy.savez")
+    return load_npz(path, path, ".npz file", allow_pickle=options.allow_pickle, limit=options.max_record_bytes)

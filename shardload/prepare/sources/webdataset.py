@@ -47,14 +47,20 @@ is refused.
 Safety: member names that are absolute or contain ``..``, links (symbolic or
 hard) and device/FIFO members are refused, and a tar that ends without its
 end-of-archive marker (truncated, or corrupt in the middle) is an error rather
-than a silently shorter dataset.
+than a silently shorter dataset. A compressed tar is read to the end of its
+compressed stream, so that the codec's checksum (gzip's CRC) is checked, and
+a member larger than ``SourceOptions.max_record_bytes`` (also once gunzipped)
+is refused before it is read. Numbers in ``txt``/``json`` members convert by
+the one rule of :func:`shardload.cast.cast_exact`.
 """
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
 import json
+import lzma
 import pickle
 import re
 import tarfile
@@ -65,8 +71,16 @@ from typing import Any, ClassVar
 import numpy as np
 
 from shardload.errors import InputError
-from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, numpy_load_error, register
-from shardload.prepare.sources.jsonl import json_to_array
+from shardload.prepare.sources.arrays import load_npy, load_npz
+from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, record_too_large, register
+from shardload.prepare.sources.jsonl import (
+    NumberRangeError,
+    check_tiny_numbers,
+    checked_float,
+    json_to_array,
+    loads,
+    may_mix_bools,
+)
 
 __all__ = ["WebDatasetSource", "split_member_name"]
 
@@ -133,13 +147,19 @@ def _read_tar(path: str, options: SourceOptions) -> Iterator[tuple[str, Sample]]
     key: str | None = None
     sample: dict[str, np.ndarray] = {}
     stop: tarfile.HeaderError | None = None  # why tarfile stopped: must be the end-of-archive marker
+    limit = options.max_record_bytes
     try:
-        tf = tarfile.open(path, mode="r|*", tarinfo=_CheckedTarInfo)  # noqa: SIM115  (closed by `with tf` below)
+        stream = _open_stream(path)
     except FileNotFoundError:
         raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        tf = tarfile.open(fileobj=stream, mode="r|", tarinfo=_CheckedTarInfo)  # noqa: SIM115  (closed below)
+    except _STREAM_ERRORS as exc:
+        stream.close()
         raise InputError(f"{path}: not a readable tar file ({exc}); re-create the shard") from None
-    with tf:
+    with stream, tf:
         try:
             for member in tf:
                 tf.members = []  # type: ignore[attr-defined]  # a stream needs no index: keep memory flat
@@ -165,14 +185,13 @@ def _read_tar(path: str, options: SourceOptions) -> Iterator[tuple[str, Sample]]
                             "sample must be adjacent in the tar (write it with webdataset.TarWriter)"
                         )
                     key, sample = mkey, {}
+                if member.size > limit:
+                    raise record_too_large(where, "the member", member.size, limit)
                 fh = tf.extractfile(member)
                 assert fh is not None  # a regular member
                 data = fh.read()
                 if gz:
-                    try:
-                        data = gzip.decompress(data)
-                    except (OSError, EOFError, zlib.error) as exc:
-                        raise InputError(f"{where}: corrupt gzip data ({exc}); re-create the shard") from None
+                    data = _gunzip(data, where, limit)
                 for fname, arr in _decode(data, field, ext, where, options):
                     if fname in sample:
                         raise InputError(
@@ -182,7 +201,11 @@ def _read_tar(path: str, options: SourceOptions) -> Iterator[tuple[str, Sample]]
                     sample[fname] = arr
                 last = f"member {name!r}"
             stop = getattr(tf, "shardload_stop", None)
-        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+            # Read the compressed stream to its end: its checksum (gzip's CRC) is checked only there, and
+            # damage in the data already read would otherwise pass.
+            while stream.read(1 << 20):
+                pass
+        except _STREAM_ERRORS as exc:
             raise InputError(
                 f"{path}: corrupt or truncated tar after {last} ({exc}); re-create or re-download the shard"
             ) from None
@@ -193,6 +216,44 @@ def _read_tar(path: str, options: SourceOptions) -> Iterator[tuple[str, Sample]]
         )
     if key is not None:
         yield f"{path}: sample {key!r}", sample
+
+
+#: what reading a (compressed) tar stream raises on damage
+_STREAM_ERRORS = (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError)
+
+
+def _open_stream(path: str) -> io.BufferedIOBase:
+    """``path`` as a stream of tar bytes, decompressed by a reader that checks the compressed data's checksum.
+
+    tarfile's own gzip stream never checks the CRC, and stops reading at the
+    archive's end marker; these readers check it when the stream is read to
+    its end (which :func:`_read_tar` does).
+    """
+    with open(path, "rb") as fh:
+        magic = fh.read(6)
+    stream: io.BufferedIOBase
+    if magic.startswith(b"\x1f\x8b"):
+        stream = gzip.GzipFile(path, "rb")
+    elif magic.startswith(b"BZh"):
+        stream = bz2.BZ2File(path, "rb")
+    elif magic.startswith(b"\xfd7zXZ\x00"):
+        stream = lzma.LZMAFile(path, "rb")  # noqa: SIM115  (the caller closes it)
+    else:
+        stream = open(path, "rb")  # noqa: SIM115  (the caller closes it)
+    return stream
+
+
+def _gunzip(data: bytes, where: str, limit: int) -> bytes:
+    """A gzipped member's bytes, refusing more than ``limit`` of them (a small member can expand to any size)."""
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
+            out = gz.read(limit + 1)
+            if len(out) > limit:
+                raise record_too_large(where, "the member once gunzipped", None, limit)
+            gz.read()  # at the end: the CRC is checked
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputError(f"{where}: corrupt gzip data ({exc}); re-create the shard") from None
+    return out
 
 
 def _check_member(member: tarfile.TarInfo, where: str) -> None:
@@ -210,17 +271,29 @@ def _check_member(member: tarfile.TarInfo, where: str) -> None:
 def _decode(data: bytes, field: str, ext: str, where: str, options: SourceOptions) -> list[tuple[str, np.ndarray]]:
     """The fields one member contributes to its sample."""
     if ext in NPY_EXTS:
-        return [(field, _load_npy(data, where, options))]
+        return [(field, load_npy(io.BytesIO(data), len(data), where, ".npy member", allow_pickle=options.allow_pickle))]
     if ext in NPZ_EXTS:
-        return _load_npz(data, where, options)
+        npz = load_npz(data, where, ".npz member", allow_pickle=options.allow_pickle, limit=options.max_record_bytes)
+        return list(npz.items())
     if ext in JSON_EXTS:
         try:
-            value = json.loads(data.decode("utf-8-sig"))  # -sig: tolerate a byte-order mark
+            text = data.decode("utf-8-sig")  # -sig: tolerate a byte-order mark
+            value, checked = loads(text)
         except UnicodeDecodeError as exc:
             raise InputError(f"{where}: not valid UTF-8 (byte {exc.start + 1}); JSON members must be UTF-8") from None
         except json.JSONDecodeError as exc:
             raise InputError(f"{where}: invalid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})") from None
-        return _from_value(value, field, where, options)
+        except RecursionError:
+            raise InputError(f"{where}: JSON nested too deeply") from None
+        except ValueError as exc:  # refused by loads: a key twice, a number beyond a float64
+            raise InputError(f"{where}: the JSON {exc}") from None
+        fields = _from_value(value, field, where, options, may_hold_bools=may_mix_bools(text), infinity_written=checked)
+        if not checked:
+            try:
+                check_tiny_numbers(text, (arr for _, arr in fields))
+            except NumberRangeError as exc:
+                raise InputError(f"{where}: the JSON {exc}") from None
+        return fields
     if ext in CLASS_EXTS:
         text = _text(data, where).strip()
         try:
@@ -234,7 +307,9 @@ def _decode(data: bytes, field: str, ext: str, where: str, options: SourceOption
             number: int | float = int(text)
         except ValueError:
             try:
-                number = float(text)
+                number = checked_float(text)
+            except NumberRangeError as exc:
+                raise InputError(f"{where}: field {field!r} {exc}") from None
             except ValueError:
                 raise InputError(
                     f"{where}: text fields are not supported (a .{ext} member may only hold one number, "
@@ -265,39 +340,28 @@ def _text(data: bytes, where: str) -> str:
         raise InputError(f"{where}: not valid UTF-8 (byte {exc.start + 1})") from None
 
 
-def _from_value(value: Any, field: str, where: str, options: SourceOptions) -> list[tuple[str, np.ndarray]]:
-    """A decoded JSON / unpickled value: a mapping gives one field per entry, anything else one field."""
+def _from_value(
+    value: Any, field: str, where: str, options: SourceOptions, **json: bool
+) -> list[tuple[str, np.ndarray]]:
+    """A decoded JSON / unpickled value: a mapping gives one field per entry, anything else one field.
+
+    ``json`` are :func:`json_to_array`'s flags about the text a JSON value came from.
+    """
     if isinstance(value, Mapping):
         if not value:
             raise InputError(f"{where}: an empty object gives no fields; remove the member")
-        return [(str(k), _convert(v, str(k), where, options)) for k, v in value.items()]
-    return [(field, _convert(value, field, where, options))]
+        return [(str(k), _convert(v, str(k), where, options, json)) for k, v in value.items()]
+    return [(field, _convert(value, field, where, options, json))]
 
 
-def _convert(value: Any, field: str, where: str, options: SourceOptions) -> np.ndarray:
+def _convert(
+    value: Any, field: str, where: str, options: SourceOptions, json: Mapping[str, bool] | None = None
+) -> np.ndarray:
     if isinstance(value, np.ndarray) and value.dtype != object:
         return value
     if isinstance(value, np.generic):
         return np.asarray(value)
     try:
-        return json_to_array(value, options.dtypes.get(field))
+        return json_to_array(value, options.dtypes.get(field), **(json or {}))
     except ValueError as exc:
         raise InputError(f"{where}: field {field!r} {exc}") from None
-
-
-def _load_npy(data: bytes, where: str, options: SourceOptions) -> np.ndarray:
-    try:
-        arr = np.load(io.BytesIO(data), allow_pickle=options.allow_pickle)
-    except Exception as exc:  # noqa: BLE001  a damaged header is parsed as Python and can raise anything
-        raise numpy_load_error(where, ".npy member", exc) from None
-    if not isinstance(arr, np.ndarray):
-        raise InputError(f"{where}: expected an array, found {type(arr).__name__}")
-    return arr
-
-
-def _load_npz(data: bytes, where: str, options: SourceOptions) -> list[tuple[str, np.ndarray]]:
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=options.allow_pickle) as npz:
-            return [(name, npz[name]) for name in npz.files]
-    except Exception as exc:  # noqa: BLE001  zip, zlib and .npy header damage raise many kinds
-        raise numpy_load_error(where, ".npz member", exc) from None
