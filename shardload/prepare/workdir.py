@@ -241,8 +241,10 @@ class WorkDir:
         if interrupted and not (self.resume or self.overwrite):
             raise OutputExistsError(f"{out}: {interrupted_hint(self.work)}")
         if has_set and not (self.overwrite or (self.resume and interrupted)):
+            # With --resume: the run being resumed got as far as its commit (stopped right after it).
+            done = " and no interrupted run to resume: the run finished" if self.resume else ""
             raise OutputExistsError(
-                f"{out}: already holds a shard set. Pass --overwrite to replace it (the old set stays intact "
+                f"{out}: already holds a shard set{done}. Pass --overwrite to replace it (the old set stays intact "
                 "until the new one is complete), or choose another output."
             )
         if not has_set and not interrupted and others and not _looks_like_owned(others):
