@@ -231,8 +231,13 @@ def one_variable_field_set(tmp_path: Path) -> Path:
         (2, "lengths.per_field.label", "lengths.tokens.npy", r"names \['label'\], which are not variable fields"),
         (1, "lengths.per_field.tokens2", "lengths.npy", r"names \['tokens2'\], which are not variable fields"),
     ],
-    ids=["length_field fixed, 2 variable", "length_field fixed, 1 variable", "per_field dropped", "per_field fixed",
-         "per_field unknown"],
+    ids=[
+        "length_field fixed, 2 variable",
+        "length_field fixed, 1 variable",
+        "per_field dropped",
+        "per_field fixed",
+        "per_field unknown",
+    ],
 )
 def test_manifest_lengths_the_loader_cannot_use_are_refused_by_loader_and_verify(
     damaged: Path, tmp_path: Path, variable_fields: int, key: str, value: Any, error: str
