@@ -221,6 +221,8 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         # an older iterator still held raises instead of yielding batches of a plan (or a start) no longer current.
         self._iteration = 0
         self._superseded_by = ""
+        # the epoch batches_done counts batches of: after set_epoch() to another one, none of it is done yet
+        self._counted_epoch = sampler.epoch
         #: when set (by the DataModule), the trainer's count of finished training steps this
         #: epoch; used instead of ``batches_done`` because Lightning fetches one batch ahead
         self.progress_fn: Callable[[], int] | None = None
@@ -245,6 +247,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
 
     def _batches(self, mine: int) -> Iterator[dict[str, torch.Tensor]]:
         self.batches_done = self.plan_sampler._start
+        self._counted_epoch = self.plan_sampler.epoch
         it = super().__iter__()
         while True:
             if self._iteration != mine:
@@ -285,7 +288,12 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
     def state_dict(self) -> dict[str, Any]:
         """Where this epoch stands: restoring it resumes with exactly the remaining batches."""
         s = self.plan_sampler
-        done = self.progress_fn() if self.progress_fn is not None else self.batches_done
+        if self.progress_fn is not None:
+            done = self.progress_fn()
+        elif self._counted_epoch == s.epoch:
+            done = self.batches_done
+        else:  # set_epoch() since: the count is the old epoch's, and the new one starts where it was set to
+            done = s._start
         return {
             "version": STATE_VERSION,
             "epoch": s.epoch,
@@ -333,6 +341,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             )
         s.resume_at(epoch, done)
         self.batches_done = done
+        self._counted_epoch = epoch
         # An iterator still running was planned from the old start: it must not go on (and count batches).
         self._new_iteration("load_state_dict() was called")
 

@@ -279,6 +279,19 @@ def test_load_state_dict_during_an_iteration_stops_the_old_iterator(pristine: Pa
     assert loader.state_dict()["batches_done"] == 30
 
 
+def test_state_dict_after_set_epoch_counts_nothing_of_the_new_epoch(pristine: Path) -> None:
+    # A checkpoint taken after set_epoch(1) used to say epoch 1 with epoch 0's 30 batches done: resuming from it
+    # silently skipped the whole of epoch 1.
+    loader = _loader(pristine)
+    assert len(list(loader)) == 30
+    loader.set_epoch(1)
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches_done"]) == (1, 0)
+    fresh = _loader(pristine)
+    fresh.load_state_dict(state)
+    assert len(list(fresh)) == 30
+
+
 def test_state_dict_counts_only_the_latest_iteration(pristine: Path) -> None:
     # Two iterators of one loader used to add their batches up in batches_done.
     loader = _loader(pristine)
