@@ -278,6 +278,12 @@ def mutate(path: Path, other: Path, op: str, k: int, j: int, frac: float) -> Non
             fh.write(foreign.read_bytes())
             fh.truncate()
         os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    elif op == "lengths in place":  # the batching index rewritten with the same total
+        index = path / "lengths.npy"
+        lengths = np.load(index)
+        with open(index, "r+b") as fh:
+            fh.seek(index.stat().st_size - lengths.nbytes)
+            fh.write(np.roll(lengths, 1 + k).tobytes())
     elif op == "replace by rename":  # rsync's default, mv: a new inode at the path
         shutil.copyfile(foreign, path / "incoming")
         (path / "incoming").replace(target)
@@ -302,6 +308,7 @@ def mutate(path: Path, other: Path, op: str, k: int, j: int, frac: float) -> Non
 
 
 OPS = [
+    "lengths in place",
     "cp over",
     "rsync --inplace",
     "in place, mtime put back",
