@@ -461,7 +461,7 @@ class ShardSet:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        if self._host != socket.gethostname():  # another machine: its stat of the same file differs
+        if state.get("_host") != socket.gethostname():  # another machine: its stat of the same file differs
             self._host = socket.gethostname()
             self._index_stamps = {}
             self._checked_indexes = set()
