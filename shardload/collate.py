@@ -145,10 +145,13 @@ def fit_pad_value(name: str, value: object, dtype: np.dtype) -> PadValue:
 
     Floating fields take any finite value in their range, and NaN or +-inf
     (deliberate markers); integer fields take integers in their range (an
-    integral float such as ``-1.0`` is fine); bool fields take 0, 1, False or True.
+    integral float such as ``-1.0`` is fine, ``True`` is not); bool fields take
+    0, 1, False or True.
     """
     where = f"pad_values[{name!r}] = {value!r} for field {name!r} of dtype {dtype}"
     if isinstance(value, (bool, np.bool_)):
+        if dtype.kind != "b":  # True is 1 to Python: on a number field it is a mistake, as for every option
+            raise PlanError(f"{where}: a bool pads bool fields only; give a number (e.g. 1 or 0)")
         value = int(value)
     if not isinstance(value, (int, float, np.integer, np.floating)):
         raise PlanError(f"{where}: a pad value must be a number, not {type(value).__name__}")

@@ -12,13 +12,18 @@ the manifest describes, without reading any sample:
   a shard is first opened the record is compared with the manifest: a shard
   swapped with another of the same set, or copied in from another set, is a
   :class:`~shardload.errors.CorruptShardError` naming both positions.
-* **File stamps.** ``(device, inode, size, mtime)`` of a shard when it is
-  mapped; checked again each time a batch is read from it (before its pages are
-  touched, and once more after the batch is built). A shard rewritten in place
-  (``cp`` over it, ``rsync --inplace``), truncated or replaced while mapped is a
-  :class:`~shardload.errors.ShardSetChangedError` instead of garbage or a
-  ``SIGBUS``. ``ctime`` is left out on purpose: ``chmod`` or a new hard link
-  change it without changing a byte.
+* **File stamps.** ``(device, inode, size, mtime, ctime)`` of a shard when it
+  is mapped; checked again each time a batch is read from it (before its pages
+  are touched, and once more after the batch is built). A shard rewritten in
+  place (``cp`` over it, ``rsync --inplace``), truncated or replaced while
+  mapped is a :class:`~shardload.errors.ShardSetChangedError` instead of garbage
+  or a ``SIGBUS``. The lengths indexes carry the same stamp, taken when they
+  are first mapped, checked at every use (each epoch's plan, each shard
+  opened) and carried into DataLoader workers. ``ctime`` catches a write whose
+  modification time was put back (``touch -r``, ``rsync --inplace -t``,
+  ``os.utime``): no user can set it. ``chmod``, ``chown`` and a new hard link
+  change it too, without changing a byte; they also change the mode, owner or
+  link count, and such a change is accepted (see :func:`same_bytes`).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from shardload.errors import CorruptShardError
 
@@ -119,7 +124,8 @@ def identity_problem(
     """What is wrong with shard ``shard``'s own record, in words, or ``None`` if it is where it belongs.
 
     A set without a ``set_id`` (prepared before shards carried identities)
-    checks only the position of shards that carry one.
+    has shards without records; a shard with a record in such a set is refused
+    (the manifest lost its ``set_id``, or the shard came from a newer set).
     """
     here = f"shard {shard} (samples {first_sample}-{first_sample + samples - 1})"
     if found is None:
@@ -130,7 +136,14 @@ def identity_problem(
             f"set (one prepared by an older shardload, or written outside prepare), not written as {here}"
         )
     there = f"shard {found.shard} (samples {found.first_sample}-{found.first_sample + found.samples - 1})"
-    if set_id and found.set_id != set_id:
+    if not set_id:
+        # Shards carry a record only in sets whose manifest has a set_id: one of the two was tampered with.
+        return (
+            f"it carries the identity record of {there} of set {found.set_id}, but the manifest has no set_id, "
+            "which every set whose shards carry one has: the manifest was edited (set_id removed) or the shard was "
+            "copied in from another set; its data cannot be tied to this set"
+        )
+    if found.set_id != set_id:
         return (
             f"it is {there} of another shard set (set id {found.set_id}), not {here} of this one "
             f"(set id {set_id}): it was copied in from another set"
@@ -141,13 +154,41 @@ def identity_problem(
     return None
 
 
-#: ``(device, inode, size, mtime_ns)`` of a file
-FileStamp = tuple[int, int, int, int]
+class FileStamp(NamedTuple):
+    """What a ``stat`` of a file says about whether its bytes changed."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    #: mode, link count, owner and group: what a ``chmod``, ``chown`` or ``ln`` changes along with the ctime
+    meta: tuple[int, int, int, int]
 
 
 def file_stamp(st: os.stat_result) -> FileStamp:
     """The parts of a ``stat`` that change when a file's bytes are replaced."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return FileStamp(
+        st.st_dev,
+        st.st_ino,
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ctime_ns,
+        (st.st_mode, st.st_nlink, st.st_uid, st.st_gid),
+    )
+
+
+def same_bytes(old: FileStamp, new: FileStamp | None) -> bool:
+    """Whether a file stamped ``old`` then ``new`` still holds the same bytes, as far as ``stat`` tells.
+
+    Same file, size and mtime, and either the same ctime or a ctime explained by
+    a change of mode, link count or owner (``chmod``, ``ln``, ``chown``: a
+    backup tool's hard links, a permission fix). A ctime that moved with
+    nothing else is a write whose mtime was put back, or a ``touch``: reported.
+    """
+    if new is None or old[:4] != new[:4]:
+        return False
+    return old.ctime_ns == new.ctime_ns or old.meta != new.meta
 
 
 def describe_change(old: FileStamp, new: FileStamp | None) -> str:
@@ -156,8 +197,13 @@ def describe_change(old: FileStamp, new: FileStamp | None) -> str:
         return "it was deleted"
     if old[:2] != new[:2]:
         return "it was replaced by another file"
-    if new[2] < old[2]:
-        return f"it was truncated from {old[2]} to {new[2]} bytes"
-    if new[2] != old[2]:
-        return f"it was rewritten ({old[2]} -> {new[2]} bytes)"
-    return "it was rewritten in place (same size, new modification time)"
+    if new.size < old.size:
+        return f"it was truncated from {old.size} to {new.size} bytes"
+    if new.size != old.size:
+        return f"it was rewritten ({old.size} -> {new.size} bytes)"
+    if new.mtime_ns != old.mtime_ns:
+        return "it was rewritten in place (same size, new modification time)"
+    return (
+        "it was written in place with its modification time put back (same size and modification time, new "
+        "change time; `touch -r`, `rsync --inplace -t` or `os.utime` do that)"
+    )

@@ -217,6 +217,12 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         )
         #: batches of the current epoch consumed so far, counting from a resumed start
         self.batches_done = 0
+        # The iteration that owns batches_done: a new iteration or load_state_dict() starts another one, and
+        # an older iterator still held raises instead of yielding batches of a plan (or a start) no longer current.
+        self._iteration = 0
+        self._superseded_by = ""
+        # the epoch batches_done counts batches of: after set_epoch() to another one, none of it is done yet
+        self._counted_epoch = sampler.epoch
         #: when set (by the DataModule), the trainer's count of finished training steps this
         #: epoch; used instead of ``batches_done`` because Lightning fetches one batch ahead
         self.progress_fn: Callable[[], int] | None = None
@@ -232,9 +238,24 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         self.plan_sampler.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:  # type: ignore[override]
+        return self._batches(self._new_iteration("a new iteration over the loader started"))
+
+    def _new_iteration(self, why: str) -> int:
+        self._iteration += 1
+        self._superseded_by = why
+        return self._iteration
+
+    def _batches(self, mine: int) -> Iterator[dict[str, torch.Tensor]]:
         self.batches_done = self.plan_sampler._start
+        self._counted_epoch = self.plan_sampler.epoch
         it = super().__iter__()
         while True:
+            if self._iteration != mine:
+                raise PlanError(
+                    f"this iteration over the loader was superseded ({self._superseded_by} while it ran); its "
+                    "remaining batches are no longer the plan's and batches_done belongs to the new one. Start a "
+                    "new iteration (`for batch in loader`) instead of continuing an old iterator."
+                )
             try:
                 batch = next(it)
             except StopIteration:
@@ -267,7 +288,12 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
     def state_dict(self) -> dict[str, Any]:
         """Where this epoch stands: restoring it resumes with exactly the remaining batches."""
         s = self.plan_sampler
-        done = self.progress_fn() if self.progress_fn is not None else self.batches_done
+        if self.progress_fn is not None:
+            done = self.progress_fn()
+        elif self._counted_epoch == s.epoch:
+            done = self.batches_done
+        else:  # set_epoch() since: the count is the old epoch's, and the new one starts where it was set to
+            done = s._start
         return {
             "version": STATE_VERSION,
             "epoch": s.epoch,
@@ -279,6 +305,10 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next iteration yields the batches that were left.
+
+        It takes effect at the next ``iter(loader)``; an iteration still running
+        when it is called raises :class:`PlanError` at its next batch rather than
+        go on with the old plan.
 
         The state is checked completely before anything changes: on an error the
         loader is as it was.
@@ -311,6 +341,9 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             )
         s.resume_at(epoch, done)
         self.batches_done = done
+        self._counted_epoch = epoch
+        # An iterator still running was planned from the old start: it must not go on (and count batches).
+        self._new_iteration("load_state_dict() was called")
 
 
 def make_loader(
@@ -323,9 +356,9 @@ def make_loader(
     batching: Batching | None = None,
     batch_size: int | None = None,
     max_tokens: int | None = None,
-    bucketing: bool = True,
-    pad_to_multiple_of: int = 1,
-    uneven: Literal["split", "pad", "drop"] = "split",
+    bucketing: bool | None = None,
+    pad_to_multiple_of: int | None = None,
+    uneven: Literal["split", "pad", "drop"] | None = None,
     seed: int = 0,
     shard_assignment: Literal["rotate", "fixed"] = "rotate",
     pad_values: Mapping[str, float] | None = None,
@@ -350,6 +383,11 @@ def make_loader(
     it replaces, raises :class:`~shardload.errors.PlanError` naming the option.
 
     Args:
+        bucketing: group similar lengths to cut padding (``None``: on).
+        pad_to_multiple_of: round padded lengths up to a multiple of this (``None``: 1).
+        uneven: how training evens out batch counts across ranks (``None``: ``"split"``).
+            These three and ``batch_size``/``max_tokens`` are left out (``None``)
+            when ``batching`` is given: it holds them.
         timeout: seconds to wait for a batch from the worker processes before
             raising :class:`~shardload.errors.WorkerError` (0, the default,
             waits for ever). It turns a stopped or stuck worker into an error
@@ -379,19 +417,20 @@ def make_loader(
         batching = Batching(
             batch_size=batch_size,
             max_tokens=max_tokens,
-            bucketing=bucketing,
-            pad_to_multiple_of=pad_to_multiple_of,
-            uneven=uneven,
+            bucketing=True if bucketing is None else bucketing,
+            pad_to_multiple_of=1 if pad_to_multiple_of is None else pad_to_multiple_of,
+            uneven="split" if uneven is None else uneven,
         )
     else:
+        # None means "not given": any value given, even the default's, would be silently ignored
         given = {
-            "batch_size": batch_size is not None,
-            "max_tokens": max_tokens is not None,
-            "bucketing": bucketing is not True,
-            "pad_to_multiple_of": pad_to_multiple_of != 1,
-            "uneven": uneven != "split",
+            "batch_size": batch_size,
+            "max_tokens": max_tokens,
+            "bucketing": bucketing,
+            "pad_to_multiple_of": pad_to_multiple_of,
+            "uneven": uneven,
         }
-        clash = [name for name, set_ in given.items() if set_]
+        clash = [name for name, value in given.items() if value is not None]
         if clash:
             raise PlanError(
                 f"batching= replaces {', '.join(clash)}, which would be ignored: put them in the Batching "

@@ -213,6 +213,7 @@ def _parse(obj: Any, where: str) -> Manifest:
         str(name): safe_relative_path(file, where=f"{where}: lengths of {name}")
         for name, file in lengths.get("per_field", {}).items()
     }
+    _check_field_indexes(schema, per_field, where)
     return Manifest(
         schema=schema,
         shard_format=str(obj["shard_format"]),
@@ -227,6 +228,30 @@ def _parse(obj: Any, where: str) -> Manifest:
         shardload_version=str(obj.get("shardload_version", "")),
         set_id=_set_id(obj.get("set_id", ""), where),
     )
+
+
+def _check_field_indexes(schema: Schema, per_field: Mapping[str, str], where: str) -> None:
+    """Per-field indexes must be exactly those the loader reads: one per variable field when several vary.
+
+    With one variable field the main index is its lengths; with several, each
+    one's lengths are in its own index, which the loader checks every shard's
+    offsets against. A manifest that lacks one (or names a field that has none)
+    would be refused at the first shard by the loader and not by ``verify``:
+    refused here, for both.
+    """
+    variable = [f.name for f in schema.variable_fields]
+    wrong = sorted(name for name in per_field if name not in variable)
+    if wrong:
+        raise ManifestError(
+            f"{where}: 'lengths.per_field' names {wrong}, which are not variable fields of the schema "
+            f"(variable fields: {', '.join(variable) or 'none'}); the manifest is damaged, re-run prepare"
+        )
+    missing = [name for name in variable if name not in per_field]
+    if len(variable) > 1 and missing:
+        raise ManifestError(
+            f"{where}: fields {missing} vary in length but 'lengths.per_field' gives no lengths index for them "
+            "(a set with several variable fields has one per field); the manifest is damaged, re-run prepare"
+        )
 
 
 def _set_id(value: Any, where: str) -> str:

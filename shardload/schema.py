@@ -342,6 +342,13 @@ def schema_problems(schema: Schema) -> list[str]:
             )
         elif math.prod(f.inner_shape) > MAX_ROW_ELEMENTS:
             problems.append(f"field {f.name!r} has shape {_shape_text(f.shape)}, too large for one sample")
+    length = schema.length_field
+    if length is not None and length in schema.names and not schema.field(length).variable:
+        # the batching length is a variable field's first axis: a fixed field has none
+        variable = ", ".join(f.name for f in schema.variable_fields) or "none"
+        problems.append(
+            f"length_field {length!r} is fixed-shape; name a field whose length varies (variable fields: {variable})"
+        )
     reserved = schema.batch_keys()
     for f in schema.fields:
         if f.name in reserved:
@@ -357,7 +364,7 @@ def prepare_problems(schema: Schema) -> list[str]:
 
     Field names become file and group names (``lengths.<name>.npy``, Zarr
     groups), and the staged Arrow chunks cannot hold an axis of size 0 after the
-    first one; the batching length must be a variable field.
+    first one.
     """
     problems = schema_problems(schema)
     for f in schema.fields:
@@ -369,12 +376,6 @@ def prepare_problems(schema: Schema) -> list[str]:
                 f"field {f.name!r} has shape {_shape_text(f.shape)}: an axis of size 0 holds no data and cannot be "
                 "stored; drop the field or give the axis a size"
             )
-    length = schema.length_field
-    if length is not None and length in schema.names and not schema.field(length).variable:
-        variable = ", ".join(f.name for f in schema.variable_fields) or "none"
-        problems.append(
-            f"length_field {length!r} is fixed-shape; name a field whose length varies (variable fields: {variable})"
-        )
     return problems
 
 

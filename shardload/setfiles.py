@@ -42,6 +42,7 @@ __all__ = [
     "check_path_encoding",
     "env_limit",
     "open_index",
+    "open_index_stat",
     "open_regular",
     "read_small",
     "reason_of",
@@ -270,6 +271,13 @@ def read_small(
 def open_index(
     path: Path, *, what: str, samples: int, error: type[ShardSetError] = ShardSetError
 ) -> NDArray[np.integer[Any]]:
+    """Memory-map a lengths index; :func:`open_index_stat` without the ``fstat``."""
+    return open_index_stat(path, what=what, samples=samples, error=error)[0]
+
+
+def open_index_stat(
+    path: Path, *, what: str, samples: int, error: type[ShardSetError] = ShardSetError
+) -> tuple[NDArray[np.integer[Any]], os.stat_result]:
     """Memory-map a lengths index (``.npy``, one integer per sample) after checking its header.
 
     Refused: anything but a regular file, a header that is not a plain 1-D
@@ -277,6 +285,10 @@ def open_index(
     no other shape), and a file whose size is not exactly header plus data.
     Any byte order is read correctly; Fortran order is the same thing for 1-D.
     The values themselves are checked by :func:`check_index_values`.
+
+    Returns:
+        The mapped index and the ``fstat`` of the file that was mapped (to
+        notice a change later, see :func:`shardload.identity.file_stamp`).
     """
     missing = tagged(error, f"{path}: {what} is missing; re-run prepare", "missing")
     fd, st = open_regular(path, what=what, error=error, missing=missing)
@@ -322,14 +334,14 @@ def open_index(
                 "unreadable",
             )
         if samples == 0:
-            return np.zeros(0, dtype=dtype)
+            return np.zeros(0, dtype=dtype), st
         try:
             arr: NDArray[np.integer[Any]] = np.memmap(fh, dtype=dtype, mode="r", offset=offset, shape=(samples,))
         except OSError as exc:
             raise os_error(exc, path, what=what, error=error) from None
         except ValueError as exc:
             raise tagged(error, f"{what} ({path}) cannot be mapped ({exc}); re-run prepare", "unreadable") from None
-        return arr
+        return arr, st
 
 
 def check_index_values(

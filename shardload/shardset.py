@@ -8,6 +8,7 @@ the same whether a rank needs 3 shards of 100,000 or all of them.
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -19,7 +20,14 @@ from numpy.typing import NDArray
 
 from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError, ShardSetError
 from shardload.formats import Columns, ShardReader, get_format
-from shardload.identity import FileStamp, ShardIdentity, describe_change, file_stamp, identity_problem
+from shardload.identity import (
+    FileStamp,
+    ShardIdentity,
+    describe_change,
+    file_stamp,
+    identity_problem,
+    same_bytes,
+)
 from shardload.index import ShardIndex
 from shardload.manifest import MANIFEST_NAME, Manifest, resolve_inside
 from shardload.schema import Schema
@@ -29,7 +37,7 @@ from shardload.setfiles import (
     check_index_values,
     check_path_encoding,
     env_limit,
-    open_index,
+    open_index_stat,
     reason_of,
     stat_regular,
 )
@@ -63,9 +71,13 @@ class ShardSet:
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()  # least recently used first
         self._opened: set[int] = set()  # every shard opened in this process, closed since or not
         self._checked_indexes: set[str] = set()  # lengths files whose values were checked (kept across pickling)
+        # stamp of each lengths file when first mapped (kept across pickling: a worker maps the file afresh and
+        # must find the one whose values were checked, and that the plan was made from)
+        self._index_stamps: dict[str, FileStamp] = {}
+        self._host = socket.gethostname()  # stamps mean nothing on another machine (other device numbers)
         self._lengths: NDArray[np.integer] | None = None
         self._field_lengths: dict[str, NDArray[np.integer]] = {}
-        # (device, inode, size, mtime) of each open shard when it was mapped
+        # stamp of each open shard when it was mapped
         self._stamps: dict[int, FileStamp] = {}
 
     def _stat_manifest(self) -> tuple[int, int, int] | None:
@@ -101,9 +113,17 @@ class ShardSet:
 
     @property
     def lengths(self) -> NDArray[np.integer]:
-        """``(num_samples,)`` batching length of every sample, memory-mapped."""
+        """``(num_samples,)`` batching length of every sample, memory-mapped.
+
+        Each access checks (one ``stat``) that the file is still the one mapped:
+        a lengths index rewritten or truncated under a live loader is a
+        :class:`~shardload.errors.ShardSetChangedError`, never a plan from other
+        values or a ``SIGBUS``.
+        """
         if self._lengths is None:
             self._lengths = self._load_lengths(self.manifest.lengths_file, total=self.manifest.total_tokens)
+        else:
+            self._check_index_unchanged(self.manifest.lengths_file)
         return self._lengths
 
     def field_lengths(self, name: str) -> NDArray[np.integer]:
@@ -116,15 +136,18 @@ class ShardSet:
             return self.lengths
         if name not in self._field_lengths:
             self._field_lengths[name] = self._load_lengths(file)
+        else:
+            self._check_index_unchanged(file)
         return self._field_lengths[name]
 
     def _load_lengths(self, file: str, total: int | None = None) -> NDArray[np.integer]:
         """Map one lengths index after checking its file, header and (once) its values."""
         path = resolve_inside(self.path, file, what="the lengths index")
         try:
-            index: NDArray[np.integer] = open_index(
-                path, what="the lengths index", samples=len(self), error=ManifestError
-            )
+            index, st = open_index_stat(path, what="the lengths index", samples=len(self), error=ManifestError)
+            old = self._index_stamps.setdefault(file, file_stamp(st))
+            if not same_bytes(old, file_stamp(st)):
+                self._index_changed(file, old, file_stamp(st))
             if file not in self._checked_indexes:
                 check_index_values(index, path, what="the lengths index", total=total, error=ManifestError)
                 self._checked_indexes.add(file)
@@ -132,6 +155,33 @@ class ShardSet:
             self._check_unchanged()  # a re-prepared set explains another index better than damage does
             raise
         return index
+
+    def _check_index_unchanged(self, file: str) -> None:
+        """Raise if lengths file ``file`` changed since it was first mapped (one ``stat`` of its path).
+
+        By path, not by the mapping: a worker process or another rank would map
+        the file now at the path, so a file replaced there is a change too.
+        """
+        old = self._index_stamps.get(file)
+        if old is None:
+            return
+        try:
+            new: FileStamp | None = file_stamp(os.stat(self.path / file))
+        except OSError:
+            new = None
+        if not same_bytes(old, new):
+            self._index_changed(file, old, new)
+        elif new is not None:
+            self._index_stamps[file] = new  # a chmod or a link since: compare with the file as it is now
+
+    def _index_changed(self, file: str, old: FileStamp, new: FileStamp | None) -> NoReturn:
+        self._check_unchanged()  # a re-prepared set says more than one changed file
+        raise ShardSetChangedError(
+            f"the lengths index {file} ({self.path / file}) changed on disk after this shard set was opened: "
+            f"{describe_change(old, new)}. Batches planned from it could break the token budget or differ "
+            f"between ranks. Do not modify a shard set while a job reads it; run `shardload verify {self.path}`, "
+            "then restart the job."
+        )
 
     # -- samples: opens shards lazily ----------------------------------------------------------
     def shard_columns(self, shard: int) -> Columns:
@@ -328,7 +378,8 @@ class ShardSet:
         """Raise if the file that open shard ``shard`` reads from changed since it was mapped.
 
         One ``fstat`` of the reader's own descriptor (about 1-2 us in all): a write into
-        the mapped file, or a truncation, changes its size or mtime. A file
+        the mapped file, or a truncation, changes its size, mtime or ctime (see
+        :func:`~shardload.identity.same_bytes`). A file
         replaced by a rename leaves the mapped one intact and is not an error
         here (a re-prepare is caught through the manifest, a foreign file by its
         identity when it is next opened). The dataset checks every shard a
@@ -345,7 +396,9 @@ class ShardSet:
             new: FileStamp | None = file_stamp(os.fstat(fd) if fd is not None else os.stat(reader.path))
         except OSError:
             new = None
-        if new == old:
+        if same_bytes(old, new):
+            if new is not None:
+                self._stamps[shard] = new  # a chmod or a link since: compare with the file as it is now
             return
         self._check_unchanged()  # a re-prepared set says more than one changed file
         raise ShardSetChangedError(
@@ -409,6 +462,13 @@ class ShardSet:
         state["_lengths"] = None
         state["_field_lengths"] = {}
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if state.get("_host") != socket.gethostname():  # another machine: its stat of the same file differs
+            self._host = socket.gethostname()
+            self._index_stamps = {}
+            self._checked_indexes = set()
 
 
 def open_shard_set(path: str | os.PathLike[str]) -> ShardSet:

@@ -6,7 +6,8 @@ answer:
 
 * a worker **died**: the signal that killed it, by name, and what that signal
   usually means (SIGKILL: the out-of-memory killer or an orchestrator;
-  SIGTERM: stopped from outside; SIGBUS: a mapped shard file shrank, which is
+  SIGTERM from another process: stopped from outside; a SIGTERM from the
+  training process itself ends a torch worker with status 0, reported as such; SIGBUS: a mapped shard file shrank, which is
   checked against the manifest right away, or ``/dev/shm`` is full; SIGSEGV:
   a crash in native code), or its exit status;
 * no batch came within ``timeout``: each live worker's state from
@@ -109,10 +110,13 @@ def describe_exit(exitcode: int, shard_set: ShardSet) -> str:
             )
         return f"{head}. Restart from the last checkpoint; rerun with num_workers=0 to see a traceback."
     if exitcode == 0:
+        # torch's SIGTERM handler in a worker exits with status 0 when the signal comes from the parent (so that
+        # its own shutdown is not reported as a crash): after the fact, that cannot be told from an exit(0).
         return (
-            "exited with status 0 without sending its batch: it was stopped by the training process (torch "
-            "workers exit quietly on a SIGTERM from their parent or on Ctrl-C), or code running in the worker "
-            "called exit(). Nothing points at the data or at memory. Restart from the last checkpoint."
+            "exited with status 0 without sending its batch: it was stopped by a SIGTERM from the training "
+            "process (torch workers exit with status 0, not 'killed by SIGTERM', when their parent sends it: "
+            "code or a signal handler in the training process, or a shutdown under way), or code running in the "
+            "worker called exit(0). Nothing points at the data or at memory. Restart from the last checkpoint."
         )
     return (
         f"exited with status {exitcode}: an error in the worker that it could not report (its output above "

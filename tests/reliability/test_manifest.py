@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -213,3 +214,39 @@ def test_fuzzed_manifests_raise_only_shardload_errors(fuzz_set: Path) -> None:
             (fuzz_set / "manifest.json").write_text(original)
 
     check()
+
+
+def one_variable_field_set(tmp_path: Path) -> Path:
+    samples = [{"tokens": np.arange(1 + i % 7, dtype=np.int32), "label": np.int64(i)} for i in range(40)]
+    shardload.write(samples, tmp_path / "one", num_shards=2, progress=False)
+    return tmp_path / "one"
+
+
+@pytest.mark.parametrize(
+    ("variable_fields", "key", "value", "error"),
+    [
+        (2, "schema.length_field", "label", r"length_field 'label' is fixed-shape"),
+        (1, "schema.length_field", "label", r"length_field 'label' is fixed-shape"),
+        (2, "lengths.per_field", {}, r"fields \['tokens', 'features'\] vary in length but 'lengths.per_field'"),
+        (2, "lengths.per_field.label", "lengths.tokens.npy", r"names \['label'\], which are not variable fields"),
+        (1, "lengths.per_field.tokens2", "lengths.npy", r"names \['tokens2'\], which are not variable fields"),
+    ],
+    ids=[
+        "length_field fixed, 2 variable",
+        "length_field fixed, 1 variable",
+        "per_field dropped",
+        "per_field fixed",
+        "per_field unknown",
+    ],
+)
+def test_manifest_lengths_the_loader_cannot_use_are_refused_by_loader_and_verify(
+    damaged: Path, tmp_path: Path, variable_fields: int, key: str, value: Any, error: str
+) -> None:
+    # The loader and verify read the same manifest: both refuse it on open, with the same message, instead of
+    # a bare KeyError (or a silent plan from the wrong lengths), or verify passing a set the loader refuses.
+    path = damaged if variable_fields == 2 else one_variable_field_set(tmp_path)
+    write_manifest(path, mutate(read_manifest(path), key, value))
+    with pytest.raises(shardload.ManifestError, match=error):
+        list(shardload.make_loader(path, rank=0, world_size=1, max_tokens=64))
+    with pytest.raises(shardload.ManifestError, match=error):
+        verify(path)

@@ -60,6 +60,19 @@ BAD_LOADER_OPTIONS: dict[str, tuple[dict[str, Any], str]] = {
     "pad_values a string value": ({"pad_values": {"tokens": "0"}}, "pad_values['tokens']"),
     "batching and batch_size": ({"batching": Batching(batch_size=3)}, "batch_size"),
     "batching of the wrong type": ({"batch_size": None, "batching": {"batch_size": 3}}, "Batching"),
+    # a replaced option given with its default value was silently ignored before
+    "batching and bucketing=True": (
+        {"batch_size": None, "batching": Batching(batch_size=8, bucketing=False), "bucketing": True},
+        "replaces bucketing",
+    ),
+    "batching and pad_to_multiple_of=1": (
+        {"batch_size": None, "batching": Batching(batch_size=8, pad_to_multiple_of=8), "pad_to_multiple_of": 1},
+        "replaces pad_to_multiple_of",
+    ),
+    "batching and uneven='split'": (
+        {"batch_size": None, "batching": Batching(batch_size=8, uneven="pad"), "uneven": "split"},
+        "replaces uneven",
+    ),
 }
 
 
@@ -83,6 +96,7 @@ def test_bad_loader_options_fail_at_construction(pristine: Path, case: str) -> N
     [
         ({"tokenz": 1}, "'tokenz', which is not a field"),  # a typo: silently no effect before
         ({"tokens": 0.5}, "int32 holds integers only"),  # silently truncated to 0 before
+        ({"tokens": True}, "a bool pads bool fields only"),  # silently padded with 1 before
         ({"tokens": 1e10}, "out of the range of int32"),
         ({"tokens": 2**31}, "out of the range of int32"),
         ({"tokens": math.nan}, "int32 cannot hold NaN"),
@@ -115,6 +129,8 @@ def test_pad_value_for_a_field_that_is_not_loaded_is_refused(pristine: Path) -> 
         (128, "int8", "out of the range of int8"),
         (1e5, "float16", "out of the range of float16"),
         (2, "bool", "False or True"),
+        (True, "int32", "bool pads bool fields only"),
+        (np.bool_(False), "float32", "bool pads bool fields only"),
         (0.5, "int64", "integers only"),
         (math.nan, "int16", "cannot hold NaN"),
         ("1", "float32", "must be a number"),
@@ -245,6 +261,48 @@ def test_bad_loader_state_is_refused_and_changes_nothing(pristine: Path, edit: A
     fresh = _loader(pristine)
     fresh.load_state_dict(state)
     assert len(list(fresh)) == 30 - 3
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_load_state_dict_during_an_iteration_stops_the_old_iterator(pristine: Path, num_workers: int) -> None:
+    # Before: accepted and ignored by the running iterator, which went on counting: state_dict() then said
+    # more batches were done than the epoch has, a checkpoint that cannot be resumed.
+    _, state = _state(pristine)  # 3 of 30 done
+    loader = _loader(pristine, num_workers=num_workers)
+    it = iter(loader)
+    next(it), next(it)
+    loader.load_state_dict(state)
+    with pytest.raises(PlanError, match=r"superseded \(load_state_dict\(\) was called"):
+        list(it)
+    assert loader.state_dict()["batches_done"] == 3
+    assert len(list(loader)) == 30 - 3  # the restored state takes effect in the next iteration
+    assert loader.state_dict()["batches_done"] == 30
+
+
+def test_state_dict_after_set_epoch_counts_nothing_of_the_new_epoch(pristine: Path) -> None:
+    # A checkpoint taken after set_epoch(1) used to say epoch 1 with epoch 0's 30 batches done: resuming from it
+    # silently skipped the whole of epoch 1.
+    loader = _loader(pristine)
+    assert len(list(loader)) == 30
+    loader.set_epoch(1)
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches_done"]) == (1, 0)
+    fresh = _loader(pristine)
+    fresh.load_state_dict(state)
+    assert len(list(fresh)) == 30
+
+
+def test_state_dict_counts_only_the_latest_iteration(pristine: Path) -> None:
+    # Two iterators of one loader used to add their batches up in batches_done.
+    loader = _loader(pristine)
+    old = iter(loader)
+    next(old)
+    new = iter(loader)
+    for _ in range(5):
+        next(new)
+    with pytest.raises(PlanError, match=r"superseded \(a new iteration"):
+        next(old)
+    assert loader.state_dict()["batches_done"] == 5
 
 
 def test_state_of_another_seed_or_set_is_a_plan_mismatch(pristine: Path) -> None:

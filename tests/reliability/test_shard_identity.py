@@ -12,6 +12,7 @@ import importlib
 import json
 import multiprocessing
 import os
+import pickle
 import shutil
 import signal
 import tempfile
@@ -176,21 +177,31 @@ def test_shard_without_identity_in_a_set_with_ids_is_refused(damaged: Path) -> N
         shardload.open(damaged)[30]
 
 
-def test_set_without_set_id_is_read_but_positions_are_still_checked(damaged: Path) -> None:
+def test_set_without_set_id_is_read(damaged: Path) -> None:
     m = read_manifest(damaged)
-    del m["set_id"]  # as written before shards carried identities
+    del m["set_id"]  # as written before shards carried identities: no shard carries a record either
     write_manifest(damaged, m)
-    rewrite_without_identity(shard_file(damaged, 1), shardload.open(damaged).schema)
+    schema = shardload.open(damaged).schema
+    for k in range(len(m["shards"])):
+        rewrite_without_identity(shard_file(damaged, k), schema)
     assert read_all(damaged) == 120
-    one, two = shard_file(damaged, 2), shard_file(damaged, 3)
-    data = one.read_bytes()
-    one.write_bytes(two.read_bytes())
-    two.write_bytes(data)
+    assert verify(damaged).ok
+
+
+@pytest.mark.parametrize("copied", [False, True])
+def test_set_id_removed_from_the_manifest_is_refused(damaged: Path, other: Path, copied: bool) -> None:
+    # Without its set_id a manifest would turn the cross-set check off: a shard copied in from another set of
+    # the same sizes would be served. Shards carry a record only in sets whose manifest has a set_id.
     m = read_manifest(damaged)
-    m["shards"][2]["bytes"], m["shards"][3]["bytes"] = m["shards"][3]["bytes"], m["shards"][2]["bytes"]
+    del m["set_id"]
     write_manifest(damaged, m)
-    with pytest.raises(shardload.CorruptShardError, match=r"shard 2 .*it is shard 3 .* of this set"):
-        shardload.open(damaged)[first_sample(damaged, 2)]
+    if copied:
+        shutil.copyfile(shard_file(other, 1), shard_file(damaged, 1))
+        m["shards"][1].update(bytes=shard_file(damaged, 1).stat().st_size)
+        write_manifest(damaged, m)
+    with pytest.raises(shardload.CorruptShardError, match=r"shard 0 .*but the manifest has no set_id"):
+        read_all(damaged)
+    assert "misplaced" in {p.reason for p in verify(damaged).problems if p.shard == 1}
 
 
 def test_malformed_identity_record_is_corruption(damaged: Path) -> None:
@@ -261,6 +272,18 @@ def mutate(path: Path, other: Path, op: str, k: int, j: int, frac: float) -> Non
             fh.write(foreign.read_bytes())
             fh.truncate()
         os.utime(target, ns=(foreign.stat().st_atime_ns, foreign.stat().st_mtime_ns))
+    elif op == "in place, mtime put back":  # rsync --inplace -t, touch -r: only the ctime tells
+        before = target.stat()
+        with open(target, "r+b") as fh:
+            fh.write(foreign.read_bytes())
+            fh.truncate()
+        os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    elif op == "lengths in place":  # the batching index rewritten with the same total
+        index = path / "lengths.npy"
+        lengths = np.load(index)
+        with open(index, "r+b") as fh:
+            fh.seek(index.stat().st_size - lengths.nbytes)
+            fh.write(np.roll(lengths, 1 + k).tobytes())
     elif op == "replace by rename":  # rsync's default, mv: a new inode at the path
         shutil.copyfile(foreign, path / "incoming")
         (path / "incoming").replace(target)
@@ -284,7 +307,17 @@ def mutate(path: Path, other: Path, op: str, k: int, j: int, frac: float) -> Non
         raise AssertionError(op)
 
 
-OPS = ["cp over", "rsync --inplace", "replace by rename", "swap", "truncate", "garbage in place", "append"]
+OPS = [
+    "lengths in place",
+    "cp over",
+    "rsync --inplace",
+    "in place, mtime put back",
+    "replace by rename",
+    "swap",
+    "truncate",
+    "garbage in place",
+    "append",
+]
 
 
 def run_epoch(
@@ -321,13 +354,83 @@ def check_outcome(outcome: str, n: int) -> None:
     assert "memory is short" not in outcome
 
 
-@pytest.mark.parametrize("op", ["cp over", "rsync --inplace", "truncate", "garbage in place", "append"])
+@pytest.mark.parametrize(
+    "op", ["cp over", "rsync --inplace", "in place, mtime put back", "truncate", "garbage in place", "append"]
+)
 def test_shard_changed_under_a_live_loader_is_named(
     damaged: Path, other: Path, expected: list[dict[str, np.ndarray]], op: str
 ) -> None:
     outcome = in_child(run_epoch, str(damaged), str(other), expected, op, 0, 1, 0.5, 0)
     # batch 0 mapped every shard and batch 1 reads shard 0 again: the change is named before it is read
     assert outcome.startswith("ERROR ShardSetChangedError: shard 0 ") and "changed on disk" in outcome, outcome
+
+
+def test_chmod_or_link_of_a_live_set_is_not_a_change_but_a_write_with_mtime_put_back_is(
+    damaged: Path, other: Path
+) -> None:
+    ds = shardload.open(damaged)
+    first = ds[0]["tokens"].copy()
+    lengths = ds.lengths
+    for f in (shard_file(damaged, 0), damaged / "lengths.npy"):
+        f.chmod(0o600)  # the ctime moves, and the mode with it: not a change of bytes
+        os.link(f, damaged / f"{f.name}.link")  # a backup tool's hard link: ctime and link count
+    np.testing.assert_array_equal(ds[1]["tokens"], ds[1]["tokens"])
+    np.testing.assert_array_equal(ds[0]["tokens"], first)
+    assert ds.lengths is lengths
+    mutate(damaged, other, "in place, mtime put back", 0, 0, 0.0)
+    with pytest.raises(shardload.ShardSetChangedError, match=r"shard 0 .*modification time put back"):
+        ds[0]
+
+
+def lengths_changed_under_a_live_loader(path: str, op: str) -> str:
+    """Plan epoch 0, change ``lengths.npy`` as ``op`` says, plan epoch 1: "OK", "ERROR ..." or "WRONG ..."."""
+    index = Path(path) / "lengths.npy"
+    loader = shardload.make_loader(path, rank=0, world_size=1, max_tokens=64)
+    before = sum(1 for _ in loader)
+    lengths = np.load(index)
+    header = index.stat().st_size - lengths.nbytes
+    if op == "rewritten in place":  # same total: the sum check on open would pass
+        edited = np.ones_like(lengths)
+        edited[0] = lengths.sum() - (len(lengths) - 1)
+        with open(index, "r+b") as fh:
+            fh.seek(header)
+            fh.write(edited.tobytes())
+    elif op == "mtime put back":
+        st = index.stat()
+        with open(index, "r+b") as fh:
+            fh.seek(header)
+            fh.write(lengths[::-1].tobytes())
+        os.utime(index, ns=(st.st_atime_ns, st.st_mtime_ns))
+    else:
+        os.truncate(index, header + 8)  # a read of the rest of the mapping is a SIGBUS
+    loader.set_epoch(1)
+    try:
+        sizes = [int(b["tokens_lengths"].max()) * len(b["tokens_lengths"]) for b in loader]
+    except shardload.ShardloadError as exc:
+        return f"ERROR {type(exc).__name__}: {exc}"
+    return "OK" if max(sizes) <= 64 and len(sizes) == before else f"WRONG {len(sizes)} batches, {max(sizes)} tokens"
+
+
+@pytest.mark.parametrize("op", ["rewritten in place", "mtime put back", "truncated"])
+def test_lengths_index_changed_under_a_live_loader_is_named(damaged: Path, op: str) -> None:
+    # Each epoch is planned from the index's current bytes: another plan than other ranks', or a SIGBUS.
+    outcome = in_child(lengths_changed_under_a_live_loader, str(damaged), op)
+    assert outcome.startswith("ERROR ShardSetChangedError: the lengths index lengths.npy"), outcome
+    assert "changed on disk" in outcome, outcome
+
+
+def test_lengths_index_changed_before_a_worker_maps_it_is_named(damaged: Path) -> None:
+    # The stamp travels with the shard set into a worker process, which maps the index afresh.
+    ds = shardload.open(damaged)
+    assert len(ds.lengths) == 120  # mapped and stamped
+    index = damaged / "lengths.npy"
+    lengths = np.load(index)
+    with open(index, "r+b") as fh:
+        fh.seek(index.stat().st_size - lengths.nbytes)
+        fh.write(lengths[::-1].tobytes())
+    worker_copy = pickle.loads(pickle.dumps(ds))
+    with pytest.raises(shardload.ShardSetChangedError, match=r"lengths index lengths\.npy .*rewritten in place"):
+        worker_copy[0]
 
 
 def test_truncated_shard_under_a_direct_reader_is_an_error_not_sigbus(damaged: Path) -> None:
