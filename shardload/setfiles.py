@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.envvars import env_int
 from shardload.errors import ShardSetError
 
 __all__ = [
@@ -94,16 +95,7 @@ def tagged(cls: type[ShardSetError], message: str, reason: str) -> ShardSetError
 
 def env_limit(name: str, default: int) -> int:
     """A positive integer from environment variable ``name``, else ``default``."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ShardSetError(f"{name}={text!r} is not a positive integer; unset it or set e.g. {name}={default}")
-    return value
+    return env_int(name, default, error=ShardSetError)
 
 
 def os_error(

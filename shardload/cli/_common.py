@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from collections.abc import Callable
 from enum import IntEnum
 from typing import Any
+
+from shardload.envvars import parse_size_text
 
 
 class Exit(IntEnum):
@@ -49,9 +50,6 @@ class CommandError(Exception):
         self.code = int(code)
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?)(b?)\s*$", re.IGNORECASE)
-
-
 def parse_size(text: str) -> int:
     """Parse a byte size: ``"256MB"`` (10^6), ``"1GiB"`` (2^30), ``"512k"``/``"512K"`` (2^10), ``"1000"``.
 
@@ -61,13 +59,9 @@ def parse_size(text: str) -> int:
     >>> parse_size("256MB"), parse_size("1GiB"), parse_size("4k"), parse_size("100")
     (256000000, 1073741824, 4096, 100)
     """
-    m = _SIZE.match(text)
-    if not m or (m.group(3) and not m.group(2)):
+    value = parse_size_text(text)
+    if value is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size; write e.g. 256MB, 1GiB, 512M or 1000000")
-    number, letter, binary, b = m.groups()
-    power = "kmgtp".find(letter.lower()) + 1 if letter else 0
-    base = 1000 if (letter and b and not binary) else 1024
-    value = int(float(number) * base**power)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: the size must be positive")
     return value

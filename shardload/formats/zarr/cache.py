@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable
 
 import numpy as np
 
+from shardload.envvars import env_int
 from shardload.errors import InputError
 
 DEFAULT_CACHE_BYTES = 64 << 20
@@ -117,16 +118,7 @@ def set_chunk_cache_bytes(max_bytes: int) -> None:
 
 
 def _bytes_from_env() -> int:
-    text = os.environ.get(CACHE_ENV, "").strip()
-    if not text:
-        return DEFAULT_CACHE_BYTES
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise InputError(f"{CACHE_ENV}={text!r}: expected a number of bytes (0 or more), e.g. {DEFAULT_CACHE_BYTES}")
-    return value
+    return env_int(CACHE_ENV, DEFAULT_CACHE_BYTES, minimum=0, size=True, error=InputError)
 
 
 def _reset_locks_after_fork() -> None:

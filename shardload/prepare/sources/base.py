@@ -9,7 +9,6 @@ line 17"``), used in every error message about it.
 
 from __future__ import annotations
 
-import argparse
 import os
 import stat
 from abc import ABC, abstractmethod
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any, ClassVar
 
+from shardload.envvars import env_int
 from shardload.errors import InputError
 from shardload.setfiles import file_kind
 
@@ -33,18 +33,7 @@ MAX_RECORD_BYTES_ENV = "SHARDLOAD_MAX_RECORD_BYTES"
 
 def max_record_bytes_from_env() -> int:
     """:data:`MAX_RECORD_BYTES`, or the value of ``SHARDLOAD_MAX_RECORD_BYTES`` (``4GiB``, ``500MB``, bytes)."""
-    text = os.environ.get(MAX_RECORD_BYTES_ENV, "").strip()
-    if not text:
-        return MAX_RECORD_BYTES
-    from shardload.cli._common import parse_size  # the CLI's size syntax; imported late: the CLI imports prepare
-
-    try:
-        value = parse_size(text)
-    except argparse.ArgumentTypeError:
-        value = 0
-    if value <= 0:
-        raise InputError(f"{MAX_RECORD_BYTES_ENV}={text!r}: expected a positive size such as 1GiB or 500MB")
-    return value
+    return env_int(MAX_RECORD_BYTES_ENV, MAX_RECORD_BYTES, size=True, error=InputError)
 
 
 def record_too_large(where: str, what: str, size: int | None, limit: int) -> InputError:

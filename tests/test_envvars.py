@@ -1,0 +1,57 @@
+"""Limits read from environment variables: one rule for every variable (shardload/envvars.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardload.envvars import env_int, parse_size_text
+from shardload.errors import InputError, ShardSetError
+
+
+@pytest.mark.parametrize(
+    ("text", "size", "expected"),
+    [("12", False, 12), ("1GiB", True, 1 << 30), ("500MB", True, 500_000_000), ("4k", True, 4096), ("0", True, 0)],
+)
+def test_good_values_are_read(monkeypatch: pytest.MonkeyPatch, text: str, size: bool, expected: int) -> None:
+    monkeypatch.setenv("SHARDLOAD_TEST_LIMIT", text)
+    assert env_int("SHARDLOAD_TEST_LIMIT", 7, minimum=0, size=size, error=InputError) == expected
+
+
+def test_unset_or_empty_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SHARDLOAD_TEST_LIMIT", raising=False)
+    assert env_int("SHARDLOAD_TEST_LIMIT", 7, error=InputError) == 7
+    monkeypatch.setenv("SHARDLOAD_TEST_LIMIT", "  ")
+    assert env_int("SHARDLOAD_TEST_LIMIT", 7, error=InputError) == 7
+
+
+@pytest.mark.parametrize(
+    ("text", "size", "minimum", "phrase"),
+    [
+        ("lots", False, 1, "is not a positive integer"),
+        ("0", False, 1, "is not a positive integer"),
+        ("1GiB", False, 1, "is not a positive integer"),  # units only where sizes are meant
+        ("-1", True, 0, "is not a non-negative size"),
+        ("1.5.2", True, 0, "is not a non-negative size"),
+    ],
+)
+def test_bad_values_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, text: str, size: bool, minimum: int, phrase: str
+) -> None:
+    monkeypatch.setenv("SHARDLOAD_TEST_LIMIT", text)
+    # Invariant: a bad limit is refused in the caller's branch of the error tree, never used or ignored
+    with pytest.raises(ShardSetError, match=rf"SHARDLOAD_TEST_LIMIT='{text}' {phrase}.*SHARDLOAD_TEST_LIMIT=7"):
+        env_int("SHARDLOAD_TEST_LIMIT", 7, minimum=minimum, size=size, error=ShardSetError)
+
+
+def test_size_text() -> None:
+    assert parse_size_text("256MB") == 256_000_000 and parse_size_text("x") is None and parse_size_text("1i") is None
+
+
+def test_the_zarr_cache_limit_uses_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardload.formats.zarr import cache
+
+    monkeypatch.setenv(cache.CACHE_ENV, "-5")
+    with pytest.raises(InputError, match=cache.CACHE_ENV):
+        cache._bytes_from_env()
+    monkeypatch.setenv(cache.CACHE_ENV, "2MiB")
+    assert cache._bytes_from_env() == 2 << 20
