@@ -326,7 +326,8 @@ def run_prepare(
     guards.check_output_path(out)
     # The schema is checked before anything is created on disk, so that a refused run leaves nothing to
     # clean up; a run killed during its commit needs no sources to finish it.
-    inferred = None if WorkDir.was_committing(out) else _infer_schema(units, source_options, samples, options)
+    finishing = WorkDir.was_committing(out) and not options.overwrite  # --overwrite drops the old commit
+    inferred = None if finishing else _infer_schema(units, source_options, samples, options)
     with WorkDir(out, resume=options.resume, overwrite=options.overwrite) as wd:
         if wd.committing:  # killed during the commit: everything is built, finish moving it in
             _finish_commit(wd)

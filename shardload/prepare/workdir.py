@@ -33,6 +33,8 @@ from shardload.prepare.faults import crash_point
 
 WORK = ".prepare"
 LOCK = ".prepare.lock"
+#: the work dir of a finished run, renamed before it is removed (removed again by the next run if a stop left it)
+RETIRED = ".prepare.done"
 #: in the work dir: the message of the bad input a run stopped on (for the next run's and open's message)
 FAILED = "FAILED"
 #: the names a shard set owns inside OUT (removed when it is overwritten)
@@ -237,7 +239,7 @@ class WorkDir:
             # A run refused or killed before it staged anything: nothing to resume, nothing to lose.
             shutil.rmtree(self.work)
         interrupted = self.work.exists() and _holds_work(self.work)
-        others = [p.name for p in out.iterdir() if p.name not in (LOCK, WORK, MANIFEST_NAME)]
+        others = [p.name for p in out.iterdir() if p.name not in (LOCK, WORK, RETIRED, MANIFEST_NAME)]
         if interrupted and not (self.resume or self.overwrite):
             raise OutputExistsError(f"{out}: {interrupted_hint(self.work)}")
         if has_set and not (self.overwrite or (self.resume and interrupted)):
@@ -254,8 +256,13 @@ class WorkDir:
             )
         if dry:
             return
+        _remove(out / RETIRED)  # a finished run's work dir, if the run stopped while removing it
         if self.overwrite and self.work.exists():
             shutil.rmtree(self.work)
+        if self.committing:
+            # Everything is built and partly moved in: commit() finishes it. Creating the work dirs
+            # again would give it an empty shards/ to move over the set's real one.
+            return
         (self.work / FAILED).unlink(missing_ok=True)  # a resumed run starts with a clean record
         # With resume and nothing interrupted, this simply starts afresh: --resume is safe to pass always.
         for d in (self.work, self.staging, self.shards, self.done):
@@ -295,7 +302,9 @@ class WorkDir:
             for p in self.out.glob("lengths*.npy"):
                 p.unlink()
             atomic_write_text(marker, "committing\n")
-        if self.shards.exists():
+        # A set has at least one shard: an empty shards/ here was made after the real one moved in,
+        # and must never replace it.
+        if self.shards.is_dir() and any(self.shards.iterdir()):
             _remove(self.out / "shards")
             os.replace(self.shards, self.out / "shards")
             crash_point("commit:shards-moved")
@@ -311,8 +320,15 @@ class WorkDir:
             fsync_dir(self.out)
             crash_point("commit:manifest-moved")
         # From here the set is complete and the work dir goes: a run stopped now has nothing left to resume.
+        # It is renamed first (atomic), so that a stop during its removal leaves no half work dir that a
+        # later run would take for an interrupted one.
         _COMMITTED.add(os.path.abspath(self.out))
-        shutil.rmtree(self.work, ignore_errors=True)
+        if self.work.exists():
+            _remove(self.out / RETIRED)
+            os.replace(self.work, self.out / RETIRED)
+            fsync_dir(self.out)
+        crash_point("commit:work-retired")
+        shutil.rmtree(self.out / RETIRED, ignore_errors=True)
         (self.out / LOCK).unlink(missing_ok=True)
 
     @property

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 import shardload
+from shardload.testing import synthetic_samples
+from shardload.verify import verify
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -161,8 +163,29 @@ def test_resume_after_sigkill_at_every_stage_gives_the_uninterrupted_result(tmp_
             shardload.open(out)
         assert run_writer(out) == 0, point
         assert checksums(out) == want, point
+        # Invariant: the resumed set is whole on disk, not only in its manifest (every shard there, every byte)
+        report = verify(out, progress=False)
+        assert report.ok, (point, [str(p) for p in report.problems])
         np.testing.assert_array_equal(np.load(out / "lengths.npy"), want_lengths)
         assert not (out / ".prepare").exists()
+        # A second resume of a finished commit changes nothing (it used to move an empty shards/ in)
+        with pytest.raises(shardload.OutputExistsError, match="no interrupted run to resume"):
+            shardload.write(synthetic_samples(20, seed=9), out, resume=True, progress=False)
+        assert verify(out, progress=False).ok, point
+
+
+@pytest.mark.slow
+def test_killed_while_removing_its_work_dir_leaves_a_whole_set(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    assert run_writer(out, kill_at="commit:work-retired") == -signal.SIGKILL
+    # The set is complete: only the renamed work dir is left, never a half .prepare taken for an interrupted run
+    assert verify(out, progress=False).ok
+    assert not (out / ".prepare").exists()
+    with pytest.raises(shardload.OutputExistsError, match="no interrupted run to resume"):
+        shardload.write(synthetic_samples(20, seed=9), out, resume=True, progress=False)
+    # The next run that writes there clears what the stop left
+    shardload.write(synthetic_samples(20, seed=9), out, overwrite=True, progress=False)
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
 
 
 @pytest.mark.slow
@@ -178,3 +201,12 @@ def test_killed_overwrite_keeps_the_old_set_until_the_commit(tmp_path: Path) -> 
     ).returncode
     assert code == -signal.SIGKILL
     assert checksums(out) == old
+
+
+@pytest.mark.slow
+def test_overwrite_after_a_kill_during_the_commit_starts_over_at_once(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    assert run_writer(out, kill_at="commit:shards-moved") == -signal.SIGKILL
+    # Invariant: --overwrite replaces a half-committed run in one go (it used to fail once, "changed meanwhile")
+    shardload.write(synthetic_samples(50, seed=2), out, overwrite=True, progress=False)
+    assert len(shardload.open(out)) == 50 and verify(out, progress=False).ok
