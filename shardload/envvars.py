@@ -33,14 +33,24 @@ def parse_size_text(text: str) -> int | None:
     number, letter, binary, b = m.groups()
     power = "kmgtp".find(letter.lower()) + 1 if letter else 0
     base = 1000 if (letter and b and not binary) else 1024
-    return int(float(number) * base**power)
+    value = float(number) * base**power
+    return int(value) if value.is_integer() else None  # "1.5" bytes is no size; "1.5k" is 1536
 
 
-def env_int(name: str, default: int, *, minimum: int = 1, size: bool = False, error: type[ShardloadError]) -> int:
+def env_int(
+    name: str,
+    default: int,
+    *,
+    minimum: int = 1,
+    maximum: int = 1 << 48,
+    size: bool = False,
+    error: type[ShardloadError],
+) -> int:
     """The value of environment variable ``name`` (unset or empty: ``default``).
 
     Args:
         minimum: the smallest value accepted.
+        maximum: the largest (256 TiB by default: beyond any real limit, within what buffers can index).
         size: accept byte sizes with units (``4GiB``, ``500MB``) besides plain integers.
         error: the error class to raise for a bad value (the caller's branch of the tree).
 
@@ -51,8 +61,10 @@ def env_int(name: str, default: int, *, minimum: int = 1, size: bool = False, er
     if not text:
         return default
     value = parse_size_text(text) if size else (int(text) if re.fullmatch(r"[+-]?\d+", text) else None)
-    if value is None or value < minimum:
+    if value is None or not minimum <= value <= maximum:
         which = {0: "a non-negative", 1: "a positive"}.get(minimum, f"an at least {minimum}")
         kind = "size (e.g. 1GiB, 500MB or a number of bytes)" if size else "integer"
-        raise error(f"{name}={text!r} is not {which} {kind}; unset it or set e.g. {name}={default}")
+        raise error(
+            f"{name}={text!r} is not {which} {kind} of at most {maximum:,}; unset it or set e.g. {name}={default}"
+        )
     return value

@@ -55,3 +55,16 @@ def test_the_zarr_cache_limit_uses_the_rule(monkeypatch: pytest.MonkeyPatch) -> 
         cache._bytes_from_env()
     monkeypatch.setenv(cache.CACHE_ENV, "2MiB")
     assert cache._bytes_from_env() == 2 << 20
+
+
+@pytest.mark.parametrize("text", ["9223372036854775807", "99999999999999999999999999", "1.5"])
+def test_sizes_beyond_any_buffer_or_of_part_of_a_byte_are_refused(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    from shardload.prepare.sources import SourceOptions
+
+    monkeypatch.setenv("SHARDLOAD_MAX_RECORD_BYTES", text)
+    # Invariant: a bound that would overflow a reader's C size (exit 70 before) is refused by name
+    with pytest.raises(InputError, match="SHARDLOAD_MAX_RECORD_BYTES"):
+        SourceOptions()
+    monkeypatch.delenv("SHARDLOAD_MAX_RECORD_BYTES")
+    with pytest.raises(InputError, match="max_record_bytes"):
+        SourceOptions(max_record_bytes=1 << 63)

@@ -29,11 +29,13 @@ Sample = Mapping[str, Any]
 #: variable below or ``prepare(..., max_record_bytes=...)``.
 MAX_RECORD_BYTES = 256 << 20
 MAX_RECORD_BYTES_ENV = "SHARDLOAD_MAX_RECORD_BYTES"
+#: the largest bound that may be set (readers pass it to calls that take a C size)
+LARGEST_RECORD_BYTES = 1 << 48
 
 
 def max_record_bytes_from_env() -> int:
     """:data:`MAX_RECORD_BYTES`, or the value of ``SHARDLOAD_MAX_RECORD_BYTES`` (``4GiB``, ``500MB``, bytes)."""
-    return env_int(MAX_RECORD_BYTES_ENV, MAX_RECORD_BYTES, size=True, error=InputError)
+    return env_int(MAX_RECORD_BYTES_ENV, MAX_RECORD_BYTES, maximum=LARGEST_RECORD_BYTES, size=True, error=InputError)
 
 
 def record_too_large(where: str, what: str, size: int | None, limit: int) -> InputError:
@@ -68,8 +70,10 @@ class SourceOptions:
 
     def __post_init__(self) -> None:
         value = self.max_record_bytes
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise InputError(f"max_record_bytes must be a positive integer (bytes), got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= LARGEST_RECORD_BYTES:
+            raise InputError(
+                f"max_record_bytes must be a positive integer (bytes) of at most {LARGEST_RECORD_BYTES:,}, got {value!r}"
+            )
 
 
 @dataclass(frozen=True)
