@@ -24,12 +24,14 @@ command being run. Errors become one line ``shardload: error:
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import logging
 import signal
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
@@ -58,6 +60,21 @@ ERROR_CODES: tuple[tuple[type[BaseException], Exit], ...] = (
     (PlanError, Exit.PLAN),
     (WorkerError, Exit.LOADER),
 )
+
+
+def _quiet_teardown() -> None:
+    """At exit after an interruption: no noise from work cut short in background threads.
+
+    Zarr encodes chunks on an event loop in a thread of its own; stopped in the
+    middle, its pending tasks and the closed loop print thousands of lines
+    (``Task was destroyed but it is pending!``) after the one line that says
+    what happened. Registered with ``atexit`` only when the command was
+    interrupted, so it runs as the process ends and never inside a program.
+    """
+    logging.getLogger("asyncio").disabled = True
+    warnings.filterwarnings("ignore", category=RuntimeWarning)  # "coroutine ... was never awaited"
+    sys.unraisablehook = lambda _info: None
+    threading.excepthook = lambda _args: None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,6 +108,7 @@ def _main(argv: Sequence[str] | None) -> int:
         with _logging_to_stderr(), _sigterm_raises():
             return int(module.run(args))
     except (KeyboardInterrupt, Terminated) as exc:
+        atexit.register(_quiet_teardown)
         how = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by SIGTERM"
         if args.command == "prepare" and _committed(args.output):
             # Stopped after its commit: the set is complete, and a --resume would find nothing to finish.

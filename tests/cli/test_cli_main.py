@@ -151,3 +151,34 @@ def test_every_error_class_has_its_own_exit_status() -> None:
         assert any(issubclass(cls, mapped) for mapped, _ in ERROR_CODES), cls.__name__
     codes = [int(code) for _, code in ERROR_CODES]
     assert len(set(codes)) == len(codes) and 1 not in codes
+
+
+def test_an_interrupted_command_ends_with_one_line(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import argparse, asyncio, atexit, gc, sys, threading\n"
+        "import shardload.cli as cli\n"
+        "loop = asyncio.new_event_loop()\n"
+        "thread = threading.Thread(target=loop.run_forever, daemon=True)\n"
+        "thread.start()\n"
+        "def close():  # as zarr does at exit: stop and close its loop, dropping the tasks still pending\n"
+        "    loop.call_soon_threadsafe(loop.stop)\n    thread.join()\n    loop.close()\n"
+        "    for t in asyncio.all_tasks(loop):\n        t._log_destroy_pending = True\n    gc.collect()\n"
+        "atexit.register(close)\n"
+        "async def forever():\n    await asyncio.sleep(3600)\n"
+        "for _ in range(200):\n    asyncio.run_coroutine_threadsafe(forever(), loop)\n"
+        "def run(args):\n    raise cli.Terminated()\n"
+        "class Parser(argparse.ArgumentParser):\n"
+        "    def parse_args(self, argv=None, namespace=None):\n"
+        "        return argparse.Namespace(command='verify', debug=False)\n"
+        "cli.build_parser = lambda argv: Parser()\n"
+        "cli._command = lambda name: argparse.Namespace(run=run)\n"
+        "sys.exit(cli.main(['verify']))\n"
+    )
+    r = subprocess.run([sys.executable, str(job)], capture_output=True, text=True, timeout=60)
+    # Invariant: after SIGTERM the user reads one line, not the teardown of work cut short in other threads
+    assert r.returncode == 143, r.stderr
+    assert r.stderr.strip().splitlines() == ["shardload: error: stopped by SIGTERM"], r.stderr[:2000]
