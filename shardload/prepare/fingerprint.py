@@ -102,7 +102,8 @@ def changed_input(old: Any, new: Sequence[Sequence[Sequence[Any]]], units: Itera
                 return f"{b[0]} is not the file the interrupted run read at that place"
             if isinstance(now_stamp, str) or isinstance(stamp, str):
                 if stamp != now_stamp:
-                    return f"{path} changed since the interrupted run (it was or is {stamp if isinstance(stamp, str) else now_stamp})"
+                    state = stamp if isinstance(stamp, str) else now_stamp
+                    return f"{path} changed since the interrupted run (it was or is {state})"
                 continue
             if not same_bytes(stamp, now_stamp):
                 return f"{path} changed since the interrupted run ({describe_change(stamp, now_stamp)})"
