@@ -416,6 +416,30 @@ def test_write_of_one_dict_or_a_path_says_what_it_takes(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
+def test_write_of_something_not_iterable_says_what_it_takes(tmp_path: Path) -> None:
+    refused(lambda: shardload.write(5, tmp_path / "o"), "write() takes an iterable of samples", "int")  # type: ignore[arg-type]
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"abcd", bytearray(b"abcd"), memoryview(b"abcd"), memoryview(bytearray(b"abcd"))],
+    ids=["bytes", "bytearray", "memoryview", "memoryview of a bytearray"],
+)
+def test_raw_bytes_in_a_field_are_refused_alike(tmp_path: Path, value: Any) -> None:
+    # Raw bytes carry no dtype: a bytearray or memoryview was stored as uint8 while bytes was refused.
+    samples = [{"t": np.arange(3), "x": np.arange(4, dtype=np.uint8)}, {"t": np.arange(2), "x": value}]
+    refused(lambda: shardload.write(samples, tmp_path / "o"), "sample 1", "'x'", "raw bytes", "np.frombuffer")
+    refused(lambda: shardload.write(samples[1:], tmp_path / "p"), "sample 0", "'x'", "raw bytes")
+    assert not (tmp_path / "p").exists()  # refused on the first sample: nothing created
+
+
+def test_a_memoryview_of_typed_values_is_stored_as_them(tmp_path: Path) -> None:
+    shardload.write([{"t": memoryview(np.arange(5, dtype=np.int32))}], tmp_path / "o", progress=False)
+    got = shardload.open(tmp_path / "o")[0]["t"]
+    assert got.dtype == np.int32 and got.tolist() == [0, 1, 2, 3, 4]
+
+
 def test_json_round_trip_of_exact_values(tmp_path: Path) -> None:
     """What is accepted is stored exactly: extreme but representable values, NaN and Infinity survive JSON."""
     line = {"i": [2**62, -(2**63)], "f": [1e-300, 1.5e300, 0.0], "h": [65504.0, 6e-8], "x": [float("inf"), 0.5]}
