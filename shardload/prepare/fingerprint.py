@@ -4,7 +4,8 @@ A resumed run reuses the samples staged by the interrupted one. If a source
 file changed in between, the result would hold some samples of the old file
 and some of the new one, without a word. Each file's identity is recorded in
 the run's state when it starts: its :func:`shardload.identity.file_stamp`
-(device, inode, size, modification and change time), compared with the one
+(inode, size, modification and change time; not the device, which another
+machine mounting the same file system numbers differently), compared with the one
 rule of :func:`shardload.identity.same_bytes` (a ``chmod``, ``chown`` or new
 hard link is accepted; a change time that moved on its own is a write whose
 modification time was put back, ``cp -p`` or ``rsync --inplace -t`` over the
@@ -49,7 +50,9 @@ def fingerprint_units(units: Sequence[SourceUnit]) -> list[list[list[Any]]]:
             if st.st_size <= min(HASH_MAX_FILE, budget) and stat.S_ISREG(st.st_mode):
                 digest = _sha256(path)
                 budget -= st.st_size
-            stamp = file_stamp(st)
+            # Without the device number: a resume may run on another machine of a cluster, where the same
+            # network file system has another one (the inode and times are the server's, the same everywhere).
+            stamp = file_stamp(st)._replace(dev=0)
             files.append([path, [*stamp[:5], list(stamp.meta)], digest])
         out.append(files)
     return out
