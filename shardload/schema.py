@@ -262,6 +262,15 @@ def as_array(value: Any, *, name: str, where: str) -> np.ndarray:
         value = _unmasked(value, name, where)
     elif _is_torch_tensor(value):
         value = _tensor_to_numpy(value, name, where)
+    if isinstance(value, (bytes, bytearray)) or (isinstance(value, memoryview) and value.format in ("B", "b", "c")):
+        size = value.nbytes if isinstance(value, memoryview) else len(value)
+        # Raw bytes say nothing of the dtype they hold: numpy would make bytes one string (refused below) but
+        # a bytearray or memoryview uint8 values, which may be anything. All are refused alike.
+        raise InputError(
+            f"{where}: field {name!r} holds raw bytes (a {type(value).__name__} of {size} bytes), not an "
+            "array: decode them with the dtype they hold, e.g. np.frombuffer(value, dtype=np.int32), or "
+            "np.frombuffer(value, dtype=np.uint8) for bytes"
+        )
     if type(value) is np.ndarray:
         arr = value
     elif isinstance(value, np.ndarray):  # a subclass (np.matrix, ...): only its data is stored

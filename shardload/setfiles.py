@@ -86,6 +86,17 @@ def reason_of(exc: BaseException) -> str:
     return reason if isinstance(reason, str) else "unreadable"
 
 
+def os_level(exc: BaseException) -> bool:
+    """Whether an error raised here came from the operating system, not from what a file holds.
+
+    Permission denied, an I/O error, a path too long or a loop of links (all
+    made by :func:`os_error`): the file's bytes may be fine, so whoever reads
+    it again after fixing the cause may well succeed. A missing file is not
+    counted: nothing can be read again.
+    """
+    return getattr(exc, "shardload_errno", None) is not None and reason_of(exc) not in ("missing", "fd_limit")
+
+
 def tagged(cls: type[ShardSetError], message: str, reason: str) -> ShardSetError:
     """``cls(message)`` carrying ``reason`` (see :func:`reason_of`)."""
     exc = cls(message)
@@ -102,6 +113,14 @@ def os_error(
     exc: OSError, path: Path, *, what: str, error: type[ShardSetError], missing: ShardSetError | None = None
 ) -> ShardSetError:
     """The :class:`ShardSetError` that says what ``exc`` (raised opening ``path``) means for the user."""
+    err = _os_error(exc, path, what=what, error=error, missing=missing)
+    err.shardload_errno = exc.errno  # type: ignore[attr-defined]  # read back by os_level()
+    return err
+
+
+def _os_error(
+    exc: OSError, path: Path, *, what: str, error: type[ShardSetError], missing: ShardSetError | None
+) -> ShardSetError:
     where = f"{what} ({path})"
     code = exc.errno
     if code in (errno.ENOENT, errno.ENOTDIR):

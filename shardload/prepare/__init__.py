@@ -93,6 +93,13 @@ def write(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike[str], **o
             f"write() takes an iterable of samples (dicts of arrays), and got the path {os.fsdecode(samples)!r}: "
             "to read files, use shardload.prepare(sources, out)"
         )
+    try:
+        iter(samples)
+    except TypeError:
+        raise InputError(
+            f"write() takes an iterable of samples (dicts of arrays), and got {type(samples).__name__} {repr(samples)[:60]}: "
+            "pass a list or generator of samples, e.g. write([{'tokens': array}], out)"
+        ) from None
     opts = PrepareOptions(**_tupled(options))
     return run_prepare(out, options=opts, samples=samples)
 

@@ -34,6 +34,7 @@ from shardload.prepare.options import PrepareOptions
 from shardload.prepare.sources import SourceUnit
 from shardload.prepare.workdir import WorkDir, fd_limit_hint, fd_limit_reached
 from shardload.schema import Schema, name_problem, prepare_problems
+from shardload.setfiles import os_level
 
 #: most values (scalar elements) of one field in one staged chunk or Arrow shard: Arrow IPC cannot write
 #: a longer array. A test lowers it to try the limit on small data.
@@ -211,8 +212,10 @@ def check_new_set(wd: WorkDir) -> None:
     Raises:
         InputError: the set would not open; the work dir is removed (a resume
             would end the same way) and any old set in ``OUT`` is untouched.
-        OutputError: the process ran out of file descriptors (``ulimit -n``);
-            the work dir is kept, a resume with a higher limit commits the set.
+        OutputError: the process ran out of file descriptors (``ulimit -n``),
+            or a file could not be read for a reason of the operating system
+            (permission denied, an I/O error); the work dir is kept, a resume
+            once the cause is fixed commits the set.
     """
     from shardload.shardset import ShardSet
 
@@ -232,6 +235,11 @@ def check_new_set(wd: WorkDir) -> None:
             raise OutputError(
                 f"{wd.out}: opening the new shard set before the commit ran out of file descriptors ({exc}). "
                 f"{fd_limit_hint()}"
+            ) from None
+        if os_level(exc):  # permission denied, an I/O error: not the content's fault, keep the work
+            raise OutputError(
+                f"{wd.out}: opening the new shard set before the commit failed: {str(exc).rstrip('.')}. The finished work is kept "
+                f"in {wd.work}; once the cause is fixed, rerun the same command with --resume to commit it."
             ) from None
         shutil.rmtree(wd.work, ignore_errors=True)
         raise InputError(

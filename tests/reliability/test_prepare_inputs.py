@@ -405,3 +405,46 @@ def test_resume_with_a_damaged_fingerprint_record_is_refused(tmp_path: Path) -> 
     (out / ".prepare" / "inputs.json").write_text("{not json")
     with pytest.raises(shardload.OutputError, match="recorded no fingerprint.*--overwrite"):
         shardload.prepare([str(f) for f in files], out, resume=True, progress=False)
+
+
+def test_resume_over_a_large_source_rewritten_with_its_stamp_put_back_is_refused(tmp_path: Path) -> None:
+    # Above the size whose content is hashed: only the file's stamp can tell. `cp -p` over the file or
+    # `rsync --inplace -t` keep its inode, size and modification time; its change time still moves.
+    files = [tmp_path / f"{k}.jsonl" for k in "abc"]
+    jsonl(files[0], [3] + [200] * 2000)
+    assert files[0].stat().st_size > (1 << 20)
+    jsonl(files[1], [6, 7])
+    jsonl(files[2], [8], tail='{"t": "oops"}\n')
+    out = tmp_path / "out"
+    with pytest.raises(shardload.InputError, match="c.jsonl"):
+        shardload.prepare([str(f) for f in files], out, progress=False)
+    jsonl(files[2], [8])
+    big = files[0]
+    rewrite_same_size_and_time(big)
+    with pytest.raises(shardload.OutputError, match=r"a\.jsonl changed since the interrupted run.*modification time"):
+        shardload.prepare([str(f) for f in files], out, resume=True, progress=False)
+
+
+def test_resume_after_a_chmod_of_a_source_finishes(tmp_path: Path) -> None:
+    files, out = interrupted_run(tmp_path)
+    files[0].chmod(0o600)  # the change time moves with the mode: the bytes are the same
+    assert shardload.prepare([str(f) for f in files], out, resume=True, progress=False).samples == 6
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        [[1], [1], [1]],
+        [[[1]], [[1]], [[1]]],
+        [[None], [None], [None]],
+        [[["a.jsonl", 1, 2, 3, None]]] * 3,
+        [[["a.jsonl", [1, 2, 3, 4, 5, [1, 2, 3]], None]]] * 3,
+        [[["a.jsonl", [1, 2, "x", 4, 5, [1, 2, 3, 4]], None]]] * 3,
+        [[["a.jsonl", [1, 2, 3, 4, 5, [1, 2, 3, 4]], 7]]] * 3,
+    ],
+)
+def test_resume_with_a_fingerprint_record_of_the_wrong_shape_is_refused(tmp_path: Path, record: Any) -> None:
+    files, out = interrupted_run(tmp_path)
+    (out / ".prepare" / "inputs.json").write_text(json.dumps(record))
+    with pytest.raises(shardload.OutputError, match="recorded no fingerprint.*--overwrite"):
+        shardload.prepare([str(f) for f in files], out, resume=True, progress=False)

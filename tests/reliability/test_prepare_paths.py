@@ -418,3 +418,33 @@ def test_stopped_after_the_commit_says_the_set_is_complete(
     assert main(["prepare", str(src), "-o", str(out), "--no-progress"]) == 0
     assert f"interrupted after {out} was complete; nothing to resume" in capsys.readouterr().err
     assert len(shardload.open(out)) == 2 and not (out / ".prepare").exists()
+
+
+def test_a_new_set_unreadable_for_a_reason_of_the_system_keeps_the_work_for_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Permission denied or an I/O error while the finished set is opened before the commit says nothing
+    # about its content: the work is kept and named, and --resume commits it once the cause is fixed.
+    from shardload.errors import CorruptShardError
+    from shardload.setfiles import os_error
+    from shardload.shardset import ShardSet
+
+    real = ShardSet.shard_columns
+
+    def denied(self: Any, k: int) -> Any:
+        path = self.path / "shards" / "shard-000000.arrow"
+        raise os_error(
+            PermissionError(errno.EACCES, "Permission denied"), path, what="shard 0", error=CorruptShardError
+        )
+
+    monkeypatch.setattr(ShardSet, "shard_columns", denied)
+    src = jsonl(tmp_path / "a.jsonl", [{"t": [1, 2]}, {"t": [3]}])
+    out = tmp_path / "out"
+    with pytest.raises(shardload.OutputError, match=r"shard-000000\.arrow.*permission denied.*--resume") as info:
+        shardload.prepare(src, out, progress=False)
+    assert "Fix the input" not in str(info.value)
+    assert (out / ".prepare" / "manifest.json").exists()
+    assert not (out / ".prepare" / "FAILED").exists()  # not recorded as bad input
+    monkeypatch.setattr(ShardSet, "shard_columns", real)
+    assert shardload.prepare(src, out, resume=True, progress=False).samples == 2
+    assert sorted(s["t"].tolist() for s in (shardload.open(out)[i] for i in range(2))) == [[1, 2], [3]]

@@ -238,6 +238,20 @@ JSON_LINES = [
     ("1e-400 next to a 0", '{"a": [0.0, 1e-400]}', {}, ["1e-400", "0"]),
     ("300 zeros then a digit", '{"a": [0.' + "0" * 400 + "1]}", {}, ["0.000", "0"]),
     ("bools mixed with numbers", '{"a": [1, true]}', {}, ["'a'", "true/false", "--dtype"]),
+    ("int rounded by float32 among fractions", '{"a": [16777217, 0.5]}', {}, ["'a'", "16777217", "float32"]),
+    ("same, nested", '{"a": [[0.5, 1], [2, 16777217]]}', {}, ["'a'", "16777217", "index (1, 1)"]),
+    (
+        "int rounded by float64 among fractions",
+        '{"a": [9007199254740993, 0.5]}',
+        {"a": "float64"},
+        ["9007199254740993"],
+    ),
+    (
+        "int beyond 64 bits among fractions",
+        '{"a": [0.5, 18446744073709551621]}',
+        {},
+        ["18446744073709551621", "64 bits"],
+    ),
 ]
 
 
@@ -247,6 +261,14 @@ def test_json_values_that_would_change_are_refused(
 ) -> None:
     (tmp_path / "a.jsonl").write_text('{"a": [1]}\n' + line + "\n")
     refused(lambda: read_all("jsonl", tmp_path / "a.jsonl", dtypes=dtypes), "a.jsonl: line 2", *fragments)
+
+
+def test_json_integers_among_fractions_are_stored_exactly(tmp_path: Path) -> None:
+    # numpy puts the integers of a mixed list into float64 first; an integer dtype still gets them exactly.
+    (tmp_path / "a.jsonl").write_text('{"a": [9007199254740993, 2.0], "b": [16777216, 0.5, 1e30]}\n')
+    [(_, sample)] = read_all("jsonl", tmp_path / "a.jsonl", dtypes={"a": "int64"})
+    assert sample["a"].tolist() == [2**53 + 1, 2]
+    assert sample["b"].dtype == np.float32 and sample["b"][:2].tolist() == [16777216.0, 0.5]
 
 
 def test_json_booleans_count_as_numbers_only_with_a_dtype(tmp_path: Path) -> None:
@@ -267,6 +289,7 @@ def test_webdataset_text_and_json_members_use_the_same_rule(tmp_path: Path) -> N
         ("k.n.txt", b"1e-50", ["'k.n.txt'", "'n'", "float32"]),
         ("k.n.txt", b"16777217", ["'k.n.txt'", "'n'", "16777217"]),
         ("k.json", b'{"n": [1], "n": [2]}', ["'k.json'", "twice"]),
+        ("k.json", b'{"n": [16777217, 0.5]}', ["'k.json'", "'n'", "16777217", "float32"]),
     ]:
         path = tmp_path / "a.tar"
         path.write_bytes(tar_bytes([(name, data)]))
@@ -391,6 +414,30 @@ def test_write_of_one_dict_or_a_path_says_what_it_takes(tmp_path: Path) -> None:
     refused(lambda: shardload.write(sample, tmp_path / "o"), "one sample", "'t'", "[sample]")
     refused(lambda: shardload.write(str(tmp_path / "x.jsonl"), tmp_path / "o"), "x.jsonl", "prepare")  # type: ignore[arg-type]
     assert not (tmp_path / "o").exists()
+
+
+def test_write_of_something_not_iterable_says_what_it_takes(tmp_path: Path) -> None:
+    refused(lambda: shardload.write(5, tmp_path / "o"), "write() takes an iterable of samples", "int")  # type: ignore[arg-type]
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"abcd", bytearray(b"abcd"), memoryview(b"abcd"), memoryview(bytearray(b"abcd"))],
+    ids=["bytes", "bytearray", "memoryview", "memoryview of a bytearray"],
+)
+def test_raw_bytes_in_a_field_are_refused_alike(tmp_path: Path, value: Any) -> None:
+    # Raw bytes carry no dtype: a bytearray or memoryview was stored as uint8 while bytes was refused.
+    samples = [{"t": np.arange(3), "x": np.arange(4, dtype=np.uint8)}, {"t": np.arange(2), "x": value}]
+    refused(lambda: shardload.write(samples, tmp_path / "o"), "sample 1", "'x'", "raw bytes", "np.frombuffer")
+    refused(lambda: shardload.write(samples[1:], tmp_path / "p"), "sample 0", "'x'", "raw bytes")
+    assert not (tmp_path / "p").exists()  # refused on the first sample: nothing created
+
+
+def test_a_memoryview_of_typed_values_is_stored_as_them(tmp_path: Path) -> None:
+    shardload.write([{"t": memoryview(np.arange(5, dtype=np.int32))}], tmp_path / "o", progress=False)
+    got = shardload.open(tmp_path / "o")[0]["t"]
+    assert got.dtype == np.int32 and got.tolist() == [0, 1, 2, 3, 4]
 
 
 def test_json_round_trip_of_exact_values(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ How JSON values become arrays (JSON has no dtypes):
   is that dtype, decoded directly (a float64 field is never rounded through
   float32);
 * otherwise, integers become **int64** and floats **float32**; a list mixing
-  integers and floats is float32;
+  integers and floats is float32, and its integers must fit float32 exactly
+  as in a list of integers (``[16777217, 0.5]`` is refused, not rounded);
 * either way the conversion follows :func:`shardload.cast.cast_exact`: no value
   may change (``3.0`` may become an int32, ``3.5`` may not; ``300`` does not
   fit int8; ``16777217`` does not fit float32; a float may be rounded, but
@@ -210,10 +211,49 @@ def json_to_array(
     else:
         target = np.dtype(dtype)
     try:
+        if kind == "f" and isinstance(value, list):
+            return _cast_mixed(value, arr, target)
         return cast_exact(arr, target)
     except CastError as exc:
         default = "" if dtype is not None else f" (the default dtype of JSON {_KIND_NAMES[kind]})"
         raise _Refused(f"cannot be stored as {target}{default}: {exc} with --dtype") from None
+
+
+def _cast_mixed(value: list[Any], arr: np.ndarray, target: np.dtype[Any]) -> np.ndarray:
+    """``cast_exact(arr, target)`` for a list whose integers numpy put into float64 along with its fractions.
+
+    In ``[16777217, 0.5]`` numpy makes the integer a float64 (and one beyond
+    2**53 a rounded one), and a float may then be rounded to ``target``. An
+    integer keeps the integer rule instead (it must fit ``target`` exactly), as
+    it would in a list of integers. Only integral values too large for
+    ``target`` to hold exactly can be such integers: lists without any (almost
+    every list of fractions) are not looked at value by value.
+    """
+    bits = min(np.finfo(target).nmant + 1, 53) if target.kind == "f" else 53
+    with np.errstate(invalid="ignore"):
+        suspect = np.isfinite(arr) & (np.abs(arr) >= 2**bits) & (arr == np.trunc(arr))
+    if not suspect.any():
+        return cast_exact(arr, target)
+    objects = np.array(value, dtype=object)
+    is_int = np.frompyfunc(lambda v: type(v) is int, 1, 1)(objects).astype(bool)
+    if not is_int.any():
+        return cast_exact(arr, target)
+    listed = objects[is_int].tolist()
+    try:
+        ints = np.array(listed)
+    except OverflowError:
+        ints = np.empty(0, dtype=object)
+    if ints.dtype.kind not in "iu":  # beyond int64 and uint64, or both negative and beyond int64
+        big = next((v for v in listed if not -(2**63) <= v < 2**63), listed[0])
+        raise _Refused(
+            f"holds the integer {big}, too large for 64 bits among numbers with a fraction; store it as a float"
+        )
+    whole = np.zeros(objects.shape, dtype=ints.dtype)
+    whole[is_int] = ints
+    exact = cast_exact(whole, target)  # names the first integer that does not fit, at its place in the list
+    out = cast_exact(arr, target)
+    out[is_int] = exact[is_int]
+    return out
 
 
 _KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers with a fraction or exponent"}
