@@ -364,8 +364,13 @@ class ShardSet:
             )
 
     def _misplaced(self, shard: int, path: Path) -> str | None:
-        """Why a shard of the wrong size is there, if its own record says (best effort, for the message)."""
-        reader = self._reader_cls(path, self.schema)
+        """Why a shard of the wrong size is there, if its own record says (best effort, for the message).
+
+        The file is untrusted: it is opened with the manifest's bounds, as any shard is, so that a Zarr shard
+        cannot size what is read from its own sample count.
+        """
+        info = self.manifest.shards[shard]
+        reader = self._reader_cls(path, self.schema, samples=info.samples, options=self.manifest.options)
         try:
             reader.columns()
             return self._identity_problem(shard, reader)

@@ -548,3 +548,25 @@ def test_zarr_shard_rewritten_in_place_while_open_is_named(tmp_path: Path) -> No
         fh.write(b"\xff" * 64)
     with pytest.raises(shardload.ShardSetChangedError, match=r"shard 0 .*rewritten in place"):
         ds[0]
+
+
+@pytest.mark.parametrize("fmt", ["arrow", "zarr"])
+def test_shard_of_the_wrong_size_is_read_for_its_identity_within_the_manifests_bounds(tmp_path: Path, fmt: str) -> None:
+    """The file that explains a wrong size is untrusted: its reader gets the manifest's samples and options."""
+    out = tmp_path / "s"
+    shardload.write(synthetic_samples(60, seed=3), out, num_shards=2, shuffle=False, shard_format=fmt, progress=False)
+    with shard_file(out, 1).open("ab") as f:
+        f.write(b"\0" * 16)
+    ss = shardload.open(out)
+    calls: list[dict[str, Any]] = []
+    real = ss._reader_cls
+
+    def spy(path: Path, schema: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real(path, schema, **kwargs)
+
+    ss._reader_cls = spy  # type: ignore[assignment]
+    with pytest.raises(shardload.CorruptShardError, match=r"shard 1 .* has \d+ bytes, the manifest says"):
+        ss[first_sample(out, 1)]
+    info = read_manifest(out)
+    assert calls == [{"samples": info["shards"][1]["samples"], "options": info["options"]}]
