@@ -324,18 +324,11 @@ class ShardSet:
 
     def _field_rows(self, shard: int, name: str, cols: Columns) -> NDArray[np.int64]:
         """``(samples,)`` rows of each sample of field ``name``, from offsets checked against the values."""
-        samples = self.manifest.shards[shard].samples
         data = cols.fields[name]
-        offsets = data.offsets
-        if offsets is None or len(offsets) != samples + 1:
-            self._corrupt_offsets(shard, f"field {name!r} has no offsets for its {samples} samples")
-        elif offsets[0] != 0:
-            self._corrupt_offsets(shard, f"field {name!r}: offsets start at {int(offsets[0])}, not 0")
-        elif int(offsets[-1]) != len(data.values):
-            self._corrupt_offsets(
-                shard, f"field {name!r}: offsets end at {int(offsets[-1])}, the values hold {len(data.values)} rows"
-            )
-        rows: NDArray[np.int64] = np.diff(offsets).astype(np.int64, copy=False)
+        problem = data.offsets_problem(self.manifest.shards[shard].samples)
+        if problem is not None or data.offsets is None:  # (no offsets is a problem; the test is for mypy)
+            self._corrupt_offsets(shard, f"field {name!r}: {problem}")
+        rows: NDArray[np.int64] = np.diff(data.offsets).astype(np.int64, copy=False)
         return rows
 
     def _corrupt_offsets(self, shard: int, problem: str) -> NoReturn:

@@ -292,6 +292,14 @@ class _ShardChecker:
             except Exception as exc:  # noqa: BLE001
                 report("unreadable", f"its data cannot be decoded: {_one_line(exc)}")
                 return
+            bad = [
+                f"field {f.name!r}: {problem}"
+                for f in self.manifest.schema.variable_fields
+                if (problem := cols.fields[f.name].offsets_problem(info.samples)) is not None
+            ]
+            if bad:  # the loader refuses such a shard at its first open (the same rule)
+                report("unreadable", f"its offsets do not fit its values: {'; '.join(bad)}")
+                return
             try:
                 lengths = recompute_lengths(self.manifest.schema, cols)
             except Exception as exc:  # noqa: BLE001
