@@ -293,10 +293,16 @@ class ShardSet:
         """
         info = self.manifest.shards[shard]
         lo, hi = info.first_sample, info.first_sample + info.samples
+        # Each index is fetched (and its file checked unchanged: one stat) once per open, then used as an array.
+        main = self.lengths
+        index = {
+            f.name: main if f.name not in self.manifest.field_lengths else self.field_lengths(f.name)
+            for f in self.schema.variable_fields
+        }
         found: dict[str, NDArray[np.int64]] = {}
         for f in self.schema.variable_fields:
             found[f.name] = self._field_rows(shard, f.name, cols)
-            expected = self.field_lengths(f.name)[lo:hi]  # (samples,) as the lengths index says
+            expected = index[f.name][lo:hi]  # (samples,) as the lengths index says
             bad = np.flatnonzero(found[f.name] != expected)
             if len(bad):
                 row = int(bad[0])
@@ -305,10 +311,10 @@ class ShardSet:
                     f"field {f.name!r}: sample {lo + row} (row {row}) has {int(found[f.name][row])} rows, the "
                     f"lengths index says {int(expected[row])}",
                 )
-        if any(self.field_lengths(name) is self.lengths for name in found):
+        if any(index[name] is main for name in found):
             return  # one variable field: its index is the batching index, checked above
         batching = self.schema.batching_lengths(found, info.samples)
-        expected = self.lengths[lo:hi]
+        expected = main[lo:hi]
         bad = np.flatnonzero(batching != expected)
         if len(bad):
             row = int(bad[0])

@@ -570,3 +570,21 @@ def test_shard_of_the_wrong_size_is_read_for_its_identity_within_the_manifests_b
         ss[first_sample(out, 1)]
     info = read_manifest(out)
     assert calls == [{"samples": info["shards"][1]["samples"], "options": info["options"]}]
+
+
+def test_a_shard_open_checks_each_lengths_index_once(damaged: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each index file is stat'ed once per shard open (its arrays are then used as they are), not per use."""
+    ss = shardload.open(damaged)
+    assert len(ss.lengths) == len(ss)  # mapped when the set is planned; the shard's open only checks them
+    for name in ("tokens", "features"):
+        ss.field_lengths(name)
+    checked: list[str] = []
+    real = type(ss)._check_index_unchanged
+
+    def spy(self: Any, file: str) -> None:
+        checked.append(file)
+        real(self, file)
+
+    monkeypatch.setattr(type(ss), "_check_index_unchanged", spy)
+    ss[0]
+    assert sorted(checked) == sorted(set(checked)) and len(checked) == 3, checked
