@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import sys
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,6 +31,7 @@ from shardload.identity import (
 )
 from shardload.index import ShardIndex
 from shardload.manifest import MANIFEST_NAME, Manifest, resolve_inside
+from shardload.plan.validate import check_scalar
 from shardload.schema import Schema
 from shardload.setfiles import (
     ENV_MAX_OPEN_SHARDS,
@@ -63,7 +65,18 @@ class ShardSet:
     def __init__(self, path: str | os.PathLike[str], *, max_open_shards: int | None = None) -> None:
         self.path = Path(path)
         #: shards kept open in this process (default: $SHARDLOAD_MAX_OPEN_SHARDS, else 128)
-        self.max_open_shards = max_open_shards or env_limit(ENV_MAX_OPEN_SHARDS, MAX_OPEN_SHARDS)
+        # 0 once meant the default and a negative number closed every shard at each open: both are refused
+        self.max_open_shards = (
+            env_limit(ENV_MAX_OPEN_SHARDS, MAX_OPEN_SHARDS)
+            if max_open_shards is None
+            else check_scalar(
+                "max_open_shards",
+                max_open_shards,
+                low=1,
+                high=sys.maxsize,
+                hint=f"the shards kept open per process; None for ${ENV_MAX_OPEN_SHARDS}, else {MAX_OPEN_SHARDS}",
+            )
+        )
         self._manifest_stat = self._stat_manifest()
         self.manifest = Manifest.load(self.path)
         self.index = ShardIndex([s.samples for s in self.manifest.shards])
