@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.cast import CastError, cast_exact
 from shardload.errors import PlanError
 from shardload.formats import Columns
 from shardload.schema import SAMPLE_ID_KEY, WEIGHT_KEY, Schema, lengths_key
@@ -143,10 +144,13 @@ def check_fields(fields: object) -> tuple[str, ...] | None:
 def fit_pad_value(name: str, value: object, dtype: np.dtype) -> PadValue:
     """``value`` as a Python scalar that ``dtype`` holds exactly, else :class:`PlanError` naming field and dtype.
 
-    Floating fields take any finite value in their range, and NaN or +-inf
-    (deliberate markers); integer fields take integers in their range (an
-    integral float such as ``-1.0`` is fine, ``True`` is not); bool fields take
-    0, 1, False or True.
+    The rule is :func:`shardload.cast.cast_exact`, the one prepare applies to
+    data: integer fields take whole numbers in their range (``-1.0`` is fine),
+    float fields the integers they hold exactly (not ``16777217`` in float32) and
+    floats that neither overflow nor underflow (not ``1e-50`` in float32), and
+    NaN or +-inf given as such (deliberate markers); bool fields take 0, 1,
+    False or True. Beyond that rule a bool is refused on a number field, where
+    ``True`` meaning 1 is a mistake, as for every option.
     """
     where = f"pad_values[{name!r}] = {value!r} for field {name!r} of dtype {dtype}"
     if isinstance(value, (bool, np.bool_)):
@@ -155,30 +159,52 @@ def fit_pad_value(name: str, value: object, dtype: np.dtype) -> PadValue:
         value = int(value)
     if not isinstance(value, (int, float, np.integer, np.floating)):
         raise PlanError(f"{where}: a pad value must be a number, not {type(value).__name__}")
+    # The wordings users meet most, before the general rule.
     if dtype.kind == "f":
         limit = float(np.finfo(dtype).max)
         try:
             number = float(value)
         except OverflowError:  # an int beyond float64
             number = math.inf
-        # NaN and inf given as such are deliberate markers; a finite value beyond the range would become inf.
         if abs(number) > limit and (math.isfinite(number) or isinstance(value, (int, np.integer))):
             raise PlanError(f"{where}: out of the range of {dtype} (largest {limit:g}); it would pad with inf")
-        return number
-    if isinstance(value, (float, np.floating)):
+    elif isinstance(value, (float, np.floating)):
         if not math.isfinite(value):
             raise PlanError(f"{where}: {dtype} cannot hold NaN or inf; pick an integer pad value such as -1 or 0")
         if not float(value).is_integer():
             raise PlanError(f"{where}: {dtype} holds integers only; {value!r} would be truncated")
-    number_i = int(value)
-    if dtype.kind == "b":
-        if number_i not in (0, 1):
-            raise PlanError(f"{where}: a bool field pads with False or True (0 or 1)")
-        return bool(number_i)
-    info = np.iinfo(dtype)
-    if not int(info.min) <= number_i <= int(info.max):
-        raise PlanError(f"{where}: out of the range of {dtype} [{int(info.min)}, {int(info.max)}]")
-    return number_i
+        value = int(value)
+    if dtype.kind == "b" and int(value) not in (0, 1):
+        raise PlanError(f"{where}: a bool field pads with False or True (0 or 1)")
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if not int(info.min) <= int(value) <= int(info.max):
+            raise PlanError(f"{where}: out of the range of {dtype} [{int(info.min)}, {int(info.max)}]")
+    try:
+        out = cast_exact(_scalar_array(value, dtype, where), dtype)
+    except CastError as err:
+        raise PlanError(f"{where}: {err}") from None
+    fitted: PadValue = out.item()
+    return fitted
+
+
+def _scalar_array(value: int | float | np.integer | np.floating, dtype: np.dtype, where: str) -> np.ndarray:
+    """``value`` as a 0-d array of a dtype that holds it exactly, for :func:`cast_exact`."""
+    if isinstance(value, (float, np.floating)):
+        return np.array(value, dtype=np.float64 if isinstance(value, float) else value.dtype)
+    number = int(value)
+    for dt in (np.int64, np.uint64):
+        info = np.iinfo(dt)
+        if int(info.min) <= number <= int(info.max):
+            return np.array(number, dtype=dt)
+    # Beyond 64 bits only a float field can take it (the ranges were checked), if it holds the value exactly;
+    # float64 -> a narrower float rounds by the rule, so the integer is compared with what the field stores.
+    with np.errstate(over="ignore"):
+        stored = np.array(float(number), dtype=dtype).item()
+    if not math.isfinite(stored) or int(stored) != number:
+        raise PlanError(f"{where}: values do not fit {dtype}: {number} would become {stored!r}")
+    as_float = float(number)
+    return np.array(as_float, dtype=np.float64)
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -139,10 +139,16 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         if plan.epoch == self.epoch:
             self._start = 0
 
-    def resume_at(self, epoch: int, batches_done: int) -> None:
-        """Make the next iteration start at batch ``batches_done`` of ``epoch``."""
+    def resume_at(self, epoch: int, batches_done: int, plan: RankPlan | None = None) -> None:
+        """Make the next iteration start at batch ``batches_done`` of ``epoch``.
+
+        ``plan``, when the caller already has :meth:`plan_for` ``(epoch)``, is kept, so the epoch is not planned
+        twice.
+        """
         self.epoch = epoch
         self._start = batches_done
+        if plan is not None and plan.epoch == epoch:
+            self._plan = plan
 
     def _debug_check(self, plan: RankPlan) -> None:
         w = self.world
@@ -339,7 +345,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                 f"the loader state says {done} batches of epoch {epoch} were done, but the epoch has "
                 f"{len(plan)}; the state was edited or belongs to another run"
             )
-        s.resume_at(epoch, done)
+        s.resume_at(epoch, done, plan)  # planned once: the plan checked is the plan iterated
         self.batches_done = done
         self._counted_epoch = epoch
         # An iterator still running was planned from the old start: it must not go on (and count batches).

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 
 from shardload.errors import ManifestError, ShardSetError
 from shardload.identity import SET_ID_CHARS, is_set_id
+from shardload.messages import one_line
 from shardload.schema import Schema, schema_problems
 from shardload.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES, env_limit, read_small, tagged
 
@@ -309,7 +310,7 @@ def resolve_inside(root: Path, relative: str, *, what: str) -> Path:
     except (OSError, RuntimeError, UnicodeError) as exc:  # RuntimeError: a loop of links (Python < 3.13)
         raise tagged(
             ShardSetError,
-            f"{what} ({path}): its path cannot be resolved ({_one_line(exc)}); fix the links on its way or move "
+            f"{what} ({path}): its path cannot be resolved ({one_line(exc)}); fix the links on its way or move "
             "the shard set to a shorter path",
             "unreadable",
         ) from None
@@ -321,11 +322,6 @@ def resolve_inside(root: Path, relative: str, *, what: str) -> Path:
             "outside_set",
         )
     return path
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import sys
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,6 +31,7 @@ from shardload.identity import (
 )
 from shardload.index import ShardIndex
 from shardload.manifest import MANIFEST_NAME, Manifest, resolve_inside
+from shardload.plan.validate import check_scalar
 from shardload.schema import Schema
 from shardload.setfiles import (
     ENV_MAX_OPEN_SHARDS,
@@ -63,7 +65,18 @@ class ShardSet:
     def __init__(self, path: str | os.PathLike[str], *, max_open_shards: int | None = None) -> None:
         self.path = Path(path)
         #: shards kept open in this process (default: $SHARDLOAD_MAX_OPEN_SHARDS, else 128)
-        self.max_open_shards = max_open_shards or env_limit(ENV_MAX_OPEN_SHARDS, MAX_OPEN_SHARDS)
+        # 0 once meant the default and a negative number closed every shard at each open: both are refused
+        self.max_open_shards = (
+            env_limit(ENV_MAX_OPEN_SHARDS, MAX_OPEN_SHARDS)
+            if max_open_shards is None
+            else check_scalar(
+                "max_open_shards",
+                max_open_shards,
+                low=1,
+                high=sys.maxsize,
+                hint=f"the shards kept open per process; None for ${ENV_MAX_OPEN_SHARDS}, else {MAX_OPEN_SHARDS}",
+            )
+        )
         self._manifest_stat = self._stat_manifest()
         self.manifest = Manifest.load(self.path)
         self.index = ShardIndex([s.samples for s in self.manifest.shards])
@@ -293,10 +306,16 @@ class ShardSet:
         """
         info = self.manifest.shards[shard]
         lo, hi = info.first_sample, info.first_sample + info.samples
+        # Each index is fetched (and its file checked unchanged: one stat) once per open, then used as an array.
+        main = self.lengths
+        index = {
+            f.name: main if f.name not in self.manifest.field_lengths else self.field_lengths(f.name)
+            for f in self.schema.variable_fields
+        }
         found: dict[str, NDArray[np.int64]] = {}
         for f in self.schema.variable_fields:
             found[f.name] = self._field_rows(shard, f.name, cols)
-            expected = self.field_lengths(f.name)[lo:hi]  # (samples,) as the lengths index says
+            expected = index[f.name][lo:hi]  # (samples,) as the lengths index says
             bad = np.flatnonzero(found[f.name] != expected)
             if len(bad):
                 row = int(bad[0])
@@ -305,10 +324,10 @@ class ShardSet:
                     f"field {f.name!r}: sample {lo + row} (row {row}) has {int(found[f.name][row])} rows, the "
                     f"lengths index says {int(expected[row])}",
                 )
-        if any(self.field_lengths(name) is self.lengths for name in found):
+        if any(index[name] is main for name in found):
             return  # one variable field: its index is the batching index, checked above
         batching = self.schema.batching_lengths(found, info.samples)
-        expected = self.lengths[lo:hi]
+        expected = main[lo:hi]
         bad = np.flatnonzero(batching != expected)
         if len(bad):
             row = int(bad[0])
@@ -324,18 +343,11 @@ class ShardSet:
 
     def _field_rows(self, shard: int, name: str, cols: Columns) -> NDArray[np.int64]:
         """``(samples,)`` rows of each sample of field ``name``, from offsets checked against the values."""
-        samples = self.manifest.shards[shard].samples
         data = cols.fields[name]
-        offsets = data.offsets
-        if offsets is None or len(offsets) != samples + 1:
-            self._corrupt_offsets(shard, f"field {name!r} has no offsets for its {samples} samples")
-        elif offsets[0] != 0:
-            self._corrupt_offsets(shard, f"field {name!r}: offsets start at {int(offsets[0])}, not 0")
-        elif int(offsets[-1]) != len(data.values):
-            self._corrupt_offsets(
-                shard, f"field {name!r}: offsets end at {int(offsets[-1])}, the values hold {len(data.values)} rows"
-            )
-        rows: NDArray[np.int64] = np.diff(offsets).astype(np.int64, copy=False)
+        problem = data.offsets_problem(self.manifest.shards[shard].samples)
+        if problem is not None or data.offsets is None:  # (no offsets is a problem; the test is for mypy)
+            self._corrupt_offsets(shard, f"field {name!r}: {problem}")
+        rows: NDArray[np.int64] = np.diff(data.offsets).astype(np.int64, copy=False)
         return rows
 
     def _corrupt_offsets(self, shard: int, problem: str) -> NoReturn:
@@ -364,8 +376,13 @@ class ShardSet:
             )
 
     def _misplaced(self, shard: int, path: Path) -> str | None:
-        """Why a shard of the wrong size is there, if its own record says (best effort, for the message)."""
-        reader = self._reader_cls(path, self.schema)
+        """Why a shard of the wrong size is there, if its own record says (best effort, for the message).
+
+        The file is untrusted: it is opened with the manifest's bounds, as any shard is, so that a Zarr shard
+        cannot size what is read from its own sample count.
+        """
+        info = self.manifest.shards[shard]
+        reader = self._reader_cls(path, self.schema, samples=info.samples, options=self.manifest.options)
         try:
             reader.columns()
             return self._identity_problem(shard, reader)

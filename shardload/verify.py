@@ -36,6 +36,7 @@ from shardload.errors import CorruptShardError, ShardSetError
 from shardload.formats import Columns, get_format
 from shardload.identity import ShardIdentity, identity_problem
 from shardload.manifest import Manifest, ShardInfo, file_checksum, resolve_inside
+from shardload.messages import one_line
 from shardload.schema import Schema
 from shardload.setfiles import check_index_values, check_path_encoding, open_index, open_regular, reason_of
 
@@ -275,7 +276,7 @@ class _ShardChecker:
             try:
                 cols = reader.columns()
             except Exception as exc:  # noqa: BLE001  any failure to decode is damage to report, not to raise
-                report("unreadable", f"the {self.manifest.shard_format} reader refuses it: {_one_line(exc)}")
+                report("unreadable", f"the {self.manifest.shard_format} reader refuses it: {one_line(exc)}")
                 return
             try:
                 found = ShardIdentity.parse(reader.stored_identity, where=f"{k} ({path})")
@@ -290,12 +291,20 @@ class _ShardChecker:
             try:
                 reader.check_data()  # Zarr: every chunk decoded once, within the bounds checked at open
             except Exception as exc:  # noqa: BLE001
-                report("unreadable", f"its data cannot be decoded: {_one_line(exc)}")
+                report("unreadable", f"its data cannot be decoded: {one_line(exc)}")
+                return
+            bad = [
+                f"field {f.name!r}: {problem}"
+                for f in self.manifest.schema.variable_fields
+                if (problem := cols.fields[f.name].offsets_problem(info.samples)) is not None
+            ]
+            if bad:  # the loader refuses such a shard at its first open (the same rule)
+                report("unreadable", f"its offsets do not fit its values: {'; '.join(bad)}")
                 return
             try:
                 lengths = recompute_lengths(self.manifest.schema, cols)
             except Exception as exc:  # noqa: BLE001
-                report("unreadable", f"its offsets cannot be read: {_one_line(exc)}")
+                report("unreadable", f"its offsets cannot be read: {one_line(exc)}")
                 return
             if int(lengths[""].sum()) != info.tokens:
                 report(
@@ -345,11 +354,6 @@ class _Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _map(

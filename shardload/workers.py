@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from shardload.messages import signal_name
 from shardload.shardset import ShardSet
 
 __all__ = ["dead_worker", "describe_exit", "describe_stall", "shards_changed_on_disk"]
@@ -64,19 +65,12 @@ def shards_changed_on_disk(shard_set: ShardSet, limit: int = 3) -> list[str]:
     return found
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
 def describe_exit(exitcode: int, shard_set: ShardSet) -> str:
     """Why a worker that exited with ``exitcode`` (negative: killed by that signal) died, and what to do."""
     verify = f"run `shardload verify {shard_set.path}`"
     if exitcode < 0:
         sig = -exitcode
-        name = _signal_name(sig)
+        name = signal_name(sig)
         head = f"was killed by {name}"
         if sig == signal.SIGBUS:
             changed = shards_changed_on_disk(shard_set)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -152,6 +153,28 @@ def test_resume_mid_epoch_in_one_process(shard_set: shardload.ShardSet, workers:
         return loader
 
     assert_resumes_identically(make, stop_after=4)
+
+
+def test_resume_plans_the_epoch_once(shard_set: shardload.ShardSet, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan load_state_dict checks against the checkpoint is the one the resumed iteration uses."""
+    a = make_loader(shard_set.path, rank=0, world_size=2, batch_size=8)
+    a.set_epoch(2)
+    it = iter(a)
+    next(it)
+    state = a.state_dict()
+    b = make_loader(shard_set.path, rank=0, world_size=2, batch_size=8)
+    planned: list[int] = []
+    real = shardload.loader.plan_rank
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        planned.append(kwargs["epoch"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(shardload.loader, "plan_rank", counting)
+    b.load_state_dict(state)
+    rest = batch_ids(b)
+    assert planned == [2]
+    assert len(rest) == len(a) - 1
 
 
 def test_resume_refuses_a_different_world_size(shard_set: shardload.ShardSet) -> None:

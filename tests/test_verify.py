@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import shardload
@@ -14,7 +15,7 @@ from shardload.errors import ManifestError
 from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
 from shardload.identity import ShardIdentity
 from shardload.manifest import file_checksum
-from shardload.verify import REASONS, Problem, verify
+from shardload.verify import REASONS, Problem, recompute_lengths, verify
 
 
 @pytest.fixture
@@ -151,6 +152,51 @@ def test_consistent_file_with_wrong_count(shard_set: Path) -> None:
     m["shards"][1].update(bytes=path.stat().st_size, checksum=file_checksum(path))
     (shard_set / "manifest.json").write_text(json.dumps(m))
     assert reasons(verify(shard_set), 1) == {"wrong_count"}
+
+
+@pytest.mark.parametrize("end", [0, -1], ids=["offsets start after the values", "offsets end before them"])
+def test_offsets_that_do_not_fit_the_values_are_found_as_the_loader_finds_them(shard_set: Path, end: int) -> None:
+    """One rule for offsets: a shard the loader refuses at first open never verifies as ok.
+
+    The first (or last) offset of shard 1's ``tokens`` is moved by a few rows inside the file, and the
+    indexes and the manifest are rewritten to agree with the lengths the offsets now give, so that only
+    the offsets' fit to the values is wrong.
+    """
+    m = manifest_of(shard_set)
+    info = m["shards"][1]
+    path = shard_path(shard_set, 1)
+    with pa.memory_map(str(path)) as mm:
+        whole = mm.read_buffer(mm.size())
+        mm.seek(0)
+        col = pa.ipc.open_file(mm).get_batch(0).column("tokens")
+        buf = col.buffers()[1]
+        offsets = np.frombuffer(buf, dtype=np.int64, count=len(col) + 1, offset=col.offset * 8).copy()
+        at = buf.address - whole.address + col.offset * 8 + (end % len(offsets)) * 8
+    move = 3 if end == 0 else -3  # inside the first (last) sample, which has more rows than that
+    assert abs(offsets[1 if end == 0 else -2] - offsets[end]) > 3
+    with path.open("r+b") as f:
+        f.seek(at)
+        f.write(np.int64(offsets[end] + move).tobytes())
+    schema = shardload.open(shard_set).schema
+    reader = ArrowShardReader(path, schema)
+    lengths = recompute_lengths(schema, reader.columns())
+    reader.close()
+    lo, hi = info["first_sample"], info["first_sample"] + info["samples"]
+    files = {"": m["lengths"]["file"], **m["lengths"]["per_field"]}
+    for key, file in files.items():
+        index = np.load(shard_set / file)
+        index[lo:hi] = lengths[key]
+        np.save(shard_set / file, index)
+    tokens = int(lengths[""].sum())
+    m["total_tokens"] += tokens - info["tokens"]
+    info.update(bytes=path.stat().st_size, checksum=file_checksum(path), tokens=tokens)
+    (shard_set / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(shardload.CorruptShardError, match=r"field 'tokens': offsets (start at 3|end at)"):
+        shardload.open(shard_set)[lo]
+    report = verify(shard_set)
+    assert not report.ok
+    assert reasons(report, 1) & {"lengths_mismatch", "unreadable"}, report.problems
+    assert any("field 'tokens': offsets" in p.detail for p in report.problems), report.problems
 
 
 def test_bad_manifest_total_raises(shard_set: Path) -> None:

@@ -47,6 +47,22 @@ class FieldData:
             out = self.values[self.offsets[i] : self.offsets[i + 1]]
         return out
 
+    def offsets_problem(self, samples: int) -> str | None:
+        """What is wrong with a variable field's offsets for ``samples`` samples, or ``None``.
+
+        The one rule the loader (on a shard's first open) and ``verify`` apply:
+        ``samples + 1`` offsets, from 0 to the number of value rows. (Whether they
+        never decrease is left to the lengths index they are compared with.)
+        """
+        offsets = self.offsets
+        if offsets is None or len(offsets) != samples + 1:
+            return f"no offsets for its {samples} samples"
+        if offsets[0] != 0:
+            return f"offsets start at {int(offsets[0])}, not 0"
+        if int(offsets[-1]) != len(self.values):
+            return f"offsets end at {int(offsets[-1])}, the values hold {len(self.values)} rows"
+        return None
+
     def lengths(self) -> np.ndarray:
         """Per-sample first-axis lengths, ``(n,)`` int64 (1 for fixed fields)."""
         if self.offsets is None:

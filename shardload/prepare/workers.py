@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from shardload.errors import OutputError
+from shardload.messages import signal_name
 
 #: prctl option: the signal a process gets when its parent dies (linux/prctl.h)
 PR_SET_PDEATHSIG = 1
@@ -92,7 +93,7 @@ def worker_died(procs: Sequence[BaseProcess], out: Path, what: str) -> OutputErr
     if first:
         pid, code = first[0]
         assert code is not None
-        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
+        how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
         if code == -signal.SIGKILL:
             how += " (what the out-of-memory killer sends)"
         # with several alike, which one died first cannot be told
@@ -121,13 +122,6 @@ def stop_workers(pool: ProcessPoolExecutor, procs: Sequence[BaseProcess]) -> Non
         if p.exitcode is None:
             p.kill()
             p.join(1.0)
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 # -- in the worker ------------------------------------------------------------------------------------

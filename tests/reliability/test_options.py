@@ -103,6 +103,9 @@ def test_bad_loader_options_fail_at_construction(pristine: Path, case: str) -> N
         ({"tokens": math.inf}, "int32 cannot hold NaN"),
         ({"features": 1e39}, "out of the range of float32"),
         ({"features": 10**400}, "out of the range of float32"),
+        ({"features": 2**24 + 1}, "do not fit float32"),  # silently padded with 16777216.0 before
+        ({"features": 1e-50}, "underflow float32"),  # silently padded with 0.0 before
+        ({"features": 2**70 + 2**20}, "do not fit float32"),  # beyond 64 bits: rounded silently before
         ({"label": 7}, "fixed shape"),  # never padded: silently no effect before
     ],
 )
@@ -135,6 +138,9 @@ def test_pad_value_for_a_field_that_is_not_loaded_is_refused(pristine: Path) -> 
         (math.nan, "int16", "cannot hold NaN"),
         ("1", "float32", "must be a number"),
         (None, "float32", "must be a number"),
+        (2**53 + 1, "float64", "do not fit float64"),
+        (2**24 + 1, "float32", "do not fit float32"),
+        (1e-50, "float32", "underflow float32"),
     ],
 )
 def test_pad_value_outside_its_dtype(value: Any, dtype: str, problem: str) -> None:

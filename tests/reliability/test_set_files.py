@@ -184,6 +184,13 @@ def test_max_open_shards_from_the_environment(damaged: Path, monkeypatch: pytest
     assert len(ds._readers) == 1
 
 
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "8"])
+def test_max_open_shards_that_is_not_a_positive_integer_is_refused(damaged: Path, value: Any) -> None:
+    # before: 0 silently meant the default, -1 closed every shard at each open, 1.5 and "8" failed at the first read
+    with pytest.raises(shardload.PlanError, match=r"max_open_shards must be .*shards kept open per process"):
+        shardload.ShardSet(damaged, max_open_shards=value)
+
+
 def fail_open_of(monkeypatch: pytest.MonkeyPatch, target: Path, code: int) -> None:
     """``os.open`` of ``target`` fails with ``code`` (as the kernel would), other files open normally."""
     real = os.open

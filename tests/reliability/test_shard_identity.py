@@ -548,3 +548,43 @@ def test_zarr_shard_rewritten_in_place_while_open_is_named(tmp_path: Path) -> No
         fh.write(b"\xff" * 64)
     with pytest.raises(shardload.ShardSetChangedError, match=r"shard 0 .*rewritten in place"):
         ds[0]
+
+
+@pytest.mark.parametrize("fmt", ["arrow", "zarr"])
+def test_shard_of_the_wrong_size_is_read_for_its_identity_within_the_manifests_bounds(tmp_path: Path, fmt: str) -> None:
+    """The file that explains a wrong size is untrusted: its reader gets the manifest's samples and options."""
+    out = tmp_path / "s"
+    shardload.write(synthetic_samples(60, seed=3), out, num_shards=2, shuffle=False, shard_format=fmt, progress=False)
+    with shard_file(out, 1).open("ab") as f:
+        f.write(b"\0" * 16)
+    ss = shardload.open(out)
+    calls: list[dict[str, Any]] = []
+    real = ss._reader_cls
+
+    def spy(path: Path, schema: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real(path, schema, **kwargs)
+
+    ss._reader_cls = spy  # type: ignore[assignment]
+    with pytest.raises(shardload.CorruptShardError, match=r"shard 1 .* has \d+ bytes, the manifest says"):
+        ss[first_sample(out, 1)]
+    info = read_manifest(out)
+    assert calls == [{"samples": info["shards"][1]["samples"], "options": info["options"]}]
+
+
+def test_a_shard_open_checks_each_lengths_index_once(damaged: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each index file is stat'ed once per shard open (its arrays are then used as they are), not per use."""
+    ss = shardload.open(damaged)
+    assert len(ss.lengths) == len(ss)  # mapped when the set is planned; the shard's open only checks them
+    for name in ("tokens", "features"):
+        ss.field_lengths(name)
+    checked: list[str] = []
+    real = type(ss)._check_index_unchanged
+
+    def spy(self: Any, file: str) -> None:
+        checked.append(file)
+        real(self, file)
+
+    monkeypatch.setattr(type(ss), "_check_index_unchanged", spy)
+    ss[0]
+    assert sorted(checked) == sorted(set(checked)) and len(checked) == 3, checked

@@ -83,3 +83,21 @@ def test_a_stopped_worker_raises_within_the_timeout(tmp_path: Path) -> None:
     after = re.search(r"AFTER ([\d.]+)", outcome.output)
     assert after and float(after.group(1)) < 3 + 20, outcome.output
     assert "raise timeout" in outcome.output
+
+
+def test_signal_names_and_one_line_errors_have_one_definition() -> None:
+    """The loader's and prepare's worker messages name a signal the same way, as every reader words an error."""
+    import ast
+    import doctest
+
+    import shardload.messages
+
+    root = Path(shardload.messages.__file__).parent
+    defined = {
+        (node.name, str(path.relative_to(root)))
+        for path in root.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") in ("one_line", "signal_name")
+    }
+    assert defined == {("one_line", "messages.py"), ("signal_name", "messages.py")}
+    assert doctest.testmod(shardload.messages).failed == 0

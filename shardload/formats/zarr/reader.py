@@ -34,6 +34,7 @@ from shardload.formats.zarr.cache import ChunkCache, chunk_cache
 from shardload.formats.zarr.codecs import DEFAULT_CHUNK_SIZE, require_zarr
 from shardload.formats.zarr.writer import LAYOUT_VERSION
 from shardload.identity import IDENTITY_KEY
+from shardload.messages import one_line
 from shardload.schema import Field, Schema
 
 _HINT = "Run `shardload verify` on the shard set and re-run prepare for it."
@@ -145,7 +146,7 @@ class ZarrShardReader(ShardReader):
                 raise
             # zipfile, JSON and zarr metadata errors alike mean damage
             raise CorruptShardError(
-                f"shard {self.path} cannot be opened as a zipped Zarr group ({_one_line(exc)}); it is truncated "
+                f"shard {self.path} cannot be opened as a zipped Zarr group ({one_line(exc)}); it is truncated "
                 f"or corrupt. {_HINT}"
             ) from None
         self._zip = zf
@@ -163,7 +164,7 @@ class ZarrShardReader(ShardReader):
                 raise CorruptShardError(f"shard {self.path} has no array {key!r}. {_HINT}") from None
             except Exception as exc:  # noqa: BLE001
                 raise CorruptShardError(
-                    f"shard {self.path}: array {key!r} is unreadable ({_one_line(exc)}). {_HINT}"
+                    f"shard {self.path}: array {key!r} is unreadable ({one_line(exc)}). {_HINT}"
                 ) from None
             self._arrays[key] = arr
         return arr
@@ -201,7 +202,7 @@ class ZarrShardReader(ShardReader):
         except BoundsError as exc:
             raise self._refuse(str(exc)) from None
         except Exception as exc:  # noqa: BLE001  metadata zarr parsed but cannot describe: damage too
-            raise self._refuse(f"array {key!r} has unusable metadata ({_one_line(exc)})") from None
+            raise self._refuse(f"array {key!r} has unusable metadata ({one_line(exc)})") from None
 
     def _field(self, f: Field, n: int) -> FieldData:
         key = f"{f.name}/values"
@@ -267,7 +268,7 @@ class ZarrShardReader(ShardReader):
             return np.asarray(arr[rows])
         except Exception as exc:  # noqa: BLE001  a bad CRC, a broken zstd frame, a short read: all damage
             raise CorruptShardError(
-                f"shard {self.path}: chunk {chunk} of array {key!r} cannot be decoded ({_one_line(exc)}); the file "
+                f"shard {self.path}: chunk {chunk} of array {key!r} cannot be decoded ({one_line(exc)}); the file "
                 f"is damaged. {_HINT}"
             ) from None
 
@@ -483,8 +484,3 @@ class ZarrValues:
 
 def _is_int(key: Any) -> bool:
     return isinstance(key, (int, np.integer)) and not isinstance(key, bool)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,31 @@
+"""Small pieces of the library's error messages, shared so that every message says them the same way."""
+
+from __future__ import annotations
+
+import signal
+
+__all__ = ["one_line", "signal_name"]
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc`` as ``"Type: message"`` on one line (a third-party message may span several).
+
+    >>> one_line(ValueError("bad\\n  value"))
+    'ValueError: bad value'
+    >>> one_line(KeyError())
+    'KeyError'
+    """
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def signal_name(number: int) -> str:
+    """The name of signal ``number`` (``"SIGKILL"``), or ``"signal N"`` for one this platform does not name.
+
+    >>> signal_name(9)
+    'SIGKILL'
+    """
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
