@@ -70,6 +70,8 @@ def main(out: str, mode: str) -> None:
         print(f"RAISED {type(exc).__name__}: {one_line}", flush=True)
         sys.exit(3)
     finally:
+        # torch's SIGCHLD handler would raise in this frame when the workers below die: the job reports above.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for w in workers:  # a stopped worker must not outlive the job
             try:
                 w.send_signal(signal.SIGCONT)
