@@ -273,12 +273,22 @@ class WorkDir:
         """Record the run's identity, or check that a resumed run is the same run."""
         path = self.work / "state.json"
         if path.exists():
-            old = json.loads(path.read_text())
-            if old != json.loads(json.dumps(state)):
-                diff = sorted(k for k in set(old) | set(state) if old.get(k) != json.loads(json.dumps(state)).get(k))
+            try:
+                old = json.loads(path.read_text(encoding="utf-8"))
+            except (ValueError, RecursionError):  # JSON and UTF-8 errors are ValueErrors
+                old = None
+            if not isinstance(old, dict):
+                raise OutputError(
+                    f"{self.out}: the interrupted prepare's record ({path}) is damaged, so this run cannot tell "
+                    "whether it is the same run; rerun with --overwrite to start over"
+                )
+            new = json.loads(json.dumps(state))
+            if old != new:
+                diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
                 raise OutputError(
                     f"{self.out}: the interrupted prepare used different sources or options ({', '.join(diff)} "
-                    "differ); rerun it exactly as before with --resume, or use --overwrite to start over"
+                    f"differ{_first_difference(old.get('units'), new.get('units'))}); rerun it exactly as before "
+                    "with --resume, or use --overwrite to start over"
                 )
         else:
             atomic_write_text(path, json.dumps(state, indent=1, sort_keys=True))
@@ -334,6 +344,16 @@ class WorkDir:
     @property
     def committing(self) -> bool:
         return (self.work / "COMMIT").exists()
+
+
+def _first_difference(old: Any, new: Any) -> str:
+    """``": the run had 'a.jsonl' where this one has 'b.jsonl'"`` for two lists of source units, or ``""``."""
+    if not isinstance(old, list) or not isinstance(new, list) or old == new:
+        return ""
+    for k, (a, b) in enumerate(zip(old, new)):
+        if a != b:
+            return f": source unit {k} was {a!r} in the interrupted run, {b!r} now"
+    return f": the interrupted run had {len(old)} source units, this one {len(new)}"
 
 
 def _check_output_path(out: Path) -> None:

@@ -407,6 +407,28 @@ def test_resume_with_a_damaged_fingerprint_record_is_refused(tmp_path: Path) -> 
         shardload.prepare([str(f) for f in files], out, resume=True, progress=False)
 
 
+@pytest.mark.parametrize(
+    "record", ["{not json", "[1, 2]", "\udcff", ""], ids=["not JSON", "a list", "not UTF-8", "empty"]
+)
+def test_resume_with_a_damaged_run_record_is_refused(tmp_path: Path, record: str) -> None:
+    files, out = interrupted_run(tmp_path)
+    (out / ".prepare" / "state.json").write_bytes(record.encode("utf-8", "surrogateescape"))
+    # Invariant: a damaged record of the interrupted run is an OutputError naming it (was exit 70)
+    with pytest.raises(shardload.OutputError, match=r"state\.json\) is damaged.*--overwrite"):
+        shardload.prepare([str(f) for f in files], out, resume=True, progress=False)
+
+
+def test_resume_with_other_sources_names_the_first_that_differs(tmp_path: Path) -> None:
+    files, out = interrupted_run(tmp_path)
+    other = tmp_path / "z.jsonl"
+    jsonl(other, [6, 7])
+    with pytest.raises(
+        shardload.OutputError,
+        match=r"units differ: source unit 1 was .*b\.jsonl' in the interrupted run, .*z\.jsonl' now",
+    ):
+        shardload.prepare([str(files[0]), str(other), str(files[2])], out, resume=True, progress=False)
+
+
 def test_resume_over_a_large_source_rewritten_with_its_stamp_put_back_is_refused(tmp_path: Path) -> None:
     # Above the size whose content is hashed: only the file's stamp can tell. `cp -p` over the file or
     # `rsync --inplace -t` keep its inode, size and modification time; its change time still moves.
