@@ -170,10 +170,10 @@ def jsonl(path: Path, lengths: list[int], tail: str = "") -> None:
     path.write_text("".join(json.dumps({"t": list(range(n))}) + "\n" for n in lengths) + tail)
 
 
-def interrupted_run(tmp_path: Path) -> tuple[list[Path], Path]:
-    """Sources a, b, c; the run stops on a bad line in c, after a and b are staged. Then c is fixed."""
+def interrupted_run(tmp_path: Path, first: list[int] | None = None) -> tuple[list[Path], Path]:
+    """Sources a (``first`` lengths), b, c; the run stops on a bad line in c, after a and b are staged. Then c is fixed."""
     files = [tmp_path / f"{k}.jsonl" for k in "abc"]
-    jsonl(files[0], [3, 4, 5])
+    jsonl(files[0], first or [3, 4, 5])
     jsonl(files[1], [6, 7])
     jsonl(files[2], [8], tail='{"t": "oops"}\n')
     out = tmp_path / "out"
@@ -432,16 +432,9 @@ def test_resume_with_other_sources_names_the_first_that_differs(tmp_path: Path) 
 def test_resume_over_a_large_source_rewritten_with_its_stamp_put_back_is_refused(tmp_path: Path) -> None:
     # Above the size whose content is hashed: only the file's stamp can tell. `cp -p` over the file or
     # `rsync --inplace -t` keep its inode, size and modification time; its change time still moves.
-    files = [tmp_path / f"{k}.jsonl" for k in "abc"]
-    jsonl(files[0], [3] + [200] * 2000)
-    assert files[0].stat().st_size > (1 << 20)
-    jsonl(files[1], [6, 7])
-    jsonl(files[2], [8], tail='{"t": "oops"}\n')
-    out = tmp_path / "out"
-    with pytest.raises(shardload.InputError, match="c.jsonl"):
-        shardload.prepare([str(f) for f in files], out, progress=False)
-    jsonl(files[2], [8])
+    files, out = interrupted_run(tmp_path, first=[3] + [200] * 2000)
     big = files[0]
+    assert big.stat().st_size > (1 << 20)
     rewrite_same_size_and_time(big)
     with pytest.raises(shardload.OutputError, match=r"a\.jsonl changed since the interrupted run.*modification time"):
         shardload.prepare([str(f) for f in files], out, resume=True, progress=False)
