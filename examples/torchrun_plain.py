@@ -108,10 +108,15 @@ def main(argv: list[str] | None = None) -> None:
     pin = device.type == "cuda"
     # Rank and world size come from torchrun's environment (RANK / WORLD_SIZE).
     train_loader = shardload.make_loader(
-        args.train, max_tokens=args.max_tokens, num_workers=args.num_workers, pin_memory=pin, debug=args.debug
+        args.train,
+        max_tokens=args.max_tokens,
+        loader_options=shardload.LoaderOptions(num_workers=args.num_workers, pin_memory=pin, debug=args.debug),
     )
     val_loader = shardload.make_loader(
-        args.val, stage="val", max_tokens=args.max_tokens, pin_memory=pin, debug=args.debug
+        args.val,
+        stage="val",
+        max_tokens=args.max_tokens,
+        loader_options=shardload.LoaderOptions(pin_memory=pin, debug=args.debug),
     )
 
     step, first_epoch = 0, 0

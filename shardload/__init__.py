@@ -8,9 +8,9 @@ The data flow, one module boundary per arrow::
     shard set: manifest.json + shards/*.arrow (or *.zarr.zip) + lengths.npy
        |  shardload.open                             (manifest + lengths only)
        v
-    plan(epoch, seed, rank, world_size, batching)    (pure numpy; equal counts on every rank)
+    plan: PlanInputs + EpochSpec + Batching -> RankPlan  (pure numpy; equal counts on every rank)
        v
-    dataset -> collate -> DataLoader -> ShardDataModule / make_loader
+    dataset -> collate -> DataLoader (LoaderOptions) -> ShardDataModule / make_loader
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ except KeyboardInterrupt:
 if TYPE_CHECKING:  # type checkers see the real objects; at run time they load lazily (below)
     from shardload.datamodule import ShardDataModule
     from shardload.loader import ShardLoader, make_loader
+    from shardload.loader_options import LoaderOptions
     from shardload.plan import Batching
     from shardload.world import World
 
@@ -71,6 +72,7 @@ if TYPE_CHECKING:  # type checkers see the real objects; at run time they load l
 # `import shardload` and the prepare/inspect/verify commands start fast.
 _LAZY = {
     "Batching": "shardload.plan",
+    "LoaderOptions": "shardload.loader_options",
     "ShardDataModule": "shardload.datamodule",
     "ShardLoader": "shardload.loader",
     "World": "shardload.world",
@@ -94,6 +96,7 @@ __all__ = [
     "CorruptShardError",
     "Field",
     "InputError",
+    "LoaderOptions",
     "ManifestError",
     "OutputError",
     "OutputExistsError",

@@ -12,16 +12,16 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import lightning.pytorch as pl
 
+from shardload._lightning import current_epoch, train_steps_done
 from shardload.collate import PadSpec
 from shardload.errors import PlanError
-from shardload.loader import ShardLoader, Stage, make_loader
-from shardload.loader_options import check_bool, check_path, check_worker_options
-from shardload.plan import Batching
-from shardload.plan.validate import MAX_SEED, check_call, check_scalar
+from shardload.loader import ShardLoader, build_loader
+from shardload.loader_options import LoaderOptions, check_path, with_shortcuts
+from shardload.plan import Batching, EpochSpec, ShardAssignment, Stage
 from shardload.shardset import ShardSet
 from shardload.world import World
 
@@ -45,27 +45,22 @@ class ShardDataModule(pl.LightningDataModule):
         val: shard set directory for validation (``None``: none).
         test: shard set directory for testing (``None``: none).
         predict: shard set directory for prediction (``None``: none).
-        batch_size: rows per batch; or
-        max_tokens: a token budget per batch (rows x padded length).
-        bucketing: group similar lengths to cut padding (default on).
-        pad_to_multiple_of: round padded lengths up to a multiple of this.
-        uneven: how training evens out batch counts across ranks: ``"split"``
-            (default: split the largest batches, nothing dropped or repeated),
-            ``"pad"`` (filler batches with weight 0) or ``"drop"``. Evaluation
-            never drops: it uses ``"split"`` when ``"drop"`` is asked.
+        batching: how rows become batches (:class:`~shardload.plan.Batching`:
+            batch size or token budget, bucketing, padding multiple, uneven
+            policy, bucket ratio, row cap). Evaluation never drops: it uses
+            ``uneven="split"`` when ``"drop"`` is asked.
+        batch_size: shortcut for ``batching=Batching(batch_size=...)``.
+        max_tokens: shortcut for ``batching=Batching(max_tokens=...)``; given
+            together with ``batching``, a shortcut must agree with it.
         seed: shuffle seed (the epoch comes from the trainer).
         shard_assignment: ``"rotate"`` shard groups between epochs or keep them ``"fixed"``.
-        num_workers: DataLoader workers; the batches do not depend on it.
-        pin_memory: pin batches for faster host-to-device copies (default: when CUDA is available).
         pad_values: pad value per field (default 0).
         fields: load only these fields.
-        debug: ``num_workers=0``, a per-rank plan summary every epoch, and a
-            cross-rank check that raises instead of hanging.
-        persistent_workers: keep worker processes alive between epochs (passed to the DataLoader).
-        prefetch_factor: batches each worker loads ahead (passed to the DataLoader).
-        timeout: seconds to wait for a batch from the workers before raising
-            :class:`~shardload.errors.WorkerError` (0, the default, waits for
-            ever); see :func:`~shardload.loader.make_loader`.
+        loader_options: workers, pinning, prefetch, timeout, debug
+            (:class:`~shardload.LoaderOptions`; default: 2 workers, pinned
+            when CUDA is available).
+        num_workers: shortcut for ``loader_options=LoaderOptions(num_workers=...)``;
+            the batches do not depend on it.
 
     Raises:
         PlanError: an option has the wrong type or value (here, when the
@@ -77,6 +72,9 @@ class ShardDataModule(pl.LightningDataModule):
         >>> trainer.fit(model, datamodule=dm)                                             # doctest: +SKIP
     """
 
+    #: the loader options when neither ``loader_options`` nor ``num_workers`` is given
+    DEFAULT_LOADER_OPTIONS: Mapping[str, Any] = {"num_workers": 2}
+
     def __init__(
         self,
         train: PathLike | None = None,
@@ -84,56 +82,33 @@ class ShardDataModule(pl.LightningDataModule):
         test: PathLike | None = None,
         predict: PathLike | None = None,
         *,
+        batching: Batching | None = None,
         batch_size: int | None = None,
         max_tokens: int | None = None,
-        bucketing: bool = True,
-        pad_to_multiple_of: int = 1,
-        uneven: Literal["split", "pad", "drop"] = "split",
         seed: int = 0,
-        shard_assignment: Literal["rotate", "fixed"] = "rotate",
-        num_workers: int = 2,
-        pin_memory: bool | None = None,
+        shard_assignment: ShardAssignment = "rotate",
         pad_values: Mapping[str, float] | None = None,
         fields: tuple[str, ...] | None = None,
-        debug: bool = False,
-        persistent_workers: bool = False,
-        prefetch_factor: int | None = None,
-        timeout: float = 0,
+        loader_options: LoaderOptions | None = None,
+        num_workers: int | None = None,
     ) -> None:
         super().__init__()
         self.paths: dict[Stage, PathLike | None] = {"train": train, "val": val, "test": test, "predict": predict}
         for stage, path in self.paths.items():
             if path is not None:
                 check_path(stage, path)
-        self.batching = Batching(
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            bucketing=bucketing,
-            pad_to_multiple_of=pad_to_multiple_of,
-            uneven=uneven,
+        self.batching = with_shortcuts(batching, Batching, "batching", batch_size=batch_size, max_tokens=max_tokens)
+        self.loader_options = with_shortcuts(
+            loader_options,
+            LoaderOptions,
+            "loader_options",
+            defaults=self.DEFAULT_LOADER_OPTIONS,
+            num_workers=num_workers,
         )
         # Everything that does not need the shard sets is checked now, where the user wrote it.
-        check_call(
-            world_size=1, batching=self.batching, stage="train", seed=seed, epoch=0, shard_assignment=shard_assignment
-        )
-        workers, prefetch, persistent, _, wait = check_worker_options(
-            num_workers=num_workers,
-            prefetch_factor=prefetch_factor,
-            persistent_workers=persistent_workers,
-            pin_memory=False if pin_memory is None else pin_memory,
-            timeout=timeout,
-        )
-        self.debug = check_bool("debug", debug)
+        self.spec = EpochSpec(world_size=1, seed=seed, shard_assignment=shard_assignment)
         self.pad = PadSpec({} if pad_values is None else pad_values, self.batching.pad_to_multiple_of, fields)
-        self.seed = check_scalar("seed", seed, low=0, high=MAX_SEED)
-        self.shard_assignment: Literal["rotate", "fixed"] = shard_assignment
-        self.num_workers = 0 if self.debug else workers
-        self.pin_memory = pin_memory
-        self.pad_values = dict(self.pad.pad_values)
-        self.fields = self.pad.fields
-        self.persistent_workers = persistent
-        self.prefetch_factor = prefetch
-        self.timeout = wait
+        self.seed = self.spec.seed
         self.world: World | None = None
 
     def setup(self, stage: str | None = None) -> None:
@@ -158,39 +133,19 @@ class ShardDataModule(pl.LightningDataModule):
         batching = self.batching
         if stage != "train" and batching.uneven == "drop":
             batching = dataclasses.replace(batching, uneven="split")
-        pin = self.pin_memory
-        if pin is None:
-            import torch
-
-            pin = torch.cuda.is_available()
-        loader = make_loader(
-            path,
-            rank=world.rank,
-            world_size=world.world_size,
-            stage=stage,
-            epoch=self.trainer.current_epoch if self.trainer is not None else 0,
-            batching=batching,
-            seed=self.seed,
-            shard_assignment=self.shard_assignment,
-            pad_values=self.pad_values,
-            fields=self.fields,
-            num_workers=self.num_workers,
-            pin_memory=pin,
-            prefetch_factor=self.prefetch_factor,
-            persistent_workers=self.persistent_workers,
-            timeout=self.timeout,
-            debug=self.debug,
+        spec = dataclasses.replace(
+            self.spec, world_size=world.world_size, stage=stage, epoch=current_epoch(self.trainer)
         )
-        if stage == "train" and self.trainer is not None:
-            loader.progress_fn = self._train_steps_done
-        return loader
-
-    def _train_steps_done(self) -> int:
-        # Lightning fetches one batch ahead of the step it runs; what a resume must skip is
-        # the batches whose training step finished, which the fit loop counts.
-        assert self.trainer is not None
-        progress: Any = self.trainer.fit_loop.epoch_loop.batch_progress.current  # has `processed` in Lightning >= 2.0
-        return int(progress.processed)
+        training = stage == "train" and self.trainer is not None
+        return build_loader(
+            path,
+            spec,
+            batching,
+            pad=self.pad,
+            options=self.loader_options,
+            world=world,
+            progress=train_steps_done(self.trainer) if training else None,
+        )
 
     def train_dataloader(self) -> ShardLoader | list[Any]:
         """This rank's loader for training: shuffled per epoch, batch counts equalised across ranks."""

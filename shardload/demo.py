@@ -148,7 +148,7 @@ def exact_val_loss(model: Any, val: Path, max_tokens: int) -> tuple[float, int]:
 # -- the job --------------------------------------------------------------------------------------
 def run_demo(cfg: DemoConfig, *, progress: bool | None = None, out: Any = print) -> dict[str, Any]:
     """Run the whole demo and return its report (also printed through ``out``)."""
-    from shardload.plan import Batching, summarize_plan
+    from shardload.plan import Batching, EpochSpec, summarize_plan
 
     t0 = time.perf_counter()
     cfg.workdir.mkdir(parents=True, exist_ok=True)
@@ -193,15 +193,9 @@ def run_demo(cfg: DemoConfig, *, progress: bool | None = None, out: Any = print)
     out(f"      verify: {'ok' if report.ok else 'PROBLEMS: ' + str(report.problems)}")
 
     train_set = shardload.open(sets / "train")
-    bucketed = summarize_plan(
-        train_set.lengths, train_set.index.sizes, world_size=cfg.devices, batching=Batching(max_tokens=cfg.max_tokens)
-    )
-    random = summarize_plan(
-        train_set.lengths,
-        train_set.index.sizes,
-        world_size=cfg.devices,
-        batching=Batching(max_tokens=cfg.max_tokens, bucketing=False),
-    )
+    spec = EpochSpec(world_size=cfg.devices)
+    bucketed = summarize_plan(train_set.plan_inputs(), spec, Batching(max_tokens=cfg.max_tokens))
+    random = summarize_plan(train_set.plan_inputs(), spec, Batching(max_tokens=cfg.max_tokens, bucketing=False))
     out(
         f"[4/5] plan for {cfg.devices} ranks, max_tokens={cfg.max_tokens}: batches per rank "
         f"{[bucketed.num_batches] * cfg.devices} (before equalising: {bucketed.rank_batch_counts.tolist()}); "

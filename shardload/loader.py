@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
@@ -25,99 +25,88 @@ from torch.utils.data import DataLoader, DistributedSampler
 from shardload.collate import PadSpec
 from shardload.dataset import BatchKey, ShardBatchDataset, WorkerBatch
 from shardload.errors import PlanError, PlanMismatchError, ShardloadError, WorkerError
-from shardload.loader_options import check_bool, check_path, check_state, check_worker_options
-from shardload.plan import Batching, RankPlan, plan_rank
-from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_call, check_scalar
+from shardload.loader_options import LoaderOptions, check_path, check_state, with_shortcuts
+from shardload.plan import Batching, EpochSpec, RankPlan, ShardAssignment, Stage, plan_rank
+from shardload.plan.request import check_request
+from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
 from shardload.shardset import ShardSet
 from shardload.workers import dead_worker, describe_exit, describe_stall
 from shardload.world import World
 
 logger = logging.getLogger("shardload.loader")
 
-Stage = Literal["train", "val", "test", "predict"]
 STATE_VERSION = 1
 
 
 class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
-    """Yields this rank's planned batches for the current epoch.
+    """Yields this rank's planned batches for the current epoch; owns where the epoch stands.
 
     Guarantee: ``len(self)`` is the same on every rank for every epoch (the
     plan equalises batch counts), so every rank runs the same number of steps.
 
+    The sampler is the stateful part of the loader: the epoch (in
+    :attr:`spec`), the batch the next iteration starts at (:attr:`start`),
+    and :meth:`state_dict` / :meth:`load_state_dict` for a mid-epoch resume.
+
     Args:
         shard_set: the opened shard set (only its manifest and lengths are used).
-        world: this rank and the world size.
+        spec: the epoch to plan; ``set_epoch`` moves it to another epoch.
         batching: batch size or token budget, bucketing, uneven policy.
-        stage: ``"train"`` shuffles per (seed, epoch); other stages are in a
-            fixed order and see every sample exactly once.
-        seed: shuffle seed.
-        shard_assignment: ``"rotate"`` shard groups between epochs, or ``"fixed"``.
-        debug: print a plan summary each epoch and check across ranks (one
+        world: this rank and the world size (``world.world_size == spec.world_size``).
+        debug: log a plan summary each epoch and check across ranks (one
             small all-gather) that every rank has the same batch count and plan
             fingerprint, raising :class:`PlanMismatchError` instead of hanging.
     """
 
     def __init__(
-        self,
-        shard_set: ShardSet,
-        *,
-        world: World,
-        batching: Batching,
-        stage: Stage = "train",
-        seed: int = 0,
-        shard_assignment: Literal["rotate", "fixed"] = "rotate",
-        epoch: int = 0,
-        debug: bool = False,
+        self, shard_set: ShardSet, spec: EpochSpec, batching: Batching, *, world: World, debug: bool = False
     ) -> None:
+        check_request(spec, batching)
+        if world.world_size != spec.world_size:
+            raise PlanError(f"the world has {world.world_size} ranks but the plan asks for {spec.world_size}")
         # DistributedSampler.__init__ would need a process group; set its public attributes instead.
         self.dataset = shard_set  # type: ignore[assignment]
         self.num_replicas = world.world_size
         self.rank = world.rank
-        self.epoch = epoch
-        self.seed = seed
-        self.shuffle = stage == "train"
+        self.seed = spec.seed
+        self.shuffle = spec.shuffled
         self.drop_last = False
         self.shard_set = shard_set
         self.world = world
+        self.spec = spec
         self.batching = batching
-        self.stage: Stage = stage
-        self.shard_assignment: Literal["rotate", "fixed"] = shard_assignment
         self.debug = debug
-        self._start = 0
+        #: the batch of the current epoch the next iteration starts at (set by a resume)
+        self.start = 0
         self._plan: RankPlan | None = None
+
+    @property
+    def epoch(self) -> int:  # type: ignore[override]  # DistributedSampler's attribute, read-only here
+        """The current epoch (``DistributedSampler``'s attribute)."""
+        return self.spec.epoch
+
+    @property
+    def stage(self) -> Stage:
+        """The stage planned."""
+        return self.spec.stage
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to plan; :class:`PlanError` if it is not an integer >= 0."""
         epoch = check_scalar("epoch", epoch, low=0, high=MAX_EPOCH)
-        if epoch != self.epoch:
-            self.epoch = epoch
-            self._start = 0
+        if epoch != self.spec.epoch:
+            self.spec = self.spec.at_epoch(epoch)
+            self.start = 0
 
     def plan(self) -> RankPlan:
         """This rank's plan for the current epoch (computed once per epoch)."""
-        if self._plan is None or self._plan.epoch != self.epoch:
-            self._plan = self.plan_for(self.epoch)
+        self._plan = self.plan_for(self.spec.epoch)
         return self._plan
 
     def plan_for(self, epoch: int) -> RankPlan:
         """This rank's plan for ``epoch`` (the current epoch's is cached by :meth:`plan`)."""
         if self._plan is not None and self._plan.epoch == epoch:
             return self._plan
-        ss = self.shard_set
-        return plan_rank(
-            ss.lengths,
-            ss.index.sizes,
-            rank=self.world.rank,
-            world_size=self.world.world_size,
-            batching=self.batching,
-            stage=self.stage,
-            seed=self.seed,
-            epoch=epoch,
-            shard_assignment=self.shard_assignment,
-            # The manifest fingerprint covers every shard's checksum, so it identifies the
-            # lengths too; this saves hashing the whole lengths index every epoch.
-            lengths_digest=ss.fingerprint,
-        )
+        return plan_rank(self.shard_set.plan_inputs(), self.spec.at_epoch(epoch), self.batching, rank=self.world.rank)
 
     def __len__(self) -> int:
         return len(self.plan())
@@ -127,7 +116,7 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         # batches whether or not workers prefetch from this iterator right away.
         # The start point is kept until a pass completes, because torch's
         # multi-worker iterator calls iter(sampler) twice when it is created.
-        plan, start = self.plan(), self._start
+        plan, start = self.plan(), self.start
         if self.debug:
             self._debug_check(plan)
         return self._keys(plan, start)
@@ -136,19 +125,54 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         for i in range(start, len(plan)):
             ids, weights = plan.batch(i)
             yield BatchKey(i, ids, weights)
-        if plan.epoch == self.epoch:
-            self._start = 0
+        if plan.epoch == self.spec.epoch:
+            self.start = 0
 
-    def resume_at(self, epoch: int, batches_done: int, plan: RankPlan | None = None) -> None:
-        """Make the next iteration start at batch ``batches_done`` of ``epoch``.
+    def state_dict(self, batches_done: int) -> dict[str, Any]:
+        """Where the current epoch stands once ``batches_done`` of its batches were consumed."""
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.spec.epoch,
+            "batches_done": int(batches_done),
+            "fingerprint": self.plan().fingerprint,
+            "world_size": self.world.world_size,
+            "rank": self.world.rank,
+        }
 
-        ``plan``, when the caller already has :meth:`plan_for` ``(epoch)``, is kept, so the epoch is not planned
-        twice.
+    def load_state_dict(self, state: Mapping[str, Any]) -> int:
+        """Make the next iteration start where ``state`` stood; return its ``batches_done``.
+
+        The state is checked completely before anything changes: on an error the
+        sampler is as it was. The plan checked against the state's fingerprint
+        is kept, so the epoch is not planned twice.
+
+        Raises:
+            PlanError: the state is not a loader state (``None``, a key missing, a value
+                of the wrong type, a negative ``batches_done``), of an unknown version,
+                taken with another world size, or ``batches_done`` is beyond the epoch's
+                batch count.
+            PlanMismatchError: the plan differs (shard set, seed or batching changed).
         """
-        self.epoch = epoch
-        self._start = batches_done
-        if plan is not None and plan.epoch == epoch:
-            self._plan = plan
+        epoch, done, fingerprint, world_size = check_state(state, version=STATE_VERSION)
+        if world_size != self.world.world_size:
+            raise PlanError(
+                f"the checkpoint was taken with world size {world_size}, this run has "
+                f"{self.world.world_size}; a mid-epoch resume needs the same world size (resume from an "
+                "end-of-epoch checkpoint instead)"
+            )
+        plan = self.plan_for(epoch)
+        if plan.fingerprint != fingerprint:
+            raise PlanMismatchError(
+                "the plan for this epoch differs from the checkpoint's (shard set, seed or batching options "
+                "changed); the remaining batches would not be the ones the run would have seen"
+            )
+        if done > len(plan):
+            raise PlanError(
+                f"the loader state says {done} batches of epoch {epoch} were done, but the epoch has "
+                f"{len(plan)}; the state was edited or belongs to another run"
+            )
+        self.spec, self.start, self._plan = plan.spec, done, plan  # planned once: the plan checked is the plan iterated
+        return done
 
     def _debug_check(self, plan: RankPlan) -> None:
         w = self.world
@@ -203,6 +227,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         persistent_workers: bool = False,
         timeout: float = 0,
         multiprocessing_context: Any = None,
+        progress: Callable[[], int] | None = None,
         **kwargs: Any,
     ) -> None:
         # Lightning passes the DataLoader arguments back when it re-creates a loader.
@@ -229,9 +254,9 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         self._superseded_by = ""
         # the epoch batches_done counts batches of: after set_epoch() to another one, none of it is done yet
         self._counted_epoch = sampler.epoch
-        #: when set (by the DataModule), the trainer's count of finished training steps this
+        #: when given (by the DataModule), the trainer's count of finished training steps this
         #: epoch; used instead of ``batches_done`` because Lightning fetches one batch ahead
-        self.progress_fn: Callable[[], int] | None = None
+        self.progress = progress
 
     @property
     def plan_sampler(self) -> PlanSampler:
@@ -252,7 +277,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         return self._iteration
 
     def _batches(self, mine: int) -> Iterator[dict[str, torch.Tensor]]:
-        self.batches_done = self.plan_sampler._start
+        self.batches_done = self.plan_sampler.start
         self._counted_epoch = self.plan_sampler.epoch
         it = super().__iter__()
         while True:
@@ -294,60 +319,25 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
     def state_dict(self) -> dict[str, Any]:
         """Where this epoch stands: restoring it resumes with exactly the remaining batches."""
         s = self.plan_sampler
-        if self.progress_fn is not None:
-            done = self.progress_fn()
+        if self.progress is not None:
+            done = self.progress()
         elif self._counted_epoch == s.epoch:
             done = self.batches_done
         else:  # set_epoch() since: the count is the old epoch's, and the new one starts where it was set to
-            done = s._start
-        return {
-            "version": STATE_VERSION,
-            "epoch": s.epoch,
-            "batches_done": int(done),
-            "fingerprint": s.plan().fingerprint,
-            "world_size": s.world.world_size,
-            "rank": s.world.rank,
-        }
+            done = s.start
+        return s.state_dict(done)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next iteration yields the batches that were left.
 
         It takes effect at the next ``iter(loader)``; an iteration still running
         when it is called raises :class:`PlanError` at its next batch rather than
-        go on with the old plan.
-
-        The state is checked completely before anything changes: on an error the
-        loader is as it was.
-
-        Raises:
-            PlanError: the state is not a loader state (``None``, a key missing, a value
-                of the wrong type, a negative ``batches_done``), of an unknown version,
-                taken with another world size, or ``batches_done`` is beyond the epoch's
-                batch count.
-            PlanMismatchError: the plan differs (shard set, seed or batching changed).
+        go on with the old plan. The state is checked by
+        :meth:`PlanSampler.load_state_dict` before anything changes: on an
+        error the loader is as it was.
         """
-        s = self.plan_sampler
-        epoch, done, fingerprint, world_size = check_state(state, version=STATE_VERSION)
-        if world_size != s.world.world_size:
-            raise PlanError(
-                f"the checkpoint was taken with world size {world_size}, this run has "
-                f"{s.world.world_size}; a mid-epoch resume needs the same world size (resume from an "
-                "end-of-epoch checkpoint instead)"
-            )
-        plan = s.plan_for(epoch)
-        if plan.fingerprint != fingerprint:
-            raise PlanMismatchError(
-                "the plan for this epoch differs from the checkpoint's (shard set, seed or batching options "
-                "changed); the remaining batches would not be the ones the run would have seen"
-            )
-        if done > len(plan):
-            raise PlanError(
-                f"the loader state says {done} batches of epoch {epoch} were done, but the epoch has "
-                f"{len(plan)}; the state was edited or belongs to another run"
-            )
-        s.resume_at(epoch, done, plan)  # planned once: the plan checked is the plan iterated
-        self.batches_done = done
-        self._counted_epoch = epoch
+        self.batches_done = self.plan_sampler.load_state_dict(state)
+        self._counted_epoch = self.plan_sampler.epoch
         # An iterator still running was planned from the old start: it must not go on (and count batches).
         self._new_iteration("load_state_dict() was called")
 
@@ -355,27 +345,19 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
 def make_loader(
     path: str | os.PathLike[str] | ShardSet,
     *,
-    rank: int | None = None,
-    world_size: int | None = None,
-    stage: Stage = "train",
-    epoch: int = 0,
     batching: Batching | None = None,
     batch_size: int | None = None,
     max_tokens: int | None = None,
-    bucketing: bool | None = None,
-    pad_to_multiple_of: int | None = None,
-    uneven: Literal["split", "pad", "drop"] | None = None,
+    stage: Stage = "train",
+    epoch: int = 0,
     seed: int = 0,
-    shard_assignment: Literal["rotate", "fixed"] = "rotate",
+    shard_assignment: ShardAssignment = "rotate",
     pad_values: Mapping[str, float] | None = None,
     fields: tuple[str, ...] | None = None,
-    num_workers: int = 0,
-    pin_memory: bool = False,
-    prefetch_factor: int | None = None,
-    persistent_workers: bool = False,
-    timeout: float = 0,
-    debug: bool = False,
-    trainer: Any = None,
+    loader_options: LoaderOptions | None = None,
+    num_workers: int | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
 ) -> ShardLoader:
     """A DataLoader over this rank's share of a shard set.
 
@@ -383,22 +365,32 @@ def make_loader(
     SLURM, or the initialised process group; see :mod:`shardload.world`).
 
     Every option is checked here, before any batch is planned or read: a wrong
-    type (``batch_size=True``, ``num_workers=1.5``, ``pin_memory="no"``), a value
-    out of range, a ``pad_values`` entry for a field the set does not have or
-    that its dtype cannot hold, or ``batching`` given together with the options
-    it replaces, raises :class:`~shardload.errors.PlanError` naming the option.
+    type (``batch_size=True``, ``num_workers=1.5``), a value out of range, a
+    ``pad_values`` entry for a field the set does not have or that its dtype
+    cannot hold, or a shortcut that disagrees with its option object, raises
+    :class:`~shardload.errors.PlanError` naming the option.
 
     Args:
-        bucketing: group similar lengths to cut padding (``None``: on).
-        pad_to_multiple_of: round padded lengths up to a multiple of this (``None``: 1).
-        uneven: how training evens out batch counts across ranks (``None``: ``"split"``).
-            These three and ``batch_size``/``max_tokens`` are left out (``None``)
-            when ``batching`` is given: it holds them.
-        timeout: seconds to wait for a batch from the worker processes before
-            raising :class:`~shardload.errors.WorkerError` (0, the default,
-            waits for ever). It turns a stopped or stuck worker into an error
-            instead of a hang; set it well above the slowest batch, e.g. 300.
-            No effect with ``num_workers=0``.
+        path: A shard set directory, or an opened :class:`~shardload.ShardSet`.
+        batching: How rows become batches (:class:`~shardload.plan.Batching`:
+            batch size or token budget, bucketing, padding multiple, uneven
+            policy, ...).
+        batch_size: Shortcut for ``batching=Batching(batch_size=...)``.
+        max_tokens: Shortcut for ``batching=Batching(max_tokens=...)``. Given
+            together with ``batching``, a shortcut must agree with it.
+        stage: ``"train"`` shuffles per (seed, epoch); ``"val"``, ``"test"``
+            and ``"predict"`` see every sample exactly once over all ranks.
+        epoch: The first epoch (``set_epoch`` moves to another).
+        seed: Shuffle seed.
+        shard_assignment: ``"rotate"`` shard groups between training epochs, or
+            keep them ``"fixed"``.
+        pad_values: Pad value per field (default 0).
+        fields: Load only these fields.
+        loader_options: Workers, pinning, prefetch, timeout, debug
+            (:class:`~shardload.LoaderOptions`; default: no worker process).
+        num_workers: Shortcut for ``loader_options=LoaderOptions(num_workers=...)``.
+        rank: This rank (with ``world_size``; default: from the environment).
+        world_size: Number of ranks.
 
     Examples:
         >>> loader = shardload.make_loader("out/", batch_size=32, num_workers=2)  # doctest: +SKIP
@@ -409,79 +401,39 @@ def make_loader(
     """
     if not isinstance(path, ShardSet):
         check_path("path", path)
-    workers, prefetch, persistent, pin, wait = check_worker_options(
-        num_workers=num_workers,
-        prefetch_factor=prefetch_factor,
-        persistent_workers=persistent_workers,
-        pin_memory=pin_memory,
-        timeout=timeout,
-    )
-    debug = check_bool("debug", debug)
-    if batching is None:
-        if batch_size is None and max_tokens is None:
-            raise PlanError("give batch_size or max_tokens (or a Batching object)")
-        batching = Batching(
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            bucketing=True if bucketing is None else bucketing,
-            pad_to_multiple_of=1 if pad_to_multiple_of is None else pad_to_multiple_of,
-            uneven="split" if uneven is None else uneven,
-        )
-    else:
-        # None means "not given": any value given, even the default's, would be silently ignored
-        given = {
-            "batch_size": batch_size,
-            "max_tokens": max_tokens,
-            "bucketing": bucketing,
-            "pad_to_multiple_of": pad_to_multiple_of,
-            "uneven": uneven,
-        }
-        clash = [name for name, value in given.items() if value is not None]
-        if clash:
-            raise PlanError(
-                f"batching= replaces {', '.join(clash)}, which would be ignored: put them in the Batching "
-                "object, or leave out batching="
-            )
+    batching = with_shortcuts(batching, Batching, "batching", batch_size=batch_size, max_tokens=max_tokens)
+    options = with_shortcuts(loader_options, LoaderOptions, "loader_options", num_workers=num_workers)
     if rank is not None or world_size is not None:
         # World.detect would round 1.5 to 1; refuse instead
         world_size = check_scalar("world_size", world_size, low=1, high=MAX_WORLD_SIZE)
         rank = check_scalar("rank", rank, low=0, high=world_size - 1, hint="rank must be in [0, world_size)")
-    world = World.detect(rank, world_size, trainer=trainer)
-    check_call(
-        world_size=world.world_size,
-        batching=batching,
-        stage=stage,
-        seed=seed,
-        epoch=epoch,
-        shard_assignment=shard_assignment,
+    world = World.detect(rank, world_size)
+    spec = EpochSpec(
+        world_size=world.world_size, stage=stage, seed=seed, epoch=epoch, shard_assignment=shard_assignment
     )
-    pad = PadSpec(
-        pad_values={} if pad_values is None else pad_values,
-        pad_to_multiple_of=batching.pad_to_multiple_of,
-        fields=fields,
-    )
+    pad = PadSpec({} if pad_values is None else pad_values, batching.pad_to_multiple_of, fields)
+    return build_loader(path, spec, batching, pad=pad, options=options, world=world)
+
+
+def build_loader(
+    path: str | os.PathLike[str] | ShardSet,
+    spec: EpochSpec,
+    batching: Batching,
+    *,
+    pad: PadSpec,
+    options: LoaderOptions,
+    world: World,
+    progress: Callable[[], int] | None = None,
+) -> ShardLoader:
+    """The loader of checked option objects: what :func:`make_loader` and the DataModule both build.
+
+    Opens the shard set (manifest and lengths only) and checks ``pad`` against
+    its schema; no batch is planned or read yet.
+    """
+    check_request(spec, batching)
     shard_set = path if isinstance(path, ShardSet) else ShardSet(path)
-    sampler = PlanSampler(
-        shard_set,
-        world=world,
-        batching=batching,
-        stage=stage,
-        seed=int(seed),
-        shard_assignment=shard_assignment,
-        epoch=int(epoch),
-        debug=debug,
-    )
+    sampler = PlanSampler(shard_set, spec, batching, world=world, debug=options.debug)
     # Checks fields and pad values against the set's schema (names and dtypes).
     dataset = ShardBatchDataset(shard_set, pad, fingerprint=shard_set.fingerprint)
-    if debug:
-        workers = 0
     # sampler by keyword: Lightning re-creates the loader (predict) from the recorded arguments
-    return ShardLoader(
-        dataset,
-        sampler=sampler,
-        num_workers=workers,
-        pin_memory=pin,
-        prefetch_factor=prefetch,
-        persistent_workers=persistent,
-        timeout=wait,
-    )
+    return ShardLoader(dataset, sampler=sampler, progress=progress, **options.dataloader_kwargs())

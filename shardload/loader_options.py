@@ -1,13 +1,17 @@
-"""Checks of the loader's own options and of a saved loader state.
+"""The loader's own options (:class:`LoaderOptions`), the shortcut rule, and checks of a saved loader state.
 
 :func:`~shardload.loader.make_loader` and
-:class:`~shardload.datamodule.ShardDataModule` call these when they are built,
-so a wrong type or value fails where the user wrote it, with a
+:class:`~shardload.datamodule.ShardDataModule` take three option objects:
+:class:`~shardload.plan.Batching` (how rows become batches),
+:class:`LoaderOptions` (how batches are delivered) and, for the epoch,
+:class:`~shardload.plan.EpochSpec` (built from ``stage``, ``seed``, ``epoch``,
+``shard_assignment`` and the world size). Each checks itself when built, so a
+wrong type or value fails where the user wrote it, with a
 :class:`~shardload.errors.PlanError` naming the option, instead of being
-rounded, ignored, or failing in a worker an epoch later. The batching options
-are checked by :class:`~shardload.plan.Batching`, the plan's scalars by
-:func:`shardload.plan.validate.check_call`, pad values and fields by
-:class:`~shardload.collate.PadSpec`.
+rounded, ignored, or failing in a worker an epoch later; pad values and fields
+are checked by :class:`~shardload.collate.PadSpec`. :func:`with_shortcuts` is
+the one rule for a shortcut keyword (``batch_size=``, ``max_tokens=``,
+``num_workers=``) given beside its object.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -25,11 +31,12 @@ from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
 __all__ = [
     "MAX_TIMEOUT",
     "MAX_WORKERS",
+    "LoaderOptions",
     "check_bool",
     "check_path",
     "check_state",
     "check_timeout",
-    "check_worker_options",
+    "with_shortcuts",
 ]
 
 #: More worker processes than this is a typo, not a configuration (each one is a process with its own mappings).
@@ -64,38 +71,128 @@ def check_timeout(value: object) -> float:
     return seconds
 
 
-def check_worker_options(
-    *,
-    num_workers: object,
-    prefetch_factor: object,
-    persistent_workers: object,
-    pin_memory: object,
-    timeout: object,
-) -> tuple[int, int | None, bool, bool, float]:
-    """The DataLoader's worker options, checked.
+@dataclass(frozen=True)
+class LoaderOptions:
+    """How batches are delivered: worker processes, pinning, prefetch, timeout, debug.
 
-    ``prefetch_factor``, ``persistent_workers`` and ``timeout`` are about worker
-    processes: they are checked whatever ``num_workers`` is, and have no effect
-    with ``num_workers=0`` (so that one configuration works with and without workers).
+    None of these changes which batches come out, or their order: the plan
+    does not depend on them. The same object serves
+    :func:`~shardload.loader.make_loader` and
+    :class:`~shardload.datamodule.ShardDataModule` (``loader_options=``);
+    ``num_workers=`` is also a shortcut keyword of both.
 
-    Returns:
-        ``(num_workers, prefetch_factor, persistent_workers, pin_memory, timeout)``.
+    Attributes:
+        num_workers: DataLoader worker processes (``0 .. 1024``); 0 builds
+            batches in the training process.
+        pin_memory: Pin batches for faster host-to-device copies; ``None``:
+            when CUDA is available.
+        prefetch_factor: Batches each worker loads ahead (``None``: torch's
+            default, 2).
+        persistent_workers: Keep worker processes alive between epochs.
+        timeout: Seconds to wait for a batch from the workers before raising
+            :class:`~shardload.errors.WorkerError` (0: wait for ever). It turns
+            a stopped or stuck worker into an error instead of a hang; set it
+            well above the slowest batch, e.g. 300.
+        debug: ``num_workers=0``, a per-rank plan summary every epoch, and a
+            cross-rank check (one small all-gather) that raises
+            :class:`~shardload.errors.PlanMismatchError` instead of hanging.
+
+    ``prefetch_factor``, ``persistent_workers`` and ``timeout`` are about
+    worker processes: they are checked whatever ``num_workers`` is, and have no
+    effect with ``num_workers=0`` (so that one configuration works with and
+    without workers).
+
+    Raises:
+        PlanError: On construction, naming the option, if a value has the
+            wrong type (``num_workers=1.5``, ``pin_memory="no"``) or range.
+
+    Examples:
+        >>> LoaderOptions(num_workers=4, timeout=300).workers
+        4
+        >>> LoaderOptions(num_workers=4, debug=True).workers
+        0
     """
-    workers = check_scalar(
-        "num_workers", num_workers, low=0, high=MAX_WORKERS, hint="0 builds batches in the training process"
-    )
-    prefetch = None
-    if prefetch_factor is not None:
-        prefetch = check_scalar(
-            "prefetch_factor", prefetch_factor, low=1, high=MAX_COUNT, hint="batches each worker loads ahead"
+
+    num_workers: int = 0
+    pin_memory: bool | None = None
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    timeout: float = 0
+    debug: bool = False
+
+    def __post_init__(self) -> None:
+        fixed: dict[str, object] = {
+            "num_workers": check_scalar(
+                "num_workers",
+                self.num_workers,
+                low=0,
+                high=MAX_WORKERS,
+                hint="0 builds batches in the training process",
+            ),
+            "persistent_workers": check_bool("persistent_workers", self.persistent_workers),
+            "timeout": check_timeout(self.timeout),
+            "debug": check_bool("debug", self.debug),
+        }
+        if self.pin_memory is not None:
+            fixed["pin_memory"] = check_bool("pin_memory", self.pin_memory)
+        if self.prefetch_factor is not None:
+            fixed["prefetch_factor"] = check_scalar(
+                "prefetch_factor", self.prefetch_factor, low=1, high=MAX_COUNT, hint="batches each worker loads ahead"
+            )
+        for name, value in fixed.items():
+            object.__setattr__(self, name, value)  # plain Python values
+
+    @property
+    def workers(self) -> int:
+        """The worker processes the loader starts: ``num_workers``, or 0 in debug mode."""
+        return 0 if self.debug else self.num_workers
+
+    def dataloader_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``torch.utils.data.DataLoader`` these options stand for."""
+        pin = self.pin_memory
+        if pin is None:
+            import torch
+
+            pin = torch.cuda.is_available()
+        return {
+            "num_workers": self.workers,
+            "pin_memory": pin,
+            "prefetch_factor": self.prefetch_factor,
+            "persistent_workers": self.persistent_workers,
+            "timeout": self.timeout,
+        }
+
+
+T = TypeVar("T")
+
+
+def with_shortcuts(
+    given: T | None, cls: type[T], owner: str, *, defaults: Mapping[str, object] | None = None, **shortcuts: object
+) -> T:
+    """An option object from its keyword ``owner=`` and its shortcut keywords, which must agree.
+
+    ``given`` is the object passed as ``owner=`` (``None``: not passed);
+    ``shortcuts`` the shortcut keywords (``None``: not passed). Without an
+    object, ``cls(**defaults, **shortcuts given)`` builds it. With one, a
+    shortcut that differs from the object's field raises instead of being
+    silently ignored.
+
+    Raises:
+        PlanError: A shortcut disagrees with the object, or ``given`` is not a ``cls``.
+    """
+    passed = {name: value for name, value in shortcuts.items() if value is not None}
+    if given is None:
+        return cls(**{**(defaults or {}), **passed})
+    if not isinstance(given, cls):
+        raise PlanError(
+            f"{owner} must be a shardload.{cls.__name__}, got {type(given).__name__}: e.g. {owner}={cls.__name__}(...)"
         )
-    return (
-        workers,
-        prefetch,
-        check_bool("persistent_workers", persistent_workers),
-        check_bool("pin_memory", pin_memory),
-        check_timeout(timeout),
-    )
+    clash = [f"{name}={value!r}" for name, value in passed.items() if getattr(given, name) != value]
+    if clash:
+        raise PlanError(
+            f"{', '.join(clash)} disagrees with {owner}={given!r}: give each option once, in {owner}= or as a keyword"
+        )
+    return given
 
 
 _STATE_KEYS = ("version", "epoch", "batches_done", "fingerprint", "world_size")

@@ -31,6 +31,7 @@ from shardload.identity import (
 )
 from shardload.index import ShardIndex
 from shardload.manifest import MANIFEST_NAME, Manifest, resolve_inside
+from shardload.plan.request import PlanInputs
 from shardload.plan.validate import check_scalar
 from shardload.schema import Schema
 from shardload.setfiles import (
@@ -89,6 +90,7 @@ class ShardSet:
         self._index_stamps: dict[str, FileStamp] = {}
         self._host = socket.gethostname()  # stamps mean nothing on another machine (other device numbers)
         self._lengths: NDArray[np.integer] | None = None
+        self._plan_inputs: PlanInputs | None = None
         self._field_lengths: dict[str, NDArray[np.integer]] = {}
         # stamp of each open shard when it was mapped
         self._stamps: dict[int, FileStamp] = {}
@@ -138,6 +140,21 @@ class ShardSet:
         else:
             self._check_index_unchanged(self.manifest.lengths_file)
         return self._lengths
+
+    def plan_inputs(self) -> PlanInputs:
+        """What the planner needs of this set: lengths, samples per shard and a digest of them.
+
+        Built once (the lengths are checked once) and reused; each call checks,
+        as :attr:`lengths` does, that the lengths index has not changed on disk.
+        The digest is the manifest fingerprint, which covers every shard's
+        checksum and so the lengths too: the index is never hashed.
+
+        >>> plan = plan_rank(ds.plan_inputs(), EpochSpec(world_size=8), Batching(max_tokens=16384), rank=0)  # doctest: +SKIP
+        """
+        lengths = self.lengths
+        if self._plan_inputs is None or self._plan_inputs.lengths is not lengths:
+            self._plan_inputs = PlanInputs(lengths, self.index.sizes, digest=self.fingerprint)
+        return self._plan_inputs
 
     def field_lengths(self, name: str) -> NDArray[np.integer]:
         """``(num_samples,)`` first-axis length of variable field ``name``."""

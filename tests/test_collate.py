@@ -13,6 +13,8 @@ import shardload.dataset
 from shardload.collate import Layout, PadSpec
 from shardload.dataset import BatchArena, ShardBatchDataset
 from shardload.loader import make_loader
+from shardload.loader_options import LoaderOptions
+from shardload.plan import Batching
 
 # Sample i has i % 7 == 6 long (40 rows), the others short (1-3 rows): batches of short ids plus
 # one long id are mostly padding (the whole array is filled first); batches of long ids are not.
@@ -132,7 +134,11 @@ def test_worker_batches_equal_main_process_batches(
 
     def epoch(workers: int) -> list[dict[str, torch.Tensor]]:
         loader = make_loader(
-            path, rank=0, world_size=1, batch_size=5, bucketing=False, num_workers=workers, pin_memory=pin
+            path,
+            rank=0,
+            world_size=1,
+            batching=Batching(batch_size=5, bucketing=False),
+            loader_options=LoaderOptions(num_workers=workers, pin_memory=pin),
         )
         return list(loader)
 

@@ -12,6 +12,7 @@ import torch
 
 import shardload
 from shardload.loader import make_loader
+from shardload.plan import Batching
 from shardload.testing import synthetic_samples
 from tests.helpers.resume import assert_resumes_identically, batch_ids
 
@@ -44,9 +45,8 @@ def test_batch_contract(shard_set: shardload.ShardSet, samples: list[dict]) -> N
         rank=0,
         world_size=1,
         stage="val",
-        batch_size=16,
+        batching=Batching(batch_size=16, pad_to_multiple_of=8),
         pad_values={"tokens": -1},
-        pad_to_multiple_of=8,
     )
     n_seen = 0
     for batch in loader:
@@ -167,7 +167,7 @@ def test_resume_plans_the_epoch_once(shard_set: shardload.ShardSet, monkeypatch:
     real = shardload.loader.plan_rank
 
     def counting(*args: Any, **kwargs: Any) -> Any:
-        planned.append(kwargs["epoch"])
+        planned.append(args[1].epoch)  # the EpochSpec
         return real(*args, **kwargs)
 
     monkeypatch.setattr(shardload.loader, "plan_rank", counting)

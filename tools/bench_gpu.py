@@ -73,7 +73,12 @@ def token_set(workdir: Path, samples: int) -> Path:
 
 def loader(path: Path, *, max_tokens: int, workers: int, pin: bool, epoch: int = 0) -> Any:
     ld = shardload.make_loader(
-        path, rank=0, world_size=1, max_tokens=max_tokens, num_workers=workers, pin_memory=pin, seed=0
+        path,
+        rank=0,
+        world_size=1,
+        max_tokens=max_tokens,
+        loader_options=shardload.LoaderOptions(num_workers=workers, pin_memory=pin),
+        seed=0,
     )
     ld.set_epoch(epoch)
     return ld

@@ -162,7 +162,7 @@ def rank_main(job: dict[str, Any]) -> None:
     from shardload.collate import PadSpec, collate_batch
     from shardload.dataset import ShardBatchDataset
     from shardload.loader import make_loader
-    from shardload.plan import Batching, plan_rank
+    from shardload.plan import Batching, EpochSpec, plan_rank
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     grouped = job["concurrent"]
@@ -190,14 +190,7 @@ def rank_main(job: dict[str, Any]) -> None:
         for k, info in enumerate(shard_set.shards):
             columns[k] = _columns_in_memory(np.fromfile(shard_set.path / info.file, dtype=np.uint8))
         plan = plan_rank(
-            shard_set.lengths,
-            shard_set.index.sizes,
-            rank=rank,
-            world_size=world,
-            batching=Batching(max_tokens=job["max_tokens"]),
-            seed=0,
-            epoch=0,
-            lengths_digest=shard_set.fingerprint,
+            shard_set.plan_inputs(), EpochSpec(world_size=world), Batching(max_tokens=job["max_tokens"]), rank=rank
         )
         pad = PadSpec()
         for ids, weights in plan:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.plan import Batching, RankPlan, digest_lengths, plan_rank, summarize_plan
+from shardload.plan import Batching, EpochSpec, PlanInputs, RankPlan, digest_lengths, plan_rank, summarize_plan
 
 
 def synthetic_lengths(num: int, seed: int) -> NDArray[np.int32]:
@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"digest_lengths: {time.perf_counter() - start:.3f} s")
 
         rss_before = reset_rss_peak()
+        spec = EpochSpec(world_size=args.world_size, seed=args.seed, epoch=1)
         configs = [Batching(batch_size=args.batch_size), Batching(max_tokens=args.max_tokens)]
         if args.unbucketed:
             configs += [
@@ -138,16 +139,8 @@ def main(argv: list[str] | None = None) -> None:
             repeats = args.repeats if batching.bucketing else 1
 
             def run(digest_arg: str | None = None, batching: Batching = batching) -> RankPlan:
-                return plan_rank(
-                    lengths,
-                    shard_sizes,
-                    rank=args.rank,
-                    world_size=args.world_size,
-                    batching=batching,
-                    seed=args.seed,
-                    epoch=1,
-                    lengths_digest=digest_arg,
-                )
+                # without a digest, PlanInputs hashes the lengths: what a caller without one pays
+                return plan_rank(PlanInputs(lengths, shard_sizes, digest_arg), spec, batching, rank=args.rank)
 
             full = median_time(run, repeats) if batching.bucketing else None
             cached = median_time(lambda: run(digest), repeats)
@@ -162,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
             ) + ("" if batching.bucketing else " (no bucketing)")
             timing = f"{full:.3f} s median, " if full is not None else ""
             print(
-                f"plan_rank {name}: {timing}{cached:.3f} s with lengths_digest; "
+                f"plan_rank {name}: {timing}{cached:.3f} s with a precomputed digest; "
                 f"{len(plan)} batches/rank (before equalising {counts.min()}..{counts.max()}; "
                 f"{added:,} batches added by splitting = "
                 f"{added / max(1, int(counts.sum())):.2%}); "
@@ -184,14 +177,7 @@ def main(argv: list[str] | None = None) -> None:
                 ("greedy max_tokens", Batching(max_tokens=args.max_tokens, bucketing=False)),
             ):
                 start = time.perf_counter()
-                summary = summarize_plan(
-                    part,
-                    part_shards,
-                    world_size=args.world_size,
-                    batching=batching,
-                    seed=args.seed,
-                    epoch=1,
-                )
+                summary = summarize_plan(PlanInputs(part, part_shards), spec, batching)
                 fill = summary.budget_fill
                 print(
                     f"{label:>20} ({num:,} samples): padding {summary.padding_fraction:.2%}"

@@ -67,7 +67,10 @@ def parse_size(text: str) -> int:
     return value
 
 
-def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
+def int_at_least(minimum: int, what: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer ``>= minimum``."""
+    what = what or f"at least {minimum}"
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -80,8 +83,8 @@ def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
     return parse
 
 
-positive_int = _int_at_least(1, "at least 1")
-non_negative_int = _int_at_least(0, "0 or more")
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0, "0 or more")
 
 
 def print_json(obj: Any) -> None:

@@ -4,7 +4,9 @@ Pure numpy: no torch, no file I/O, no global state. Every rank plans on its own
 from the lengths index and gets the same number of batches as every other
 rank::
 
-    lengths (N,) + shard_sizes (S,)                   the shard set's index
+    PlanInputs (lengths (N,), shard_sizes (S,), digest)   the shard set's index
+    EpochSpec (world_size, stage, seed, epoch, ...)       the epoch asked for
+    Batching (batch_size | max_tokens, bucketing, ...)    how rows become batches
        |  assign     shards -> contiguous rank ranges  (locality)
        |  batcher    fixed | buckets | greedy          (count all ranks, build one)
        |  equalize   split | pad | drop                (equal batch counts)
@@ -12,8 +14,8 @@ rank::
     RankPlan: sample_ids, weights, batch_offsets, fingerprint
 
 >>> import numpy as np
->>> plan = plan_rank(np.array([3, 8, 5, 1]), np.array([4]), rank=0, world_size=2,
-...                  batching=Batching(batch_size=2))
+>>> inputs = PlanInputs(np.array([3, 8, 5, 1]), np.array([4]))
+>>> plan = plan_rank(inputs, EpochSpec(world_size=2), Batching(batch_size=2), rank=0)
 >>> len(plan), plan.num_real
 (1, 2)
 """
@@ -21,12 +23,15 @@ rank::
 from __future__ import annotations
 
 from shardload.plan.options import Batching, ShardAssignment, Stage, Uneven, padded_length
-from shardload.plan.planner import EpochPlanner, RankPlan, digest_lengths, plan_rank
+from shardload.plan.planner import EpochPlanner, RankPlan, plan_rank
+from shardload.plan.request import EpochSpec, PlanInputs, digest_lengths
 from shardload.plan.summary import PlanSummary, summarize_plan
 
 __all__ = [
     "Batching",
     "EpochPlanner",
+    "EpochSpec",
+    "PlanInputs",
     "PlanSummary",
     "RankPlan",
     "ShardAssignment",

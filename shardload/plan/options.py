@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 import numpy as np
@@ -129,13 +129,30 @@ class Batching:
         'split'
     """
 
-    batch_size: int | None = None
-    max_tokens: int | None = None
-    bucketing: bool = True
-    pad_to_multiple_of: int = 1
-    uneven: Uneven = "split"
-    bucket_ratio: float = 1.05
-    max_rows: int | None = None
+    # metadata: the help, metavar and least value of each field's flag in `shardload plan` (cli/_flags.py)
+    batch_size: int | None = field(default=None, metadata={"help": "fixed rows per batch", "metavar": "B", "min": 1})
+    max_tokens: int | None = field(
+        default=None,
+        metadata={"help": "token budget per batch, padding included (rows x padded length)", "metavar": "T", "min": 1},
+    )
+    bucketing: bool = field(default=True, metadata={"help": "group samples of similar length (default: on)"})
+    pad_to_multiple_of: int = field(
+        default=1, metadata={"help": "pad each batch's length to a multiple of M (e.g. 8)", "metavar": "M", "min": 1}
+    )
+    uneven: Uneven = field(
+        default="split",
+        metadata={
+            "help": "how ranks reach the same batch count: split big batches (default), "
+            "pad with weight-0 filler, or drop (training only)"
+        },
+    )
+    bucket_ratio: float = field(
+        default=1.05,
+        metadata={"help": "ratio between bucket bounds, in [1.01, 4] (default: 1.05)", "metavar": "R"},
+    )
+    max_rows: int | None = field(
+        default=None, metadata={"help": "with --max-tokens: at most N rows per batch", "metavar": "N", "min": 1}
+    )
 
     def __post_init__(self) -> None:
         if (self.batch_size is None) == (self.max_tokens is None):

@@ -2,7 +2,7 @@
 
 :func:`plan_rank` runs the stages of this package in order::
 
-    lengths index + shard sizes
+    PlanInputs + EpochSpec + Batching          (request.py: what, when, how)
        |  assign.shard_order / assign_shards   shards -> contiguous rank ranges
        v
     batcher.count_batches()                    every rank's batch count (cheap)
@@ -27,16 +27,18 @@ from dataclasses import astuple, dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.errors import PlanError
 from shardload.plan.assign import ShardLayout, assign_shards, shard_order
 from shardload.plan.batcher import Batcher
 from shardload.plan.buckets import BucketBatcher
 from shardload.plan.equalize import equalize_batches
 from shardload.plan.fixed import FixedSizeBatcher
 from shardload.plan.greedy import GreedyTokenBatcher
-from shardload.plan.options import Batching, ShardAssignment, Stage
-from shardload.plan.validate import check_arrays, check_call, check_rank
+from shardload.plan.options import Batching, Stage
+from shardload.plan.request import EpochSpec, PlanInputs, check_request
+from shardload.plan.validate import check_rank
 
-__all__ = ["EpochPlanner", "RankPlan", "digest_lengths", "plan_rank"]
+__all__ = ["EpochPlanner", "RankPlan", "plan_rank"]
 
 _FORMAT = "shardload.plan/1"  # bump when the same inputs would give a different plan
 
@@ -50,10 +52,7 @@ class RankPlan:
 
     Attributes:
         rank: The rank this plan is for.
-        world_size: Number of ranks.
-        stage: ``"train"``, ``"val"``, ``"test"`` or ``"predict"``.
-        epoch: Epoch number.
-        seed: Run seed.
+        spec: The epoch planned (world size, stage, seed, epoch, shard assignment).
         sample_ids: ``(num_rows,)`` global sample ids in yield order, filler
             rows included.
         weights: ``(num_rows,)`` 1.0 for a real row, 0.0 for filler.
@@ -67,10 +66,7 @@ class RankPlan:
     """
 
     rank: int
-    world_size: int
-    stage: Stage
-    epoch: int
-    seed: int
+    spec: EpochSpec
     sample_ids: NDArray[np.int64]
     weights: NDArray[np.float32]
     batch_offsets: NDArray[np.int64]
@@ -94,6 +90,26 @@ class RankPlan:
             f"num_real={self.num_real}, num_filler={self.num_filler}, "
             f"fingerprint={self.fingerprint[:12]!r})"
         )
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return self.spec.world_size
+
+    @property
+    def stage(self) -> Stage:
+        """``"train"``, ``"val"``, ``"test"`` or ``"predict"``."""
+        return self.spec.stage
+
+    @property
+    def epoch(self) -> int:
+        """Epoch number."""
+        return self.spec.epoch
+
+    @property
+    def seed(self) -> int:
+        """Run seed."""
+        return self.spec.seed
 
     @property
     def num_batches(self) -> int:
@@ -127,19 +143,6 @@ class RankPlan:
         return self.sample_ids[lo:hi], self.weights[lo:hi]
 
 
-def digest_lengths(lengths: NDArray[np.integer]) -> str:
-    """Hex digest of a lengths index (its dtype and bytes), read in chunks.
-
-    Compute it once per shard set and pass it as ``lengths_digest`` to skip
-    hashing the index on every call (it costs ~0.25 s per 100M int32 lengths).
-    """
-    digest = hashlib.sha1(usedforsecurity=False)
-    digest.update(f"{lengths.dtype.str}:{len(lengths)}:".encode())
-    for lo in range(0, len(lengths), 1 << 24):
-        digest.update(np.ascontiguousarray(lengths[lo : lo + (1 << 24)]).data.cast("B"))
-    return digest.hexdigest()
-
-
 def make_batcher(
     batching: Batching,
     *,
@@ -164,89 +167,59 @@ class EpochPlanner:
     """What all ranks share for one epoch: layout, counts, target, fingerprint.
 
     Args:
-        lengths: ``(N,)`` per-sample lengths, global sample ids in shard
-            order; any integer dtype, may be memory-mapped (never copied whole).
-        shard_sizes: ``(S,)`` samples per shard (empty shards allowed).
-        world_size: Number of ranks.
-        batching: Batching options.
-        stage: Training shuffles; evaluation stages keep a deterministic
-            order independent of ``seed`` and ``epoch``.
-        seed: Run seed (``>= 0``).
-        epoch: Epoch number (``>= 0``).
-        shard_assignment: ``"rotate"``: training lays shards out in a new
-            seeded order every epoch, so ranks see different shards.
-            ``"fixed"``: natural order (evaluation always uses it).
-        lengths_digest: Precomputed :func:`digest_lengths` (or any string
-            naming the index content, the same on all ranks).
+        inputs: The shard set's lengths and shard sizes (checked when built).
+        spec: The epoch to plan: world size, stage, seed, epoch, shard assignment.
+        batching: How rows become batches.
 
     Raises:
-        PlanError: If an input or option is invalid.
+        PlanError: If an argument is of the wrong type, or ``batching`` does
+            not fit ``spec`` (``uneven="drop"`` in an evaluation stage).
     """
 
-    def __init__(
-        self,
-        lengths: NDArray[np.integer],
-        shard_sizes: NDArray[np.integer],
-        *,
-        world_size: int,
-        batching: Batching,
-        stage: Stage = "train",
-        seed: int = 0,
-        epoch: int = 0,
-        shard_assignment: ShardAssignment = "rotate",
-        lengths_digest: str | None = None,
-    ) -> None:
-        self.world_size, self.seed, self.epoch = check_call(
-            world_size=world_size,
-            batching=batching,
-            stage=stage,
-            seed=seed,
-            epoch=epoch,
-            shard_assignment=shard_assignment,
-        )
-        self.lengths, sizes, max_length = check_arrays(lengths, shard_sizes)
-        self.batching, self.stage = batching, stage
-        train = stage == "train"
+    def __init__(self, inputs: PlanInputs, spec: EpochSpec, batching: Batching) -> None:
+        if not isinstance(inputs, PlanInputs):
+            raise PlanError(
+                f"inputs must be a shardload.plan.PlanInputs, got {type(inputs).__name__}: "
+                "use shard_set.plan_inputs() or PlanInputs(lengths, shard_sizes)"
+            )
+        check_request(spec, batching)
+        self.inputs, self.spec, self.batching = inputs, spec, batching
+        self.lengths = inputs.lengths
         order = shard_order(
-            len(sizes),
-            seed=self.seed,
-            epoch=self.epoch,
-            shuffle=train and shard_assignment == "rotate",
+            inputs.num_shards,
+            seed=spec.seed,
+            epoch=spec.epoch,
+            shuffle=spec.shuffled and spec.shard_assignment == "rotate",
         )
-        self.layout = assign_shards(sizes, self.world_size, order=order)
+        self.layout = assign_shards(inputs.shard_sizes, spec.world_size, order=order)
         self.batcher = make_batcher(
             batching,
             lengths=self.lengths,
             layout=self.layout,
-            shuffle=train,
-            seed=self.seed,
-            epoch=self.epoch,
-            max_length=max_length,
+            shuffle=spec.shuffled,
+            seed=spec.seed,
+            epoch=spec.epoch,
+            max_length=inputs.max_length,
         )
         self.rank_batch_counts = self.batcher.count_batches()  # (W,) before equalisation
         counts = self.rank_batch_counts
         self.num_batches = int(counts.min() if batching.uneven == "drop" else counts.max())
         header = {
             "format": _FORMAT,
-            "num_samples": self.layout.num_samples,
-            "num_shards": len(sizes),
-            "world_size": self.world_size,
+            "num_samples": inputs.num_samples,
+            "num_shards": inputs.num_shards,
             "batching": astuple(batching),
-            "stage": stage,
-            # evaluation ignores seed, epoch and shard_assignment: same plan, same digest
-            "seed": self.seed if train else 0,
-            "epoch": self.epoch if train else 0,
-            "shard_assignment": shard_assignment if train else "fixed",
-            "lengths": lengths_digest if lengths_digest is not None else digest_lengths(self.lengths),
+            **spec.identity(),  # evaluation ignores seed, epoch and shard_assignment: same plan, same digest
+            "lengths": inputs.digest,
             "num_batches": self.num_batches,
         }
         digest = hashlib.sha1(json.dumps(header, sort_keys=True).encode(), usedforsecurity=False)
-        digest.update(sizes.astype("<i8").tobytes())
+        digest.update(inputs.shard_sizes.astype("<i8").tobytes())
         self.fingerprint = digest.hexdigest()
 
     def plan(self, rank: int) -> RankPlan:
         """The plan of one rank (``0 <= rank < world_size``)."""
-        rank = check_rank(rank, self.world_size)
+        rank = check_rank(rank, self.spec.world_size)
         ids, offsets = self.batcher.build_batches(rank)
         assert len(offsets) - 1 == self.rank_batch_counts[rank], "count and build disagree"
         ids, weights, offsets = equalize_batches(
@@ -258,10 +231,7 @@ class EpochPlanner:
         )
         return RankPlan(
             rank=rank,
-            world_size=self.world_size,
-            stage=self.stage,
-            epoch=self.epoch,
-            seed=self.seed,
+            spec=self.spec,
             sample_ids=ids,
             weights=weights,
             batch_offsets=offsets,
@@ -282,19 +252,7 @@ class EpochPlanner:
         return 0
 
 
-def plan_rank(
-    lengths: NDArray[np.integer],
-    shard_sizes: NDArray[np.integer],
-    *,
-    rank: int,
-    world_size: int,
-    batching: Batching,
-    stage: Stage = "train",
-    seed: int = 0,
-    epoch: int = 0,
-    shard_assignment: ShardAssignment = "rotate",
-    lengths_digest: str | None = None,
-) -> RankPlan:
+def plan_rank(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, rank: int) -> RankPlan:
     """Plan one rank's batches for one epoch, without talking to other ranks.
 
     Guarantees (each tested):
@@ -309,44 +267,27 @@ def plan_rank(
     * the plan is a pure function of the arguments.
 
     Cost: one vectorised pass over ``lengths`` (none for fixed ``batch_size``
-    apart from validation and the digest) plus ``O(n_r log n_r)`` for this
-    rank's ``n_r`` samples; see docs/planning.md for figures.
+    apart from the checks of :class:`PlanInputs`) plus ``O(n_r log n_r)`` for
+    this rank's ``n_r`` samples; see docs/planning.md for figures.
 
     Args:
-        lengths: ``(N,)`` per-sample lengths (see :class:`EpochPlanner`).
-        shard_sizes: ``(S,)`` samples per shard; must sum to ``N``.
-        rank: This rank, ``0 <= rank < world_size``.
-        world_size: Number of ranks.
-        batching: Batching options.
-        stage: ``"train"``, ``"val"``, ``"test"`` or ``"predict"``.
-        seed: Run seed.
-        epoch: Epoch number.
-        shard_assignment: ``"rotate"`` or ``"fixed"`` (training only).
-        lengths_digest: Optional precomputed :func:`digest_lengths`.
+        inputs: The shard set's lengths and shard sizes
+            (:meth:`shardload.ShardSet.plan_inputs`, or ``PlanInputs(lengths, shard_sizes)``).
+        spec: The epoch to plan (world size, stage, seed, epoch, shard assignment).
+        batching: How rows become batches.
+        rank: This rank, ``0 <= rank < spec.world_size``.
 
     Returns:
         The rank's :class:`RankPlan`.
 
     Raises:
-        PlanError: If an input or option is invalid.
+        PlanError: If an argument is invalid.
 
-    >>> plan = plan_rank(np.array([5, 9, 3, 7, 2]), np.array([3, 2]), rank=1,
-    ...                  world_size=2, batching=Batching(batch_size=2), stage="val")
+    >>> inputs = PlanInputs(np.array([5, 9, 3, 7, 2]), np.array([3, 2]))
+    >>> plan = plan_rank(inputs, EpochSpec(world_size=2, stage="val"), Batching(batch_size=2), rank=1)
     >>> [ids.tolist() for ids, _ in plan], bool(len(plan) == plan.rank_batch_counts.max())
     ([[3, 2], [4]], True)
     """
-    valid_world = isinstance(world_size, (int, np.integer)) and not isinstance(world_size, bool)
-    if valid_world and world_size >= 1:
-        check_rank(rank, int(world_size))  # fail before the pass over lengths
-    planner = EpochPlanner(
-        lengths,
-        shard_sizes,
-        world_size=world_size,
-        batching=batching,
-        stage=stage,
-        seed=seed,
-        epoch=epoch,
-        shard_assignment=shard_assignment,
-        lengths_digest=lengths_digest,
-    )
-    return planner.plan(rank)
+    if isinstance(spec, EpochSpec):
+        check_rank(rank, spec.world_size)  # fail before the pass over lengths
+    return EpochPlanner(inputs, spec, batching).plan(rank)

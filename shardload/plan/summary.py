@@ -1,8 +1,9 @@
 """Dry-run report of a plan over all ranks: balance, padding, locality.
 
 :func:`summarize_plan` builds every rank's plan once (sharing the per-epoch
-work) and reduces each to a few numbers, for ``shardload plan``-style reports
-and for choosing options before a run.
+work) and reduces each to a few numbers, for choosing options before a run.
+:class:`PlanSummary` renders itself: :meth:`PlanSummary.format` is the table
+``shardload plan`` prints, :meth:`PlanSummary.to_dict` its ``--json``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.plan.options import Batching, ShardAssignment, Stage
+from shardload.plan.options import Batching, Stage
 from shardload.plan.planner import EpochPlanner, RankPlan
+from shardload.plan.request import EpochSpec, PlanInputs
 
 __all__ = ["PlanSummary", "summarize_plan"]
 
@@ -38,6 +40,8 @@ class PlanSummary:
             padded_length(longest row)``, filler rows included: what the
             model computes on.
         shards: ``(W,)`` distinct shards each rank's rows touch.
+        plans: Every rank's :class:`~shardload.plan.RankPlan`, when
+            :func:`summarize_plan` was asked ``with_ids=True`` (else ``None``).
     """
 
     world_size: int
@@ -52,6 +56,7 @@ class PlanSummary:
     tokens: NDArray[np.int64]
     padded_tokens: NDArray[np.int64]
     shards: NDArray[np.int64]
+    plans: tuple[RankPlan, ...] | None = None
 
     @property
     def padding_fraction(self) -> float:
@@ -84,9 +89,34 @@ class PlanSummary:
         """``(W,)`` batches each rank dropped (``uneven="drop"`` only)."""
         return np.maximum(self.rank_batch_counts - self.num_batches, 0)
 
+    def rank_rows(self) -> list[dict[str, Any]]:
+        """One JSON-ready dict per rank: its figures, and its batches when the plans are kept."""
+        rows = []
+        for r in range(self.world_size):
+            row: dict[str, Any] = {
+                "rank": r,
+                "batches": self.num_batches,  # the same on every rank, by construction
+                "batches_before_equalising": int(self.rank_batch_counts[r]),
+                "samples": int(self.samples[r]),
+                "filler": int(self.filler[r]),
+                "tokens": int(self.tokens[r]),
+                "padded_tokens": int(self.padded_tokens[r]),
+                "shards": int(self.shards[r]),
+            }
+            if self.plans is not None:
+                plan = self.plans[r]
+                cuts = list(zip(plan.batch_offsets[:-1].tolist(), plan.batch_offsets[1:].tolist()))
+                row["batch_sample_ids"] = [plan.sample_ids[a:b].tolist() for a, b in cuts]
+                row["batch_weights"] = [plan.weights[a:b].tolist() for a, b in cuts]
+            rows.append(row)
+        return rows
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict: scalars, plus per-rank lists."""
-        scalars = {
+        """JSON-ready dict: the scalars, and ``ranks``, one dict per rank (:meth:`rank_rows`).
+
+        This is what ``shardload plan --json`` prints.
+        """
+        return {
             "world_size": self.world_size,
             "stage": self.stage,
             "num_samples": self.num_samples,
@@ -96,41 +126,46 @@ class PlanSummary:
             "padding_fraction": self.padding_fraction,
             "spread": self.spread,
             "budget_fill": self.budget_fill,
+            "ranks": self.rank_rows(),
         }
-        per_rank = {
-            name: getattr(self, name).tolist()
-            for name in (
-                "rank_batch_counts",
-                "samples",
-                "filler",
-                "tokens",
-                "padded_tokens",
-                "shards",
-            )
-        }
-        return {**scalars, "per_rank": per_rank}
 
     def format(self) -> str:
-        """A short human-readable report (min / max over ranks, not one line per rank)."""
+        """The report ``shardload plan`` prints: one line per rank, totals, balance and locality."""
+        head = ("rank", "batches", "samples", "filler", "tokens", "padded tokens", "padding")
 
-        def span(values: NDArray[np.int64]) -> str:
-            return f"{int(values.min()):,} .. {int(values.max()):,}" if len(values) else "-"
+        def cells(name: str, values: list[int], padding: float | None) -> tuple[str, ...]:
+            return (name, *(f"{v:,}" for v in values), "-" if padding is None else f"{100 * padding:.1f}%")
 
-        fill = self.budget_fill
-        lines = [
+        per_rank = np.stack(
+            [np.full(self.world_size, self.num_batches), self.samples, self.filler, self.tokens, self.padded_tokens],
+            axis=1,
+        )  # (W, 5) batches, samples, filler, tokens, padded tokens
+        rows = []
+        for r in range(self.world_size):
+            pad = int(self.padded_tokens[r])
+            rows.append(cells(str(r), per_rank[r].tolist(), 1 - int(self.tokens[r]) / pad if pad else None))
+        rows.append(cells("all", per_rank.sum(axis=0).tolist(), self.padding_fraction))
+        widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+
+        def line(values: tuple[str, ...]) -> str:
+            return "  ".join(v.rjust(w) for v, w in zip(values, widths))
+
+        out = [line(head), *map(line, rows[:-1]), "  ".join("-" * w for w in widths), line(rows[-1]), ""]
+        padded, counts = self.padded_tokens, self.rank_batch_counts
+        slowest, fastest = int(padded.argmax()), int(padded.argmin())
+        out += [
             f"stage {self.stage}: {self.num_samples:,} samples on {self.world_size} ranks, "
             f"{self.num_batches:,} batches per rank",
-            f"  batches before equalising: {span(self.rank_batch_counts)} per rank; "
-            f"added {int(self.added_batches.sum()):,}, dropped {int(self.dropped_batches.sum()):,}",
-            f"  real rows per rank: {span(self.samples)}; filler rows: {int(self.filler.sum()):,}",
-            f"  tokens: {int(self.tokens.sum()):,} real, {int(self.padded_tokens.sum()):,} padded "
-            f"(padding {self.padding_fraction:.1%})"
-            + (f", token budget filled {fill:.1%}" if fill is not None else ""),
-            f"  padded tokens per rank: {span(self.padded_tokens)} (spread {self.spread:.3f})",
-            f"  shards per rank: {span(self.shards)}",
-            f"  fingerprint: {self.fingerprint}",
+            f"spread:   {self.spread:.3f} = padded tokens of the slowest rank ({slowest}) / the fastest ({fastest}); "
+            "every step waits for the slowest",
+            f"batches:  {self.num_batches:,} per rank (before equalising {int(counts.min()):,}..{int(counts.max()):,}; "
+            f"{int(self.added_batches.sum()):,} added, {int(self.dropped_batches.sum()):,} dropped)",
         ]
-        return "\n".join(lines)
+        if self.budget_fill is not None:
+            out.append(f"budget:   token batches are {self.budget_fill:.1%} full on average")
+        out.append(f"shards:   {int(self.shards.min()):,}..{int(self.shards.max()):,} per rank")
+        out.append(f"fingerprint {self.fingerprint}")
+        return "\n".join(out)
 
 
 def _rank_figures(
@@ -148,18 +183,7 @@ def _rank_figures(
     return real_rows, len(real) - real_rows, int(lens[real].sum()), padded, len(shards)
 
 
-def summarize_plan(
-    lengths: NDArray[np.integer],
-    shard_sizes: NDArray[np.integer],
-    *,
-    world_size: int,
-    batching: Batching,
-    stage: Stage = "train",
-    seed: int = 0,
-    epoch: int = 0,
-    shard_assignment: ShardAssignment = "rotate",
-    lengths_digest: str | None = None,
-) -> PlanSummary:
+def summarize_plan(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, with_ids: bool = False) -> PlanSummary:
     """Plan every rank of one epoch and report balance, padding and locality.
 
     The per-epoch work (counting, fingerprint) is done once; each rank is then
@@ -167,49 +191,35 @@ def summarize_plan(
     one :func:`plan_rank` plus ``O(N log)`` to build every rank.
 
     Args:
-        lengths: ``(N,)`` per-sample lengths.
-        shard_sizes: ``(S,)`` samples per shard.
-        world_size: Number of ranks.
-        batching: Batching options.
-        stage: The stage to plan.
-        seed: Run seed.
-        epoch: Epoch number.
-        shard_assignment: ``"rotate"`` or ``"fixed"``.
-        lengths_digest: Optional precomputed digest of ``lengths``.
+        inputs: The shard set's lengths and shard sizes.
+        spec: The epoch to plan.
+        batching: How rows become batches.
+        with_ids: Keep every rank's plan in :attr:`PlanSummary.plans` (its
+            batches' sample ids and weights; memory ``O(N)``).
 
     Returns:
         The :class:`PlanSummary`.
 
     Raises:
-        PlanError: If an input or option is invalid.
+        PlanError: If an argument is invalid.
+
+    >>> inputs = PlanInputs(np.arange(100), np.array([60, 40]))
+    >>> summary = summarize_plan(inputs, EpochSpec(world_size=3, stage="val"), Batching(batch_size=8))
+    >>> summary.samples.tolist(), summary.num_batches
+    ([33, 33, 34], 5)
     """
-    planner = EpochPlanner(
-        lengths,
-        shard_sizes,
-        world_size=world_size,
-        batching=batching,
-        stage=stage,
-        seed=seed,
-        epoch=epoch,
-        shard_assignment=shard_assignment,
-        lengths_digest=lengths_digest,
-    )
-    figures = np.array(
-        [
-            _rank_figures(
-                planner.plan(rank),
-                planner.lengths,
-                planner.layout.shard_starts,
-                batching.pad_to_multiple_of,
-            )
-            for rank in range(planner.world_size)
-        ],
-        dtype=np.int64,
-    ).reshape(planner.world_size, 5)  # (W, 5) samples, filler, tokens, padded, shards
+    planner = EpochPlanner(inputs, spec, batching)
+    kept: list[RankPlan] = []
+    figures = np.zeros((spec.world_size, 5), dtype=np.int64)  # (W, 5) samples, filler, tokens, padded, shards
+    for rank in range(spec.world_size):
+        plan = planner.plan(rank)
+        figures[rank] = _rank_figures(plan, inputs.lengths, planner.layout.shard_starts, batching.pad_to_multiple_of)
+        if with_ids:
+            kept.append(plan)
     return PlanSummary(
-        world_size=planner.world_size,
-        stage=stage,
-        num_samples=planner.layout.num_samples,
+        world_size=spec.world_size,
+        stage=spec.stage,
+        num_samples=inputs.num_samples,
         num_batches=planner.num_batches,
         max_tokens=batching.max_tokens,
         fingerprint=planner.fingerprint,
@@ -219,4 +229,5 @@ def summarize_plan(
         tokens=figures[:, 2],
         padded_tokens=figures[:, 3],
         shards=figures[:, 4],
+        plans=tuple(kept) if with_ids else None,
     )

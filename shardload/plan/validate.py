@@ -7,15 +7,12 @@ and integer options in range.
 
 from __future__ import annotations
 
-from typing import get_args
-
 import numpy as np
 from numpy.typing import NDArray
 
 from shardload.errors import PlanError
-from shardload.plan.options import EVAL_STAGES, Batching, ShardAssignment, Stage
 
-__all__ = ["MAX_EPOCH", "MAX_SEED", "MAX_WORLD_SIZE", "check_arrays", "check_call", "check_rank", "check_scalar"]
+__all__ = ["MAX_EPOCH", "MAX_SEED", "MAX_WORLD_SIZE", "check_arrays", "check_rank", "check_scalar"]
 
 #: Largest world size: planning computes every rank's batch count, O(world size) per epoch
 #: (about 8 s at 65,536 ranks, 100 s at 2^20), and a plan summary is one row per rank.
@@ -41,54 +38,12 @@ def check_scalar(name: str, value: object, *, low: int, high: int, hint: str = "
     return int(value)
 
 
-def _integer(name: str, value: object, *, low: int, high: int) -> int:
-    return check_scalar(name, value, low=low, high=high)
-
-
 def check_rank(rank: object, world_size: int) -> int:
     """``rank`` as an int in ``[0, world_size)``, else :class:`PlanError`."""
-    value = _integer("rank", rank, low=0, high=MAX_WORLD_SIZE - 1)
+    value = check_scalar("rank", rank, low=0, high=MAX_WORLD_SIZE - 1)
     if value >= world_size:
         raise PlanError(f"rank={value} is out of range for world_size={world_size}: use 0 <= rank < world_size")
     return value
-
-
-def check_call(
-    *,
-    world_size: object,
-    batching: object,
-    stage: object,
-    seed: object,
-    epoch: object,
-    shard_assignment: object,
-) -> tuple[int, int, int]:
-    """Check the scalar arguments of a plan.
-
-    Returns:
-        ``(world_size, seed, epoch)`` as plain ints.
-
-    Raises:
-        PlanError: Naming the bad argument and its allowed values.
-    """
-    if not isinstance(batching, Batching):
-        raise PlanError(
-            f"batching must be a shardload.plan.Batching, got {type(batching).__name__}: "
-            "e.g. Batching(batch_size=32) or Batching(max_tokens=16384)"
-        )
-    if stage not in get_args(Stage):
-        raise PlanError(f"stage={stage!r}: must be one of {', '.join(get_args(Stage))}")
-    if shard_assignment not in get_args(ShardAssignment):
-        raise PlanError(f"shard_assignment={shard_assignment!r}: must be 'rotate' or 'fixed'")
-    if stage in EVAL_STAGES and batching.uneven == "drop":
-        raise PlanError(
-            f"Batching(uneven='drop') would lose samples in stage {stage!r}, which must "
-            "see every sample once: use uneven='split' (default) or 'pad' for evaluation"
-        )
-    return (
-        _integer("world_size", world_size, low=1, high=MAX_WORLD_SIZE),
-        _integer("seed", seed, low=0, high=MAX_SEED),
-        _integer("epoch", epoch, low=0, high=MAX_EPOCH),
-    )
 
 
 def check_arrays(lengths: object, shard_sizes: object) -> tuple[NDArray[np.integer], NDArray[np.int64], int]:

@@ -17,7 +17,9 @@ import shardload
 
 def rank_main(rank: int, set_a: str, set_b: str, out: str, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    loader = shardload.make_loader(set_a if rank == 0 else set_b, batch_size=4, debug=True)
+    loader = shardload.make_loader(
+        set_a if rank == 0 else set_b, batch_size=4, loader_options=shardload.LoaderOptions(debug=True)
+    )
     try:
         for _ in loader:
             pass

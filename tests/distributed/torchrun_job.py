@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from shardload.loader import make_loader
+from shardload.plan import Batching
 
 
 class TinyModel(torch.nn.Module):
@@ -75,9 +76,7 @@ def main() -> None:
     loader = make_loader(
         args.data,
         stage=args.stage,
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
-        uneven=args.uneven,
+        batching=Batching(batch_size=args.batch_size, max_tokens=args.max_tokens, uneven=args.uneven),
         seed=3,
         num_workers=args.num_workers,
     )

@@ -27,6 +27,7 @@ from shardload.formats import get_format
 from shardload.formats.zarr import ChunkCache, ZarrShardReader, ZarrValues, chunk_cache
 from shardload.formats.zarr import cache as cache_module
 from shardload.inspect import describe
+from shardload.plan import Batching
 from shardload.testing import synthetic_samples
 from shardload.verify import verify
 from tests.helpers.resume import assert_resumes_identically, batch_ids
@@ -234,10 +235,9 @@ def test_make_loader_gives_the_same_batches_as_arrow(tmp_path: Path, workers: in
             rank=1,
             world_size=2,
             stage=stage,
-            max_tokens=300,
+            batching=Batching(max_tokens=300, pad_to_multiple_of=8),
             seed=3,
             num_workers=workers,
-            pad_to_multiple_of=8,
             pad_values={"tokens": -1},
         )
         loader.set_epoch(1)

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from shardload.plan import Batching, RankPlan, padded_length
+from shardload.plan import Batching, EpochSpec, PlanInputs, RankPlan, padded_length, plan_rank
 from shardload.plan.planner import EpochPlanner
 
 STAGES = ("train", "val", "test", "predict")
@@ -53,15 +53,17 @@ class Case:
     epoch: int
     shard_assignment: str
 
-    def kwargs(self) -> dict[str, Any]:
-        return {
-            "world_size": self.world_size,
-            "batching": self.batching,
-            "stage": self.stage,
-            "seed": self.seed,
-            "epoch": self.epoch,
-            "shard_assignment": self.shard_assignment,
-        }
+    def inputs(self) -> PlanInputs:
+        return PlanInputs(self.lengths, self.shard_sizes)
+
+    def spec(self) -> EpochSpec:
+        return EpochSpec(
+            world_size=self.world_size,
+            stage=self.stage,  # type: ignore[arg-type]
+            seed=self.seed,
+            epoch=self.epoch,
+            shard_assignment=self.shard_assignment,  # type: ignore[arg-type]
+        )
 
 
 @st.composite
@@ -107,7 +109,7 @@ def cases(
 
 def plan_all(case: Case) -> tuple[EpochPlanner, list[RankPlan]]:
     """Every rank's plan, sharing the per-epoch work (as summarize_plan does)."""
-    planner = EpochPlanner(case.lengths, case.shard_sizes, **case.kwargs())
+    planner = EpochPlanner(case.inputs(), case.spec(), case.batching)
     return planner, [planner.plan(rank) for rank in range(case.world_size)]
 
 
@@ -123,3 +125,16 @@ def shard_of(sample_ids: NDArray[np.int64], shard_sizes: NDArray[np.int64]) -> N
     """``(n,)`` shard of each sample id."""
     starts = np.concatenate([[0], np.cumsum(shard_sizes)])
     return np.searchsorted(starts, sample_ids, side="right") - 1
+
+
+def plan_of(
+    lengths: Any, shard_sizes: Any, *, rank: int, batching: Any, digest: str | None = None, **spec: Any
+) -> RankPlan:
+    """:func:`plan_rank` from raw arrays and the :class:`EpochSpec` fields: the tests' shorthand.
+
+    The request objects are built inside the call, so that a test of a bad
+    argument sees the error they raise.
+    """
+    return plan_rank(
+        PlanInputs(np.asarray(lengths), np.asarray(shard_sizes), digest), EpochSpec(**spec), batching, rank=rank
+    )

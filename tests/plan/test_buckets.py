@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardload.plan import Batching, padded_length, summarize_plan
+from shardload.plan import Batching, EpochSpec, PlanInputs, padded_length, summarize_plan
 from shardload.plan.assign import assign_shards, shard_order
 from shardload.plan.buckets import (
     BucketBatcher,
@@ -132,14 +132,10 @@ def test_batcher_counts_what_it_builds(shuffle: bool) -> None:
 def test_bucketing_pads_a_few_percent_of_long_tailed_lengths(batching: Batching) -> None:
     lengths = long_tailed(400_000, seed=0)  # lognormal, median 256, clipped [8, 4096]
     sizes = np.full(400, 1000)
-    bucketed = summarize_plan(lengths, sizes, world_size=8, batching=batching)
+    inputs, spec = PlanInputs(lengths, sizes), EpochSpec(world_size=8)
+    bucketed = summarize_plan(inputs, spec, batching)
     # Invariant: bucketing keeps padding within 5% of the computed tokens
     assert bucketed.padding_fraction <= 0.05
-    unbucketed = summarize_plan(
-        lengths,
-        sizes,
-        world_size=8,
-        batching=Batching(**{**batching.__dict__, "bucketing": False}),
-    )
+    unbucketed = summarize_plan(inputs, spec, Batching(**{**batching.__dict__, "bucketing": False}))
     # Invariant: random batches of the same lengths pad far more (the baseline)
     assert unbucketed.padding_fraction >= 0.5

@@ -13,7 +13,7 @@ from shardload.errors import PlanError
 from shardload.plan import Batching, RankPlan, digest_lengths, plan_rank
 from shardload.plan.options import EVAL_STAGES
 
-from .strategies import Case, batch_costs, cases, long_tailed, plan_all, shard_of
+from .strategies import Case, batch_costs, cases, long_tailed, plan_all, plan_of, shard_of
 
 
 def check_invariants(case: Case) -> list[RankPlan]:
@@ -117,7 +117,7 @@ def test_each_rank_plans_alone_and_deterministically(case: Case, data: st.DataOb
         return
     _, plans = plan_all(case)
     for rank in data.draw(st.lists(st.integers(0, case.world_size - 1), max_size=3)):
-        alone = plan_rank(case.lengths, case.shard_sizes, rank=rank, **case.kwargs())
+        alone = plan_rank(case.inputs(), case.spec(), case.batching, rank=rank)
         # Invariant: a rank planning on its own gets what the shared planner gives it
         assert np.array_equal(alone.sample_ids, plans[rank].sample_ids)
         assert np.array_equal(alone.weights, plans[rank].weights)
@@ -147,7 +147,7 @@ def test_equal_sized_shards_are_read_by_few_ranks() -> None:
     sizes = np.full(100, 1000)
     for world in (1, 3, 7, 16, 64):
         for rank in range(world):
-            plan = plan_rank(
+            plan = plan_of(
                 lengths,
                 sizes,
                 rank=rank,
@@ -171,11 +171,11 @@ def test_equal_sized_shards_are_read_by_few_ranks() -> None:
 )
 def test_training_plans_change_between_epochs(batching: Batching) -> None:
     lengths, sizes = long_tailed(5000, seed=1), np.full(10, 500)
-    plans = [plan_rank(lengths, sizes, rank=1, world_size=4, batching=batching, epoch=epoch) for epoch in (0, 1)]
+    plans = [plan_of(lengths, sizes, rank=1, world_size=4, batching=batching, epoch=epoch) for epoch in (0, 1)]
     # Invariant: training reshuffles every epoch (shards, samples and batches)
     assert not np.array_equal(plans[0].sample_ids, plans[1].sample_ids)
     assert plans[0].fingerprint != plans[1].fingerprint
-    again = plan_rank(lengths, sizes, rank=1, world_size=4, batching=batching, epoch=1)
+    again = plan_of(lengths, sizes, rank=1, world_size=4, batching=batching, epoch=1)
     # Invariant: the same arguments give the same plan
     assert np.array_equal(again.sample_ids, plans[1].sample_ids)
 
@@ -183,7 +183,7 @@ def test_training_plans_change_between_epochs(batching: Batching) -> None:
 def test_no_samples_gives_no_batches_on_any_rank() -> None:
     for shard_sizes in (np.zeros(0, np.int64), np.zeros(3, np.int64)):
         for rank in (0, 5):
-            plan = plan_rank(
+            plan = plan_of(
                 np.zeros(0, np.int32),
                 shard_sizes,
                 rank=rank,
@@ -198,7 +198,7 @@ def test_no_samples_gives_no_batches_on_any_rank() -> None:
 @pytest.mark.parametrize("uneven", ["split", "pad"])
 def test_one_sample_on_64_ranks(uneven: str) -> None:
     plans = [
-        plan_rank(
+        plan_of(
             np.array([5]),
             np.array([1]),
             rank=r,
@@ -216,7 +216,7 @@ def test_one_sample_on_64_ranks(uneven: str) -> None:
 
 def test_fewer_samples_than_ranks_in_training_drop() -> None:
     plans = [
-        plan_rank(
+        plan_of(
             np.arange(3),
             np.array([3]),
             rank=r,
@@ -231,7 +231,7 @@ def test_fewer_samples_than_ranks_in_training_drop() -> None:
 
 def test_equal_lengths_make_full_token_batches() -> None:
     lengths = np.full(1000, 100)
-    plan = plan_rank(
+    plan = plan_of(
         lengths,
         np.array([1000]),
         rank=0,
@@ -245,7 +245,7 @@ def test_equal_lengths_make_full_token_batches() -> None:
 
 def test_a_giant_sample_gets_its_own_batch() -> None:
     lengths = np.array([10, 10, 1_000_000, 10, 10])
-    plan = plan_rank(lengths, np.array([5]), rank=0, world_size=1, batching=Batching(max_tokens=100), stage="val")
+    plan = plan_of(lengths, np.array([5]), rank=0, world_size=1, batching=Batching(max_tokens=100), stage="val")
     batches = [ids.tolist() for ids, _ in plan]
     # Invariant: an over-budget sample is not dropped: it is alone in its batch
     assert [2] in batches
@@ -253,7 +253,7 @@ def test_a_giant_sample_gets_its_own_batch() -> None:
 
 
 def test_rank_plan_accessors() -> None:
-    plan = plan_rank(
+    plan = plan_of(
         np.arange(1, 11),
         np.array([4, 6]),
         rank=0,
@@ -280,8 +280,8 @@ def test_memmap_and_int32_give_the_same_plan(tmp_path) -> None:
     np.save(path, lengths.astype(np.int32))
     mapped = np.load(path, mmap_mode="r")
     kwargs = {"rank": 2, "world_size": 3, "batching": Batching(max_tokens=4096), "seed": 9}
-    a = plan_rank(lengths, np.array([1000, 2000]), **kwargs)
-    b = plan_rank(mapped, np.array([1000, 2000]), **kwargs)
+    a = plan_of(lengths, np.array([1000, 2000]), **kwargs)
+    b = plan_of(mapped, np.array([1000, 2000]), **kwargs)
     # Invariant: the dtype and storage of the index do not change the plan
     assert np.array_equal(a.sample_ids, b.sample_ids)
     assert np.array_equal(a.batch_offsets, b.batch_offsets)
@@ -291,14 +291,14 @@ def test_memmap_and_int32_give_the_same_plan(tmp_path) -> None:
 def test_fingerprint_follows_the_inputs() -> None:
     lengths, sizes = long_tailed(500, seed=2), np.array([250, 250])
     base = {"rank": 0, "world_size": 2, "batching": Batching(batch_size=8)}
-    first = plan_rank(lengths, sizes, **base).fingerprint
+    first = plan_of(lengths, sizes, **base).fingerprint
     changed = lengths.copy()
     changed[7] += 1
     # Invariant: a different index or option changes the fingerprint; the rank does not
-    assert plan_rank(changed, sizes, **base).fingerprint != first
-    assert plan_rank(lengths, sizes, **{**base, "batching": Batching(batch_size=9)}).fingerprint != first
-    assert plan_rank(lengths, sizes, **{**base, "rank": 1}).fingerprint == first
-    assert plan_rank(lengths, sizes, lengths_digest="abc", **base).fingerprint != first
+    assert plan_of(changed, sizes, **base).fingerprint != first
+    assert plan_of(lengths, sizes, **{**base, "batching": Batching(batch_size=9)}).fingerprint != first
+    assert plan_of(lengths, sizes, **{**base, "rank": 1}).fingerprint == first
+    assert plan_of(lengths, sizes, digest="abc", **base).fingerprint != first
 
 
 @pytest.mark.parametrize(
@@ -330,4 +330,4 @@ def test_bad_arguments_raise_plan_errors(kwargs: dict, message: str) -> None:
         **kwargs,
     }
     with pytest.raises(PlanError, match=message):
-        plan_rank(call.pop("lengths"), call.pop("shard_sizes"), **call)
+        plan_of(call.pop("lengths"), call.pop("shard_sizes"), **call)

@@ -6,19 +6,19 @@ import json
 
 import numpy as np
 
-from shardload.plan import Batching, padded_length, plan_rank, summarize_plan
+from shardload.plan import Batching, EpochSpec, PlanInputs, padded_length, summarize_plan
 
-from .strategies import long_tailed, partition
+from .strategies import long_tailed, partition, plan_of
 
 
 def test_summary_figures_match_the_plans() -> None:
     lengths = long_tailed(3000, seed=8)
     sizes = partition(3000, 17, seed=8, allow_empty=True)
     batching = Batching(max_tokens=2048, pad_to_multiple_of=8, uneven="pad")
-    summary = summarize_plan(lengths, sizes, world_size=5, batching=batching, seed=3, epoch=1)
+    summary = summarize_plan(PlanInputs(lengths, sizes), EpochSpec(world_size=5, seed=3, epoch=1), batching)
     starts = np.concatenate([[0], np.cumsum(sizes)])
     for rank in range(5):
-        plan = plan_rank(lengths, sizes, rank=rank, world_size=5, batching=batching, seed=3, epoch=1)
+        plan = plan_of(lengths, sizes, rank=rank, world_size=5, batching=batching, seed=3, epoch=1)
         real = plan.sample_ids[plan.weights > 0]
         padded = sum(len(ids) * padded_length(int(lengths[ids].max()), 8) for ids, _ in plan)
         shards = np.unique(np.searchsorted(starts, plan.sample_ids, side="right") - 1)
@@ -38,20 +38,18 @@ def test_summary_figures_match_the_plans() -> None:
 
 def test_summary_reports_render() -> None:
     summary = summarize_plan(
-        np.arange(100),
-        np.array([60, 40]),
-        world_size=3,
-        batching=Batching(batch_size=8),
-        stage="val",
+        PlanInputs(np.arange(100), np.array([60, 40])), EpochSpec(world_size=3, stage="val"), Batching(batch_size=8)
     )
     text = summary.format()
     assert "stage val: 100 samples on 3 ranks" in text and "padding" in text
     data = json.loads(json.dumps(summary.to_dict()))
-    assert data["per_rank"]["samples"] == [33, 33, 34]
+    assert [row["samples"] for row in data["ranks"]] == [33, 33, 34]
     assert data["budget_fill"] is None
 
 
 def test_empty_summary() -> None:
-    summary = summarize_plan(np.zeros(0, np.int64), np.array([0]), world_size=4, batching=Batching(max_tokens=64))
+    summary = summarize_plan(
+        PlanInputs(np.zeros(0, np.int64), np.array([0])), EpochSpec(world_size=4), Batching(max_tokens=64)
+    )
     assert summary.num_batches == 0 and summary.padding_fraction == 0.0 and summary.spread == 1.0
     assert "0 samples" in summary.format()

@@ -9,6 +9,7 @@ changes anything; ``shardload plan`` maps all of this to exit status 6.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import shardload
 from shardload.cli import main
 from shardload.collate import PadSpec, fit_pad_value
 from shardload.errors import PlanError, PlanMismatchError
-from shardload.plan import Batching, plan_rank
+from shardload.plan import Batching, EpochSpec, PlanInputs, plan_rank
 
 BAD_LOADER_OPTIONS: dict[str, tuple[dict[str, Any], str]] = {
     # option -> (keyword arguments, what the message must name)
@@ -60,26 +61,46 @@ BAD_LOADER_OPTIONS: dict[str, tuple[dict[str, Any], str]] = {
     "pad_values a string value": ({"pad_values": {"tokens": "0"}}, "pad_values['tokens']"),
     "batching and batch_size": ({"batching": Batching(batch_size=3)}, "batch_size"),
     "batching of the wrong type": ({"batch_size": None, "batching": {"batch_size": 3}}, "Batching"),
-    # a replaced option given with its default value was silently ignored before
-    "batching and bucketing=True": (
-        {"batch_size": None, "batching": Batching(batch_size=8, bucketing=False), "bucketing": True},
-        "replaces bucketing",
+    # a shortcut beside its object: it used to be silently ignored
+    "batching and max_tokens disagree": (
+        {"batch_size": None, "batching": Batching(max_tokens=64), "max_tokens": 32},
+        "max_tokens=32 disagrees with batching=",
     ),
-    "batching and pad_to_multiple_of=1": (
-        {"batch_size": None, "batching": Batching(batch_size=8, pad_to_multiple_of=8), "pad_to_multiple_of": 1},
-        "replaces pad_to_multiple_of",
+    "loader_options and num_workers disagree": (
+        {"loader_options": shardload.LoaderOptions(num_workers=2), "num_workers": 0},
+        "num_workers=0 disagrees with loader_options=",
     ),
-    "batching and uneven='split'": (
-        {"batch_size": None, "batching": Batching(batch_size=8, uneven="pad"), "uneven": "split"},
-        "replaces uneven",
-    ),
+    "loader_options of the wrong type": ({"loader_options": {"num_workers": 2}}, "LoaderOptions"),
 }
+
+#: options only the option objects hold: the tests pass them as keywords, and _route builds the objects
+_IN_BATCHING = {f.name for f in dataclasses.fields(Batching)} - {"batch_size", "max_tokens"}
+_IN_LOADER_OPTIONS = {f.name for f in dataclasses.fields(shardload.LoaderOptions)} - {"num_workers"}
+
+
+def _route(options: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of make_loader / ShardDataModule, with ``batching`` and ``loader_options`` built here.
+
+    Called inside ``pytest.raises``: an option object refusing a value is the error under test.
+    """
+    out = dict(options)
+    batching = {k: out.pop(k) for k in options if k in _IN_BATCHING}
+    if batching:
+        out["batching"] = Batching(
+            batch_size=out.pop("batch_size", None), max_tokens=out.pop("max_tokens", None), **batching
+        )
+    loading = {k: out.pop(k) for k in options if k in _IN_LOADER_OPTIONS}
+    if loading:
+        if "num_workers" in out:
+            loading["num_workers"] = out.pop("num_workers")
+        out["loader_options"] = shardload.LoaderOptions(**loading)
+    return out
 
 
 def _loader(path: Path, **kwargs: Any) -> Any:
     options: dict[str, Any] = {"rank": 0, "world_size": 1, "batch_size": 4}
     options.update(kwargs)
-    return shardload.make_loader(path, **options)
+    return shardload.make_loader(path, **_route(options))
 
 
 @pytest.mark.parametrize("case", list(BAD_LOADER_OPTIONS))
@@ -210,7 +231,7 @@ def test_shard_batch_dataset_checks_pad_values_on_open(pristine: Path) -> None:
 )
 def test_datamodule_refuses_bad_options_when_built(pristine: Path, kwargs: dict[str, Any]) -> None:
     with pytest.raises(PlanError):
-        shardload.ShardDataModule(train=pristine, **kwargs)
+        shardload.ShardDataModule(train=pristine, **_route(kwargs))
 
 
 def test_datamodule_checks_pad_values_against_the_sets_in_setup(pristine: Path) -> None:
@@ -258,12 +279,12 @@ def _state(pristine: Path) -> tuple[Any, dict[str, Any]]:
 )
 def test_bad_loader_state_is_refused_and_changes_nothing(pristine: Path, edit: Any, named: str) -> None:
     loader, state = _state(pristine)
-    before = (loader.plan_sampler.epoch, loader.plan_sampler._start, loader.batches_done)
+    before = (loader.plan_sampler.epoch, loader.plan_sampler.start, loader.batches_done)
     with pytest.raises(PlanError) as err:
         loader.load_state_dict(edit(state))
     assert named in str(err.value), str(err.value)
     # Invariant: a refused state leaves the loader where it was, and the real state still resumes
-    assert (loader.plan_sampler.epoch, loader.plan_sampler._start, loader.batches_done) == before
+    assert (loader.plan_sampler.epoch, loader.plan_sampler.start, loader.batches_done) == before
     fresh = _loader(pristine)
     fresh.load_state_dict(state)
     assert len(list(fresh)) == 30 - 3
@@ -316,7 +337,7 @@ def test_state_of_another_seed_or_set_is_a_plan_mismatch(pristine: Path) -> None
     other = _loader(pristine, seed=1)
     with pytest.raises(PlanMismatchError):
         other.load_state_dict(state)
-    assert other.plan_sampler._start == 0 and other.plan_sampler.epoch == 0
+    assert other.plan_sampler.start == 0 and other.plan_sampler.epoch == 0
 
 
 def test_set_epoch_refuses_a_negative_or_non_integer_epoch(pristine: Path) -> None:
@@ -339,10 +360,9 @@ def test_set_epoch_refuses_a_negative_or_non_integer_epoch(pristine: Path) -> No
     ],
 )
 def test_plan_rank_refuses_huge_values_without_allocating(kwargs: dict[str, Any], named: str) -> None:
-    args: dict[str, Any] = {"rank": 0, "world_size": 2, "batching": Batching(batch_size=2)}
-    args.update(kwargs)
+    spec: dict[str, Any] = {"world_size": 2, **kwargs}
     with pytest.raises(PlanError, match=named):
-        plan_rank(np.array([3, 8, 5, 1]), np.array([4]), **args)
+        plan_rank(PlanInputs(np.array([3, 8, 5, 1]), np.array([4])), EpochSpec(**spec), Batching(batch_size=2), rank=0)
 
 
 @pytest.mark.parametrize(

@@ -464,7 +464,9 @@ def test_shard_changed_under_two_workers_is_named(
 ) -> None:
     # every shard changes, so a batch planned after the change must fail in whichever worker reads it
     def every_shard(path: str) -> str:
-        loader = shardload.make_loader(path, num_workers=2, prefetch_factor=1, **LOADER)
+        loader = shardload.make_loader(
+            path, loader_options=shardload.LoaderOptions(num_workers=2, prefetch_factor=1), **LOADER
+        )
         n = 0
         try:
             for i, batch in enumerate(loader):

@@ -14,6 +14,7 @@ import pytest
 
 import shardload
 from shardload.formats.arrow import ArrowShardReader
+from shardload.plan import Batching
 from shardload.testing import synthetic_samples
 from shardload.verify import verify
 
@@ -185,7 +186,9 @@ def test_rewritten_manifest_with_the_same_content_is_not_a_change(damaged: Path)
 
 
 def test_reprepared_set_is_detected_by_a_running_loader(damaged: Path) -> None:
-    loader = shardload.make_loader(damaged, rank=0, world_size=1, stage="val", batch_size=30, bucketing=False)
+    loader = shardload.make_loader(
+        damaged, rank=0, world_size=1, stage="val", batching=Batching(batch_size=30, bucketing=False)
+    )
     it = iter(loader)
     next(it)
     shardload.write(same_sizes_other_values(3), damaged, num_shards=4, shuffle=False, overwrite=True, progress=False)

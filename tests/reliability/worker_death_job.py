@@ -49,9 +49,9 @@ def main(out: str, mode: str) -> None:
         world_size=1,
         batch_size=4,
         stage="val",  # in order: after a truncation the next batches read the truncated part
-        num_workers=2,
-        prefetch_factor=2,
-        timeout=TIMEOUT if mode == "STOP" else 0,
+        loader_options=shardload.LoaderOptions(
+            num_workers=2, prefetch_factor=2, timeout=TIMEOUT if mode == "STOP" else 0
+        ),
     )
     workers: list[psutil.Process] = []
     start = 0.0

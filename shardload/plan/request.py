@@ -1,0 +1,202 @@
+"""What the planner is asked: the data it plans over and the epoch it plans.
+
+A plan is a pure function of three values, each checked once where it is
+built::
+
+    PlanInputs(lengths, shard_sizes, digest)    the shard set's index     (what)
+    EpochSpec(world_size, stage, seed, epoch,   which epoch, for whom     (when, for whom)
+              shard_assignment)
+    Batching(batch_size | max_tokens, ...)      how rows become batches   (how)
+       |
+       v
+    EpochPlanner(inputs, spec, batching).plan(rank)  ->  RankPlan
+
+:class:`PlanInputs` is built once per shard set
+(:meth:`shardload.ShardSet.plan_inputs` gives it in one line), an
+:class:`EpochSpec` once per loader and re-made per epoch with
+:meth:`EpochSpec.at_epoch`. Both are plain numpy/Python values: no torch, no
+file I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, get_args
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.errors import PlanError
+from shardload.plan.options import EVAL_STAGES, Batching, ShardAssignment, Stage
+from shardload.plan.validate import MAX_EPOCH, MAX_SEED, MAX_WORLD_SIZE, check_arrays, check_scalar
+
+__all__ = ["EpochSpec", "PlanInputs", "check_request", "digest_lengths"]
+
+
+@dataclass(frozen=True)
+class EpochSpec:
+    """Which epoch of which stage is planned, and for how many ranks.
+
+    The rank itself is not part of it: every rank plans from the same
+    :class:`EpochSpec` and gets the same batch count.
+
+    Attributes:
+        world_size: Number of ranks (``1 .. 2**20``).
+        stage: ``"train"`` shuffles per (seed, epoch); ``"val"``, ``"test"``
+            and ``"predict"`` keep a fixed order, independent of ``seed``,
+            ``epoch`` and ``shard_assignment``, and see every sample once.
+        seed: Run seed (``0 .. 2**64 - 1``).
+        epoch: Epoch number (``>= 0``).
+        shard_assignment: ``"rotate"``: training lays shards out in a new
+            seeded order every epoch, so ranks see different shards;
+            ``"fixed"``: natural order (evaluation always uses it).
+
+    Raises:
+        PlanError: On construction, naming the bad field and its allowed values.
+
+    Examples:
+        >>> spec = EpochSpec(world_size=4, seed=7)
+        >>> spec.at_epoch(3).epoch, spec.shuffled
+        (3, True)
+    """
+
+    world_size: int = field(metadata={"help": "number of ranks", "metavar": "W", "min": 1})
+    stage: Stage = field(
+        default="train", metadata={"help": "training shuffles; evaluation stages keep every sample exactly once"}
+    )
+    seed: int = field(default=0, metadata={"help": "run seed (default: 0)", "metavar": "S", "min": 0})
+    epoch: int = field(default=0, metadata={"help": "epoch to plan (default: 0)", "metavar": "E", "min": 0})
+    shard_assignment: ShardAssignment = field(
+        default="rotate",
+        metadata={"help": "rotate: new shard order each training epoch (default); fixed: natural order"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.stage not in get_args(Stage):
+            raise PlanError(f"stage={self.stage!r}: must be one of {', '.join(get_args(Stage))}")
+        if self.shard_assignment not in get_args(ShardAssignment):
+            raise PlanError(f"shard_assignment={self.shard_assignment!r}: must be 'rotate' or 'fixed'")
+        fixed = {
+            "world_size": check_scalar("world_size", self.world_size, low=1, high=MAX_WORLD_SIZE),
+            "seed": check_scalar("seed", self.seed, low=0, high=MAX_SEED),
+            "epoch": check_scalar("epoch", self.epoch, low=0, high=MAX_EPOCH),
+        }
+        for name, value in fixed.items():
+            object.__setattr__(self, name, value)  # plain ints: hashable, JSON-ready
+
+    @property
+    def shuffled(self) -> bool:
+        """Whether this stage shuffles (training only)."""
+        return self.stage == "train"
+
+    def at_epoch(self, epoch: int) -> EpochSpec:
+        """The same request for another epoch (checked like the constructor)."""
+        return dataclasses.replace(self, epoch=epoch)
+
+    def identity(self) -> dict[str, Any]:
+        """What the plan depends on: evaluation ignores seed, epoch and shard assignment.
+
+        Two specs with the same identity give the same plans (for the same
+        inputs and batching); it goes into the plan fingerprint.
+        """
+        train = self.shuffled
+        return {
+            "world_size": self.world_size,
+            "stage": self.stage,
+            "seed": self.seed if train else 0,
+            "epoch": self.epoch if train else 0,
+            "shard_assignment": self.shard_assignment if train else "fixed",
+        }
+
+
+def check_request(spec: object, batching: object) -> None:
+    """Check that ``spec`` and ``batching`` are the planner's types and fit together.
+
+    Raises:
+        PlanError: If either is of the wrong type, or ``uneven="drop"`` is
+            asked for an evaluation stage (which must see every sample once).
+    """
+    if not isinstance(spec, EpochSpec):
+        raise PlanError(
+            f"spec must be a shardload.plan.EpochSpec, got {type(spec).__name__}: e.g. EpochSpec(world_size=8)"
+        )
+    if not isinstance(batching, Batching):
+        raise PlanError(
+            f"batching must be a shardload.plan.Batching, got {type(batching).__name__}: "
+            "e.g. Batching(batch_size=32) or Batching(max_tokens=16384)"
+        )
+    if spec.stage in EVAL_STAGES and batching.uneven == "drop":
+        raise PlanError(
+            f"Batching(uneven='drop') would lose samples in stage {spec.stage!r}, which must "
+            "see every sample once: use uneven='split' (default) or 'pad' for evaluation"
+        )
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class PlanInputs:
+    """The planner's view of a shard set: per-sample lengths and samples per shard.
+
+    Checked once when built; the lengths are not copied (a memory map stays
+    one) and are read once, for their minimum and maximum.
+
+    Attributes:
+        lengths: ``(N,)`` batching length of every sample, global sample ids
+            in shard order; any integer dtype.
+        shard_sizes: ``(S,)`` samples per shard (int64; empty shards allowed);
+            they add up to ``N``.
+        digest: A string naming the content of ``lengths``, the same on every
+            rank; it goes into the plan fingerprint. ``None`` when built:
+            :func:`digest_lengths` of the lengths (hashing costs ~0.25 s per
+            100M int32 lengths; a shard set passes its manifest fingerprint).
+        max_length: The longest length (0 when ``N == 0``), set when built.
+
+    Raises:
+        PlanError: On construction, if the arrays are not a valid index.
+
+    Examples:
+        >>> inputs = PlanInputs(np.array([3, 8, 5, 1]), np.array([4]))
+        >>> inputs.num_samples, inputs.max_length
+        (4, 8)
+    """
+
+    lengths: NDArray[np.integer]
+    shard_sizes: NDArray[np.int64]
+    digest: str = None  # type: ignore[assignment]  # None when built: computed from the lengths
+    max_length: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        lengths, sizes, max_length = check_arrays(self.lengths, self.shard_sizes)
+        if self.digest is not None and not isinstance(self.digest, str):
+            raise PlanError(f"PlanInputs(digest={self.digest!r}): must be a str (or None to hash the lengths)")
+        object.__setattr__(self, "lengths", lengths)
+        object.__setattr__(self, "shard_sizes", sizes)
+        object.__setattr__(self, "max_length", max_length)
+        if self.digest is None:
+            object.__setattr__(self, "digest", digest_lengths(lengths))
+
+    def __repr__(self) -> str:
+        return (
+            f"PlanInputs(num_samples={self.num_samples}, num_shards={self.num_shards}, "
+            f"max_length={self.max_length}, digest={self.digest[:12]!r})"
+        )
+
+    @property
+    def num_samples(self) -> int:
+        """``N``: the number of samples."""
+        return len(self.lengths)
+
+    @property
+    def num_shards(self) -> int:
+        """``S``: the number of shards."""
+        return len(self.shard_sizes)
+
+
+def digest_lengths(lengths: NDArray[np.integer]) -> str:
+    """Hex digest of a lengths index (its dtype and bytes), read in chunks."""
+    digest = hashlib.sha1(usedforsecurity=False)
+    digest.update(f"{lengths.dtype.str}:{len(lengths)}:".encode())
+    for lo in range(0, len(lengths), 1 << 24):
+        digest.update(np.ascontiguousarray(lengths[lo : lo + (1 << 24)]).data.cast("B"))
+    return digest.hexdigest()

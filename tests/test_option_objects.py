@@ -1,0 +1,143 @@
+"""The option objects reach every entry point: make_loader, ShardDataModule and `shardload plan`.
+
+Each field of ``Batching`` (and of ``LoaderOptions``, ``EpochSpec``) gets a
+non-default value; the test checks that each entry point plans with exactly
+that object. A field added to a class without a case here fails the first
+test, so a new option cannot be left unreachable from one of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shardload
+from shardload.cli import main
+from shardload.plan import Batching, EpochSpec, summarize_plan
+from shardload.testing import synthetic_samples
+
+#: field -> a valid Batching whose value of that field is not the default
+BATCHING_CASES: dict[str, Batching] = {
+    "batch_size": Batching(batch_size=3),
+    "max_tokens": Batching(max_tokens=77),
+    "bucketing": Batching(batch_size=4, bucketing=False),
+    "pad_to_multiple_of": Batching(batch_size=4, pad_to_multiple_of=8),
+    "uneven": Batching(batch_size=4, uneven="pad"),
+    "bucket_ratio": Batching(batch_size=4, bucket_ratio=1.5),
+    "max_rows": Batching(max_tokens=77, max_rows=2),
+}
+
+#: field -> a valid LoaderOptions whose value of that field is not the default
+LOADER_CASES: dict[str, shardload.LoaderOptions] = {
+    "num_workers": shardload.LoaderOptions(num_workers=1),
+    "pin_memory": shardload.LoaderOptions(pin_memory=True),
+    "prefetch_factor": shardload.LoaderOptions(prefetch_factor=3),
+    "persistent_workers": shardload.LoaderOptions(persistent_workers=True),
+    "timeout": shardload.LoaderOptions(timeout=30),
+    "debug": shardload.LoaderOptions(debug=True),
+}
+
+
+@pytest.fixture(scope="module")
+def small_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("options") / "set"
+    shardload.write(synthetic_samples(60, seed=3), path, num_shards=3, progress=False)
+    return path
+
+
+def test_every_field_has_a_case() -> None:
+    # Invariant: a new option field must be added here, and so be checked at every entry point
+    assert set(BATCHING_CASES) == {f.name for f in dataclasses.fields(Batching)}
+    assert set(LOADER_CASES) == {f.name for f in dataclasses.fields(shardload.LoaderOptions)}
+    for name, batching in BATCHING_CASES.items():
+        assert getattr(batching, name) != getattr(Batching(batch_size=1), name) or name == "max_tokens"
+
+
+def _flags(batching: Batching) -> list[str]:
+    """The `shardload plan` flags that stand for ``batching``."""
+    out: list[str] = []
+    for f in dataclasses.fields(Batching):
+        value = getattr(batching, f.name)
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+@pytest.mark.parametrize("field", list(BATCHING_CASES))
+def test_every_batching_field_reaches_every_entry_point(
+    small_set: Path, field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batching = BATCHING_CASES[field]
+    loader = shardload.make_loader(small_set, batching=batching, rank=0, world_size=2)
+    # Invariant: make_loader plans with the very object given
+    assert loader.plan_sampler.batching == batching
+    dm = shardload.ShardDataModule(train=small_set, val=small_set, batching=batching, num_workers=0)
+    dm.setup("fit")
+    train = dm.train_dataloader()
+    # Invariant: so does the DataModule (evaluation replaces only uneven="drop", which training keeps)
+    assert isinstance(train, shardload.ShardLoader) and train.plan_sampler.batching == batching
+    # Invariant: `shardload plan` has a flag for the field, and plans with the same Batching
+    assert main(["plan", str(small_set), "--world-size", "2", *_flags(batching), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    expected = summarize_plan(shardload.open(small_set).plan_inputs(), EpochSpec(world_size=2), batching)
+    assert printed == json.loads(json.dumps(expected.to_dict()))
+
+
+@pytest.mark.parametrize("field", list(LOADER_CASES))
+def test_every_loader_option_reaches_both_loaders(small_set: Path, field: str) -> None:
+    options = LOADER_CASES[field]
+    loader = shardload.make_loader(small_set, batch_size=4, loader_options=options, rank=0, world_size=1)
+    dm = shardload.ShardDataModule(train=small_set, batch_size=4, loader_options=options)
+    dm.setup("fit")
+    from_dm = dm.train_dataloader()
+    assert isinstance(from_dm, shardload.ShardLoader)
+    expected: dict[str, Any] = options.dataloader_kwargs()
+    for made in (loader, from_dm):
+        # Invariant: what the DataLoader runs with is what the options say (workers off in debug mode)
+        got = {name: getattr(made, name) for name in ("num_workers", "pin_memory", "timeout")}
+        assert got == {name: expected[name] for name in got}
+        assert made.plan_sampler.debug == options.debug
+        if options.workers:
+            assert made.prefetch_factor == (options.prefetch_factor or 2)
+            assert made.persistent_workers == options.persistent_workers
+
+
+def test_every_epoch_field_reaches_shardload_plan(small_set: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = EpochSpec(world_size=3, stage="train", seed=9, epoch=2, shard_assignment="fixed")
+    flags = [f"--{f.name.replace('_', '-')}={getattr(spec, f.name)}" for f in dataclasses.fields(EpochSpec)]
+    assert main(["plan", str(small_set), *flags, "--batch-size", "4", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    expected = summarize_plan(shardload.open(small_set).plan_inputs(), spec, Batching(batch_size=4))
+    # Invariant: the flags are the fields of EpochSpec; the fingerprint covers all of them
+    assert printed["fingerprint"] == expected.fingerprint
+    assert printed == json.loads(json.dumps(expected.to_dict()))
+
+
+@pytest.mark.parametrize(
+    ("keywords", "accepted"),
+    [
+        ({"batching": Batching(batch_size=4), "batch_size": 4}, True),  # the same value twice: no conflict
+        ({"batching": Batching(batch_size=4), "batch_size": 5}, False),
+        ({"batching": Batching(batch_size=4), "max_tokens": 64}, False),
+        ({"batch_size": 4, "loader_options": shardload.LoaderOptions(num_workers=1), "num_workers": 1}, True),
+        ({"batch_size": 4, "loader_options": shardload.LoaderOptions(num_workers=1), "num_workers": 0}, False),
+    ],
+)
+def test_a_shortcut_beside_its_object_must_agree(small_set: Path, keywords: dict[str, Any], accepted: bool) -> None:
+    for build in (
+        lambda: shardload.make_loader(small_set, rank=0, world_size=1, **keywords),
+        lambda: shardload.ShardDataModule(train=small_set, **keywords),
+    ):
+        if accepted:
+            build()
+        else:
+            # Invariant: a shortcut that disagrees with its object raises instead of being ignored
+            with pytest.raises(shardload.PlanError, match="disagrees with"):
+                build()
