@@ -35,6 +35,7 @@ from numpy.typing import NDArray
 from shardload.plan.assign import ShardLayout
 from shardload.plan.batcher import Batcher, chunk_offsets
 from shardload.plan.options import Batching, padded_length
+from shardload.plan.ranges import offsets_from_lengths, range_positions
 
 __all__ = [
     "BucketBatcher",
@@ -216,15 +217,13 @@ class BucketBatcher(Batcher):
         rows = self.rows[::-1]  # (B,) longest bucket first from here on
         count = np.bincount(bucket, minlength=num_buckets)[::-1]  # (B,)
         full = count // rows  # (B,) full batches per bucket
-        seg_start = np.cumsum(count) - count  # (B,) where each bucket starts in ids
-        rank_in_bucket = np.arange(len(ids)) - np.repeat(seg_start, count)
+        rank_in_bucket = range_positions(np.zeros_like(count), count)  # (n,) index within its bucket
         is_left = rank_in_bucket >= np.repeat(full * rows, count)  # (n,) remainder rows
         full_ids, left_ids = ids[~is_left], ids[is_left]
         # longest first, by length rather than by bucket: the same per-bucket
         # runs (so the same count) with tighter lengths inside mixed batches
         left_ids = left_ids[np.argsort(-lens[order][is_left], kind="stable")]
-        offsets = np.zeros(int(full.sum()) + 1, dtype=np.int64)
-        np.cumsum(np.repeat(rows, full), out=offsets[1:])
+        offsets = offsets_from_lengths(np.repeat(rows, full))
         if len(left_ids):
             _, starts = chunk_remainders((count - full * rows)[None, :], rows)
             left_offsets = np.array([s[0] for s in starts[1:]] + [len(left_ids)], dtype=np.int64)

@@ -28,6 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.plan.batcher import Batcher
+from shardload.plan.options import padded_length
 from shardload.plan.shuffle import rank_rng
 
 __all__ = ["GreedyTokenBatcher", "greedy_rows"]
@@ -103,8 +104,7 @@ class GreedyTokenBatcher(Batcher):
     """Token-budget batches by greedy fill, no bucketing (see the module docstring)."""
 
     def _costs(self, lens: NDArray[np.int64]) -> NDArray[np.int64]:
-        step = self.batching.pad_to_multiple_of
-        return np.maximum(-(-lens // step) * step, 1)  # (n,) a row costs >= 1 token
+        return np.maximum(padded_length(lens, self.batching.pad_to_multiple_of), 1)  # (n,) a row costs >= 1 token
 
     def _ordered(self, rank: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """A rank's sample ids and lengths in fill order (same draws as build_batches)."""
