@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.plan.assign import ShardLayout
-from shardload.plan.batcher import Batcher, chunk_offsets
+from shardload.plan.batcher import Batcher, Batches, chunk_offsets
 from shardload.plan.options import Batching, padded_length
 from shardload.plan.ranges import offsets_from_lengths, range_positions
 
@@ -196,21 +196,15 @@ class BucketBatcher(Batcher):
         total: NDArray[np.int64] = full + merged
         return total
 
-    def _batch(
-        self,
-        ids: NDArray[np.int64],
-        lens: NDArray[np.int64],
-        rng: np.random.Generator | None,
-    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        if rng is None and self.batching.batch_size is not None:
+    def _cut(self, ids: NDArray[np.int64], lens: NDArray[np.int64]) -> Batches:
+        if not self.shuffle and self.batching.batch_size is not None:
             # evaluation, fixed size: chunks of the sorted range pad least, same count
             ids = ids[np.argsort(-lens, kind="stable")]
             return ids, chunk_offsets(len(ids), self.batching.batch_size)
         num_buckets = len(self.upper)
         bucket = bucket_ids(lens, self.upper, self.table)  # (n,)
-        if rng is not None:
-            perm = rng.permutation(len(ids))  # random within a bucket, longest bucket first
-            order = perm[np.argsort(num_buckets - 1 - bucket[perm], kind="stable")]
+        if self.shuffle:  # ids come shuffled: random within a bucket, longest bucket first
+            order = np.argsort(num_buckets - 1 - bucket, kind="stable")
         else:
             order = np.argsort(-lens, kind="stable")  # decreasing length, then epoch order
         ids = ids[order]
