@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.plan.options import Batching, ShardAssignment, Stage
+from shardload.plan.options import Batching, ShardAssignment, Stage, padded_length
 from shardload.plan.planner import EpochPlanner, RankPlan
 
 __all__ = ["PlanSummary", "summarize_plan"]
@@ -142,7 +142,7 @@ def _rank_figures(
     padded = 0
     if len(plan):
         longest = np.maximum.reduceat(lens, plan.batch_offsets[:-1])  # (num_batches,)
-        padded = int((np.diff(plan.batch_offsets) * (-(-longest // multiple) * multiple)).sum())
+        padded = int((np.diff(plan.batch_offsets) * padded_length(longest, multiple)).sum())
     shards = np.unique(np.searchsorted(shard_starts, plan.sample_ids, side="right") - 1)
     real_rows = int(real.sum())
     return real_rows, len(real) - real_rows, int(lens[real].sum()), padded, len(shards)
