@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 from shardload.cast import CastError, cast_exact
 from shardload.errors import PlanError
 from shardload.formats import Columns
+from shardload.plan.options import padded_length
 from shardload.schema import SAMPLE_ID_KEY, WEIGHT_KEY, Schema, lengths_key
 
 #: ``(name, shape, dtype, zeroed)`` of each output array, in output order; ``zeroed``: it must start as zeros.
@@ -207,10 +208,6 @@ def _scalar_array(value: int | float | np.integer | np.floating, dtype: np.dtype
     return np.array(as_float, dtype=np.float64)
 
 
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple if multiple > 1 else n
-
-
 def allocate_separately(layout: Layout) -> dict[str, np.ndarray]:
     """One ``np.zeros`` or ``np.empty`` per output (the default :data:`Allocate`)."""
     return {name: (np.zeros if zeroed else np.empty)(shape, dtype=dtype) for name, shape, dtype, zeroed in layout}
@@ -268,7 +265,7 @@ def collate_batch(
         starts, ends = _sample_bounds(cols, groups, name, rows)
         bounds[name] = starts, ends
         lengths = ends - starts
-        l_pad = round_up(int(lengths.max(initial=0)), pad.pad_to_multiple_of)
+        l_pad = padded_length(int(lengths.max(initial=0)), pad.pad_to_multiple_of)
         # Where padding is most of the array (random batches of long-tailed lengths), the whole array
         # is padded first and each sample copied over it: one numpy call per sample; zero padding then
         # comes from zeroed memory, which the kernel provides without a pass over it. Otherwise

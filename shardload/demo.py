@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 import shardload
+from shardload.plan.ranges import offsets_from_lengths
 from shardload.testing import long_tailed_lengths
 
 log = logging.getLogger("shardload.demo")
@@ -59,8 +60,8 @@ def generate_sources(cfg: DemoConfig) -> tuple[list[Path], Path]:
     def columns(n: int, seed: int) -> dict[str, Any]:
         tok_len = long_tailed_lengths(n, median=64, sigma=0.9, low=4, high=1024, seed=seed)
         rows = long_tailed_lengths(n, median=12, sigma=0.8, low=1, high=256, seed=seed + 1)
-        tok_off = np.concatenate([[0], np.cumsum(tok_len)])
-        row_off = np.concatenate([[0], np.cumsum(rows)])
+        tok_off = offsets_from_lengths(tok_len)
+        row_off = offsets_from_lengths(rows)
         tokens = rng.integers(0, 5000, size=int(tok_off[-1]), dtype=np.int32)
         feats = rng.standard_normal((int(row_off[-1]), cfg.channels), dtype=np.float32)
         # The label depends on the data, so the model has something to learn.

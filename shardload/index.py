@@ -10,6 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.plan.ranges import offsets_from_lengths
+
 
 class ShardIndex:
     """Where each global sample id lives.
@@ -21,8 +23,7 @@ class ShardIndex:
     def __init__(self, shard_sizes: Sequence[int] | NDArray[np.integer]) -> None:
         sizes = np.asarray(shard_sizes, dtype=np.int64)
         # starts: (num_shards + 1,) first global id of each shard, then the total
-        self.starts: NDArray[np.int64] = np.zeros(len(sizes) + 1, dtype=np.int64)
-        np.cumsum(sizes, out=self.starts[1:])
+        self.starts: NDArray[np.int64] = offsets_from_lengths(sizes)
         self.sizes: NDArray[np.int64] = sizes
 
     @property

@@ -241,13 +241,6 @@ class Schema:
         longest: np.ndarray = np.max(np.stack([np.asarray(v, dtype=np.int64) for v in per_field.values()]), axis=0)
         return longest
 
-    def lengths_of(self, sample: Mapping[str, np.ndarray]) -> int:
-        """The batching length of a checked sample."""
-        if self.length_field is not None:
-            return int(sample[self.length_field].shape[0])
-        var = self.variable_fields
-        return max((int(sample[f.name].shape[0]) for f in var), default=1)
-
 
 def as_array(value: Any, *, name: str, where: str) -> np.ndarray:
     """Convert a field value to a numpy array of a supported dtype, or raise.

@@ -216,8 +216,8 @@ def _chunked_sum(arr: NDArray[np.integer], chunk: int = 1 << 24) -> int:
 def recompute_lengths(schema: Schema, cols: Columns) -> dict[str, NDArray[np.int64]]:
     """Lengths a shard's offsets imply: ``""`` -> batching length, plus one entry per variable field.
 
-    Mirrors how ``prepare`` builds the index: the ``length_field``'s length, else
-    the longest variable field of each sample, else 1 (no variable field).
+    The batching length comes from :meth:`Schema.batching_lengths`, the rule
+    ``prepare`` wrote the index with.
     """
     per_field = {f.name: cols.fields[f.name].lengths().astype(np.int64) for f in schema.variable_fields}
     return {"": schema.batching_lengths(per_field, cols.num_samples), **per_field}

@@ -10,11 +10,13 @@ import torch
 
 import shardload
 import shardload.dataset
-from shardload.collate import Layout, PadSpec
+from shardload.collate import Layout, PadSpec, collate_batch
 from shardload.dataset import BatchArena, ShardBatchDataset
+from shardload.formats import Columns
 from shardload.loader import make_loader
 from shardload.loader_options import LoaderOptions
-from shardload.plan import Batching
+from shardload.plan import Batching, EpochSpec, PlanInputs, padded_length, plan_rank
+from shardload.schema import Field, Schema
 
 # Sample i has i % 7 == 6 long (40 rows), the others short (1-3 rows): batches of short ids plus
 # one long id are mostly padding (the whole array is filled first); batches of long ids are not.
@@ -151,3 +153,24 @@ def test_worker_batches_equal_main_process_batches(
         # Small tensors never share a buffer with the padded arrays: keeping one keeps a few bytes, not the batch.
         for name in ("sample_id", "weight", "tokens_lengths", "label"):
             assert b[name].untyped_storage().nbytes() == b[name].nbytes, name
+
+
+@pytest.mark.parametrize("bucketing", [True, False], ids=["buckets", "greedy"])
+@pytest.mark.parametrize(("max_tokens", "multiple"), [(64, 1), (100, 8), (256, 3), (40, 64)])
+def test_the_collate_pads_a_planned_batch_to_the_planners_padded_length(
+    bucketing: bool, max_tokens: int, multiple: int
+) -> None:
+    # One rule, padded_length: the planner counts rows * padded_length(longest) against max_tokens, and the
+    # collate pads every row to that same width, so the budget holds for the arrays the model gets.
+    rng = np.random.default_rng(max_tokens + multiple)
+    lengths = np.minimum(rng.lognormal(2.5, 1.0, 300).astype(np.int64), 90)  # zeros and samples over budget
+    schema = Schema(fields=(Field("tokens", "int32", (None,)),))
+    cols = Columns.from_samples(schema, [{"tokens": np.ones(n, np.int32)} for n in lengths])
+    batching = Batching(max_tokens=max_tokens, pad_to_multiple_of=multiple, bucketing=bucketing)
+    plan = plan_rank(PlanInputs(lengths, np.array([len(lengths)])), EpochSpec(world_size=1, seed=1), batching, rank=0)
+    pad = PadSpec(pad_to_multiple_of=multiple)
+    for ids, weights in plan:
+        batch = collate_batch(schema, lambda s: cols, np.zeros(len(ids), np.int64), ids, ids, weights, pad)
+        rows, width = batch["tokens"].shape
+        assert width == padded_length(int(lengths[ids].max()), multiple)
+        assert rows * max(width, 1) <= max_tokens or rows == 1

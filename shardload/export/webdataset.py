@@ -56,6 +56,7 @@ import numpy as np
 
 from shardload.errors import OutputError, OutputExistsError, OutputLockedError
 from shardload.manifest import atomic_write_text, file_checksum, fsync_dir
+from shardload.plan.ranges import offsets_from_lengths
 from shardload.prepare.progress import Progress
 from shardload.prepare.sources.webdataset import split_member_name
 from shardload.schema import Schema
@@ -173,7 +174,7 @@ def to_webdataset(
         bar = Progress("export", total=len(ds), enabled=progress)
         try:
             samples = _iter_samples(ds)
-            first_ids = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+            first_ids = offsets_from_lengths(sizes)
             for name, size, first in zip(names, sizes, first_ids.tolist()):
                 tmp = out / f".{name}.new"
                 staged.append(tmp)

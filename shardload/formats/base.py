@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from shardload.identity import ShardIdentity
+from shardload.plan.ranges import offsets_from_lengths, range_positions
 from shardload.schema import Field, Schema
 
 
@@ -108,12 +109,9 @@ class Columns:
                 continue
             starts = data.offsets[rows]
             lens = data.offsets[rows + 1] - starts
-            offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-            np.cumsum(lens, out=offsets[1:])
-            # Gather the rows of every selected sample in one fancy-index: positions
-            # are start_k + 0..len_k-1 for each k.
-            pos = np.repeat(starts - offsets[:-1], lens) + np.arange(offsets[-1], dtype=np.int64)
-            fields[name] = FieldData(np.ascontiguousarray(data.values[pos]), offsets)
+            # the rows of every selected sample in one fancy-index
+            values = data.values[range_positions(starts, lens)]
+            fields[name] = FieldData(np.ascontiguousarray(values), offsets_from_lengths(lens))
         return Columns(num_samples=len(rows), fields=fields)
 
 
@@ -132,9 +130,7 @@ def concat_columns(schema: Schema, parts: Sequence[Columns]) -> Columns:
             if datas
             else np.zeros(0, dtype=np.int64)
         )
-        offsets = np.zeros(len(lens) + 1, dtype=np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        fields[f.name] = FieldData(values, offsets)
+        fields[f.name] = FieldData(values, offsets_from_lengths(lens))
     return Columns(num_samples=sum(p.num_samples for p in parts), fields=fields)
 
 
@@ -147,10 +143,8 @@ def _pack_field(f: Field, parts: Sequence[np.ndarray]) -> FieldData:
         values = np.stack(parts) if parts else _empty(f, 0)
         return FieldData(np.ascontiguousarray(values), None)
     lens = np.fromiter((p.shape[0] for p in parts), dtype=np.int64, count=len(parts))
-    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
     values = np.concatenate(parts) if parts else _empty(f, 0)
-    return FieldData(np.ascontiguousarray(values), offsets)
+    return FieldData(np.ascontiguousarray(values), offsets_from_lengths(lens))
 
 
 class ShardWriter(ABC):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.plan.ranges import offsets_from_lengths, range_positions
 from shardload.plan.shuffle import epoch_rng
 
 __all__ = ["ShardLayout", "assign_shards", "shard_order"]
@@ -42,18 +43,6 @@ def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool) -> NDA
     if not shuffle:
         return np.arange(num_shards, dtype=np.int64)
     return epoch_rng(seed, epoch).permutation(num_shards).astype(np.int64)
-
-
-def _segment_ids(starts: NDArray[np.int64], sizes: NDArray[np.int64]) -> NDArray[np.int64]:
-    """Concatenate ``arange(start, start + size)`` for every segment, vectorised."""
-    # starts, sizes: (k,) segments; result: (sizes.sum(),)
-    total = int(sizes.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    out_starts = np.cumsum(sizes) - sizes  # (k,) where each segment lands in the output
-    shift = np.repeat(starts - out_starts, sizes)  # (total,)
-    shift += np.arange(total, dtype=np.int64)
-    return shift
 
 
 @dataclass(frozen=True)
@@ -115,7 +104,7 @@ class ShardLayout:
 
     def rank_sample_ids(self, rank: int) -> NDArray[np.int64]:
         """``(n_r,)`` sample ids of a rank's range, in epoch order."""
-        return _segment_ids(*self.rank_segments(rank))
+        return range_positions(*self.rank_segments(rank))
 
     def rank_shards(self, rank: int) -> NDArray[np.int64]:
         """``(k,)`` ids of the (non-empty) shards a rank's range touches, in epoch order."""
@@ -169,10 +158,8 @@ def assign_shards(shard_sizes: NDArray[np.int64], world_size: int, *, order: NDA
     >>> layout.rank_sizes.tolist(), layout.rank_sample_ids(1).tolist()
     ([4, 5], [4, 5, 6, 7, 8])
     """
-    shard_starts = np.zeros(len(shard_sizes) + 1, dtype=np.int64)
-    np.cumsum(shard_sizes, out=shard_starts[1:])
-    epoch_starts = np.zeros(len(shard_sizes) + 1, dtype=np.int64)
-    np.cumsum(shard_sizes[order], out=epoch_starts[1:])
+    shard_starts = offsets_from_lengths(shard_sizes)
+    epoch_starts = offsets_from_lengths(shard_sizes[order])
     total = int(shard_starts[-1])
     # floor(r * N / W): sizes are floor(N/W) or ceil(N/W); exact in int64 up to N*W < 2**63
     rank_starts = np.arange(world_size + 1, dtype=np.int64) * total // world_size

@@ -8,8 +8,13 @@ Planning without communication needs two things from a strategy:
 
 Both must agree exactly (the count of rank ``r`` is the number of batches that
 ``build_batches(r)`` returns); the tests check it for every strategy.
-Subclasses fill two hooks, :meth:`Batcher._count` and :meth:`Batcher._batch`
-(and may set up shared state in :meth:`Batcher._prepare`).
+
+The base class owns what every strategy shares: a rank's samples in epoch
+order, shuffled by the rank's generator when training
+(:meth:`Batcher.rank_order`, the same draw for counting and building), and the
+shuffle of whole batches afterwards for strategies that build batches of
+similar lengths. Subclasses fill two hooks, :meth:`Batcher._count` and
+:meth:`Batcher._cut` (and may set up shared state in :meth:`Batcher._prepare`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from shardload.plan.assign import ShardLayout
 from shardload.plan.options import Batching
 from shardload.plan.shuffle import permute_batches, rank_rng
 
-__all__ = ["Batcher", "chunk_offsets"]
+__all__ = ["Batcher", "Batches", "chunk_offsets"]
+
+#: ``(sample_ids, offsets)``: ``(n,)`` sample ids in yield order, and ``(num_batches + 1,)`` batch offsets into them.
+Batches = tuple[NDArray[np.int64], NDArray[np.int64]]
 
 
 def chunk_offsets(num_rows: int, size: int) -> NDArray[np.int64]:
@@ -84,7 +92,7 @@ class Batcher(ABC):
         assert counts.shape == (self.layout.world_size,)
         return counts.astype(np.int64, copy=False)
 
-    def build_batches(self, rank: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    def build_batches(self, rank: int) -> Batches:
         """Materialise one rank's batches.
 
         Args:
@@ -95,31 +103,44 @@ class Batcher(ABC):
             once, in yield order, and ``(num_batches + 1,)`` batch offsets
             into them. Every batch is non-empty.
         """
-        ids = self.layout.rank_sample_ids(rank)  # (n_r,) epoch order
-        lens = np.asarray(self.lengths[ids], dtype=np.int64)  # (n_r,)
-        rng = rank_rng(self.seed, self.epoch, rank) if self.shuffle else None
-        sample_ids, offsets = self._batch(ids, lens, rng)
+        ids, lens, rng = self.rank_order(rank)
+        sample_ids, offsets = self._cut(ids, lens)
         if rng is not None and self.shuffles_batch_order:
             sample_ids, offsets = permute_batches(sample_ids, offsets, rng.permutation(len(offsets) - 1))
         return sample_ids, offsets
+
+    def rank_order(self, rank: int) -> tuple[NDArray[np.int64], NDArray[np.int64], np.random.Generator | None]:
+        """A rank's samples in the order its batches are cut from.
+
+        Args:
+            rank: The rank.
+
+        Returns:
+            ``(ids, lens, rng)``: ``(n_r,)`` the rank's sample ids and
+            ``(n_r,)`` their lengths, in epoch order, or in a random order
+            when shuffling (the first draw of ``rng``); ``rng`` is the rank's
+            generator after that draw, ``None`` when not shuffling.
+        """
+        ids = self.layout.rank_sample_ids(rank)  # (n_r,) epoch order
+        lens = np.asarray(self.lengths[ids], dtype=np.int64)  # (n_r,)
+        if not self.shuffle:
+            return ids, lens, None
+        rng = rank_rng(self.seed, self.epoch, rank)
+        perm = rng.permutation(len(ids))
+        return ids[perm], lens[perm], rng
 
     @abstractmethod
     def _count(self) -> NDArray[np.int64]:
         """``(W,)`` every rank's batch count, without materialising batches."""
 
     @abstractmethod
-    def _batch(
-        self,
-        ids: NDArray[np.int64],
-        lens: NDArray[np.int64],
-        rng: np.random.Generator | None,
-    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """Order one rank's samples and cut them into batches.
+    def _cut(self, ids: NDArray[np.int64], lens: NDArray[np.int64]) -> Batches:
+        """Cut one rank's samples into batches (reordering them if the strategy needs to).
 
         Args:
-            ids: ``(n_r,)`` the rank's sample ids in epoch order.
+            ids: ``(n_r,)`` the rank's sample ids, as :meth:`rank_order` gives them
+                (shuffled when ``self.shuffle``).
             lens: ``(n_r,)`` their lengths.
-            rng: The rank's generator when shuffling, else ``None``.
 
         Returns:
             ``(sample_ids, offsets)`` as in :meth:`build_batches`.

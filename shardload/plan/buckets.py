@@ -33,8 +33,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.plan.assign import ShardLayout
-from shardload.plan.batcher import Batcher, chunk_offsets
+from shardload.plan.batcher import Batcher, Batches, chunk_offsets
 from shardload.plan.options import Batching, padded_length
+from shardload.plan.ranges import offsets_from_lengths, range_positions
 
 __all__ = [
     "BucketBatcher",
@@ -195,36 +196,28 @@ class BucketBatcher(Batcher):
         total: NDArray[np.int64] = full + merged
         return total
 
-    def _batch(
-        self,
-        ids: NDArray[np.int64],
-        lens: NDArray[np.int64],
-        rng: np.random.Generator | None,
-    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        if rng is None and self.batching.batch_size is not None:
+    def _cut(self, ids: NDArray[np.int64], lens: NDArray[np.int64]) -> Batches:
+        if not self.shuffle and self.batching.batch_size is not None:
             # evaluation, fixed size: chunks of the sorted range pad least, same count
             ids = ids[np.argsort(-lens, kind="stable")]
             return ids, chunk_offsets(len(ids), self.batching.batch_size)
         num_buckets = len(self.upper)
         bucket = bucket_ids(lens, self.upper, self.table)  # (n,)
-        if rng is not None:
-            perm = rng.permutation(len(ids))  # random within a bucket, longest bucket first
-            order = perm[np.argsort(num_buckets - 1 - bucket[perm], kind="stable")]
+        if self.shuffle:  # ids come shuffled: random within a bucket, longest bucket first
+            order = np.argsort(num_buckets - 1 - bucket, kind="stable")
         else:
             order = np.argsort(-lens, kind="stable")  # decreasing length, then epoch order
         ids = ids[order]
         rows = self.rows[::-1]  # (B,) longest bucket first from here on
         count = np.bincount(bucket, minlength=num_buckets)[::-1]  # (B,)
         full = count // rows  # (B,) full batches per bucket
-        seg_start = np.cumsum(count) - count  # (B,) where each bucket starts in ids
-        rank_in_bucket = np.arange(len(ids)) - np.repeat(seg_start, count)
+        rank_in_bucket = range_positions(np.zeros_like(count), count)  # (n,) index within its bucket
         is_left = rank_in_bucket >= np.repeat(full * rows, count)  # (n,) remainder rows
         full_ids, left_ids = ids[~is_left], ids[is_left]
         # longest first, by length rather than by bucket: the same per-bucket
         # runs (so the same count) with tighter lengths inside mixed batches
         left_ids = left_ids[np.argsort(-lens[order][is_left], kind="stable")]
-        offsets = np.zeros(int(full.sum()) + 1, dtype=np.int64)
-        np.cumsum(np.repeat(rows, full), out=offsets[1:])
+        offsets = offsets_from_lengths(np.repeat(rows, full))
         if len(left_ids):
             _, starts = chunk_remainders((count - full * rows)[None, :], rows)
             left_offsets = np.array([s[0] for s in starts[1:]] + [len(left_ids)], dtype=np.int64)

@@ -23,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.plan.options import Uneven
+from shardload.plan.ranges import range_positions
 
 __all__ = ["equalize_batches", "split_batches"]
 
@@ -67,7 +68,7 @@ def split_batches(offsets: NDArray[np.int64], target: int) -> NDArray[np.int64]:
         before = np.cumsum(room[largest]) - room[largest]
         parts[largest] += np.clip(short - before, 0, room[largest])
     batch = np.repeat(np.arange(len(sizes)), parts)  # (target,) batch of each piece
-    piece = np.arange(target) - np.repeat(np.cumsum(parts) - parts, parts)
+    piece = range_positions(np.zeros_like(parts), parts)  # (target,) index of each piece in its batch
     starts = offsets[:-1][batch] + piece * sizes[batch] // parts[batch]
     return np.append(starts, offsets[-1]).astype(np.int64)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.plan.batcher import Batcher, chunk_offsets
+from shardload.plan.batcher import Batcher, Batches, chunk_offsets
 
 __all__ = ["FixedSizeBatcher"]
 
@@ -28,12 +28,5 @@ class FixedSizeBatcher(Batcher):
     def _count(self) -> NDArray[np.int64]:
         return -(-self.layout.rank_sizes // self._size)
 
-    def _batch(
-        self,
-        ids: NDArray[np.int64],
-        lens: NDArray[np.int64],
-        rng: np.random.Generator | None,
-    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        if rng is not None:
-            ids = ids[rng.permutation(len(ids))]
+    def _cut(self, ids: NDArray[np.int64], lens: NDArray[np.int64]) -> Batches:
         return ids, chunk_offsets(len(ids), self._size)

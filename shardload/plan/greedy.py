@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.plan.batcher import Batcher
-from shardload.plan.shuffle import rank_rng
+from shardload.plan.batcher import Batcher, Batches
+from shardload.plan.options import padded_length
 
 __all__ = ["GreedyTokenBatcher", "greedy_rows"]
 
@@ -103,17 +103,7 @@ class GreedyTokenBatcher(Batcher):
     """Token-budget batches by greedy fill, no bucketing (see the module docstring)."""
 
     def _costs(self, lens: NDArray[np.int64]) -> NDArray[np.int64]:
-        step = self.batching.pad_to_multiple_of
-        return np.maximum(-(-lens // step) * step, 1)  # (n,) a row costs >= 1 token
-
-    def _ordered(self, rank: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """A rank's sample ids and lengths in fill order (same draws as build_batches)."""
-        ids = self.layout.rank_sample_ids(rank)
-        lens = np.asarray(self.lengths[ids], dtype=np.int64)
-        if self.shuffle:
-            perm = rank_rng(self.seed, self.epoch, rank).permutation(len(ids))
-            ids, lens = ids[perm], lens[perm]
-        return ids, lens
+        return np.maximum(padded_length(lens, self.batching.pad_to_multiple_of), 1)  # (n,) a row costs >= 1 token
 
     def _count(self) -> NDArray[np.int64]:
         assert self.batching.max_tokens is not None
@@ -126,7 +116,7 @@ class GreedyTokenBatcher(Batcher):
             last = rank + 1  # group ranks until the group holds about _GROUP samples
             while last < self.layout.world_size and bounds[last + 1] - bounds[rank] <= _GROUP:
                 last += 1
-            costs = np.concatenate([self._costs(self._ordered(r)[1]) for r in range(rank, last)])
+            costs = np.concatenate([self._costs(self.rank_order(r)[1]) for r in range(rank, last)])
             sizes = np.diff(bounds[rank : last + 1])
             stop = np.repeat(bounds[rank + 1 : last + 1] - bounds[rank], sizes)
             rows_at[bounds[rank] : bounds[last]] = greedy_rows(
@@ -143,16 +133,8 @@ class GreedyTokenBatcher(Batcher):
             active = active[pos[active] < bounds[1:][active]]
         return counts
 
-    def _batch(
-        self,
-        ids: NDArray[np.int64],
-        lens: NDArray[np.int64],
-        rng: np.random.Generator | None,
-    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    def _cut(self, ids: NDArray[np.int64], lens: NDArray[np.int64]) -> Batches:
         assert self.batching.max_tokens is not None
-        if rng is not None:
-            perm = rng.permutation(len(ids))
-            ids, lens = ids[perm], lens[perm]
         rows = greedy_rows(
             self._costs(lens),
             np.full(len(ids), len(ids), dtype=np.int64),

@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args, overload
 
 import numpy as np
+from numpy.typing import NDArray
 
 from shardload.errors import PlanError
 
@@ -36,33 +37,48 @@ ShardAssignment = Literal["rotate", "fixed"]
 EVAL_STAGES: frozenset[str] = frozenset({"val", "test", "predict"})
 
 
-def padded_length(max_len: int, pad_to_multiple_of: int = 1) -> int:
+@overload
+def padded_length(max_len: int, pad_to_multiple_of: int = 1) -> int: ...
+@overload
+def padded_length(max_len: NDArray[np.integer[Any]], pad_to_multiple_of: int = 1) -> NDArray[np.int64]: ...
+def padded_length(max_len: int | NDArray[np.integer[Any]], pad_to_multiple_of: int = 1) -> int | NDArray[np.int64]:
     """Length a batch is padded to: ``max_len`` rounded up to a multiple.
 
-    This is the length the collate must pad every row of a batch to; token
-    budgets (``Batching.max_tokens``) count ``rows * padded_length(...)``.
+    The one rule for it: the collate pads every row of a batch to this length,
+    and the planner's token budgets (``Batching.max_tokens``), buckets and plan
+    summaries count ``rows * padded_length(...)``; the ``max_tokens``
+    guarantee holds because they all call this.
 
     Args:
-        max_len: Longest sample in the batch (``>= 0``).
+        max_len: Longest sample of a batch (``>= 0``), or an integer array of
+            them (e.g. ``(num_batches,)`` or per-row lengths), rounded
+            element-wise in one vectorised step; array entries are not checked
+            (lengths indexes are checked when a set is opened).
         pad_to_multiple_of: Round up to a multiple of this (``>= 1``).
 
     Returns:
-        The padded length; ``0`` stays ``0``.
+        The padded length (int64 array for an array); ``0`` stays ``0``.
 
     Raises:
-        PlanError: If ``max_len < 0`` or ``pad_to_multiple_of < 1``.
+        PlanError: If an int ``max_len < 0`` or ``pad_to_multiple_of < 1``.
 
     >>> padded_length(13, 8)
     16
     >>> padded_length(16, 8)
     16
+    >>> padded_length(np.array([0, 1, 9]), 8).tolist()
+    [0, 8, 16]
     """
-    max_len = operator.index(max_len)
     multiple = operator.index(pad_to_multiple_of)
-    if max_len < 0:
-        raise PlanError(f"padded_length: max_len must be >= 0, got {max_len}")
     if multiple < 1:
         raise PlanError(f"padded_length: pad_to_multiple_of must be >= 1, got {multiple}")
+    if isinstance(max_len, np.ndarray):
+        lens = max_len.astype(np.int64, copy=False)
+        rounded: NDArray[np.int64] = lens if multiple == 1 else -(-lens // multiple) * multiple
+        return rounded
+    max_len = operator.index(max_len)
+    if max_len < 0:
+        raise PlanError(f"padded_length: max_len must be >= 0, got {max_len}")
     return -(-max_len // multiple) * multiple
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.plan.ranges import offsets_from_lengths, range_positions
+
 __all__ = ["epoch_rng", "permute_batches", "rank_rng"]
 
 _EPOCH_STREAM = 0x5348  # tags: distinct entropy for the shared and the per-rank streams
@@ -50,9 +52,5 @@ def permute_batches(
     ([2, 3, 4, 0, 1], [0, 3, 5])
     """
     sizes = np.diff(offsets)[perm]  # (num_batches,) rows of each output batch
-    new_offsets = np.zeros(len(perm) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=new_offsets[1:])
-    # row j of output batch i comes from offsets[perm[i]] + (j - new_offsets[i])
-    source = np.repeat(offsets[:-1][perm] - new_offsets[:-1], sizes)
-    source += np.arange(len(source), dtype=np.int64)
-    return sample_ids[source], new_offsets
+    # row j of output batch i is row offsets[perm[i]] + j of the input
+    return sample_ids[range_positions(offsets[:-1][perm], sizes)], offsets_from_lengths(sizes)

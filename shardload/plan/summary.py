@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.plan.options import Batching, Stage
+from shardload.plan.options import Batching, Stage, padded_length
 from shardload.plan.planner import EpochPlanner, RankPlan
 from shardload.plan.request import EpochSpec, PlanInputs
 
@@ -177,7 +177,7 @@ def _rank_figures(
     padded = 0
     if len(plan):
         longest = np.maximum.reduceat(lens, plan.batch_offsets[:-1])  # (num_batches,)
-        padded = int((np.diff(plan.batch_offsets) * (-(-longest // multiple) * multiple)).sum())
+        padded = int((np.diff(plan.batch_offsets) * padded_length(longest, multiple)).sum())
     shards = np.unique(np.searchsorted(shard_starts, plan.sample_ids, side="right") - 1)
     real_rows = int(real.sum())
     return real_rows, len(real) - real_rows, int(lens[real].sum()), padded, len(shards)

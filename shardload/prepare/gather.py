@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from shardload.formats.arrow import ArrowShardReader
 from shardload.formats.base import Columns, FieldData
+from shardload.plan.ranges import offsets_from_lengths, range_positions
 from shardload.schema import Schema
 
 #: rows copied per vectorized step of :func:`gather`: bounds its temporaries (three int64 index
@@ -55,8 +56,7 @@ def gather(
     out: dict[str, FieldData] = {}
     for f in schema.fields:
         if f.variable:
-            offsets = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(lens[f.name], out=offsets[1:])
+            offsets = offsets_from_lengths(lens[f.name])
             out[f.name] = FieldData(np.empty((int(offsets[-1]), *f.inner_shape), dtype=f.dtype), offsets)
         else:
             out[f.name] = FieldData(np.empty((n, *f.inner_shape), dtype=f.dtype), None)
@@ -114,7 +114,5 @@ def _copy_ranges(
             dst[d : d + k] = src[s : s + k]
         else:
             block = lens[i:j]
-            first = np.repeat(ends[i:j] - block - before, block)  # each row's sample's first row in the block
-            within = np.arange(int(ends[j - 1]) - before, dtype=np.int64) - first
-            dst[np.repeat(dst_starts[i:j], block) + within] = src[np.repeat(starts[i:j], block) + within]
+            dst[range_positions(dst_starts[i:j], block)] = src[range_positions(starts[i:j], block)]
         i = j

@@ -11,6 +11,8 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.plan.ranges import offsets_from_lengths
+
 
 def count_shards(num_samples: int, total_bytes: int, *, shard_size: int, num_shards: int | None) -> int:
     """How many shards: ``num_shards`` if given, else enough for ``shard_size`` bytes each."""
@@ -59,6 +61,4 @@ def assign_samples(
         k = np.arange(num_shards + 1, dtype=np.int64)
         bounds = (k * n) // max(num_shards, 1)
         return order, bounds
-    bounds = np.zeros(num_shards + 1, dtype=np.int64)
-    np.cumsum(counts, out=bounds[1:])
-    return order, bounds
+    return order, offsets_from_lengths(counts)

@@ -41,6 +41,7 @@ from shardload.formats import Columns, get_format
 from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
 from shardload.identity import ShardIdentity, set_id_of
 from shardload.manifest import LENGTHS_NAME, Manifest, ShardInfo, atomic_write_text, file_checksum
+from shardload.plan.ranges import offsets_from_lengths
 from shardload.prepare import guards
 from shardload.prepare.faults import crash_point
 from shardload.prepare.gather import gather
@@ -240,8 +241,7 @@ def collect_staged(records: Sequence[Mapping[str, Any]], schema: Schema, staging
             else:
                 per_sample += row_bytes
         bytes_parts.append(per_sample)
-    starts = np.zeros(len(paths) + 1, dtype=np.int64)
-    np.cumsum(counts, out=starts[1:])
+    starts = offsets_from_lengths(counts)
     field_lengths = {k: _cat(v) for k, v in field_parts.items()}
     lengths = schema.batching_lengths(field_lengths, int(starts[-1]))
     return Staged(paths, starts, lengths, field_lengths, _cat(bytes_parts))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import shardload
 from shardload.testing import synthetic_samples
+from shardload.verify import recompute_lengths, verify
 
 
 def assert_same_sample(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
@@ -153,3 +155,31 @@ def test_marker_files_in_a_source_directory_are_ignored(tmp_path: Path) -> None:
     (src / "_SUCCESS").write_text("")
     shardload.prepare(src, tmp_path / "s", shuffle=False, field="tokens")
     assert [len(shardload.open(tmp_path / "s")[i]["tokens"]) for i in range(3)] == [1, 2, 3]
+
+
+RULE_SAMPLES = [
+    {"a": np.arange(n, dtype=np.int32), "b": np.ones((m, 2), np.float32)} for n, m in [(3, 2), (1, 5), (4, 0)]
+]
+
+
+@pytest.mark.parametrize(
+    ("samples", "options", "expected"),
+    [
+        (RULE_SAMPLES, {}, [3, 5, 4]),  # the longest variable field
+        (RULE_SAMPLES, {"length_field": "a"}, [3, 1, 4]),  # the named field, however long the others
+        ([{"a": np.int64(i), "b": np.zeros(2, np.float32)} for i in range(3)], {"fixed_fields": ["b"]}, [1, 1, 1]),
+    ],
+    ids=["longest variable field", "length_field", "no variable field"],
+)
+def test_one_batching_length_rule_for_prepare_and_verify(
+    tmp_path: Path, samples: list[dict[str, np.ndarray]], options: dict[str, Any], expected: list[int]
+) -> None:
+    # Schema.batching_lengths is the rule; prepare writes lengths.npy with it, verify and the loader recompute it.
+    shardload.write(samples, tmp_path / "s", num_shards=2, shuffle=False, **options)
+    ds = shardload.open(tmp_path / "s")
+    np.testing.assert_array_equal(ds.lengths, expected)
+    per_field = {f.name: np.array([s[f.name].shape[0] for s in samples]) for f in ds.schema.variable_fields}
+    np.testing.assert_array_equal(ds.schema.batching_lengths(per_field, len(samples)), expected)
+    recomputed = [recompute_lengths(ds.schema, ds.shard_columns(k))[""] for k in range(len(ds.shards))]
+    np.testing.assert_array_equal(np.concatenate(recomputed), expected)
+    assert verify(tmp_path / "s").ok

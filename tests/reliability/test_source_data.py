@@ -190,6 +190,76 @@ EXACT_CASTS = [
 ]
 
 
+def _write_source(kind: str, directory: Path, arr: np.ndarray) -> tuple[Path, dict[str, Any]]:
+    """``arr`` as field ``t`` of one sample in a source of ``kind``: ``(path, extra prepare options)``."""
+    as_json = json.dumps({"t": arr.tolist()})  # NaN as JSON's NaN literal, bools as true/false
+    if kind in ("parquet", "arrow"):
+        table = pa.table({"t": pa.array([arr], type=pa.list_(pa.from_numpy_dtype(arr.dtype)))})
+        path = directory / f"a.{kind}"
+        if kind == "parquet":
+            pq.write_table(table, path)
+        else:
+            with pa.ipc.new_file(path, table.schema) as writer:
+                writer.write_table(table)
+        return path, {}
+    if kind in ("npy", "npz"):
+        path = directory / kind
+        path.mkdir()
+        if kind == "npy":
+            np.save(path / "0.npy", arr)
+        else:
+            np.savez(path / "0.npz", t=arr)
+        return path, {"field": "t"} if kind == "npy" else {}
+    path = directory / ("a.jsonl" if kind == "jsonl" else "a.tar")
+    if kind == "jsonl":
+        path.write_text(as_json + "\n")
+    elif kind == "webdataset .npy":
+        path.write_bytes(tar_bytes([("0.t.npy", npy_bytes(arr))]))
+    else:
+        path.write_bytes(tar_bytes([("0.t.json", json.dumps(arr.tolist()).encode())]))
+    return path, {}
+
+
+SOURCE_KINDS = ["write", "jsonl", "parquet", "arrow", "npy", "npz", "webdataset .npy", "webdataset .json"]
+SAME_OUTCOME_CASTS = [
+    ("3.0 to int32", np.array([3.0, -4.0]), "int32", True),
+    ("bool to int8", np.array([True, False]), "int8", True),
+    ("NaN to float16", np.array([np.nan, 1.5]), "float16", True),
+    ("3.5 to int32", np.array([3.0, 3.5]), "int32", False),
+    ("300 to int8", np.array([1, 300]), "int8", False),
+    ("NaN to int32", np.array([1.0, np.nan]), "int32", False),
+    ("2 to bool", np.array([1, 2]), "bool", False),
+    ("16777217 to float32", np.array([16777217]), "float32", False),
+]
+
+
+@pytest.mark.parametrize("kind", SOURCE_KINDS)
+@pytest.mark.parametrize(
+    ("arr", "dtype", "accepted"), [c[1:] for c in SAME_OUTCOME_CASTS], ids=[c[0] for c in SAME_OUTCOME_CASTS]
+)
+def test_a_dtype_cast_has_the_same_outcome_from_every_source(
+    tmp_path: Path, kind: str, arr: np.ndarray, dtype: str, accepted: bool
+) -> None:
+    # One rule, cast_exact: whole numbers become integers exactly (docs/cli.md, --dtype), whatever the source.
+    out = tmp_path / "o"
+    options: dict[str, Any] = {"dtypes": {"t": dtype}, "progress": False}
+    source, extra = (None, {}) if kind == "write" else _write_source(kind, tmp_path, arr)
+
+    def run() -> None:
+        if source is None:
+            shardload.write([{"t": arr}], out, **options)
+        else:
+            shardload.prepare(source, out, **options, **extra)
+
+    if not accepted:
+        refused(run, "'t'", dtype)
+        return
+    run()
+    got = shardload.open(out)[0]["t"]
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got, arr.astype(dtype))
+
+
 @pytest.mark.parametrize(("arr", "dtype"), EXACT_CASTS, ids=[f"{a.dtype}->{d}" for a, d in EXACT_CASTS])
 def test_casts_that_keep_every_value_are_made(tmp_path: Path, arr: np.ndarray, dtype: str) -> None:
     shardload.write([{"t": arr}], tmp_path / "o", dtypes={"t": dtype})

@@ -1,0 +1,66 @@
+"""Offsets and row ranges: the two pieces of index arithmetic every layer shares.
+
+Variable-length data is stored as a flat buffer of rows plus ``offsets``
+(sample ``i`` is ``values[offsets[i]:offsets[i + 1]]``), and the same shape
+recurs for samples in shards, shards in a set, batches in a plan and chunks in
+a prepare run. Two rules build and use it, here once. They live in the plan
+package because it is pure numpy (no torch, no I/O) and may import nothing
+outside itself; the shard formats, prepare and export import them from here:
+
+* :func:`offsets_from_lengths`: the ``(n + 1,)`` offsets of ``n`` consecutive
+  ranges of the given lengths;
+* :func:`range_positions`: the flat positions of many ``[start, start + length)``
+  ranges, concatenated: the index that gathers those ranges out of a buffer in
+  one fancy-index.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+__all__ = ["offsets_from_lengths", "range_positions"]
+
+
+def offsets_from_lengths(lengths: ArrayLike) -> NDArray[np.int64]:
+    """``(n + 1,)`` int64 offsets of ``n`` consecutive ranges: ``0``, then the running sum of ``lengths``.
+
+    Args:
+        lengths: ``(n,)`` non-negative range lengths (any integer dtype or a sequence of ints).
+
+    Returns:
+        ``offsets`` with ``offsets[0] == 0`` and ``offsets[i + 1] - offsets[i] == lengths[i]``.
+
+    >>> offsets_from_lengths([3, 0, 2]).tolist()
+    [0, 3, 3, 5]
+    """
+    lens = np.asarray(lengths)
+    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    return offsets
+
+
+def range_positions(starts: NDArray[np.integer[Any]], lengths: NDArray[np.integer[Any]]) -> NDArray[np.int64]:
+    """Every position of the ranges ``[starts[k], starts[k] + lengths[k])``, concatenated in order.
+
+    ``values[range_positions(starts, lengths)]`` gathers those row ranges out
+    of ``values`` in one fancy-index; with ``starts`` all zero it gives each
+    position's index within its own range.
+
+    Args:
+        starts: ``(k,)`` first position of each range.
+        lengths: ``(k,)`` length of each range (``>= 0``).
+
+    Returns:
+        ``(lengths.sum(),)`` int64 positions.
+
+    >>> range_positions(np.array([5, 0, 9]), np.array([2, 0, 3])).tolist()
+    [5, 6, 9, 10, 11]
+    """
+    lens = np.asarray(lengths, dtype=np.int64)
+    out_starts = offsets_from_lengths(lens)  # (k + 1,) where each range lands in the output
+    positions = np.repeat(np.asarray(starts, dtype=np.int64) - out_starts[:-1], lens)
+    positions += np.arange(int(out_starts[-1]), dtype=np.int64)
+    return positions
