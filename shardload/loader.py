@@ -56,10 +56,21 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         debug: log a plan summary each epoch and check across ranks (one
             small all-gather) that every rank has the same batch count and plan
             fingerprint, raising :class:`PlanMismatchError` instead of hanging.
+        progress: when given (by the DataModule), the trainer's count of the
+            current epoch's finished training steps, used by :meth:`state_dict`
+            instead of :attr:`batches_done` (Lightning fetches one batch ahead
+            of the step it runs).
     """
 
     def __init__(
-        self, shard_set: ShardSet, spec: EpochSpec, batching: Batching, *, world: World, debug: bool = False
+        self,
+        shard_set: ShardSet,
+        spec: EpochSpec,
+        batching: Batching,
+        *,
+        world: World,
+        debug: bool = False,
+        progress: Callable[[], int] | None = None,
     ) -> None:
         check_request(spec, batching)
         if world.world_size != spec.world_size:
@@ -78,6 +89,11 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         self.debug = debug
         #: the batch of the current epoch the next iteration starts at (set by a resume)
         self.start = 0
+        #: batches of the current epoch consumed so far, counting from a resumed start (counted by the loader)
+        self.batches_done = 0
+        # the epoch batches_done counts batches of: after set_epoch() to another one, none of it is done yet
+        self._counted_epoch = spec.epoch
+        self.progress = progress
         self._plan: RankPlan | None = None
 
     @property
@@ -128,19 +144,30 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         if plan.epoch == self.spec.epoch:
             self.start = 0
 
-    def state_dict(self, batches_done: int) -> dict[str, Any]:
-        """Where the current epoch stands once ``batches_done`` of its batches were consumed."""
+    def begin_pass(self) -> None:
+        """A pass over the epoch begins at :attr:`start`: count consumed batches from there."""
+        self.batches_done = self.start
+        self._counted_epoch = self.spec.epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current epoch stands: restoring it resumes with exactly the remaining batches."""
+        if self.progress is not None:
+            done = self.progress()
+        elif self._counted_epoch == self.spec.epoch:
+            done = self.batches_done
+        else:  # set_epoch() since: the count is the old epoch's, and the new one starts where it was set to
+            done = self.start
         return {
             "version": STATE_VERSION,
             "epoch": self.spec.epoch,
-            "batches_done": int(batches_done),
+            "batches_done": int(done),
             "fingerprint": self.plan().fingerprint,
             "world_size": self.world.world_size,
             "rank": self.world.rank,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> int:
-        """Make the next iteration start where ``state`` stood; return its ``batches_done``.
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next iteration start where ``state`` stood.
 
         The state is checked completely before anything changes: on an error the
         sampler is as it was. The plan checked against the state's fingerprint
@@ -172,7 +199,7 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
                 f"{len(plan)}; the state was edited or belongs to another run"
             )
         self.spec, self.start, self._plan = plan.spec, done, plan  # planned once: the plan checked is the plan iterated
-        return done
+        self.begin_pass()
 
     def _debug_check(self, plan: RankPlan) -> None:
         w = self.world
@@ -227,7 +254,6 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         persistent_workers: bool = False,
         timeout: float = 0,
         multiprocessing_context: Any = None,
-        progress: Callable[[], int] | None = None,
         **kwargs: Any,
     ) -> None:
         # Lightning passes the DataLoader arguments back when it re-creates a loader.
@@ -246,17 +272,10 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             multiprocessing_context=multiprocessing_context,
             **kwargs,
         )
-        #: batches of the current epoch consumed so far, counting from a resumed start
-        self.batches_done = 0
         # The iteration that owns batches_done: a new iteration or load_state_dict() starts another one, and
         # an older iterator still held raises instead of yielding batches of a plan (or a start) no longer current.
         self._iteration = 0
         self._superseded_by = ""
-        # the epoch batches_done counts batches of: after set_epoch() to another one, none of it is done yet
-        self._counted_epoch = sampler.epoch
-        #: when given (by the DataModule), the trainer's count of finished training steps this
-        #: epoch; used instead of ``batches_done`` because Lightning fetches one batch ahead
-        self.progress = progress
 
     @property
     def plan_sampler(self) -> PlanSampler:
@@ -277,8 +296,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         return self._iteration
 
     def _batches(self, mine: int) -> Iterator[dict[str, torch.Tensor]]:
-        self.batches_done = self.plan_sampler.start
-        self._counted_epoch = self.plan_sampler.epoch
+        self.plan_sampler.begin_pass()
         it = super().__iter__()
         while True:
             if self._iteration != mine:
@@ -295,7 +313,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                 raise  # raised on purpose in a worker, with its own message
             except Exception as exc:
                 raise self._worker_failure(it, exc) from exc
-            self.batches_done += 1
+            self.plan_sampler.batches_done += 1
             # A batch from a worker arrives packed (unless the pinning thread unpacked it already).
             yield batch.tensors() if isinstance(batch, WorkerBatch) else batch
 
@@ -316,16 +334,14 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             return WorkerError(f"{where}: {why}")
         return exc
 
+    @property
+    def batches_done(self) -> int:
+        """Batches of the current epoch consumed so far, counting from a resumed start."""
+        return self.plan_sampler.batches_done
+
     def state_dict(self) -> dict[str, Any]:
-        """Where this epoch stands: restoring it resumes with exactly the remaining batches."""
-        s = self.plan_sampler
-        if self.progress is not None:
-            done = self.progress()
-        elif self._counted_epoch == s.epoch:
-            done = self.batches_done
-        else:  # set_epoch() since: the count is the old epoch's, and the new one starts where it was set to
-            done = s.start
-        return s.state_dict(done)
+        """Where this epoch stands (the sampler's state): restoring it resumes with exactly the remaining batches."""
+        return self.plan_sampler.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next iteration yields the batches that were left.
@@ -336,8 +352,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         :meth:`PlanSampler.load_state_dict` before anything changes: on an
         error the loader is as it was.
         """
-        self.batches_done = self.plan_sampler.load_state_dict(state)
-        self._counted_epoch = self.plan_sampler.epoch
+        self.plan_sampler.load_state_dict(state)
         # An iterator still running was planned from the old start: it must not go on (and count batches).
         self._new_iteration("load_state_dict() was called")
 
@@ -432,8 +447,8 @@ def build_loader(
     """
     check_request(spec, batching)
     shard_set = path if isinstance(path, ShardSet) else ShardSet(path)
-    sampler = PlanSampler(shard_set, spec, batching, world=world, debug=options.debug)
+    sampler = PlanSampler(shard_set, spec, batching, world=world, debug=options.debug, progress=progress)
     # Checks fields and pad values against the set's schema (names and dtypes).
     dataset = ShardBatchDataset(shard_set, pad, fingerprint=shard_set.fingerprint)
     # sampler by keyword: Lightning re-creates the loader (predict) from the recorded arguments
-    return ShardLoader(dataset, sampler=sampler, progress=progress, **options.dataloader_kwargs())
+    return ShardLoader(dataset, sampler=sampler, **options.dataloader_kwargs())

@@ -1,4 +1,4 @@
-"""Two gloo ranks with make_loader(debug=True); rank 1 opens a different shard set.
+"""Two gloo ranks with make_loader(loader_options=LoaderOptions(debug=True)); rank 1 opens a different shard set.
 
 usage: debug_job.py SET_A SET_B OUT_DIR
 """

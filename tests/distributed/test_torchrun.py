@@ -17,6 +17,7 @@ import pytest
 
 import shardload
 from shardload.loader import make_loader
+from shardload.plan import Batching
 from shardload.testing import synthetic_samples
 from tests.distributed.watchdog import Outcome, run_with_watchdog
 
@@ -45,7 +46,10 @@ def as_flags(options: dict[str, Any]) -> list[str]:
 def planned_batches(path: Path, rank: int, epoch: int, options: dict[str, Any]) -> list[list[int]]:
     """The batches (sample ids) that rank's plan has for epoch, computed here in one process."""
     opts = {k: v for k, v in options.items() if k != "num_workers"}
-    plan = make_loader(path, rank=rank, world_size=2, epoch=epoch, seed=3, **opts).plan_sampler.plan()
+    batching = Batching(**{k: opts.pop(k) for k in ("batch_size", "max_tokens", "uneven") if k in opts})
+    plan = make_loader(
+        path, rank=rank, world_size=2, epoch=epoch, seed=3, batching=batching, **opts
+    ).plan_sampler.plan()
     return [plan.batch(i)[0].tolist() for i in range(len(plan))]
 
 
