@@ -56,7 +56,7 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
     from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
     from shardload.schema import Field, Schema
     from shardload.shardset import ShardSet
-    from shardload.shardset import open_shard_set as open
+    from shardload.shardset import open_shard_set as _open_shard_set
 except KeyboardInterrupt:
     _interrupted_while_starting()
     raise
@@ -89,6 +89,10 @@ def __getattr__(name: str) -> object:
     return value
 
 
+#: ``shardload.open(path)``: public, but left out of ``__all__`` so that ``from shardload import *`` keeps the
+#: builtin ``open``
+open = _open_shard_set
+
 __all__ = [
     "Batching",
     "CorruptShardError",
@@ -113,7 +117,6 @@ __all__ = [
     "World",
     "__version__",
     "make_loader",
-    "open",
     "prepare",
     "write",
 ]
