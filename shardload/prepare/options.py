@@ -72,7 +72,7 @@ class PrepareOptions:
     chunk_bytes: int = 64 << 20
 
     def __new__(cls, *args: Any, **kwargs: Any) -> PrepareOptions:
-        # An option of a format given on its own (as before 0.x) is refused here, before the
+        # An option of a format given on its own (as in shardload 0.1.0) is refused here, before the
         # constructor's own "unexpected keyword" TypeError, with the spelling that replaces it.
         for fmt in FORMATS.values():
             given = {k: v for k, v in kwargs.items() if k in fmt.option_names()}
