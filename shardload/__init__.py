@@ -43,6 +43,7 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
         CorruptShardError,
         InputError,
         ManifestError,
+        MissingDependencyError,
         OutputError,
         OutputExistsError,
         OutputLockedError,
@@ -53,6 +54,8 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
         ShardSetError,
         WorkerError,
     )
+    from shardload.formats.arrow import ArrowOptions
+    from shardload.formats.zarr import ZarrOptions
     from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
     from shardload.schema import Field, Schema
     from shardload.shardset import ShardSet
@@ -94,11 +97,13 @@ def __getattr__(name: str) -> object:
 open = _open_shard_set
 
 __all__ = [
+    "ArrowOptions",
     "Batching",
     "CorruptShardError",
     "Field",
     "InputError",
     "ManifestError",
+    "MissingDependencyError",
     "OutputError",
     "OutputExistsError",
     "OutputLockedError",
@@ -115,6 +120,7 @@ __all__ = [
     "ShardloadError",
     "WorkerError",
     "World",
+    "ZarrOptions",
     "__version__",
     "make_loader",
     "prepare",
