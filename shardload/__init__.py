@@ -43,6 +43,7 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
         CorruptShardError,
         InputError,
         ManifestError,
+        MissingDependencyError,
         OutputError,
         OutputExistsError,
         OutputLockedError,
@@ -53,10 +54,12 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
         ShardSetError,
         WorkerError,
     )
+    from shardload.formats.arrow import ArrowOptions
+    from shardload.formats.zarr import ZarrOptions
     from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
     from shardload.schema import Field, Schema
     from shardload.shardset import ShardSet
-    from shardload.shardset import open_shard_set as open
+    from shardload.shardset import open_shard_set as _open_shard_set
 except KeyboardInterrupt:
     _interrupted_while_starting()
     raise
@@ -91,13 +94,19 @@ def __getattr__(name: str) -> object:
     return value
 
 
+#: ``shardload.open(path)``: public, but left out of ``__all__`` so that ``from shardload import *`` keeps the
+#: builtin ``open``
+open = _open_shard_set
+
 __all__ = [
+    "ArrowOptions",
     "Batching",
     "CorruptShardError",
     "Field",
     "InputError",
     "LoaderOptions",
     "ManifestError",
+    "MissingDependencyError",
     "OutputError",
     "OutputExistsError",
     "OutputLockedError",
@@ -114,9 +123,9 @@ __all__ = [
     "ShardloadError",
     "WorkerError",
     "World",
+    "ZarrOptions",
     "__version__",
     "make_loader",
-    "open",
     "prepare",
     "write",
 ]

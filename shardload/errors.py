@@ -15,10 +15,12 @@ caller can catch them all with one clause, or one branch of the tree::
      +-- PlanError (ValueError)           invalid batching or loader options, or a plan cannot be built
      |    +-- PlanMismatchError           ranks disagree: batch counts or plan fingerprints differ
      +-- WorkerError (RuntimeError)       a DataLoader worker died or sent no batch within the timeout
+     +-- MissingDependencyError (ImportError)  an optional package a format needs (zarr) is not installed
 
 A name in parentheses is a second, built-in base class: ``except ValueError``
 also catches bad input and bad batching options, ``except OSError`` also
-catches output problems, and ``except RuntimeError`` also catches a dead or
+catches output problems, ``except ImportError`` also catches a missing optional
+package, and ``except RuntimeError`` also catches a dead or
 stuck worker (as for torch's own errors). The command line maps each branch to an exit status
 (see ``shardload.cli``).
 
@@ -31,6 +33,7 @@ __all__ = [
     "CorruptShardError",
     "InputError",
     "ManifestError",
+    "MissingDependencyError",
     "OutputError",
     "OutputExistsError",
     "OutputLockedError",
@@ -95,4 +98,12 @@ class WorkerError(ShardloadError, RuntimeError):
     """A DataLoader worker died, or no batch came from the workers within ``timeout``.
 
     The message names the worker, the signal or state, and the likely cause.
+    """
+
+
+class MissingDependencyError(ShardloadError, ImportError):
+    """An optional package that the work needs is not installed (zarr, for Zarr shards).
+
+    The message names the package and the ``pip install`` command; the command
+    line exits with status 2, as for any missing optional dependency.
     """

@@ -81,7 +81,7 @@ class ShardSet:
         self._manifest_stat = self._stat_manifest()
         self.manifest = Manifest.load(self.path)
         self.index = ShardIndex([s.samples for s in self.manifest.shards])
-        _, self._reader_cls = get_format(self.manifest.shard_format)
+        self._reader_cls = get_format(self.manifest.shard_format).reader
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()  # least recently used first
         self._opened: set[int] = set()  # every shard opened in this process, closed since or not
         self._checked_indexes: set[str] = set()  # lengths files whose values were checked (kept across pickling)

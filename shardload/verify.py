@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.errors import CorruptShardError, ShardSetError
+from shardload.errors import CorruptShardError, MissingDependencyError, ShardSetError
 from shardload.formats import Columns, get_format
 from shardload.identity import ShardIdentity, identity_problem
 from shardload.manifest import Manifest, ShardInfo, file_checksum, resolve_inside
@@ -229,7 +229,7 @@ class _ShardChecker:
         self.root = root
         self.manifest = manifest
         self.indexes = indexes
-        _, self.reader_cls = get_format(manifest.shard_format)
+        self.reader_cls = get_format(manifest.shard_format).reader
 
     def __call__(self, k: int) -> tuple[list[Problem], int]:
         """Problems of shard ``k`` and the bytes read to find them."""
@@ -275,6 +275,8 @@ class _ShardChecker:
         try:
             try:
                 cols = reader.columns()
+            except MissingDependencyError:
+                raise  # not damage: no shard of the format can be read here (exit status 2, with the install hint)
             except Exception as exc:  # noqa: BLE001  any failure to decode is damage to report, not to raise
                 report("unreadable", f"the {self.manifest.shard_format} reader refuses it: {one_line(exc)}")
                 return

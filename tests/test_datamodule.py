@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -15,7 +14,8 @@ from shardload.datamodule import ShardDataModule
 from shardload.loader import PlanSampler
 from shardload.testing import synthetic_samples
 
-warnings.filterwarnings("ignore", ".*does not have many workers.*")
+# Scoped to this module's tests by pytest: the tiny loaders here use few workers on purpose.
+pytestmark = pytest.mark.filterwarnings("ignore:.*does not have many workers")
 
 
 class TinyModel(pl.LightningModule):

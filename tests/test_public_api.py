@@ -9,6 +9,7 @@ import torch is checked by ``tests/cli/test_cli_subprocess.py``.
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import inspect
 import re
@@ -21,7 +22,9 @@ import shardload
 from shardload import errors
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLIC = [name for name in shardload.__all__ if name != "__version__"]
+#: public names outside ``__all__``: ``shardload.open`` would shadow the builtin under ``import *``
+OUTSIDE_ALL = ["open"]
+PUBLIC = [name for name in shardload.__all__ if name != "__version__"] + OUTSIDE_ALL
 
 
 def _resolve(name: str) -> object:
@@ -54,6 +57,14 @@ def test_all_is_sorted_and_has_no_duplicates() -> None:
 @pytest.mark.parametrize("name", shardload.__all__)
 def test_every_exported_name_resolves(name: str) -> None:
     assert _resolve(name) is not None
+
+
+def test_star_import_keeps_the_builtin_open() -> None:
+    namespace: dict[str, object] = {}
+    exec("from shardload import *", namespace)
+    # Invariant: `from shardload import *` shadows no builtin; the shard-set opener stays shardload.open
+    assert not set(namespace) & set(vars(builtins)) - {"__builtins__"}
+    assert "open" not in namespace and shardload.open is shardload.shardset.open_shard_set
 
 
 def test_lazy_names_are_exported_and_resolve_to_their_module() -> None:

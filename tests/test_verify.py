@@ -12,7 +12,7 @@ import pytest
 
 import shardload
 from shardload.errors import ManifestError
-from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
+from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
 from shardload.identity import ShardIdentity
 from shardload.manifest import file_checksum
 from shardload.verify import REASONS, Problem, recompute_lengths, verify
@@ -148,7 +148,7 @@ def test_consistent_file_with_wrong_count(shard_set: Path) -> None:
     short = cols.take(np.arange(cols.num_samples - 1))
     identity = ShardIdentity.parse(reader.stored_identity, where="1")  # still in its place: only the count is wrong
     path.unlink()
-    ArrowShardWriter(schema).write(path, short, identity=identity)
+    ArrowShardWriter(schema, ArrowOptions()).write(path, short, identity=identity)
     m["shards"][1].update(bytes=path.stat().st_size, checksum=file_checksum(path))
     (shard_set / "manifest.json").write_text(json.dumps(m))
     assert reasons(verify(shard_set), 1) == {"wrong_count"}

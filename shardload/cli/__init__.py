@@ -38,7 +38,15 @@ from types import ModuleType
 from typing import TextIO
 
 from shardload.cli._common import EXIT_CODES_HELP, CommandError, Exit
-from shardload.errors import InputError, OutputError, PlanError, ShardloadError, ShardSetError, WorkerError
+from shardload.errors import (
+    InputError,
+    MissingDependencyError,
+    OutputError,
+    PlanError,
+    ShardloadError,
+    ShardSetError,
+    WorkerError,
+)
 
 __all__ = ["COMMANDS", "Exit", "main"]
 
@@ -59,6 +67,7 @@ ERROR_CODES: tuple[tuple[type[BaseException], Exit], ...] = (
     (ShardSetError, Exit.SHARD_SET),
     (PlanError, Exit.PLAN),
     (WorkerError, Exit.LOADER),
+    (MissingDependencyError, Exit.USAGE),
 )
 
 

@@ -11,6 +11,8 @@ one is complete.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from shardload.cli._common import CommandError, parse_size, positive_int, print_json, python_hint
@@ -87,24 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="shuffle samples across shards once (default: on)",
     )
     lay.add_argument("--seed", type=_seed, metavar="N", help="seed of that shuffle, 0 to 2**64-1 (default: 0)")
-    fmt = p.add_argument_group("shard format")
-    fmt.add_argument(
-        "--format",
-        "--shard-format",
-        dest="shard_format",
-        choices=_formats(),
-        help="arrow (default): uncompressed, memory-mapped; zarr: compressed, needs shardload[zarr]",
-    )
-    fmt.add_argument("--compression", choices=_compressions(), help="zarr only: codec of the chunks (default: zstd)")
-    fmt.add_argument(
-        "--compression-level", type=int, metavar="N", help="zarr only: zstd 1-22 (default 3), blosc-lz4 0-9 (default 5)"
-    )
-    fmt.add_argument(
-        "--chunk-size",
-        type=parse_size,
-        metavar="SIZE",
-        help="zarr only: uncompressed bytes per chunk, the unit decompressed to read a sample (default: 64KiB)",
-    )
+    _add_format_arguments(p.add_argument_group("shard format"))
     run_ = p.add_argument_group("running")
     run_.add_argument("--workers", type=positive_int, metavar="N", help="parallel processes (default: 1)")
     mode = run_.add_mutually_exclusive_group()
@@ -123,10 +108,6 @@ def run(args: argparse.Namespace) -> int:
         "balance": args.balance,
         "shuffle": args.shuffle,
         "seed": args.seed,
-        "shard_format": args.shard_format,
-        "compression": args.compression,
-        "compression_level": args.compression_level,
-        "chunk_size": args.chunk_size,
         "workers": args.workers,
         "resume": args.resume,
         "overwrite": args.overwrite,
@@ -134,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         "reject_nonfinite": args.reject_nonfinite,
     }
     options = {k: v for k, v in options.items() if v is not None}  # unset: the library's default
+    options.update(_format_options(args))
     if args.fixed_field:
         options["fixed_fields"] = tuple(args.fixed_field)
     if args.dtype:
@@ -167,16 +149,62 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _formats() -> list[str]:
+def _add_format_arguments(group: argparse._ArgumentGroup) -> None:
+    """``--format`` and the flags of each registered format's options (``--compression``, ...)."""
     from shardload.formats import FORMATS
 
-    return sorted(FORMATS)
+    group.add_argument(
+        "--format",
+        "--shard-format",
+        dest="shard_format",
+        choices=sorted(FORMATS),
+        help="; ".join(
+            f"{f.name}{' (default)' if f.name == _default_format() else ''}: {f.summary}" for f in FORMATS.values()
+        ),
+    )
+    parsers: dict[str, Callable[[str], Any]] = {"text": str, "int": int, "size": parse_size}
+    for fmt in FORMATS.values():
+        for flag in fmt.flags:
+            group.add_argument(
+                flag.flag,
+                dest=_dest(flag.field),
+                type=parsers[flag.kind],
+                choices=flag.choices or None,
+                metavar=flag.metavar,
+                help=flag.help,
+            )
 
 
-def _compressions() -> tuple[str, ...]:
-    from shardload.formats.zarr.codecs import COMPRESSIONS
+def _default_format() -> object:
+    from shardload.prepare.options import PrepareOptions
 
-    return COMPRESSIONS
+    return next(f.default for f in dataclasses.fields(PrepareOptions) if f.name == "shard_format")
+
+
+def _dest(field: str) -> str:
+    return f"format_option_{field}"
+
+
+def _format_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``shard_format=``: ``--format``'s name, or its options object made of its flags' values.
+
+    Flags of another format are passed on as keywords of their own, which
+    ``PrepareOptions`` refuses with the spelling that applies.
+    """
+    from shardload.formats import FORMATS
+
+    given = {
+        flag.field: value
+        for fmt in FORMATS.values()
+        for flag in fmt.flags
+        if (value := getattr(args, _dest(flag.field))) is not None
+    }
+    fmt = FORMATS.get(args.shard_format or "")
+    own = {k: v for k, v in given.items() if fmt is not None and k in fmt.option_names()}
+    options: dict[str, Any] = {k: v for k, v in given.items() if k not in own}
+    if fmt is not None:
+        options["shard_format"] = fmt.options(**own) if own else fmt.name
+    return options
 
 
 def _kinds() -> str:

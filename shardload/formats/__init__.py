@@ -1,26 +1,36 @@
-"""On-disk shard formats, by name: a writer and a reader class for each.
+"""On-disk shard formats, by name: the registry of :class:`ShardFormat` (writer, reader, options, flags).
 
 ``arrow`` (default): uncompressed Arrow IPC, memory-mapped, zero-copy reads.
 ``zarr``: Zarr v3 arrays in one zip file per shard, compressed (zstd or
 blosc-lz4) and decoded chunk by chunk; needs ``pip install shardload[zarr]``
 (the classes import without zarr, and say so when they are used).
+
+A format is added by registering it here: ``prepare`` (its options, the
+``--format`` choices and the flags of the format's options) and the readers
+find it by name.
 """
 
 from __future__ import annotations
 
-from shardload.errors import ManifestError
-from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
-from shardload.formats.base import Columns, FieldData, ShardReader, ShardWriter
-from shardload.formats.zarr import ZarrShardReader, ZarrShardWriter
+from shardload.errors import InputError, ManifestError
+from shardload.formats.arrow import ARROW
+from shardload.formats.base import (
+    Columns,
+    FieldData,
+    FormatOptions,
+    OptionFlag,
+    ShardFormat,
+    ShardReader,
+    ShardWriter,
+)
+from shardload.formats.zarr import ZARR
 
-FORMATS: dict[str, tuple[type[ShardWriter], type[ShardReader]]] = {
-    "arrow": (ArrowShardWriter, ArrowShardReader),
-    "zarr": (ZarrShardWriter, ZarrShardReader),
-}
+#: every format this version writes and reads, by name
+FORMATS: dict[str, ShardFormat] = {f.name: f for f in (ARROW, ZARR)}
 
 
-def get_format(name: str) -> tuple[type[ShardWriter], type[ShardReader]]:
-    """The (writer, reader) classes of format ``name``."""
+def get_format(name: str) -> ShardFormat:
+    """The format a manifest names (``shard_format``); an unknown one is a :class:`ManifestError`."""
     try:
         return FORMATS[name]
     except KeyError:
@@ -29,4 +39,24 @@ def get_format(name: str) -> tuple[type[ShardWriter], type[ShardReader]]:
         ) from None
 
 
-__all__ = ["FORMATS", "Columns", "FieldData", "ShardReader", "ShardWriter", "get_format"]
+def format_of(options: object) -> ShardFormat:
+    """The registered format whose options ``options`` are; anything else is an :class:`InputError`."""
+    for fmt in FORMATS.values():
+        if type(options) is fmt.options:
+            return fmt
+    names = ", ".join(f"{f.name!r} or {f.options.__name__}(...)" for f in FORMATS.values())
+    raise InputError(f"shard_format must name a format or give its options: {names}; got {options!r}")
+
+
+__all__ = [
+    "FORMATS",
+    "Columns",
+    "FieldData",
+    "FormatOptions",
+    "OptionFlag",
+    "ShardFormat",
+    "ShardReader",
+    "ShardWriter",
+    "format_of",
+    "get_format",
+]

@@ -9,17 +9,18 @@ column by column. For each field, a shard has:
 * a fixed field: ``values`` of shape ``(num_samples, *shape)`` and no offsets.
 
 Writers take :class:`Columns`; readers give the same :class:`Columns` back,
-as zero-copy views where the format allows it. Formats register themselves by
-name in :mod:`shardload.formats`.
+as zero-copy views where the format allows it. Each format also has its own
+frozen :class:`FormatOptions` (its defaults and checks), and registers the
+three classes by name as a :class:`ShardFormat` in :mod:`shardload.formats`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import numpy as np
 
@@ -83,13 +84,6 @@ class Columns:
             raise IndexError(f"sample {i} out of range for a shard of {self.num_samples}")
         return {name: data.item(i) for name, data in self.fields.items()}
 
-    @property
-    def nbytes(self) -> int:
-        total = 0
-        for data in self.fields.values():
-            total += data.values.nbytes + (0 if data.offsets is None else data.offsets.nbytes)
-        return total
-
     @classmethod
     def from_samples(cls, schema: Schema, samples: Sequence[Mapping[str, np.ndarray]]) -> Columns:
         """Pack checked samples (see :meth:`Schema.check`) into columns."""
@@ -147,17 +141,41 @@ def _pack_field(f: Field, parts: Sequence[np.ndarray]) -> FieldData:
     return FieldData(np.ascontiguousarray(values), offsets_from_lengths(lens))
 
 
-class ShardWriter(ABC):
-    """Writes one shard file (or store) from :class:`Columns`."""
+@dataclass(frozen=True)
+class FormatOptions:
+    """The options of one shard format: the base of each format's own frozen options class.
 
-    #: the format's name in the registry and the manifest
-    name: ClassVar[str]
+    A format's class holds its defaults (its field defaults, resolved in
+    ``__post_init__`` where one depends on another) and checks itself when
+    made, raising :class:`~shardload.errors.InputError`. ``prepare`` hands the
+    instance to the format's writer and records :meth:`to_json` in the
+    manifest's ``options``, where readers find it again.
+    """
+
+    def to_json(self) -> dict[str, Any]:
+        """The options as the manifest's ``options`` records them: one key per field, defaults resolved."""
+        return asdict(self)
+
+
+OptionsT = TypeVar("OptionsT", bound=FormatOptions)
+
+
+class ShardWriter(ABC, Generic[OptionsT]):
+    """Writes one shard file (or store) from :class:`Columns`, with its format's options."""
+
     #: file-name suffix of a shard, e.g. ``".arrow"``
     suffix: ClassVar[str]
+    #: whether a field of a shard is one Arrow array, whose length IPC bounds (prepare lays shards out within it)
+    bounds_field_values: ClassVar[bool] = False
 
-    def __init__(self, schema: Schema, **options: object) -> None:
+    def __init__(self, schema: Schema, options: OptionsT) -> None:
+        self.check_schema(schema)
         self.schema = schema
         self.options = options
+
+    @classmethod
+    def check_schema(cls, schema: Schema) -> None:
+        """Refuse a schema this format cannot store (``prepare`` asks on the first sample); none by default."""
 
     @abstractmethod
     def write(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> None:
@@ -181,8 +199,6 @@ class ShardReader(ABC):
         options: the manifest's prepare options (e.g. Zarr's ``chunk_size``),
             which bound what a shard may declare.
     """
-
-    name: ClassVar[str]
 
     def __init__(
         self, path: Path, schema: Schema, *, samples: int | None = None, options: Mapping[str, object] | None = None
@@ -224,3 +240,55 @@ class ShardReader(ABC):
         Formats that hold more than the columns release it after calling this.
         """
         self._columns = None
+
+
+@dataclass(frozen=True)
+class OptionFlag:
+    """A flag of ``shardload prepare`` that sets one field of a format's options.
+
+    Attributes:
+        field: the field of the format's options; the flag is ``--`` and the
+            field with ``-`` for ``_`` (``chunk_size``: ``--chunk-size``).
+        help: the flag's help line.
+        kind: how its text is read: ``"text"``, ``"int"``, or ``"size"``
+            (``64KiB``, ``1MB``: the units of ``--shard-size``).
+        choices: the values a ``"text"`` flag accepts, when they are few.
+        metavar: the placeholder of its value in the help.
+    """
+
+    field: str
+    help: str
+    kind: Literal["text", "int", "size"] = "text"
+    choices: tuple[str, ...] = ()
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        """The flag as typed, e.g. ``--chunk-size``."""
+        return "--" + self.field.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class ShardFormat:
+    """One on-disk shard format as registered in :data:`shardload.formats.FORMATS`.
+
+    Attributes:
+        name: the format's one name: ``--format``, ``shard_format="..."`` and
+            the manifest's ``shard_format``.
+        writer: its :class:`ShardWriter`.
+        reader: its :class:`ShardReader`.
+        options: its :class:`FormatOptions` class (``shard_format=name`` means its defaults).
+        summary: what it is, in a few words (the help of ``--format``).
+        flags: the ``prepare`` flags of its options.
+    """
+
+    name: str
+    writer: type[ShardWriter[Any]]
+    reader: type[ShardReader]
+    options: type[FormatOptions]
+    summary: str
+    flags: tuple[OptionFlag, ...] = ()
+
+    def option_names(self) -> tuple[str, ...]:
+        """The fields of the format's options, in order."""
+        return tuple(f.name for f in fields(self.options))

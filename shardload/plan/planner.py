@@ -262,7 +262,7 @@ def plan_rank(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, rank: 
     * evaluation stages yield every sample exactly once over all ranks
       (filler rows have weight 0); ``uneven="split"`` does the same in
       training;
-    * a rank reads a contiguous run of the epoch's shards (about ``S / W + 2``
+    * a rank reads a contiguous run of the epoch's shards (about ``S / W + 1``
       shards);
     * the plan is a pure function of the arguments.
 

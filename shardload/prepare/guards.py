@@ -9,7 +9,8 @@ Everything here runs at the edges of a run, never per value in a loop:
 * per sample: its size against what one Arrow array can hold;
 * on resume: source fingerprints (:func:`check_inputs`) and staged samples
   (:func:`skip_staged`);
-* at the layout: shards whose field would exceed an Arrow array (:func:`lay_out`);
+* at the layout: shards whose field would exceed an Arrow array, for a format
+  that stores a field as one (:func:`lay_out`);
 * before the commit: the finished set, opened as the loader opens it
   (:func:`check_new_set`).
 """
@@ -26,7 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.errors import InputError, OutputError, ShardSetError
-from shardload.formats import Columns
+from shardload.formats import Columns, ShardFormat
 from shardload.manifest import atomic_write_text
 from shardload.prepare.fingerprint import changed_input, fingerprint_units
 from shardload.prepare.layout import assign_samples, count_shards
@@ -71,13 +72,9 @@ def check_dtype_fields(sample: Any, dtypes: Mapping[str, str], where: str) -> No
         )
 
 
-def check_schema(schema: Schema, shard_format: str, where: str) -> None:
+def check_schema(schema: Schema, shard_format: ShardFormat, where: str) -> None:
     """Refuse, on the first sample, a schema the loader would refuse or misread, or prepare cannot store."""
-    if shard_format == "zarr":  # its own naming rule (no leading '__'), checked now, not per shard
-        from shardload.formats.zarr.writer import check_node_name
-
-        for name in schema.names:
-            check_node_name(name)
+    shard_format.writer.check_schema(schema)  # the format's own rules (Zarr: node names), now, not per shard
     problems = prepare_problems(schema)
     if problems:
         renaming = any(name_problem(n) or n in schema.batch_keys() for n in schema.names)
@@ -171,7 +168,7 @@ def lay_out(
         order, bounds = assign_samples(
             lengths, num_shards, balance=options.balance, shuffle=options.shuffle, seed=options.seed
         )
-        if options.shard_format != "arrow":
+        if not options.format.writer.bounds_field_values:
             return order, bounds
         worst, name, shard = _most_values(field_lengths, schema, order, bounds)
         if worst <= MAX_FIELD_VALUES:

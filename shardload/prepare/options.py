@@ -1,22 +1,22 @@
-"""Options of ``prepare``/``write``, grouped in one frozen object."""
+"""Options of ``prepare``/``write``, grouped in one frozen object.
+
+The shard format's own options (Zarr's compression, for instance) are not
+fields here: ``shard_format`` holds them, as the format's options object
+(:class:`~shardload.formats.base.FormatOptions`, found through the registry
+:data:`shardload.formats.FORMATS`), so that nothing here depends on which
+formats exist.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, cast
 
 import numpy as np
 
 from shardload.errors import InputError
-from shardload.formats import FORMATS
-from shardload.formats.zarr.codecs import (
-    DEFAULT_CHUNK_SIZE,
-    DEFAULT_COMPRESSION,
-    DEFAULT_LEVELS,
-    check_zarr_options,
-    require_zarr,
-)
+from shardload.formats import FORMATS, FormatOptions, ShardFormat, format_of
 from shardload.schema import SUPPORTED_DTYPES
 
 DEFAULT_SHARD_SIZE = 256 << 20
@@ -27,8 +27,11 @@ class PrepareOptions:
     """How to lay a dataset out as a shard set.
 
     Attributes:
-        shard_format: ``"arrow"`` (memory-mapped, zero-copy) or ``"zarr"``
-            (compressed, decoded chunk by chunk; needs ``shardload[zarr]``).
+        shard_format: the format's name, ``"arrow"`` (memory-mapped,
+            zero-copy) or ``"zarr"`` (compressed, decoded chunk by chunk; needs
+            ``shardload[zarr]``), for its defaults; or its options, e.g.
+            ``ZarrOptions(compression="zstd", chunk_size=1 << 20)``. Once made,
+            it always holds the options object (``"zarr"``: ``ZarrOptions()``).
         shard_size: target bytes of sample data per shard (default 256 MB).
         num_shards: exact number of shards; overrides ``shard_size``.
         balance: ``"samples"``: shards differ by at most one sample;
@@ -46,13 +49,13 @@ class PrepareOptions:
         reject_nonfinite: refuse NaN/inf in float fields.
         progress: show a progress bar (``None``: when stderr is a terminal).
         chunk_bytes: size of the intermediate chunks prepare stages on disk.
-        compression: zarr only: ``"zstd"`` (default), ``"blosc-lz4"`` or ``"none"``.
-        compression_level: zarr only: zstd 1-22 (default 3), blosc 0-9 (default 5).
-        chunk_size: zarr only: uncompressed bytes per chunk of a field's values
-            (default 64 KiB); the unit that is decompressed to read a sample.
+
+    Raises:
+        InputError: an invalid value; or an option of a format given here
+            (``compression=``: write ``shard_format=ZarrOptions(compression=...)``).
     """
 
-    shard_format: str = "arrow"
+    shard_format: str | FormatOptions = "arrow"
     shard_size: int = DEFAULT_SHARD_SIZE
     num_shards: int | None = None
     balance: Literal["samples", "tokens"] = "samples"
@@ -67,9 +70,15 @@ class PrepareOptions:
     reject_nonfinite: bool = False
     progress: bool | None = None
     chunk_bytes: int = 64 << 20
-    compression: str | None = None
-    compression_level: int | None = None
-    chunk_size: int | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> PrepareOptions:
+        # An option of a format given on its own (as in shardload 0.1.0) is refused here, before the
+        # constructor's own "unexpected keyword" TypeError, with the spelling that replaces it.
+        for fmt in FORMATS.values():
+            given = {k: v for k, v in kwargs.items() if k in fmt.option_names()}
+            if given:
+                raise InputError(misplaced_format_options(fmt, given))
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         for name in ("shard_size", "num_shards", "seed", "workers", "chunk_bytes"):
@@ -85,8 +94,6 @@ class PrepareOptions:
             raise InputError(f"seed must be an integer in [0, 2**64), got {self.seed}")
         if not isinstance(self.dtypes, Mapping):
             raise InputError(f"dtypes must map field names to dtype names, got {self.dtypes!r}")
-        if self.shard_format not in FORMATS:
-            raise InputError(f"unknown shard format {self.shard_format!r}; choose one of {sorted(FORMATS)}")
         if self.shard_size <= 0:
             raise InputError(f"shard_size must be positive, got {self.shard_size}")
         if self.num_shards is not None and self.num_shards < 1:
@@ -102,40 +109,48 @@ class PrepareOptions:
                 raise InputError(f"dtype of {name!r}: {dtype!r} is not one of {', '.join(SUPPORTED_DTYPES)}")
         if self.chunk_bytes <= 0:
             raise InputError(f"chunk_bytes must be positive, got {self.chunk_bytes}")
-        if self.shard_format == "zarr":
-            require_zarr()
-            check_zarr_options(
-                self.compression or DEFAULT_COMPRESSION,
-                self.compression_level,
-                DEFAULT_CHUNK_SIZE if self.chunk_size is None else self.chunk_size,
-            )
-        elif (
-            self.compression not in (None, "none") or self.compression_level is not None or self.chunk_size is not None
-        ):
-            raise InputError(
-                f"compression, compression level and chunk size apply to zarr shards; {self.shard_format} shards "
-                "are stored uncompressed so that they can be memory-mapped. Choose shard_format='zarr' (--format zarr)."
-            )
+        if isinstance(self.shard_format, str):
+            if self.shard_format not in FORMATS:
+                raise InputError(f"unknown shard format {self.shard_format!r}; choose one of {sorted(FORMATS)}")
+            object.__setattr__(self, "shard_format", FORMATS[self.shard_format].options())  # its defaults
+        format_of(self.shard_format)  # an options object of a registered format, or an InputError
 
-    def writer_options(self) -> dict[str, Any]:
-        """Keyword arguments of the shard writer, with the format's defaults filled in."""
-        if self.shard_format != "zarr":
-            return {}
-        compression = self.compression or DEFAULT_COMPRESSION
-        level = self.compression_level
-        if level is None and compression != "none":
-            level = DEFAULT_LEVELS[compression]
-        chunk_size = DEFAULT_CHUNK_SIZE if self.chunk_size is None else self.chunk_size
-        return {"compression": compression, "compression_level": level, "chunk_size": chunk_size}
+    @property
+    def format(self) -> ShardFormat:
+        """The registered format of the shards (name, writer, reader)."""
+        return format_of(self.shard_format)
+
+    @property
+    def format_options(self) -> FormatOptions:
+        """The format's options object (``shard_format`` once the options are made)."""
+        return cast(FormatOptions, self.shard_format)
 
     def layout_key(self) -> dict[str, Any]:
-        """The options that decide the output bytes (compared on ``resume``)."""
-        d = asdict(self)
-        for k in ("workers", "resume", "overwrite", "progress"):
-            d.pop(k)
+        """The options that decide the output bytes (compared on ``resume``, recorded in the manifest).
+
+        The format's own options come last, with their defaults resolved: the
+        manifest records what was written.
+        """
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _RUN_ONLY}
+        d["shard_format"] = self.format.name
         d["fixed_fields"] = list(self.fixed_fields)
         d["dtypes"] = dict(sorted(self.dtypes.items()))
-        for k in ("compression", "compression_level", "chunk_size"):
-            d.pop(k)
-        d.update(self.writer_options())  # resolved defaults: the manifest records what was written
+        d.update(self.format_options.to_json())
         return d
+
+
+#: options that change how a run goes, not what it writes
+_RUN_ONLY = ("workers", "resume", "overwrite", "progress")
+
+
+def misplaced_format_options(fmt: ShardFormat, given: Mapping[str, Any]) -> str:
+    """What to write instead of ``given``, options of ``fmt`` passed as options of ``prepare`` itself."""
+    names = fmt.option_names()
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    spelled = ", ".join(f"{k}={v!r}" for k, v in given.items())
+    flags = " ".join(f"{f.flag} {given[f.field]}" for f in fmt.flags if f.field in given)
+    return (
+        f"{listed} apply to {fmt.name} shards, and are given with the format: write "
+        f"shard_format=shardload.{fmt.options.__name__}({spelled}) ({fmt.name!r} alone takes their defaults; "
+        f"command line: --format {fmt.name} {flags})"
+    )

@@ -21,7 +21,6 @@ Every step skips work whose result is already on disk, which is what makes
 
 from __future__ import annotations
 
-import datetime as _dt
 import itertools
 import json
 import logging
@@ -37,14 +36,16 @@ from numpy.typing import NDArray
 
 from shardload.cast import CastError, cast_exact
 from shardload.errors import InputError, OutputError
-from shardload.formats import Columns, get_format
-from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
+from shardload.formats import Columns, format_of
+from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
 from shardload.identity import ShardIdentity, set_id_of
-from shardload.manifest import LENGTHS_NAME, Manifest, ShardInfo, atomic_write_text, file_checksum
+from shardload.manifest import Manifest, atomic_write_text, file_checksum
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.prepare import guards
 from shardload.prepare.faults import crash_point
 from shardload.prepare.gather import gather
+from shardload.prepare.index import new_manifest, write_index
+from shardload.prepare.jobs import IngestJob, ShardJob, ShardRecord, StagedUnit
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.progress import Progress
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
@@ -143,7 +144,7 @@ def ingest(
     staging: Path,
     chunk_bytes: int,
     source: str = "the iterable given to write()",
-) -> dict[str, Any]:
+) -> StagedUnit:
     """Stage one unit's samples as Arrow chunks; resume after complete chunks.
 
     ``source`` names the input in messages (the unit's file). Returns the
@@ -151,9 +152,9 @@ def ingest(
     """
     done = staging / f"{unit_key}.done"
     if done.exists():
-        return dict(json.loads(done.read_text()))
+        return StagedUnit.from_json(json.loads(done.read_text()))
     schema = check.schema
-    writer = ArrowShardWriter(schema)
+    writer = ArrowShardWriter(schema, ArrowOptions())
     # Chunks finished by an interrupted run are kept; their samples are skipped.
     chunks: list[str] = []
     skip = 0
@@ -194,17 +195,19 @@ def ingest(
             flush()
     if pending:
         flush()
-    record = {"unit": unit_key, "chunks": chunks, "samples": total, "bytes": nbytes}
+    record = StagedUnit(unit_key, tuple(chunks), total, nbytes)
     with output_errors(staging.parents[1], f"staging the samples of {source}"):
-        atomic_write_text(done, json.dumps(record))
+        atomic_write_text(done, json.dumps(record.to_json()))
     return record
 
 
-def _ingest_unit(args: tuple[int, SourceUnit, SourceOptions, dict[str, Any], PrepareOptions, str]) -> dict[str, Any]:
-    k, unit, source_options, schema_json, options, staging = args
-    check = SampleChecker(Schema.from_json(schema_json), options)
+def _ingest_unit(job: IngestJob) -> StagedUnit:
+    """Stage one source unit (in a worker process)."""
+    check = SampleChecker(job.schema, job.options)
+    unit = job.unit
     source = unit.paths[0] if len(unit.paths) == 1 else unit.describe()
-    return ingest(unit_key(k), read_unit(unit, source_options), check, Path(staging), options.chunk_bytes, source)
+    samples = read_unit(unit, job.source_options)
+    return ingest(job.key, samples, check, job.staging, job.options.chunk_bytes, source)
 
 
 # -- 2. layout --------------------------------------------------------------------------------------
@@ -223,8 +226,8 @@ class Staged:
     sample_bytes: NDArray[np.int64]
 
 
-def collect_staged(records: Sequence[Mapping[str, Any]], schema: Schema, staging: Path) -> Staged:
-    paths = [staging / name for r in records for name in r["chunks"]]
+def collect_staged(records: Sequence[StagedUnit], schema: Schema, staging: Path) -> Staged:
+    paths = [staging / name for r in records for name in r.chunks]
     field_parts: dict[str, list[NDArray[np.int64]]] = {f.name: [] for f in schema.variable_fields}
     counts, bytes_parts = [], []
     for path in paths:
@@ -256,58 +259,39 @@ def shard_file(k: int, suffix: str) -> str:
     return f"shard-{k:06d}{suffix}"
 
 
-def write_shard(
-    k: int,
-    positions: NDArray[np.int64],
-    tokens: int,
-    staged_paths: Sequence[str],
-    chunk_starts: NDArray[np.int64],
-    schema_json: dict[str, Any],
-    shard_format: str,
-    work: str,
-    writer_options: Mapping[str, Any] | None = None,
-    set_id: str = "",
-    first_sample: int = 0,
-) -> dict[str, Any]:
-    """Write shard ``k`` unless a finished copy is recorded; return its record.
+def write_shard(job: ShardJob) -> ShardRecord:
+    """Write shard ``job.index`` unless a finished copy is recorded; return its record.
 
-    ``writer_options`` go to the format's writer (e.g. zarr compression, see
-    :meth:`PrepareOptions.writer_options`). With a ``set_id``, the shard
-    carries its identity (set, index, first sample, count) in its metadata.
+    The format's writer gets the job's format options. With a ``set_id``, the
+    shard carries its identity (set, index, first sample, count) in its metadata.
     """
-    work_dir = Path(work)
-    done = work_dir / "done" / f"{k:06d}.json"
+    done = job.work / "done" / f"{job.index:06d}.json"
     if done.exists():
-        record = dict(json.loads(done.read_text()))
+        record = ShardRecord.from_json(json.loads(done.read_text()))
         # A shard finished by a run that gave it another identity (an older shardload) is written again.
-        if record.get("set_id", "") == set_id:
+        if record.set_id == job.set_id:
             return record
-    schema = Schema.from_json(schema_json)
-    writer_cls, _ = get_format(shard_format)
-    name = shard_file(k, writer_cls.suffix)
-    final = work_dir / "shards" / name
+    writer_cls = format_of(job.shard_format).writer
+    name = shard_file(job.index, writer_cls.suffix)
+    final = job.work / "shards" / name
     tmp = final.with_name(final.name + ".tmp")
-    cols = gather(schema, positions, [Path(p) for p in staged_paths], chunk_starts)
-    identity = ShardIdentity(set_id, k, first_sample, len(positions)) if set_id else None
-    writer_cls(schema, **dict(writer_options or {})).write(tmp, cols, identity=identity)
+    cols = gather(job.schema, job.positions, list(job.staged_paths), job.chunk_starts)
+    identity = ShardIdentity(job.set_id, job.index, job.first_sample, len(job.positions)) if job.set_id else None
+    writer_cls(job.schema, job.shard_format).write(tmp, cols, identity=identity)
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
-    record = {
-        "file": f"shards/{name}",
-        "samples": len(positions),
-        "bytes": tmp.stat().st_size,
-        "checksum": file_checksum(tmp),
-        "tokens": int(tokens),
-        "set_id": set_id,
-    }
+    record = ShardRecord(
+        file=f"shards/{name}",
+        samples=len(job.positions),
+        bytes=tmp.stat().st_size,
+        checksum=file_checksum(tmp),
+        tokens=job.tokens,
+        set_id=job.set_id,
+    )
     os.replace(tmp, final)
-    crash_point(f"shard:{k}")
-    atomic_write_text(done, json.dumps(record))
+    crash_point(f"shard:{job.index}")
+    atomic_write_text(done, json.dumps(record.to_json()))
     return record
-
-
-def _write_shard_star(args: tuple[Any, ...]) -> dict[str, Any]:
-    return write_shard(*args)
 
 
 # -- the whole run ------------------------------------------------------------------------------------
@@ -355,9 +339,9 @@ def run_prepare(
         order, bounds = guards.lay_out(staged.lengths, staged.field_lengths, schema, options, in_bytes)
         shard_records = _write_all(wd, staged, schema, options, order, bounds, set_id)
         with output_errors(wd.out, "writing the lengths index and the manifest", partial=wd.work):
-            files = _write_index(wd, staged, schema, order)
+            files = write_index(wd.work, staged.lengths, staged.field_lengths, order)
             crash_point("index")
-            manifest = _manifest(schema, options, shard_records, staged.lengths[order], files, describe, set_id)
+            manifest = new_manifest(schema, options, shard_records, staged.lengths[order], files, describe, set_id)
             manifest.write(wd.work)
             crash_point("manifest")
             guards.check_new_set(wd)
@@ -388,7 +372,7 @@ def _infer_schema(
     guards.check_dtype_fields(sample, options.dtypes, where)
     sample = cast_fields(sample, options.dtypes, where) if options.dtypes else sample
     schema = Schema.infer(sample, fixed_fields=options.fixed_fields, length_field=options.length_field, where=where)
-    guards.check_schema(schema, options.shard_format, where)
+    guards.check_schema(schema, options.format, where)
     if located is not None:
         located = itertools.chain([first], located)
     return schema, located
@@ -401,17 +385,17 @@ def _ingest_all(
     schema: Schema,
     options: PrepareOptions,
     samples: Iterator[tuple[str, Mapping[str, Any]]] | None,
-) -> list[dict[str, Any]]:
+) -> list[StagedUnit]:
     progress = Progress("read", enabled=options.progress)
     try:
         if samples is not None:
             rec = ingest("it", samples, SampleChecker(schema, options), wd.staging, options.chunk_bytes)
-            progress.update(rec["samples"], rec["bytes"])
+            progress.update(rec.samples, rec.bytes)
             return [rec]
-        jobs = [(k, u, source_options, schema.to_json(), options, str(wd.staging)) for k, u in enumerate(units)]
+        jobs = [IngestJob(unit_key(k), u, source_options, schema, options, wd.staging) for k, u in enumerate(units)]
         records = []
         for rec in map_in_workers(_ingest_unit, jobs, options.workers, out=wd.out, what="staging the samples"):
-            progress.update(rec["samples"], rec["bytes"])
+            progress.update(rec.samples, rec.bytes)
             records.append(rec)
         return records
     finally:
@@ -426,111 +410,26 @@ def _write_all(
     order: NDArray[np.int64],
     bounds: NDArray[np.int64],
     set_id: str,
-) -> list[dict[str, Any]]:
-    paths = [str(p) for p in staged.chunk_paths]
+) -> list[ShardRecord]:
+    paths = tuple(staged.chunk_paths)
     jobs = []
     for k in range(len(bounds) - 1):
         pos = order[bounds[k] : bounds[k + 1]]
-        jobs.append(
-            (
-                k,
-                pos,
-                int(staged.lengths[pos].sum()),
-                paths,
-                staged.chunk_starts,
-                schema.to_json(),
-                options.shard_format,
-                str(wd.work),
-                options.writer_options(),
-                set_id,
-                int(bounds[k]),  # shard k holds global ids bounds[k]..bounds[k + 1] - 1
-            )
-        )
+        tokens = int(staged.lengths[pos].sum())
+        # shard k holds global ids bounds[k]..bounds[k + 1] - 1
+        first = int(bounds[k])
+        fmt = options.format_options
+        jobs.append(ShardJob(k, pos, tokens, paths, staged.chunk_starts, schema, fmt, wd.work, set_id, first))
     progress = Progress("write", total=len(order), enabled=options.progress)
     records = []
     try:
         with output_errors(wd.out, "writing shards", partial=wd.shards):
-            for rec in map_in_workers(_write_shard_star, jobs, options.workers, out=wd.out, what="writing shards"):
-                progress.update(rec["samples"], rec["bytes"])
+            for rec in map_in_workers(write_shard, jobs, options.workers, out=wd.out, what="writing shards"):
+                progress.update(rec.samples, rec.bytes)
                 records.append(rec)
     finally:
         progress.close()
     return records
-
-
-def _index_dtype(max_value: int) -> type[np.signedinteger[Any]]:
-    return np.int32 if max_value < 2**31 else np.int64
-
-
-def _write_index(wd: WorkDir, staged: Staged, schema: Schema, order: NDArray[np.int64]) -> dict[str, str]:
-    """Lengths index (and per-field indexes when several fields vary) in shard order."""
-    files = {"": LENGTHS_NAME}
-    arrays = {"": staged.lengths}
-    if len(staged.field_lengths) > 1:
-        for name, lens in staged.field_lengths.items():
-            files[name] = f"lengths.{name}.npy"
-            arrays[name] = lens
-    for key, lens in arrays.items():
-        dtype = _index_dtype(int(lens.max(initial=0)))
-        _save_npy(wd.work / files[key], lens[order].astype(dtype))
-    _save_npy(wd.work / "origin.npy", order)
-    return files
-
-
-def _save_npy(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        np.save(fh, arr, allow_pickle=False)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def length_stats(lengths: NDArray[np.integer]) -> dict[str, Any]:
-    if len(lengths) == 0:
-        return {}
-    q = np.quantile(lengths, [0.0, 0.5, 0.9, 0.99, 1.0])
-    return {
-        "min": int(q[0]),
-        "p50": float(q[1]),
-        "p90": float(q[2]),
-        "p99": float(q[3]),
-        "max": int(q[4]),
-        "mean": float(np.mean(lengths)),
-    }
-
-
-def _manifest(
-    schema: Schema,
-    options: PrepareOptions,
-    records: Sequence[Mapping[str, Any]],
-    lengths: NDArray[np.int64],
-    files: Mapping[str, str],
-    describe: Mapping[str, Any] | None,
-    set_id: str = "",
-) -> Manifest:
-    from shardload import __version__
-
-    shards, first = [], 0
-    for r in records:
-        shards.append(ShardInfo(r["file"], r["samples"], r["bytes"], r["checksum"], first, r["tokens"]))
-        first += r["samples"]
-    opts = options.layout_key()
-    opts.update(describe or {})
-    return Manifest(
-        schema=schema,
-        shard_format=options.shard_format,
-        shards=tuple(shards),
-        total_samples=first,
-        total_tokens=int(lengths.sum()),
-        lengths_file=files[""],
-        field_lengths={k: v for k, v in files.items() if k},
-        options=opts,
-        stats=length_stats(lengths),
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        shardload_version=__version__,
-        set_id=set_id,
-    )
 
 
 def _finish_commit(wd: WorkDir) -> None:
@@ -540,8 +439,6 @@ def _finish_commit(wd: WorkDir) -> None:
 
 def _result(out: Path, seconds: float, in_bytes: int) -> PrepareResult:
     m = Manifest.load(out)
-    if not m.shards and m.total_samples:
-        raise OutputError(f"{out}: commit left an inconsistent manifest")
     size = sum(s.bytes for s in m.shards)
     dt = max(seconds, 1e-9)
     warnings = []

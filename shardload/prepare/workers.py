@@ -30,7 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from shardload.errors import OutputError
 from shardload.messages import signal_name
@@ -42,15 +42,18 @@ WATCHDOG_INTERVAL = 0.5
 #: how long stopped workers get to exit on SIGTERM before SIGKILL
 STOP_GRACE = 5.0
 
+Job = TypeVar("Job")
+Result = TypeVar("Result")
+
 
 def map_in_workers(
-    fn: Callable[[Any], dict[str, Any]], jobs: Sequence[Any], workers: int, *, out: Path, what: str
-) -> Iterator[dict[str, Any]]:
+    fn: Callable[[Job], Result], jobs: Sequence[Job], workers: int, *, out: Path, what: str
+) -> Iterator[Result]:
     """``fn`` over ``jobs``, results in job order: in-process for one worker, else in a process pool.
 
     Args:
         fn: a module-level function (it is pickled by name).
-        jobs: its arguments, one per call.
+        jobs: its arguments, one per call (picklable: frozen dataclasses).
         workers: the most processes to run at once.
         out: the output directory (named in errors).
         what: the step, for errors (``"staging the samples"``).

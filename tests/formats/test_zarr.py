@@ -24,7 +24,7 @@ from shardload.cli import main
 from shardload.collate import PadSpec, collate_batch
 from shardload.datamodule import ShardDataModule
 from shardload.formats import get_format
-from shardload.formats.zarr import ChunkCache, ZarrShardReader, ZarrValues, chunk_cache
+from shardload.formats.zarr import ChunkCache, ZarrOptions, ZarrShardReader, ZarrShardWriter, ZarrValues, chunk_cache
 from shardload.formats.zarr import cache as cache_module
 from shardload.inspect import describe
 from shardload.plan import Batching
@@ -73,10 +73,11 @@ def assert_same_sets(arrow: Path, zarr_set: Path) -> None:
         assert_same_sample(z[i], a[i])
 
 
-def write_both(samples: list[dict[str, Any]], root: Path, **options: Any) -> tuple[Path, Path]:
-    zarr_options = {k: options.pop(k) for k in ("compression", "compression_level", "chunk_size") if k in options}
+def write_both(
+    samples: list[dict[str, Any]], root: Path, zarr: ZarrOptions | None = None, **options: Any
+) -> tuple[Path, Path]:
     shardload.write(samples, root / "arrow", **options)
-    shardload.write(samples, root / "zarr", shard_format="zarr", **zarr_options, **options)
+    shardload.write(samples, root / "zarr", shard_format=zarr or ZarrOptions(), **options)
     return root / "arrow", root / "zarr"
 
 
@@ -123,7 +124,12 @@ def test_iterable_with_many_field_kinds_round_trips_like_arrow(tmp_path: Path, c
     samples = rich_samples(150)
     # A small chunk size puts many samples across chunk boundaries.
     arrow, zarr_set = write_both(
-        samples, tmp_path, num_shards=3, seed=2, fixed_fields=["emb"], compression=compression, chunk_size=300
+        samples,
+        tmp_path,
+        ZarrOptions(compression=compression, chunk_size=300),
+        num_shards=3,
+        seed=2,
+        fixed_fields=["emb"],
     )
     assert_same_sets(arrow, zarr_set)
     z = shardload.open(zarr_set)
@@ -141,7 +147,7 @@ def test_npy_directory_round_trips_like_arrow(tmp_path: Path) -> None:
     for i in range(40):
         np.save(src / f"{i:03d}.npy", rng.standard_normal((int(rng.integers(0, 30)), 4)).astype(np.float32))
     shardload.prepare(src, tmp_path / "arrow", field="x", num_shards=4)
-    shardload.prepare(src, tmp_path / "zarr", field="x", num_shards=4, shard_format="zarr", chunk_size=1000)
+    shardload.prepare(src, tmp_path / "zarr", field="x", num_shards=4, shard_format=ZarrOptions(chunk_size=1000))
     assert_same_sets(tmp_path / "arrow", tmp_path / "zarr")
 
 
@@ -155,8 +161,7 @@ def test_jsonl_round_trips_like_arrow(tmp_path: Path) -> None:
         tmp_path / "zarr",
         num_shards=2,
         dtypes={"tokens": "int32"},
-        shard_format="zarr",
-        compression="blosc-lz4",
+        shard_format=ZarrOptions(compression="blosc-lz4"),
     )
     assert_same_sets(tmp_path / "arrow", tmp_path / "zarr")
 
@@ -183,7 +188,7 @@ def test_same_samples_and_options_give_the_same_bytes(tmp_path: Path) -> None:
 # -- values are lazy, and index like an ndarray -----------------------------------------------------------
 def test_zarr_values_index_like_the_ndarray(tmp_path: Path, private_cache: ChunkCache) -> None:
     samples = [{"f": np.arange(i * 12, (i + 1) * 12, dtype=np.float32).reshape(4, 3)} for i in range(30)]
-    shardload.write(samples, tmp_path / "s", shard_format="zarr", num_shards=1, shuffle=False, chunk_size=100)
+    shardload.write(samples, tmp_path / "s", shard_format=ZarrOptions(chunk_size=100), num_shards=1, shuffle=False)
     ss = shardload.open(tmp_path / "s")
     reader = ZarrShardReader(tmp_path / "s" / ss.shards[0].file, ss.schema, cache=private_cache)
     values = reader.columns().fields["f"].values
@@ -225,7 +230,7 @@ def test_zarr_values_index_like_the_ndarray(tmp_path: Path, private_cache: Chunk
 # -- loading ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("workers", [0, 2])
 def test_make_loader_gives_the_same_batches_as_arrow(tmp_path: Path, workers: int) -> None:
-    arrow, zarr_set = write_both(synthetic_samples(200, seed=5), tmp_path, num_shards=4, chunk_size=2000)
+    arrow, zarr_set = write_both(synthetic_samples(200, seed=5), tmp_path, ZarrOptions(chunk_size=2000), num_shards=4)
     # Open a shard in this process first: workers forked afterwards must reopen the zip themselves.
     assert len(shardload.open(zarr_set)[0]["tokens"]) >= 0
 
@@ -278,7 +283,7 @@ def test_loader_over_zarr_resumes_mid_epoch(tmp_path: Path) -> None:
 # -- the chunk cache --------------------------------------------------------------------------------
 def test_a_batch_of_neighbours_decodes_each_chunk_once(tmp_path: Path, private_cache: ChunkCache) -> None:
     samples = synthetic_samples(100, seed=9)
-    shardload.write(samples, tmp_path / "s", shard_format="zarr", num_shards=1, shuffle=False, chunk_size=1000)
+    shardload.write(samples, tmp_path / "s", shard_format=ZarrOptions(chunk_size=1000), num_shards=1, shuffle=False)
     ss = shardload.open(tmp_path / "s")
     cols = ZarrShardReader(tmp_path / "s" / ss.shards[0].file, ss.schema, cache=private_cache).columns()
     rows = np.arange(10, 40, dtype=np.int64)
@@ -307,7 +312,7 @@ def test_a_batch_of_neighbours_decodes_each_chunk_once(tmp_path: Path, private_c
 
 def test_cache_stays_within_its_bound(tmp_path: Path) -> None:
     samples = synthetic_samples(200, seed=10)
-    shardload.write(samples, tmp_path / "s", shard_format="zarr", num_shards=1, shuffle=False, chunk_size=800)
+    shardload.write(samples, tmp_path / "s", shard_format=ZarrOptions(chunk_size=800), num_shards=1, shuffle=False)
     ss = shardload.open(tmp_path / "s")
     path = tmp_path / "s" / ss.shards[0].file
     bound = 2500  # about three 800-byte chunks
@@ -365,10 +370,10 @@ def test_compression_shrinks_compressible_data(tmp_path: Path) -> None:
     sizes = {}
     for label, options in {
         "arrow": {},
-        "none": {"shard_format": "zarr", "compression": "none"},
-        "zstd": {"shard_format": "zarr", "compression": "zstd"},
-        "zstd-19": {"shard_format": "zarr", "compression": "zstd", "compression_level": 19},
-        "blosc-lz4": {"shard_format": "zarr", "compression": "blosc-lz4"},
+        "none": {"shard_format": ZarrOptions(compression="none")},
+        "zstd": {"shard_format": ZarrOptions(compression="zstd")},
+        "zstd-19": {"shard_format": ZarrOptions(compression="zstd", compression_level=19)},
+        "blosc-lz4": {"shard_format": ZarrOptions(compression="blosc-lz4")},
     }.items():
         shardload.write(samples, tmp_path / label, num_shards=2, **options)
         sizes[label] = sum(s.bytes for s in shardload.open(tmp_path / label).shards)
@@ -389,19 +394,53 @@ def test_zarr_options_are_checked(tmp_path: Path) -> None:
     with pytest.raises(shardload.InputError, match="apply to zarr shards"):
         shardload.write(samples, tmp_path / "a", chunk_size=1000)
     with pytest.raises(shardload.InputError, match=r"level must be an integer in \[1, 22\]"):
-        shardload.write(samples, tmp_path / "a", shard_format="zarr", compression_level=40)
+        shardload.write(samples, tmp_path / "a", shard_format=ZarrOptions(compression_level=40))
     with pytest.raises(shardload.InputError, match="compression must be one of"):
-        shardload.write(samples, tmp_path / "a", shard_format="zarr", compression="gzip")
+        shardload.write(samples, tmp_path / "a", shard_format=ZarrOptions(compression="gzip"))
     with pytest.raises(shardload.InputError, match="not 'none'"):
-        shardload.write(samples, tmp_path / "a", shard_format="zarr", compression="none", compression_level=3)
+        shardload.write(samples, tmp_path / "a", shard_format=ZarrOptions(compression="none", compression_level=3))
     with pytest.raises(shardload.InputError, match="cannot name a Zarr group"):
         shardload.write([{"a/b": np.arange(3)}], tmp_path / "b", shard_format="zarr")
+
+
+@pytest.mark.parametrize("chunk_size", [0, -1, 1.5, True])
+def test_a_chunk_size_that_is_not_a_positive_integer_is_refused(chunk_size: Any) -> None:
+    # 0 was taken for "unset" by the writer and became 64 KiB without a word.
+    with pytest.raises(
+        shardload.InputError, match=f"chunk size must be a positive number of bytes, got {chunk_size!r}"
+    ):
+        ZarrOptions(chunk_size=chunk_size)
+
+
+def test_the_options_of_a_format_given_on_their_own_say_how_to_give_them(tmp_path: Path) -> None:
+    with pytest.raises(shardload.InputError) as err:
+        shardload.PrepareOptions(shard_format="zarr", compression="zstd")
+    assert "shard_format=shardload.ZarrOptions(compression='zstd')" in str(err.value)
+    assert "--format zarr --compression zstd" in str(err.value)
+    with pytest.raises(shardload.InputError, match=r"ZarrOptions\(chunk_size=4096\)"):
+        shardload.write(synthetic_samples(5), tmp_path / "a", shard_format="zarr", chunk_size=4096)
+    assert not (tmp_path / "a").exists()
+
+
+def test_zarr_options_resolve_their_defaults_once() -> None:
+    assert ZarrOptions() == ZarrOptions(compression="zstd", compression_level=3, chunk_size=64 << 10)
+    assert ZarrOptions(compression="blosc-lz4").compression_level == 5
+    assert ZarrOptions(compression="none").compression_level is None
+    # "zarr" is the shortcut for those defaults, and the manifest records them resolved.
+    opts = shardload.PrepareOptions(shard_format="zarr")
+    assert opts.shard_format == ZarrOptions() and opts.format is get_format("zarr")
+    assert {k: opts.layout_key()[k] for k in ("shard_format", "compression", "compression_level", "chunk_size")} == {
+        "shard_format": "zarr",
+        "compression": "zstd",
+        "compression_level": 3,
+        "chunk_size": 64 << 10,
+    }
 
 
 # -- damage -----------------------------------------------------------------------------------------
 def test_corrupt_chunk_names_the_shard_and_the_chunk(tmp_path: Path) -> None:
     samples = synthetic_samples(80, seed=12)
-    shardload.write(samples, tmp_path / "s", shard_format="zarr", num_shards=2, shuffle=False, chunk_size=400)
+    shardload.write(samples, tmp_path / "s", shard_format=ZarrOptions(chunk_size=400), num_shards=2, shuffle=False)
     ss = shardload.open(tmp_path / "s")
     path = tmp_path / "s" / ss.shards[1].file
     start, size = member_data_offset(path, "tokens/values/c/2")
@@ -429,7 +468,9 @@ def test_damaged_zip_directory_is_a_corrupt_shard(tmp_path: Path) -> None:
 
 
 def test_verify_detects_a_damaged_zarr_shard(tmp_path: Path) -> None:
-    shardload.write(synthetic_samples(90, seed=13), tmp_path / "s", shard_format="zarr", num_shards=3, chunk_size=500)
+    shardload.write(
+        synthetic_samples(90, seed=13), tmp_path / "s", shard_format=ZarrOptions(chunk_size=500), num_shards=3
+    )
     assert verify(tmp_path / "s").ok
     ss = shardload.open(tmp_path / "s")
     flipped = tmp_path / "s" / ss.shards[1].file
@@ -526,7 +567,7 @@ WRITER = textwrap.dedent(
     out = sys.argv[1]
     samples = synthetic_samples(300, seed=15)
     shardload.write(samples, out, num_shards=5, chunk_bytes=4000, resume=True, progress=False,
-                    shard_format="zarr", compression="zstd", chunk_size=2000)
+                    shard_format=shardload.ZarrOptions(compression="zstd", chunk_size=2000))
     """
 )
 
@@ -570,10 +611,18 @@ def test_without_zarr_arrow_works_and_zarr_says_how_to_install(tmp_path: Path) -
                         lambda: shardload.open(out + "/z")[0]):
             try:
                 attempt()
-            except shardload.InputError as exc:
+            except shardload.MissingDependencyError as exc:
                 print("refused:", exc)
             else:
                 raise SystemExit("zarr was used without being installed")
+        from shardload.cli import main
+        # A missing optional dependency is exit status 2, whether the command writes or reads zarr shards.
+        import numpy as np
+        np.save(out + "/t.npy", np.arange(5))
+        codes = [main(["prepare", out + "/t.npy", "-o", out + "/c", "--format", "zarr", "--no-progress"]),
+                 main(["verify", out + "/z", "--no-progress"]),
+                 main(["export", out + "/z", out + "/w", "--to", "webdataset", "--no-progress"])]
+        print("exit statuses:", [int(c) for c in codes])
         """
     )
     proc = subprocess.run(
@@ -585,11 +634,14 @@ def test_without_zarr_arrow_works_and_zarr_says_how_to_install(tmp_path: Path) -
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("pip install shardload[zarr]") == 2, proc.stdout
+    assert "exit statuses: [2, 2, 2]" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stderr.count("shardload: error: zarr shards need the zarr package") == 3, proc.stderr
 
 
 def test_format_is_registered() -> None:
-    writer, reader = get_format("zarr")
-    assert (writer.name, reader.name, writer.suffix) == ("zarr", "zarr", ".zarr.zip")
+    fmt = get_format("zarr")
+    assert (fmt.name, fmt.writer, fmt.reader, fmt.options) == ("zarr", ZarrShardWriter, ZarrShardReader, ZarrOptions)
+    assert fmt.writer.suffix == ".zarr.zip"
 
 
 @pytest.mark.parametrize("compression", ["zstd", "blosc-lz4", "none"])
@@ -602,10 +654,8 @@ def test_direct_chunk_decoding_matches_zarr(tmp_path: Path, compression: str, mo
     shardload.write(
         samples,
         tmp_path / "s",
-        shard_format="zarr",
+        shard_format=ZarrOptions(compression=compression, chunk_size=200),
         num_shards=1,
-        compression=compression,
-        chunk_size=200,
         fixed_fields=["emb"],
     )
     ss = shardload.open(tmp_path / "s")

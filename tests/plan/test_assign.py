@@ -79,3 +79,18 @@ def test_small_example() -> None:
         [1, 7, 8, 9],
     ]
     assert [layout.rank_shards(r).tolist() for r in range(3)] == [[2], [2, 0], [0, 3]]
+
+
+def test_with_equal_shards_a_rank_touches_at_most_ceil_s_over_w_plus_one() -> None:
+    worst = 0
+    for parts in range(1, 25):
+        for world in range(1, 30):
+            for per_shard in (1, 2, 3, 7):
+                sizes = np.full(parts, per_shard, dtype=np.int64)
+                layout = assign_shards(sizes, world, order=shard_order(parts, seed=parts, epoch=world, shuffle=True))
+                excess = max(len(layout.rank_shards(rank)) for rank in range(world)) - -(-parts // world)
+                # Invariant: a range of at most ceil(N / W) = ceil(S / W) shards' worth of samples, cut at
+                # any offset, overlaps at most one shard more (docs/planning.md, "locality")
+                assert excess <= 1, (parts, world, per_shard)
+                worst = max(worst, excess)
+    assert worst == 1  # the bound is reached: one more is not a loose allowance

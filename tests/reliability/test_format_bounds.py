@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardload
+from shardload.formats import get_format
 from shardload.formats.arrow.writer import arrow_schema, to_arrow
 from shardload.manifest import file_checksum
 from shardload.testing import synthetic_samples
@@ -43,11 +44,12 @@ RSS_SLACK = 24 << 20
 
 
 # -- helpers ------------------------------------------------------------------------------------------
-def make_set(root: Path, fmt: str, **options: Any) -> Path:
-    """40 samples (tokens, features, label) in 2 shards."""
+def make_set(root: Path, fmt: str, **format_options: Any) -> Path:
+    """40 samples (tokens, features, label) in 2 shards, in format ``fmt`` with ``format_options``."""
     out = root / f"set-{fmt}"
+    shard_format = get_format(fmt).options(**format_options)
     shardload.write(
-        synthetic_samples(40, seed=5), out, num_shards=2, shuffle=False, progress=False, shard_format=fmt, **options
+        synthetic_samples(40, seed=5), out, num_shards=2, shuffle=False, progress=False, shard_format=shard_format
     )
     return out
 

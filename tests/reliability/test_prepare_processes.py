@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardload
-from shardload.formats.arrow import ArrowShardWriter
+from shardload.formats.arrow import ArrowOptions, ArrowShardWriter
 from shardload.formats.base import Columns
 from shardload.prepare import gather as gather_module
 from shardload.schema import Schema
@@ -300,7 +300,7 @@ def stage(
     for k in range(0, len(samples), per_chunk):
         part = samples[k : k + per_chunk]
         path = tmp_path / f"chunk-{k:06d}.arrow"
-        ArrowShardWriter(schema).write(
+        ArrowShardWriter(schema, ArrowOptions()).write(
             path, Columns.from_samples(schema, [schema.check(s, where="test") for s in part])
         )
         paths.append(path)

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import shardload
-from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
+from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
 from shardload.formats.arrow.writer import arrow_schema, to_arrow
 from shardload.manifest import file_checksum
 from shardload.testing import synthetic_samples
@@ -121,7 +121,7 @@ def test_same_size_shard_from_another_set_is_refused(tmp_path: Path, fmt: str) -
     a, b = tmp_path / "a", tmp_path / "b"
     opts: dict[str, Any] = {"num_shards": 4, "shuffle": False, "shard_format": fmt, "progress": False}
     if fmt == "zarr":
-        opts["compression"] = "none"  # same lengths, same sizes
+        opts["shard_format"] = shardload.ZarrOptions(compression="none")  # same lengths, same sizes
     shardload.write(synthetic_samples(120, seed=3), a, **opts)
     shardload.write(other_values(), b, **opts)
     assert shard_file(a, 1).stat().st_size == shard_file(b, 1).stat().st_size  # only the identity tells them apart
@@ -162,7 +162,7 @@ def test_swapped_shards_of_the_same_size_are_refused(tmp_path: Path) -> None:
 def rewrite_without_identity(path: Path, schema: shardload.Schema) -> None:
     cols = ArrowShardReader(path, schema).columns()
     tmp = path.with_name("rewritten")
-    ArrowShardWriter(schema).write(tmp, cols)
+    ArrowShardWriter(schema, ArrowOptions()).write(tmp, cols)
     m = read_manifest(path.parents[1])
     for s in m["shards"]:
         if path.name in s["file"]:
@@ -529,7 +529,7 @@ def test_resume_rewrites_shards_finished_without_this_identity(tmp_path: Path, m
         record = json.loads(done.read_text())
         del record["set_id"]
         shard = work / record["file"]
-        ArrowShardWriter(schema).write(work / "old", ArrowShardReader(shard, schema).columns())
+        ArrowShardWriter(schema, ArrowOptions()).write(work / "old", ArrowShardReader(shard, schema).columns())
         (work / "old").replace(shard)
         record.update(bytes=shard.stat().st_size, checksum=file_checksum(shard))
         done.write_text(json.dumps(record))

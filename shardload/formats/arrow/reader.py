@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -23,8 +22,6 @@ class ArrowShardReader(ShardReader):
     Nothing is read until :meth:`columns` is called; the pages are then shared
     through the OS page cache with every other process that maps the file.
     """
-
-    name: ClassVar[str] = "arrow"
 
     def __init__(
         self, path: Path, schema: Schema, *, samples: int | None = None, options: Mapping[str, object] | None = None

@@ -9,6 +9,7 @@ from typing import ClassVar
 import numpy as np
 import pyarrow as pa
 
+from shardload.formats.arrow.options import ArrowOptions
 from shardload.formats.base import Columns, ShardWriter
 from shardload.identity import ARROW_IDENTITY_KEY, ShardIdentity
 from shardload.schema import Field, Schema
@@ -46,11 +47,11 @@ def to_arrow(field: Field, values: np.ndarray, offsets: np.ndarray | None) -> pa
     return arr
 
 
-class ArrowShardWriter(ShardWriter):
+class ArrowShardWriter(ShardWriter[ArrowOptions]):
     """Writes :class:`Columns` as one Arrow IPC file, uncompressed so it can be memory-mapped."""
 
-    name: ClassVar[str] = "arrow"
     suffix: ClassVar[str] = ".arrow"
+    bounds_field_values: ClassVar[bool] = True
 
     def write(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> None:
         schema = arrow_schema(self.schema, identity)

@@ -3,19 +3,44 @@
 Same logical layout as the Arrow shards (per field, flat ``values`` plus
 ``offsets``), decoded chunk by chunk through a bounded per-process cache.
 Needs the optional ``zarr`` package (``pip install shardload[zarr]``); this
-package imports without it.
+package imports without it. :data:`ZARR` is its registration: writer, reader,
+:class:`ZarrOptions` and the ``prepare`` flags of those options.
 """
 
+from shardload.formats.base import OptionFlag, ShardFormat
 from shardload.formats.zarr.cache import CACHE_ENV, ChunkCache, chunk_cache, set_chunk_cache_bytes
-from shardload.formats.zarr.codecs import COMPRESSIONS, DEFAULT_CHUNK_SIZE, require_zarr
+from shardload.formats.zarr.codecs import require_zarr
+from shardload.formats.zarr.options import COMPRESSIONS, DEFAULT_CHUNK_SIZE, ZarrOptions
 from shardload.formats.zarr.reader import ZarrShardReader, ZarrValues
 from shardload.formats.zarr.writer import ZarrShardWriter
+
+ZARR = ShardFormat(
+    name="zarr",
+    writer=ZarrShardWriter,
+    reader=ZarrShardReader,
+    options=ZarrOptions,
+    summary="compressed, needs shardload[zarr]",
+    flags=(
+        OptionFlag("compression", "zarr only: codec of the chunks (default: zstd)", choices=COMPRESSIONS),
+        OptionFlag(
+            "compression_level", "zarr only: zstd 1-22 (default 3), blosc-lz4 0-9 (default 5)", "int", metavar="N"
+        ),
+        OptionFlag(
+            "chunk_size",
+            "zarr only: uncompressed bytes per chunk, the unit decompressed to read a sample (default: 64KiB)",
+            "size",
+            metavar="SIZE",
+        ),
+    ),
+)
 
 __all__ = [
     "CACHE_ENV",
     "COMPRESSIONS",
     "DEFAULT_CHUNK_SIZE",
+    "ZARR",
     "ChunkCache",
+    "ZarrOptions",
     "ZarrShardReader",
     "ZarrShardWriter",
     "ZarrValues",

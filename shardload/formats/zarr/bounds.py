@@ -28,7 +28,7 @@ import zipfile
 from collections.abc import Mapping
 from typing import Any
 
-from shardload.formats.zarr.codecs import DEFAULT_CHUNK_SIZE
+from shardload.formats.zarr.options import DEFAULT_CHUNK_SIZE
 
 #: the largest ``zarr.json`` member read; the writer's are a few kilobytes (the root's holds the schema)
 MAX_METADATA_BYTES = 16 << 20

@@ -14,7 +14,7 @@ import os
 import zipfile
 from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +31,8 @@ from shardload.formats.zarr.bounds import (
     max_chunk_bytes,
 )
 from shardload.formats.zarr.cache import ChunkCache, chunk_cache
-from shardload.formats.zarr.codecs import DEFAULT_CHUNK_SIZE, require_zarr
+from shardload.formats.zarr.codecs import require_zarr
+from shardload.formats.zarr.options import DEFAULT_CHUNK_SIZE
 from shardload.formats.zarr.writer import LAYOUT_VERSION
 from shardload.identity import IDENTITY_KEY
 from shardload.messages import one_line
@@ -57,8 +58,6 @@ class ZarrShardReader(ShardReader):
     The zip file is reopened after a fork, so columns taken in a parent
     process stay usable in DataLoader workers.
     """
-
-    name: ClassVar[str] = "zarr"
 
     def __init__(
         self,

@@ -17,13 +17,8 @@ import numpy as np
 
 from shardload.errors import InputError
 from shardload.formats.base import Columns, ShardWriter
-from shardload.formats.zarr.codecs import (
-    DEFAULT_CHUNK_SIZE,
-    DEFAULT_COMPRESSION,
-    check_zarr_options,
-    compressors_for,
-    require_zarr,
-)
+from shardload.formats.zarr.codecs import compressors_for, require_zarr
+from shardload.formats.zarr.options import ZarrOptions
 from shardload.identity import IDENTITY_KEY, ShardIdentity
 from shardload.schema import Field, Schema
 
@@ -55,36 +50,21 @@ def check_node_name(name: str) -> None:
         )
 
 
-class ZarrShardWriter(ShardWriter):
+class ZarrShardWriter(ShardWriter[ZarrOptions]):
     """Writes :class:`Columns` as a Zarr v3 group inside one zip file (``.zarr.zip``).
 
     Args:
-        schema: the shard set's schema.
-        compression: ``"zstd"`` (default), ``"blosc-lz4"`` or ``"none"``.
-        compression_level: codec level (zstd 1-22, default 3; blosc 0-9, default 5).
-        chunk_size: uncompressed bytes per chunk of a ``values`` array (default 64 KiB).
+        schema: the shard set's schema (its field names must be Zarr node names).
+        options: compression, level and chunk size (:class:`ZarrOptions`, checked when made).
     """
 
-    name: ClassVar[str] = "zarr"
     suffix: ClassVar[str] = ".zarr.zip"
 
-    def __init__(
-        self,
-        schema: Schema,
-        *,
-        compression: str | None = None,
-        compression_level: int | None = None,
-        chunk_size: int | None = None,
-    ) -> None:
-        compression = compression or DEFAULT_COMPRESSION
-        chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
-        check_zarr_options(compression, compression_level, chunk_size)
+    @classmethod
+    def check_schema(cls, schema: Schema) -> None:
+        """Refuse a field name that cannot name a Zarr group (checked by ``prepare`` on the first sample)."""
         for f in schema.fields:
             check_node_name(f.name)
-        super().__init__(schema, compression=compression, compression_level=compression_level, chunk_size=chunk_size)
-        self.compression = compression
-        self.compression_level = compression_level
-        self.chunk_size = chunk_size
 
     def write(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> None:
         zarr = require_zarr()
@@ -113,14 +93,12 @@ class ZarrShardWriter(ShardWriter):
             "layout_version": LAYOUT_VERSION,
             "num_samples": columns.num_samples,
             "schema": self.schema.to_json(),
-            "compression": self.compression,
-            "compression_level": self.compression_level,
-            "chunk_size": self.chunk_size,
+            **self.options.to_json(),
         }
 
     def _array(self, group: Any, name: str, f: Field, values: np.ndarray) -> None:
         row_bytes = math.prod(f.inner_shape) * np.dtype(f.dtype).itemsize
-        rows = chunk_rows(len(values), row_bytes, self.chunk_size)
+        rows = chunk_rows(len(values), row_bytes, self.options.chunk_size)
         self._store(group, name, values, chunks=(rows, *(max(1, d) for d in f.inner_shape)))
 
     def _store(self, group: Any, name: str, values: np.ndarray, *, chunks: tuple[int, ...]) -> None:
@@ -129,7 +107,9 @@ class ZarrShardWriter(ShardWriter):
             shape=values.shape,
             dtype=values.dtype,
             chunks=chunks,
-            compressors=compressors_for(self.compression, self.compression_level, values.dtype.itemsize),
+            compressors=compressors_for(
+                self.options.compression, self.options.compression_level, values.dtype.itemsize
+            ),
             filters=None,
             fill_value=np.zeros((), dtype=values.dtype)[()],
             # Every chunk is stored, even an all-zero one: a chunk missing from a shard is then always damage.

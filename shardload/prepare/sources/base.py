@@ -123,6 +123,31 @@ class SourceReader(ABC):
         """
 
 
+class OneSamplePerFileReader(SourceReader):
+    """A kind whose every file holds one sample (``.npy``, ``.npz``): many files make one unit.
+
+    Reading a unit is loading its files in order, each checked just before it
+    is read (:meth:`SourceUnit.files`); a subclass says how to load one file.
+    """
+
+    one_sample_per_file: ClassVar[bool] = True
+
+    @classmethod
+    def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+        """Yield ``(path, sample)`` for every file of ``unit``, in order."""
+        for path in unit.files():
+            yield path, cls.load(path, options)
+
+    @classmethod
+    @abstractmethod
+    def load(cls, path: str, options: SourceOptions) -> Sample:
+        """The sample in the file at ``path``.
+
+        Raises:
+            InputError: naming the file, for an unreadable or malformed one.
+        """
+
+
 READERS: dict[str, type[SourceReader]] = {}
 
 

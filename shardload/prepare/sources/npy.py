@@ -7,20 +7,17 @@ that follow it (:mod:`.arrays`), so a truncated file, or one that two
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import ClassVar
 
 from shardload.prepare.sources.arrays import load_npy_file
-from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, register
+from shardload.prepare.sources.base import OneSamplePerFileReader, Sample, SourceOptions, register
 
 
 @register
-class NpySource(SourceReader):
+class NpySource(OneSamplePerFileReader):
     kind: ClassVar[str] = "npy"
     suffixes: ClassVar[tuple[str, ...]] = (".npy",)
-    one_sample_per_file: ClassVar[bool] = True
 
     @classmethod
-    def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
-        for path in unit.files():
-            yield path, {options.field: load_npy_file(path, path, allow_pickle=options.allow_pickle)}
+    def load(cls, path: str, options: SourceOptions) -> Sample:
+        return {options.field: load_npy_file(path, path, allow_pickle=options.allow_pickle)}

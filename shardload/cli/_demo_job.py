@@ -1,17 +1,22 @@
-"""The main job: synthetic data -> prepare -> inspect/verify -> plan -> DDP training with exact validation.
+"""The job behind ``shardload demo``: synthetic data -> prepare -> inspect/verify -> plan -> DDP training.
 
-``shardload demo`` runs it with defaults that finish in a couple of minutes on
-two CPU cores. Everything it writes goes to a cache directory.
+Where it sits: private to the ``demo`` command (:mod:`shardload.cli.demo`
+parses the options into a :class:`~shardload.cli.demo.DemoConfig` and calls
+:func:`run_demo`), and outside the library's import graph, since it loads
+torch and Lightning and defines a LightningModule of its own. It runs with
+defaults that finish in a couple of minutes on two CPU cores; everything it
+writes goes to the config's work directory. It leaves the process's warning
+filters and Lightning's log level as it found them.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import warnings
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,24 +25,9 @@ import numpy as np
 import torch
 
 import shardload
+from shardload.cli.demo import DemoConfig
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.testing import long_tailed_lengths
-
-log = logging.getLogger("shardload.demo")
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    """Sizes of the demo; the defaults take a couple of minutes on 2 CPU cores."""
-
-    workdir: Path
-    train_samples: int = 20_000
-    val_samples: int = 2_001  # deliberately not divisible by the world size
-    devices: int = 2
-    max_tokens: int = 8192
-    channels: int = 16
-    workers: int = 2
-    seed: int = 0
 
 
 # -- data -----------------------------------------------------------------------------------------
@@ -231,25 +221,23 @@ def run_demo(cfg: DemoConfig, *, progress: bool | None = None, out: Any = print)
 
 def train_ddp(cfg: DemoConfig, train: Path, val: Path) -> dict[str, Any]:
     """One epoch of Lightning DDP (spawned processes, gloo on CPU) with validation."""
-    warnings.filterwarnings("ignore", ".*does not have many workers.*")
-    warnings.filterwarnings("ignore", ".*isinstance\\(treespec, LeafSpec\\).*")
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     torch.manual_seed(cfg.seed)
     model = DemoModel(cfg.channels)
     dm = shardload.ShardDataModule(train=train, val=val, max_tokens=cfg.max_tokens, num_workers=1, seed=cfg.seed)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=cfg.devices,
-        strategy="ddp_spawn" if cfg.devices > 1 else "auto",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    t0 = time.perf_counter()
-    trainer.fit(model, datamodule=dm)
-    seconds = time.perf_counter() - t0
+    with _quiet_lightning():
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=cfg.devices,
+            strategy="ddp_spawn" if cfg.devices > 1 else "auto",
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        t0 = time.perf_counter()
+        trainer.fit(model, datamodule=dm)
+        seconds = time.perf_counter() - t0
     m = {k: float(v) for k, v in trainer.callback_metrics.items()}
     val_loss = m["val_loss_sum"] / max(m["val_count"], 1.0)
     exact, count = exact_val_loss(model, val, cfg.max_tokens)
@@ -265,6 +253,22 @@ def train_ddp(cfg: DemoConfig, train: Path, val: Path) -> dict[str, Any]:
     }
 
 
-def default_workdir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "shardload" / "demo"
+@contextmanager
+def _quiet_lightning() -> Iterator[None]:
+    """Lightning's advice that does not apply to the demo, silenced while it trains and restored after.
+
+    The demo uses one loader worker on purpose, so "does not have many workers"
+    is noise; so are Lightning's INFO lines. Scoped, so that a program that
+    calls ``shardload.cli.main(["demo"])`` keeps its own warning filters and
+    log levels.
+    """
+    logger = logging.getLogger("lightning.pytorch")
+    old_level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", ".*does not have many workers.*")
+            warnings.filterwarnings("ignore", ".*isinstance\\(treespec, LeafSpec\\).*")
+            yield
+    finally:
+        logger.setLevel(old_level)

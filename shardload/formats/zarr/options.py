@@ -1,0 +1,68 @@
+"""The options of Zarr shards, their defaults and their checks: the one place that holds them.
+
+``prepare`` takes them as ``shard_format=ZarrOptions(...)`` (``"zarr"`` alone
+means these defaults) and gives the instance to
+:class:`~shardload.formats.zarr.writer.ZarrShardWriter`; the manifest's
+``options`` record :meth:`ZarrOptions.to_json`, with every default resolved,
+which the reader bounds its chunks by.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardload.errors import InputError
+from shardload.formats.base import FormatOptions
+from shardload.formats.zarr.codecs import require_zarr
+
+#: compression names accepted by ``--compression`` / ``ZarrOptions.compression``
+COMPRESSIONS = ("zstd", "blosc-lz4", "none")
+#: default level per compression (zstd's own default; blosc's usual middle ground)
+DEFAULT_LEVELS = {"zstd": 3, "blosc-lz4": 5}
+#: accepted levels per compression, inclusive
+LEVEL_RANGES = {"zstd": (1, 22), "blosc-lz4": (0, 9)}
+#: default uncompressed bytes per chunk of a ``values`` array (see docs/format.md for the trade-off)
+DEFAULT_CHUNK_SIZE = 64 << 10
+
+
+@dataclass(frozen=True)
+class ZarrOptions(FormatOptions):
+    """How Zarr shards are compressed and chunked (``shard_format=ZarrOptions(...)``).
+
+    Making one checks that zarr is installed (``pip install shardload[zarr]``)
+    and that the values are in range.
+
+    Attributes:
+        compression: ``"zstd"`` (default), ``"blosc-lz4"`` or ``"none"``.
+        compression_level: zstd 1-22 (default 3), blosc-lz4 0-9 (default 5);
+            ``None`` means the compression's default (and is the only level of ``"none"``).
+        chunk_size: uncompressed bytes per chunk of a field's values (default
+            64 KiB): the unit that is decompressed to read a sample.
+
+    Raises:
+        InputError: a value out of range.
+        MissingDependencyError: zarr (version 3 or newer) is not installed.
+
+    Examples:
+        >>> shardload.write(samples, "out/", shard_format=shardload.ZarrOptions(compression="zstd"))  # doctest: +SKIP
+    """
+
+    compression: str = "zstd"
+    compression_level: int | None = None
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+
+    def __post_init__(self) -> None:
+        require_zarr()
+        compression, level, chunk_size = self.compression, self.compression_level, self.chunk_size
+        if compression not in COMPRESSIONS:
+            raise InputError(f"compression must be one of {', '.join(COMPRESSIONS)}; got {compression!r}")
+        if level is not None:
+            if compression == "none":
+                raise InputError("a compression level needs a compression (zstd or blosc-lz4), not 'none'")
+            lo, hi = LEVEL_RANGES[compression]
+            if isinstance(level, bool) or not isinstance(level, int) or not lo <= level <= hi:
+                raise InputError(f"{compression} compression level must be an integer in [{lo}, {hi}], got {level!r}")
+        elif compression != "none":
+            object.__setattr__(self, "compression_level", DEFAULT_LEVELS[compression])
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+            raise InputError(f"chunk size must be a positive number of bytes, got {chunk_size!r}")

@@ -1,0 +1,132 @@
+"""The jobs the prepare pipeline sends to its worker processes, and the records they send back.
+
+:mod:`shardload.prepare.pipeline` makes one :class:`IngestJob` per source unit
+(step 1, staging) and one :class:`ShardJob` per shard (step 3, writing); the
+process pool of :mod:`shardload.prepare.workers` pickles them to a worker,
+which returns a :class:`StagedUnit` or a :class:`ShardRecord`. The records
+are also what a finished step leaves on disk (``staging/<unit>.done``,
+``done/<shard>.json``, as JSON), which is how ``--resume`` skips it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.formats import FormatOptions
+from shardload.prepare.options import PrepareOptions
+from shardload.prepare.sources import SourceOptions, SourceUnit
+from shardload.schema import Schema
+
+
+@dataclass(frozen=True)
+class IngestJob:
+    """Stage source unit ``key`` (step 1): read it, check every sample, write Arrow chunks.
+
+    Attributes:
+        key: the name of the unit's staged files (``u00000003``).
+        unit: the files to read.
+        source_options: how to read them.
+        schema: the schema every sample is checked against.
+        options: the run's options (casts, NaN check, staged chunk size).
+        staging: the staging directory.
+    """
+
+    key: str
+    unit: SourceUnit
+    source_options: SourceOptions
+    schema: Schema
+    options: PrepareOptions
+    staging: Path
+
+
+@dataclass(frozen=True)
+class StagedUnit:
+    """A staged source unit: its chunks in order, how many samples and payload bytes they hold.
+
+    Recorded as ``staging/<unit>.done`` (JSON) once the unit is complete.
+    """
+
+    unit: str
+    chunks: tuple[str, ...]
+    samples: int
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as written to the ``.done`` file."""
+        return {**asdict(self), "chunks": list(self.chunks)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> StagedUnit:
+        """The record read back from a ``.done`` file."""
+        return cls(obj["unit"], tuple(obj["chunks"]), int(obj["samples"]), int(obj["bytes"]))
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """Write shard ``index`` (step 3) from the staged samples at ``positions``.
+
+    Attributes:
+        index: the shard's number.
+        positions: ``(n,)`` source positions of its samples, in shard order.
+        tokens: the sum of their batching lengths.
+        staged_paths: every staged chunk, in source order.
+        chunk_starts: ``(num_chunks + 1,)`` first source position of each chunk.
+        schema: the set's schema.
+        shard_format: the format's options (the writer is the format's).
+        work: the run's work directory (``OUT/.prepare``).
+        set_id: the set's id, written into the shard's identity ("" for none).
+        first_sample: the global id of its first sample.
+    """
+
+    index: int
+    positions: NDArray[np.int64]
+    tokens: int
+    staged_paths: tuple[Path, ...]
+    chunk_starts: NDArray[np.int64]
+    schema: Schema
+    shard_format: FormatOptions
+    work: Path
+    set_id: str
+    first_sample: int
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """A written shard, as the manifest lists it; recorded as ``done/<shard>.json`` once it is in place.
+
+    Attributes:
+        file: its path inside the set (``shards/shard-000000.arrow``).
+        samples: how many samples it holds.
+        bytes: its size.
+        checksum: ``sha256:...`` of its bytes.
+        tokens: the sum of its samples' batching lengths.
+        set_id: the id of the set it was written for ("" for a shard of an older shardload).
+    """
+
+    file: str
+    samples: int
+    bytes: int
+    checksum: str
+    tokens: int
+    set_id: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as written to the ``done`` file."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ShardRecord:
+        """The record read back from a ``done`` file."""
+        return cls(
+            obj["file"],
+            int(obj["samples"]),
+            int(obj["bytes"]),
+            obj["checksum"],
+            int(obj["tokens"]),
+            obj.get("set_id", ""),
+        )
