@@ -40,15 +40,16 @@ from shardload.errors import InputError, OutputError
 from shardload.formats import Columns, get_format
 from shardload.formats.arrow import ArrowShardReader, ArrowShardWriter
 from shardload.identity import ShardIdentity, set_id_of
-from shardload.manifest import LENGTHS_NAME, Manifest, ShardInfo, atomic_write_text, file_checksum
+from shardload.manifest import LENGTHS_NAME, Manifest, ShardInfo, file_checksum
+from shardload.output import atomic_file, atomic_write_text
 from shardload.prepare import guards
 from shardload.prepare.faults import crash_point
 from shardload.prepare.gather import gather
 from shardload.prepare.options import PrepareOptions
-from shardload.prepare.progress import Progress
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
 from shardload.prepare.workdir import WorkDir, output_errors
 from shardload.prepare.workers import map_in_workers
+from shardload.progress import Progress
 from shardload.schema import Schema, as_array
 
 logger = logging.getLogger("shardload.prepare")
@@ -170,10 +171,11 @@ def ingest(
     def flush() -> None:
         nonlocal pending, pending_bytes, pending_values
         path = staging / chunk_name(unit_key, len(chunks))
-        tmp = path.with_suffix(".tmp")
-        with output_errors(staging.parents[1], f"staging the samples of {source}", partial=tmp):
+        with (
+            output_errors(staging.parents[1], f"staging the samples of {source}"),
+            atomic_file(path, tmp=path.with_suffix(".tmp")) as tmp,
+        ):
             writer.write(tmp, Columns.from_samples(schema, pending))
-            os.replace(tmp, path)
         chunks.append(path.name)
         crash_point(f"staged:{len(chunks)}")
         pending, pending_bytes, pending_values = [], 0, 0
@@ -286,21 +288,18 @@ def write_shard(
     writer_cls, _ = get_format(shard_format)
     name = shard_file(k, writer_cls.suffix)
     final = work_dir / "shards" / name
-    tmp = final.with_name(final.name + ".tmp")
     cols = gather(schema, positions, [Path(p) for p in staged_paths], chunk_starts)
     identity = ShardIdentity(set_id, k, first_sample, len(positions)) if set_id else None
-    writer_cls(schema, **dict(writer_options or {})).write(tmp, cols, identity=identity)
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    record = {
-        "file": f"shards/{name}",
-        "samples": len(positions),
-        "bytes": tmp.stat().st_size,
-        "checksum": file_checksum(tmp),
-        "tokens": int(tokens),
-        "set_id": set_id,
-    }
-    os.replace(tmp, final)
+    with atomic_file(final, tmp=final.with_name(final.name + ".tmp")) as tmp:
+        writer_cls(schema, **dict(writer_options or {})).write(tmp, cols, identity=identity)
+        record = {
+            "file": f"shards/{name}",
+            "samples": len(positions),
+            "bytes": tmp.stat().st_size,
+            "checksum": file_checksum(tmp),
+            "tokens": int(tokens),
+            "set_id": set_id,
+        }
     crash_point(f"shard:{k}")
     atomic_write_text(done, json.dumps(record))
     return record
@@ -478,12 +477,8 @@ def _write_index(wd: WorkDir, staged: Staged, schema: Schema, order: NDArray[np.
 
 
 def _save_npy(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
+    with atomic_file(path, tmp=path.with_name(path.name + ".tmp")) as tmp, open(tmp, "wb") as fh:
         np.save(fh, arr, allow_pickle=False)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def length_stats(lengths: NDArray[np.integer]) -> dict[str, Any]:
