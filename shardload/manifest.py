@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
@@ -49,14 +49,7 @@ class ShardInfo:
     tokens: int
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "file": self.file,
-            "samples": self.samples,
-            "bytes": self.bytes,
-            "checksum": self.checksum,
-            "first_sample": self.first_sample,
-            "tokens": self.tokens,
-        }
+        return asdict(self)  # the manifest's keys, in field order
 
 
 @dataclass(frozen=True)

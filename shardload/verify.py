@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,7 @@ class Problem:
         return f"{where}: {self.reason}: {self.detail}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"shard": self.shard, "file": self.file, "reason": self.reason, "detail": self.detail}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
