@@ -13,13 +13,14 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 from shardload.errors import ManifestError, ShardSetError
 from shardload.identity import SET_ID_CHARS, is_set_id
 from shardload.messages import one_line
+from shardload.output import atomic_write_text
 from shardload.schema import Schema, schema_problems
 from shardload.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES, env_limit, read_small, tagged
 
@@ -48,14 +49,7 @@ class ShardInfo:
     tokens: int
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "file": self.file,
-            "samples": self.samples,
-            "bytes": self.bytes,
-            "checksum": self.checksum,
-            "first_sample": self.first_sample,
-            "tokens": self.tokens,
-        }
+        return asdict(self)  # the manifest's keys, in field order
 
 
 @dataclass(frozen=True)
@@ -322,31 +316,6 @@ def resolve_inside(root: Path, relative: str, *, what: str) -> Path:
             "outside_set",
         )
     return path
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename inside ``directory`` durable."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def file_checksum(file: Path | BinaryIO, chunk: int = 8 << 20) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import InputError
+from shardload.messages import one_line
 
 #: dtypes a field may have; anything else (object, strings, complex) is refused.
 SUPPORTED_DTYPES = (
@@ -303,7 +304,7 @@ def _tensor_to_numpy(value: Any, name: str, where: str) -> np.ndarray:
     except Exception as exc:  # noqa: BLE001  (bfloat16, sparse, meta tensors ... raise TypeError or RuntimeError)
         raise InputError(
             f"{where}: field {name!r} is a torch tensor ({value.dtype}, {value.layout}, on {value.device}) that "
-            f"numpy cannot hold ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc!r}); "
+            f"numpy cannot hold ({one_line(exc)}); "
             "convert it first, e.g. tensor.to_dense().float()"
         ) from None
     return np.asarray(arr)

@@ -10,22 +10,21 @@ checks the format's bounds: uncompressed Arrow, Zarr sizes within the manifest's
 that its own identity record names this set and this position, its sample count, that its data decodes (every Zarr chunk, one at a time), and
 that the lengths recomputed from its offsets equal its slice
 of the lengths index (and of each per-field index). Damage is *reported*, never
-raised, so one run lists everything that is wrong::
+raised, so one run lists everything that is wrong:
 
-    report = shardload.verify.verify("out/")
-    for p in report.problems:
-        print(p)   # shard 3 (shards/shard-000003.arrow): checksum_mismatch: ...
+>>> from shardload.verify import verify
+>>> report = verify("out/")                # doctest: +SKIP
+>>> for p in report.problems:              # doctest: +SKIP
+...     print(p)
+shard 3 (shards/shard-000003.arrow): checksum_mismatch: ...
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +36,12 @@ from shardload.formats import Columns, get_format
 from shardload.identity import ShardIdentity, identity_problem
 from shardload.manifest import Manifest, ShardInfo, file_checksum, resolve_inside
 from shardload.messages import one_line
+from shardload.prepare.workers import map_in_workers
+from shardload.progress import Progress
 from shardload.schema import Schema
 from shardload.setfiles import check_index_values, check_path_encoding, open_index, open_regular, reason_of
 
 __all__ = ["REASONS", "Problem", "VerifyReport", "verify"]
-
-logger = logging.getLogger("shardload.verify")
 
 #: reason codes of a :class:`Problem`, from the most to the least fundamental
 REASONS = (
@@ -80,7 +79,7 @@ class Problem:
         return f"{where}: {self.reason}: {self.detail}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"shard": self.shard, "file": self.file, "reason": self.reason, "detail": self.detail}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -142,8 +141,9 @@ def verify(path: str | os.PathLike[str], *, workers: int = 1, progress: bool | N
         ManifestError: the manifest is missing, unreadable or inconsistent, so
             there is nothing to verify against.
 
-    >>> report = verify("out/")            # doctest: +SKIP
-    >>> report.ok, [str(p) for p in report.problems]  # doctest: +SKIP
+    >>> report = verify("out/")                         # doctest: +SKIP
+    >>> report.ok, [str(p) for p in report.problems]    # doctest: +SKIP
+    (True, [])
     """
     root = Path(path)
     manifest = Manifest.load(root)  # ManifestError propagates: nothing to check against
@@ -166,12 +166,13 @@ def verify(path: str | os.PathLike[str], *, workers: int = 1, progress: bool | N
     checker = _ShardChecker(root, manifest, indexes)
     problems: list[Problem] = []
     nbytes = 0
-    bar = _Progress(total_bytes=sum(s.bytes for s in manifest.shards), enabled=progress)
+    bar = Progress("verify", total=sum(s.bytes for s in manifest.shards), unit="bytes", enabled=progress, every=10.0)
     try:
-        for k, (found, read) in enumerate(_map(checker, range(len(manifest.shards)), workers)):
+        for k, (found, read) in enumerate(map_in_workers(checker, range(len(manifest.shards)), workers, threads=True)):
             problems.extend(found)
             nbytes += read
-            bar.update(manifest.shards[k].bytes)  # progress through the set, read or not
+            info = manifest.shards[k]
+            bar.update(info.samples, info.bytes)  # progress through the set, read or not
     finally:
         bar.close()
     problems.extend(index_problems)
@@ -329,41 +330,3 @@ class _ShardChecker:
                     )
         finally:
             reader.close()
-
-
-class _Progress:
-    """Bytes checked: a tqdm bar on a terminal, else a log line every ``every`` seconds."""
-
-    def __init__(self, *, total_bytes: int, enabled: bool | None, every: float = 10.0) -> None:
-        self.total, self.done, self.every = total_bytes, 0, every
-        self.start = self.last = time.perf_counter()
-        self.bar: Any = None
-        if enabled if enabled is not None else sys.stderr.isatty():
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total_bytes, desc="verify", unit="B", unit_scale=True, dynamic_ncols=True)
-
-    def update(self, nbytes: int) -> None:
-        self.done += nbytes
-        if self.bar is not None:
-            self.bar.update(nbytes)
-        elif time.perf_counter() - self.last >= self.every:
-            self.last = time.perf_counter()
-            rate = self.done / max(self.last - self.start, 1e-9) / 1e6
-            logger.info("verify: %.0f of %.0f MB checked, %.0f MB/s", self.done / 1e6, self.total / 1e6, rate)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-
-def _map(
-    fn: Callable[[int], tuple[list[Problem], int]], items: Sequence[int] | range, workers: int
-) -> Iterator[tuple[list[Problem], int]]:
-    """Results in shard order; threads when ``workers > 1``."""
-    if workers <= 1 or len(items) <= 1:
-        yield from map(fn, items)
-        return
-    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
-        yield from pool.map(fn, items)

@@ -180,11 +180,24 @@ def test_member_header_is_a_valid_tar_header(name: str, size: int) -> None:
     )
 
 
-def test_field_names_that_webdataset_would_change_are_refused(tmp_path: Path) -> None:
+def test_field_names_that_webdataset_would_change_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     samples = [{"inputIds": np.arange(3, dtype=np.int32)}]
     shardload.write(samples, tmp_path / "set", num_shards=1)
-    with pytest.raises(shardload.OutputError, match="'inputIds'.*lower case"):
+    # a property of the set being exported (its input), not of the destination
+    with pytest.raises(shardload.InputError, match="'inputIds'.*lower case"):
         to_webdataset(tmp_path / "set", tmp_path / "wds", progress=False)
+    assert not (tmp_path / "wds").exists()
+    code, _, err = cli(capsys, "export", tmp_path / "set", "--to", "webdataset", tmp_path / "wds")
+    assert code == Exit.INPUT and "'inputIds'" in err, err
+    assert not (tmp_path / "wds").exists()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_samples_per_tar_that_is_not_a_positive_integer_is_refused(shard_set: Path, tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(shardload.InputError, match=r"samples_per_tar must be a positive integer.*None for one tar"):
+        to_webdataset(shard_set, tmp_path / "wds", samples_per_tar=bad, progress=False)
     assert not (tmp_path / "wds").exists()
 
 
@@ -267,6 +280,37 @@ def test_a_running_export_locks_the_destination(shard_set: Path, tmp_path: Path)
         with pytest.raises(shardload.OutputLockedError, match="another export"):
             to_webdataset(shard_set, dest, progress=False)
     assert not any(dest.glob("*.tar*"))
+
+
+@pytest.mark.slow
+def test_a_forked_child_does_not_keep_the_export_lock(shard_set: Path, tmp_path: Path) -> None:
+    # A child forked while an export holds DEST (by a user's code, say) lets go of the lock:
+    # once the export's process is gone, the next export is not refused.
+    dest = tmp_path / "wds"
+    script = f"""
+import os, signal
+from pathlib import Path
+from shardload.export.webdataset import _DestLock
+with _DestLock(Path({str(dest)!r}), overwrite=False):
+    if os.fork() == 0:
+        import time
+        time.sleep(60)
+        os._exit(0)
+    print("forked", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"forked"
+        assert proc.wait(timeout=30) < 0
+        assert (dest / ".export.lock").exists()  # left by the killed export, still open in the child
+        assert to_webdataset(shard_set, dest, progress=False).samples == N  # not OutputLockedError
+    finally:
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
 
 
 # -- command line ------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ class Exit(IntEnum):
     OK = 0
     PROBLEMS = 1  # verify found problems
     USAGE = 2  # bad command line (argparse's own code), or a missing optional dependency
-    INPUT = 3  # InputError: the input to prepare is malformed
+    INPUT = 3  # InputError: the input to prepare is malformed, or a set cannot be exported as asked
     OUTPUT = 4  # OutputError: cannot write the output where asked (and other OSErrors)
     SHARD_SET = 5  # ShardSetError: the shard set is missing or unusable
     PLAN = 6  # PlanError: batching options are invalid
@@ -32,7 +32,8 @@ exit status:
   0   ok
   1   verify found problems in the shard set
   2   usage error (bad options), or a missing optional dependency
-  3   bad input (the sources given to prepare are malformed)
+  3   bad input (the sources given to prepare are malformed, or a set cannot be
+      exported as asked: a field name WebDataset would change)
   4   output problem (the output exists, is locked, or cannot be written; a prepare
       worker died), or another operating-system error (disk full, permission denied)
   5   shard set unusable (missing, not a shard set, damaged manifest or shard)

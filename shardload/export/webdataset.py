@@ -32,14 +32,15 @@ Safety: every tar is written under a hidden temporary name
 (``.shard-000000.tar.new``) and renamed into place only once all of them are
 complete; the index file goes last, so an interrupted export never looks
 complete. ``DEST/.export.lock`` keeps two exports out of one directory
-while they run (it is removed when the export ends). A non-empty ``DEST`` is refused unless ``overwrite``, and even then
+while they run (it is removed when the export ends, and no child process
+keeps it). A non-empty ``DEST`` is refused unless ``overwrite``, and even then
 only if it holds nothing but an earlier export; the earlier export stays
-intact until the new one is written.
+intact until the new one is written. The lock and the index-last commit are
+the rules of :mod:`shardload.output`, shared with ``prepare``.
 """
 
 from __future__ import annotations
 
-import fcntl
 import io
 import itertools
 import json
@@ -50,15 +51,16 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 
-from shardload.errors import OutputError, OutputExistsError, OutputLockedError
-from shardload.manifest import atomic_write_text, file_checksum, fsync_dir
+from shardload.errors import InputError, OutputError, OutputExistsError, OutputLockedError
+from shardload.manifest import file_checksum
+from shardload.output import OutputLock, fsync_file, publish_index, withdraw_index
 from shardload.plan.ranges import offsets_from_lengths
-from shardload.prepare.progress import Progress
 from shardload.prepare.sources.webdataset import split_member_name
+from shardload.progress import Progress
 from shardload.schema import Schema
 from shardload.shardset import ShardSet, open_shard_set
 
@@ -153,14 +155,22 @@ def to_webdataset(
         OutputExistsError: ``dest`` is not empty (and not ``overwrite``), or
             holds files that are not an export.
         OutputLockedError: another export is writing into ``dest``.
-        OutputError: a field name would not survive WebDataset's member naming,
-            or ``dest`` cannot be written.
+        InputError: ``samples_per_tar`` is not a positive integer, or a field
+            name of the set would not survive WebDataset's member naming.
+        OutputError: ``dest`` cannot be written.
 
+    >>> from shardload.export import to_webdataset
     >>> result = to_webdataset("out/", "wds/", samples_per_tar=10_000)  # doctest: +SKIP
-    >>> webdataset.WebDataset(result.pattern).decode()                   # doctest: +SKIP
+    >>> import webdataset                                                # doctest: +SKIP
+    >>> dataset = webdataset.WebDataset(result.pattern).decode()         # doctest: +SKIP
     """
-    if samples_per_tar is not None and samples_per_tar < 1:
-        raise ValueError(f"samples_per_tar must be at least 1, got {samples_per_tar}")
+    if samples_per_tar is not None and (
+        isinstance(samples_per_tar, bool) or not isinstance(samples_per_tar, int) or samples_per_tar < 1
+    ):
+        raise InputError(
+            f"samples_per_tar must be a positive integer (the samples in each tar), got {samples_per_tar!r}; "
+            "pass at least 1, or None for one tar per shard of the set"
+        )
     started = time.perf_counter()
     ds = open_shard_set(set_path)
     check_field_names(ds.schema, where=str(set_path))
@@ -211,12 +221,13 @@ def check_field_names(schema: Schema, *, where: str) -> None:
     ``/`` would change the key.
 
     Raises:
-        OutputError: naming the field and why.
+        InputError: naming the field and why (the set's field names are the
+            input of the export, not a problem of where it is written).
     """
     key = "0" * KEY_DIGITS
     for f in schema.fields:
         if split_member_name(f"{key}.{f.name}.npy") != (key, f.name, "npy", False):
-            raise OutputError(
+            raise InputError(
                 f"{where}: field {f.name!r} cannot be exported to WebDataset: member names are split at the "
                 "first dot and their suffix is lower-cased, so it would come back under another name. "
                 "Field names for WebDataset must be lower case, non-empty and without '/'; re-prepare the set "
@@ -346,8 +357,7 @@ def _write_tar(
         # end of archive: two zero blocks, then zeros up to a whole record (as tarfile does)
         offset += 2 * _BLOCK
         fh.write(b"\x00" * (2 * _BLOCK + (-offset % _RECORD)))
-        fh.flush()
-        os.fsync(fh.fileno())
+    fsync_file(path)
     bar.update(pending_samples, pending_bytes)
 
 
@@ -387,9 +397,12 @@ class _DestLock:
     def __init__(self, dest: Path, *, overwrite: bool) -> None:
         self.dest = dest
         self.overwrite = overwrite
-        self._lock: TextIO | None = None
+        self._lock = OutputLock(
+            dest / _LOCK,
+            busy=f"{dest}: another export is writing into this directory right now; wait for it or choose "
+            "another destination",
+        )
         self._old: list[Path] = []
-        self._held = False
 
     def __enter__(self) -> _DestLock:
         dest = self.dest
@@ -398,22 +411,15 @@ class _DestLock:
         self._check()  # before locking: a refused directory gets no lock file
         try:
             dest.mkdir(parents=True, exist_ok=True)
-            self._lock = open(dest / _LOCK, "a+")
+            self._lock.acquire()
+        except OutputLockedError:
+            raise
         except OSError as exc:
             raise OutputError(f"{dest}: cannot create the destination ({exc.strerror or exc})") from None
         try:
-            fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            self._held = True
-        except BlockingIOError:
-            self._release()
-            raise OutputLockedError(
-                f"{dest}: another export is writing into this directory right now; wait for it or choose "
-                "another destination"
-            ) from None
-        try:
             existing = self._check()  # again, now that no other export can change it
         except BaseException:
-            self._release()
+            self._lock.release()
             raise
         for p in existing:
             if _STAGED_RE.fullmatch(p.name):  # left by an interrupted export
@@ -439,16 +445,7 @@ class _DestLock:
         return existing
 
     def __exit__(self, *exc: object) -> None:
-        self._release()
-
-    def _release(self) -> None:
-        if self._lock is not None:
-            if self._held:  # leave only the export's own files (the lock goes while still held)
-                (self.dest / _LOCK).unlink(missing_ok=True)
-                self._held = False
-            fcntl.flock(self._lock.fileno(), fcntl.LOCK_UN)
-            self._lock.close()
-            self._lock = None
+        self._lock.release()  # leaves only the export's own files
 
     def commit(self, staged: Sequence[Path], names: Sequence[str], index: str) -> None:
         """Move the finished tars into place and write the index last.
@@ -456,16 +453,19 @@ class _DestLock:
         The old index goes first, so from then until the new index lands the
         directory does not claim to hold a complete export.
         """
-        (self.dest / INDEX_NAME).unlink(missing_ok=True)
-        fsync_dir(self.dest)
-        for tmp, name in zip(staged, names):
-            os.replace(tmp, self.dest / name)
-        keep = set(names)
-        for p in self._old:
-            if p.name not in keep and p.name != INDEX_NAME:
-                p.unlink(missing_ok=True)
-        fsync_dir(self.dest)
-        atomic_write_text(self.dest / INDEX_NAME, index)
+        staged_index = self.dest / f".{INDEX_NAME}.tmp-{os.getpid()}"
+        try:
+            staged_index.write_text(index, encoding="utf-8")
+            withdraw_index(self.dest / INDEX_NAME)
+            for tmp, name in zip(staged, names):
+                os.replace(tmp, self.dest / name)
+            keep = set(names)
+            for p in self._old:
+                if p.name not in keep and p.name != INDEX_NAME:
+                    p.unlink(missing_ok=True)
+            publish_index(staged_index, self.dest / INDEX_NAME)
+        finally:
+            staged_index.unlink(missing_ok=True)
 
 
 def _is_export_file(p: Path) -> bool:

@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 
 from shardload.errors import InputError, OutputError, ShardSetError
 from shardload.formats import Columns, ShardFormat
-from shardload.manifest import atomic_write_text
+from shardload.output import atomic_write_text
 from shardload.prepare.fingerprint import changed_input, fingerprint_units
 from shardload.prepare.layout import assign_samples, count_shards
 from shardload.prepare.options import PrepareOptions

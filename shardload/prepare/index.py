@@ -8,7 +8,6 @@ is written; :class:`~shardload.prepare.workdir.WorkDir` then commits the files
 from __future__ import annotations
 
 import datetime as _dt
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.manifest import LENGTHS_NAME, Manifest, ShardInfo
+from shardload.output import atomic_file
 from shardload.prepare.jobs import ShardRecord
 from shardload.prepare.options import PrepareOptions
 from shardload.schema import Schema
@@ -57,12 +57,8 @@ def write_index(
 
 
 def _save_npy(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
+    with atomic_file(path, tmp=path.with_name(path.name + ".tmp")) as tmp, open(tmp, "wb") as fh:
         np.save(fh, arr, allow_pickle=False)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def length_stats(lengths: NDArray[np.integer]) -> dict[str, Any]:

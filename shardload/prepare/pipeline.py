@@ -39,7 +39,8 @@ from shardload.errors import InputError, OutputError
 from shardload.formats import Columns, format_of
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
 from shardload.identity import ShardIdentity, set_id_of
-from shardload.manifest import Manifest, atomic_write_text, file_checksum
+from shardload.manifest import Manifest, file_checksum
+from shardload.output import atomic_file, atomic_write_text
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.prepare import guards
 from shardload.prepare.faults import crash_point
@@ -47,10 +48,10 @@ from shardload.prepare.gather import gather
 from shardload.prepare.index import new_manifest, write_index
 from shardload.prepare.jobs import IngestJob, ShardJob, ShardRecord, StagedUnit
 from shardload.prepare.options import PrepareOptions
-from shardload.prepare.progress import Progress
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
 from shardload.prepare.workdir import WorkDir, output_errors
 from shardload.prepare.workers import map_in_workers
+from shardload.progress import Progress
 from shardload.schema import Schema, as_array
 
 logger = logging.getLogger("shardload.prepare")
@@ -172,10 +173,11 @@ def ingest(
     def flush() -> None:
         nonlocal pending, pending_bytes, pending_values
         path = staging / chunk_name(unit_key, len(chunks))
-        tmp = path.with_suffix(".tmp")
-        with output_errors(staging.parents[1], f"staging the samples of {source}", partial=tmp):
+        with (
+            output_errors(staging.parents[1], f"staging the samples of {source}"),
+            atomic_file(path, tmp=path.with_suffix(".tmp")) as tmp,
+        ):
             writer.write(tmp, Columns.from_samples(schema, pending))
-            os.replace(tmp, path)
         chunks.append(path.name)
         crash_point(f"staged:{len(chunks)}")
         pending, pending_bytes, pending_values = [], 0, 0
@@ -274,21 +276,18 @@ def write_shard(job: ShardJob) -> ShardRecord:
     writer_cls = format_of(job.shard_format).writer
     name = shard_file(job.index, writer_cls.suffix)
     final = job.work / "shards" / name
-    tmp = final.with_name(final.name + ".tmp")
     cols = gather(job.schema, job.positions, list(job.staged_paths), job.chunk_starts)
     identity = ShardIdentity(job.set_id, job.index, job.first_sample, len(job.positions)) if job.set_id else None
-    writer_cls(job.schema, job.shard_format).write(tmp, cols, identity=identity)
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    record = ShardRecord(
-        file=f"shards/{name}",
-        samples=len(job.positions),
-        bytes=tmp.stat().st_size,
-        checksum=file_checksum(tmp),
-        tokens=job.tokens,
-        set_id=job.set_id,
-    )
-    os.replace(tmp, final)
+    with atomic_file(final, tmp=final.with_name(final.name + ".tmp")) as tmp:
+        writer_cls(job.schema, job.shard_format).write(tmp, cols, identity=identity)
+        record = ShardRecord(
+            file=f"shards/{name}",
+            samples=len(job.positions),
+            bytes=tmp.stat().st_size,
+            checksum=file_checksum(tmp),
+            tokens=job.tokens,
+            set_id=job.set_id,
+        )
     crash_point(f"shard:{job.index}")
     atomic_write_text(done, json.dumps(record.to_json()))
     return record

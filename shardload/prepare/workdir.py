@@ -2,8 +2,8 @@
 
 Layout while a run is in progress::
 
-    OUT/.prepare.lock        flock'd by the running prepare (freed by the kernel on kill -9; never
-                             inherited: forked children let go of it, exec'd ones never get it)
+    OUT/.prepare.lock        flock'd by the running prepare (an OutputLock: freed by the kernel on kill -9,
+                             never held by a child process)
     OUT/.prepare/state.json  options + units + schema, to check that --resume continues the same run
     OUT/.prepare/staging/    intermediate chunks, one group per source unit, each renamed when complete
     OUT/.prepare/shards/     finished shards, each renamed into place when complete
@@ -12,23 +12,25 @@ Layout while a run is in progress::
     OUT/.prepare/FAILED      the message of the bad input the run stopped on, if it did (after staging some)
 
 ``manifest.json`` is moved into ``OUT`` last, so a directory is a valid shard
-set exactly when it has one, and an interrupted run never looks complete.
+set exactly when it has one, and an interrupted run never looks complete (the
+lock, the atomic writes and the index-last commit are the rules of
+:mod:`shardload.output`, shared with ``export``).
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from shardload.errors import InputError, OutputError, OutputExistsError, OutputLockedError
-from shardload.manifest import MANIFEST_NAME, atomic_write_text, fsync_dir
+from shardload.manifest import MANIFEST_NAME
+from shardload.output import OutputLock, atomic_write_text, fsync_dir, publish_index, withdraw_index
 from shardload.prepare.faults import crash_point
 
 WORK = ".prepare"
@@ -42,34 +44,6 @@ OWNED = ("shards", "origin.npy")
 
 #: outputs whose set a run of this process committed (see WorkDir.committed)
 _COMMITTED: set[str] = set()
-
-#: fds of the output locks this process holds, let go of by forked children (below)
-_HELD_LOCKS: set[int] = set()
-
-
-def _drop_inherited_locks() -> None:
-    """In a forked child: let go of the parent's output locks.
-
-    An ``flock`` lives as long as any descriptor of its open file, and a forked
-    child (a pool worker, or any process a user's code forks) shares the
-    parent's: a child that outlived its parent would hold the lock for ever, and
-    every ``--resume`` would be refused. The descriptor is pointed at
-    ``/dev/null`` rather than closed, so its number is never reused while the
-    copied file object still names it.
-    """
-    if not _HELD_LOCKS:
-        return
-    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        for fd in _HELD_LOCKS:
-            os.dup2(devnull, fd, inheritable=False)
-    finally:
-        os.close(devnull)
-    _HELD_LOCKS.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_drop_inherited_locks)
 
 
 class WorkDir:
@@ -89,7 +63,7 @@ class WorkDir:
         self.resume = resume
         self.overwrite = overwrite
         self.work = self.out / WORK
-        self._lock: TextIO | None = None
+        self._lock = OutputLock(self.out / LOCK, busy=_busy_message(self.out))
         #: folders this run created for OUT, outermost first (removed again if the run leaves them empty)
         self._created: list[Path] = []
 
@@ -115,8 +89,8 @@ class WorkDir:
                 with output_errors(out, "checking the output directory", started=False):
                     self._check_existing(dry=True)
             except OutputExistsError:
-                if _locked_by_another(out / LOCK):  # what is there is a run in progress: say that instead
-                    raise _locked_error(out) from None
+                if OutputLock.held_by_another(out / LOCK):  # what is there is a run in progress: say that
+                    raise OutputLockedError(_busy_message(out)) from None
                 raise
         else:
             self._make_out()
@@ -132,7 +106,7 @@ class WorkDir:
     def __exit__(self, exc_type: object = None, exc: object = None, tb: object = None) -> None:
         limit = isinstance(exc, Exception) and "ulimit -n" not in str(exc) and fd_limit_reached(exc)
         try:
-            if isinstance(exc, InputError) and not limit and self._lock is not None:
+            if isinstance(exc, InputError) and not limit and self._lock.held:
                 self._record_failure(exc)
         finally:
             # A failed run keeps its work dir, even one with nothing staged (the next run removes that one):
@@ -144,20 +118,16 @@ class WorkDir:
 
     def _leave(self, clean: bool = True) -> None:
         """Let go of the lock; with ``clean``, remove what a run that leaves nothing to resume created."""
-        if self._lock is None:
+        if not self._lock.held:
             return
         try:
             if clean and self.work.exists() and not _holds_work(self.work):
                 shutil.rmtree(self.work, ignore_errors=True)
-            if not self.work.exists():  # nothing to resume: the lock file would only be litter
-                (self.out / LOCK).unlink(missing_ok=True)
         except OSError:
-            pass  # best effort: a leftover lock file or empty work dir never blocks a later run
+            pass  # best effort: an empty work dir never blocks a later run
         finally:
-            _HELD_LOCKS.discard(self._lock.fileno())
-            fcntl.flock(self._lock.fileno(), fcntl.LOCK_UN)
-            self._lock.close()
-            self._lock = None
+            # With nothing to resume, the lock file would only be litter.
+            self._lock.release(remove=not self.work.exists())
         for d in reversed(self._created):
             try:
                 d.rmdir()  # only if empty: whatever the run left in it stays
@@ -178,36 +148,15 @@ class WorkDir:
         self._created = list(reversed(missing))
 
     def _take_lock(self) -> None:
-        """flock ``OUT/.prepare.lock``; the file is created if needed and removed when a run leaves no work.
-
-        Since the file may be removed by the run that held it, the lock is only
-        taken once the locked file is the one at that path (otherwise two runs
-        could each lock a file of their own).
-        """
-        path = self.out / LOCK
-        while True:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError as exc:
-                raise OutputError(
-                    f"{self.out}: cannot write into the output directory ({exc.strerror or exc}). {_create_hint(exc)}"
-                ) from None
-            lock = os.fdopen(fd, "r+")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                lock.close()
-                raise _locked_error(self.out) from None
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(path))
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            lock.close()  # the run that held it removed the file meanwhile: lock the new one
-        self._lock = lock
-        # Opened non-inheritable (O_CLOEXEC): exec'd children never get the lock; forked ones let go of it.
-        _HELD_LOCKS.add(fd)
+        """Lock ``OUT/.prepare.lock`` (see :class:`~shardload.output.OutputLock`)."""
+        try:
+            self._lock.acquire()
+        except OutputLockedError:
+            raise
+        except OSError as exc:
+            raise OutputError(
+                f"{self.out}: cannot write into the output directory ({exc.strerror or exc}). {_create_hint(exc)}"
+            ) from None
 
     @staticmethod
     def committed(out: str | os.PathLike[str]) -> bool:
@@ -304,8 +253,7 @@ class WorkDir:
         marker = self.work / "COMMIT"
         if not marker.exists():
             # The old set stops being valid before any of its parts is removed.
-            (self.out / MANIFEST_NAME).unlink(missing_ok=True)
-            fsync_dir(self.out)
+            withdraw_index(self.out / MANIFEST_NAME)
             crash_point("commit:old-invalidated")
             for name in OWNED:
                 _remove(self.out / name)
@@ -324,10 +272,8 @@ class WorkDir:
                 os.replace(src, self.out / name)
         manifest = self.work / MANIFEST_NAME
         if manifest.exists():
-            fsync_dir(self.out)
             crash_point("commit:before-manifest")
-            os.replace(manifest, self.out / MANIFEST_NAME)
-            fsync_dir(self.out)
+            publish_index(manifest, self.out / MANIFEST_NAME)
             crash_point("commit:manifest-moved")
         # From here the set is complete and the work dir goes: a run stopped now has nothing left to resume.
         # It is renamed first (atomic), so that a stop during its removal leaves no half work dir that a
@@ -372,28 +318,11 @@ def _check_output_path(out: Path) -> None:
         raise OutputError(f"{out} exists and is not a directory; choose another output path")
 
 
-def _locked_error(out: Path) -> OutputLockedError:
-    return OutputLockedError(
+def _busy_message(out: Path) -> str:
+    return (
         f"{out}: another prepare is writing into this directory right now; wait for it to finish or choose "
         "another output"
     )
-
-
-def _locked_by_another(lock: Path) -> bool:
-    """Whether another run holds the lock file ``lock`` (looked at without creating it)."""
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False  # no locking here (some network file systems): the check under the lock decides
-    finally:
-        os.close(fd)  # also lets go of the lock, if it was taken
-    return False
 
 
 def interrupted_hint(work: Path) -> str:

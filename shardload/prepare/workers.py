@@ -1,6 +1,11 @@
-"""The worker processes of ``prepare``: they die with their parent, and their death is an error.
+"""Ordered parallel maps, and the worker processes of ``prepare``: they die with their parent.
 
-Three rules keep a killed prepare resumable:
+:func:`map_in_workers` is the one ordered parallel map of the library: results
+in input order, in-process for one worker, else from a pool of processes
+(``prepare``: staging sources, writing shards) or of threads (``verify``,
+whose hashing and page-ins release the GIL).
+
+For worker processes, three rules keep a killed prepare resumable:
 
 * **Workers die with the parent.** Whatever kills the main process (SIGKILL,
   SIGTERM, the out-of-memory killer, an orchestrator), its workers follow:
@@ -8,7 +13,7 @@ Three rules keep a killed prepare resumable:
   everywhere (the portable fallback). A worker left behind would keep running
   or wait for work for ever, holding the output open.
 * **The output lock is never kept by a worker**: forked children let go of it
-  (see :mod:`shardload.prepare.workdir`), so it lives exactly as long as the
+  (see :mod:`shardload.output`), so it lives exactly as long as the
   main process.
 * **A worker that dies is an error that says so**, with its signal (SIGKILL is
   what the out-of-memory killer sends) and what to do; and when the main
@@ -26,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -42,27 +47,39 @@ WATCHDOG_INTERVAL = 0.5
 #: how long stopped workers get to exit on SIGTERM before SIGKILL
 STOP_GRACE = 5.0
 
-Job = TypeVar("Job")
-Result = TypeVar("Result")
+_Job = TypeVar("_Job")
+_Result = TypeVar("_Result")
 
 
 def map_in_workers(
-    fn: Callable[[Job], Result], jobs: Sequence[Job], workers: int, *, out: Path, what: str
-) -> Iterator[Result]:
-    """``fn`` over ``jobs``, results in job order: in-process for one worker, else in a process pool.
+    fn: Callable[[_Job], _Result],
+    jobs: Sequence[_Job],
+    workers: int,
+    *,
+    threads: bool = False,
+    out: Path | None = None,
+    what: str = "",
+) -> Iterator[_Result]:
+    """``fn`` over ``jobs``, results in job order: in-process for one worker, else in a pool.
 
     Args:
-        fn: a module-level function (it is pickled by name).
-        jobs: its arguments, one per call (picklable: frozen dataclasses).
-        workers: the most processes to run at once.
-        out: the output directory (named in errors).
-        what: the step, for errors (``"staging the samples"``).
+        fn: for processes, a module-level function (it is pickled by name).
+        jobs: its arguments, one per call (for processes, picklable: frozen dataclasses).
+        workers: the most processes (or threads) to run at once.
+        threads: a pool of threads instead of processes (for work that
+            releases the GIL, on objects that cannot be pickled).
+        out: the output directory (named in errors about a dead worker process).
+        what: the step, for those errors (``"staging the samples"``).
 
     Raises:
         OutputError: a worker process died (killed by a signal, or exited).
     """
     if workers <= 1 or len(jobs) <= 1:
         yield from map(fn, jobs)
+        return
+    if threads:
+        with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as threadpool:
+            yield from threadpool.map(fn, jobs)
         return
     ctx = multiprocessing.get_context()
     # A forkserver's children are the server's, not ours: they can only watch it (it exits with us).
@@ -86,7 +103,7 @@ def map_in_workers(
             stop_workers(pool, procs)
 
 
-def worker_died(procs: Sequence[BaseProcess], out: Path, what: str) -> OutputError:
+def worker_died(procs: Sequence[BaseProcess], out: Path | None, what: str) -> OutputError:
     """The error for a pool whose worker died; names its pid and signal when they can be told."""
     for p in procs:  # the pool reaps them in its own thread: wait for their exit statuses
         p.join(1.0)
