@@ -12,8 +12,6 @@ import sys
 import time
 from typing import Any, Literal
 
-logger = logging.getLogger("shardload")
-
 
 class Progress:
     """Counts samples and bytes; shows both rates.
@@ -27,6 +25,9 @@ class Progress:
             When no bar is shown, a log line is emitted every ``every`` seconds
             and when the pass ends.
         every: seconds between log lines.
+        log: the logger of those lines (the caller's: ``shardload.prepare``,
+            ``shardload.verify``, ``shardload.export``), so that a user can
+            quieten one of them.
     """
 
     def __init__(
@@ -37,8 +38,10 @@ class Progress:
         unit: Literal["samples", "bytes"] = "samples",
         enabled: bool | None = None,
         every: float = 5.0,
+        log: str = "shardload",
     ) -> None:
         self.desc = desc
+        self._logger = logging.getLogger(log)
         self.total = total
         self.unit = unit
         self.samples = 0
@@ -82,10 +85,10 @@ class Progress:
         sps, mbps = self.rates()
         if self.unit == "samples":
             of = f"/{self.total}" if self.total is not None else ""
-            logger.info("%s: %d%s samples, %.0f samples/s, %.1f MB/s", self.desc, self.samples, of, sps, mbps)
+            self._logger.info("%s: %d%s samples, %.0f samples/s, %.1f MB/s", self.desc, self.samples, of, sps, mbps)
         else:
             of = f" of {self.total / 1e6:.0f}" if self.total is not None else ""
-            logger.info("%s: %.0f%s MB, %.1f MB/s, %.0f samples/s", self.desc, self.nbytes / 1e6, of, mbps, sps)
+            self._logger.info("%s: %.0f%s MB, %.1f MB/s, %.0f samples/s", self.desc, self.nbytes / 1e6, of, mbps, sps)
 
     def close(self) -> None:
         if self._bar is not None:

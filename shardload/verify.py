@@ -166,7 +166,14 @@ def verify(path: str | os.PathLike[str], *, workers: int = 1, progress: bool | N
     checker = _ShardChecker(root, manifest, indexes)
     problems: list[Problem] = []
     nbytes = 0
-    bar = Progress("verify", total=sum(s.bytes for s in manifest.shards), unit="bytes", enabled=progress, every=10.0)
+    bar = Progress(
+        "verify",
+        total=sum(s.bytes for s in manifest.shards),
+        unit="bytes",
+        enabled=progress,
+        every=10.0,
+        log="shardload.verify",
+    )
     try:
         for k, (found, read) in enumerate(map_in_workers(checker, range(len(manifest.shards)), workers, threads=True)):
             problems.extend(found)

@@ -181,7 +181,7 @@ def to_webdataset(
     out = Path(dest)
     with _DestLock(out, overwrite=overwrite) as lock:
         staged: list[Path] = []
-        bar = Progress("export", total=len(ds), enabled=progress)
+        bar = Progress("export", total=len(ds), enabled=progress, log="shardload.export")
         try:
             samples = _iter_samples(ds)
             first_ids = offsets_from_lengths(sizes)

@@ -385,7 +385,7 @@ def _ingest_all(
     options: PrepareOptions,
     samples: Iterator[tuple[str, Mapping[str, Any]]] | None,
 ) -> list[StagedUnit]:
-    progress = Progress("read", enabled=options.progress)
+    progress = Progress("read", enabled=options.progress, log=logger.name)
     try:
         if samples is not None:
             rec = ingest("it", samples, SampleChecker(schema, options), wd.staging, options.chunk_bytes)
@@ -419,7 +419,7 @@ def _write_all(
         first = int(bounds[k])
         fmt = options.format_options
         jobs.append(ShardJob(k, pos, tokens, paths, staged.chunk_starts, schema, fmt, wd.work, set_id, first))
-    progress = Progress("write", total=len(order), enabled=options.progress)
+    progress = Progress("write", total=len(order), enabled=options.progress, log=logger.name)
     records = []
     try:
         with output_errors(wd.out, "writing shards", partial=wd.shards):
