@@ -29,6 +29,10 @@ BATCHING_CASES: dict[str, Batching] = {
     "uneven": Batching(batch_size=4, uneven="pad"),
     "bucket_ratio": Batching(batch_size=4, bucket_ratio=1.5),
     "max_rows": Batching(max_tokens=77, max_rows=2),
+    "packing": Batching(packing=True, pack_length=4096, rows_per_batch=2),
+    "pack_length": Batching(packing=True, pack_length=2048, rows_per_batch=2),
+    "rows_per_batch": Batching(packing=True, pack_length=4096, rows_per_batch=3),
+    "pack_split": Batching(packing=True, pack_length=16, rows_per_batch=2, pack_split=True),
 }
 
 #: field -> a valid LoaderOptions whose value of that field is not the default
@@ -55,17 +59,20 @@ def test_every_field_has_a_case() -> None:
     assert set(LOADER_CASES) == {f.name for f in dataclasses.fields(shardload.LoaderOptions)}
     for name, batching in BATCHING_CASES.items():
         assert getattr(batching, name) != getattr(Batching(batch_size=1), name) or name == "max_tokens"
+        assert getattr(batching, name) not in (None, False) or name in ("bucketing", "uneven")
 
 
 def _flags(batching: Batching) -> list[str]:
-    """The `shardload plan` flags that stand for ``batching``."""
+    """The `shardload plan` flags that stand for ``batching`` (the fields that are not at their default)."""
     out: list[str] = []
     for f in dataclasses.fields(Batching):
         value = getattr(batching, f.name)
         flag = "--" + f.name.replace("_", "-")
+        if value == f.default:
+            continue
         if isinstance(value, bool):
             out.append(flag if value else "--no-" + flag[2:])
-        elif value is not None:
+        else:
             out += [flag, str(value)]
     return out
 

@@ -49,7 +49,8 @@ def add_option_flags(parser: argparse.ArgumentParser | Any, cls: type[Any], *, o
     """Add one flag per field of the option dataclass ``cls`` to ``parser`` (or an argument group).
 
     The fields named in ``one_of`` form a required group of which exactly
-    one flag is given (as ``batch_size`` / ``max_tokens``). A field's
+    one flag is given (as ``batch_size`` / ``max_tokens`` / ``packing``; a
+    bool there is a plain switch). A field's
     ``metadata`` gives its flag's ``help``, ``metavar`` and, for an int,
     ``min`` (a smaller value is a usage error; the class checks the rest).
     """
@@ -59,6 +60,8 @@ def add_option_flags(parser: argparse.ArgumentParser | Any, cls: type[Any], *, o
         if not f.init:
             continue
         kind, extra = _parser_of(hints[f.name], f.metadata.get("min"))
+        if f.name in one_of and hints[f.name] is bool:
+            extra = {"action": "store_true"}  # a mode of the group: --packing, not --no-packing
         keywords: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help"), **extra}
         if kind is not None:
             keywords["type"] = kind

@@ -22,10 +22,11 @@ EPILOG = """examples:
   shardload plan out/ --world-size 8 --max-tokens 16384 --pad-to-multiple-of 8
   shardload plan out/ --world-size 4 --batch-size 32 --stage val --json
   shardload plan out/ --world-size 2 --batch-size 4 --with-ids --json > plan.json
+  shardload plan out/ --world-size 8 --packing --pack-length 4096 --rows-per-batch 8
 
 the epoch and batching flags are the fields of shardload.plan.EpochSpec and
-shardload.plan.Batching (--max-tokens is max_tokens=...); one of --batch-size
-and --max-tokens is needed.
+shardload.plan.Batching (--max-tokens is max_tokens=...); one of --batch-size,
+--max-tokens and --packing is needed.
 
 """ + python_hint(
     "from shardload.plan import Batching, EpochSpec, summarize_plan",
@@ -39,7 +40,9 @@ and --max-tokens is needed.
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="OUT", help="a shard set directory")
     add_option_flags(p.add_argument_group("the epoch to plan (EpochSpec)"), EpochSpec)
-    add_option_flags(p.add_argument_group("batching (Batching)"), Batching, one_of=("batch_size", "max_tokens"))
+    add_option_flags(
+        p.add_argument_group("batching (Batching)"), Batching, one_of=("batch_size", "max_tokens", "packing")
+    )
     p.add_argument("--json", action="store_true", help="print the plan summary as one JSON object on stdout")
     p.add_argument(
         "--with-ids",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any, Literal, get_args, overload
 
 import numpy as np
@@ -136,6 +136,16 @@ class Batching:
             1.05 pads ~2-3% on long-tailed lengths.
         max_rows: ``max_tokens`` mode: optional cap on rows per batch (short
             samples otherwise fill a batch with up to ``max_tokens`` rows).
+        packing: Pack samples end to end into rows of ``pack_length`` tokens
+            (instead of ``batch_size`` or ``max_tokens``): every batch is
+            ``rows_per_batch`` rows, so every batch has the same shape, and
+            padding is what the rows leave empty (under 1% on long-tailed
+            lengths). See docs/loading.md for the packed batch.
+        pack_length: ``packing``: tokens per row.
+        rows_per_batch: ``packing``: rows per batch.
+        pack_split: ``packing``: cut a sample longer than ``pack_length``
+            into row-sized pieces, each its own document (default: such a
+            sample is refused, naming it).
 
     Raises:
         PlanError: On construction, if an option is invalid.
@@ -169,16 +179,49 @@ class Batching:
     max_rows: int | None = field(
         default=None, metadata={"help": "with --max-tokens: at most N rows per batch", "metavar": "N", "min": 1}
     )
+    packing: bool = field(
+        default=False,
+        metadata={"help": "pack samples end to end into rows of --pack-length tokens, --rows-per-batch rows a batch"},
+    )
+    pack_length: int | None = field(
+        default=None, metadata={"help": "with --packing: tokens per row", "metavar": "L", "min": 1}
+    )
+    rows_per_batch: int | None = field(
+        default=None, metadata={"help": "with --packing: rows per batch", "metavar": "R", "min": 1}
+    )
+    pack_split: bool = field(
+        default=False,
+        metadata={"help": "with --packing: cut samples longer than a row into row-sized pieces (default: refuse)"},
+    )
 
     def __post_init__(self) -> None:
-        if (self.batch_size is None) == (self.max_tokens is None):
-            given = "both" if self.batch_size is not None else "neither"
+        if not isinstance(self.packing, (bool, np.bool_)):
+            raise PlanError(f"Batching(packing={self.packing!r}): must be True or False")
+        if not isinstance(self.pack_split, (bool, np.bool_)):
+            raise PlanError(f"Batching(pack_split={self.pack_split!r}): must be True or False")
+        modes = [name for name in ("batch_size", "max_tokens") if getattr(self, name) is not None]
+        if self.packing:
+            modes.append("packing")
+        if len(modes) != 1:
+            given = {0: "neither", 2: "both"}.get(len(modes), "all three")
+            if "packing" in modes and len(modes) == 2:
+                given = " and ".join(modes)
             raise PlanError(
-                f"Batching needs exactly one of batch_size or max_tokens, got {given}: "
-                "use Batching(batch_size=32) for a fixed number of rows per batch, "
-                "or Batching(max_tokens=16384) for a token budget that counts padding"
+                f"Batching needs exactly one of batch_size or max_tokens, got {given} (or packing=True instead "
+                "of both): use Batching(batch_size=32) for a fixed number of rows per batch, "
+                "Batching(max_tokens=16384) for a token budget that counts padding, or "
+                "Batching(packing=True, pack_length=4096, rows_per_batch=8) for packed rows"
             )
-        fixed: dict[str, object] = {}
+        fixed: dict[str, object] = {"packing": bool(self.packing), "pack_split": bool(self.pack_split)}
+        if self.packing:
+            fixed.update(self._packing_fields())
+        else:
+            for name in ("pack_length", "rows_per_batch", "pack_split"):
+                if getattr(self, name) not in (None, False):
+                    raise PlanError(
+                        f"Batching({name}={getattr(self, name)!r}) applies to packed batches only: "
+                        "add packing=True (and pack_length, rows_per_batch), or remove it"
+                    )
         if self.batch_size is not None:
             fixed["batch_size"] = _positive_int(
                 "batch_size", self.batch_size, hint="it is the number of rows per batch"
@@ -188,7 +231,7 @@ class Batching:
                     f"Batching(max_rows={self.max_rows}) only caps token batches; "
                     "with batch_size the row count is already fixed: remove max_rows"
                 )
-        else:
+        elif self.max_tokens is not None:
             fixed["max_tokens"] = _positive_int(
                 "max_tokens", self.max_tokens, hint="it is rows * padded length per batch"
             )
@@ -224,3 +267,35 @@ class Batching:
         fixed["bucket_ratio"] = float(ratio)
         for name, value in fixed.items():
             object.__setattr__(self, name, value)  # plain Python values, hashable
+
+    def _packing_fields(self) -> dict[str, object]:
+        """The checked packing fields; the options that only shape other batches are refused."""
+        fixed: dict[str, object] = {
+            "pack_length": _positive_int(
+                "pack_length", self.pack_length, hint="it is the number of tokens per packed row, e.g. 4096"
+            ),
+            "rows_per_batch": _positive_int(
+                "rows_per_batch", self.rows_per_batch, hint="it is the number of packed rows per batch, e.g. 8"
+            ),
+        }
+        others = {"max_rows": self.max_rows is not None, "bucket_ratio": self.bucket_ratio != 1.05}
+        if self.pad_to_multiple_of != 1:
+            raise PlanError(
+                f"Batching(pad_to_multiple_of={self.pad_to_multiple_of!r}): packed rows are always pack_length "
+                "long; choose pack_length as a multiple of it instead, and leave pad_to_multiple_of at 1"
+            )
+        wrong = [name for name, given in others.items() if given]
+        if wrong:
+            raise PlanError(
+                f"Batching({', '.join(wrong)}) shapes bucketed or token batches, not packed rows: remove it"
+            )
+        return fixed
+
+    def identity(self) -> tuple[object, ...]:
+        """The options as a tuple for the plan fingerprint (packing fields only when packing).
+
+        Plans without packing keep the fingerprint they had before packing
+        existed, so their saved loader states still resume.
+        """
+        values = astuple(self)
+        return values if self.packing else values[:7]

@@ -22,7 +22,7 @@ import hashlib
 import json
 import operator
 from collections.abc import Iterator
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -35,6 +35,7 @@ from shardload.plan.equalize import equalize_batches
 from shardload.plan.fixed import FixedSizeBatcher
 from shardload.plan.greedy import GreedyTokenBatcher
 from shardload.plan.options import Batching, Stage
+from shardload.plan.pack import PackBatcher
 from shardload.plan.request import EpochSpec, PlanInputs, check_request
 from shardload.plan.validate import check_rank
 
@@ -63,6 +64,12 @@ class RankPlan:
         fingerprint: Hex digest of the inputs and the final batch count,
             identical on all ranks; compare it across ranks to catch a rank
             that planned from different inputs.
+        rows: Packed plans only (``Batching.packing``): ``(num_rows,)`` the
+            row of each entry within its batch (``0 .. rows_per_batch - 1``,
+            non-decreasing in a batch); ``None`` otherwise.
+        starts: Packed plans only: ``(num_rows,)`` the first token of the
+            sample each entry holds (0 unless ``pack_split`` cut it into
+            pieces of at most ``pack_length`` tokens); ``None`` otherwise.
     """
 
     rank: int
@@ -72,10 +79,20 @@ class RankPlan:
     batch_offsets: NDArray[np.int64]
     rank_batch_counts: NDArray[np.int64]
     fingerprint: str
+    rows: NDArray[np.int32] | None = None
+    starts: NDArray[np.int64] | None = None
 
     def __post_init__(self) -> None:
-        for array in (self.sample_ids, self.weights, self.batch_offsets, self.rank_batch_counts):
-            array.setflags(write=False)
+        for array in (
+            self.sample_ids,
+            self.weights,
+            self.batch_offsets,
+            self.rank_batch_counts,
+            self.rows,
+            self.starts,
+        ):
+            if array is not None:
+                array.setflags(write=False)
 
     def __len__(self) -> int:
         return len(self.batch_offsets) - 1
@@ -142,6 +159,21 @@ class RankPlan:
         lo, hi = int(self.batch_offsets[i]), int(self.batch_offsets[i + 1])
         return self.sample_ids[lo:hi], self.weights[lo:hi]
 
+    def packed_batch(
+        self, i: int
+    ) -> tuple[NDArray[np.int64], NDArray[np.float32], NDArray[np.int32], NDArray[np.int64]]:
+        """Batch ``i`` of a packed plan as views: ``(sample_ids, weights, rows, starts)``, each ``(entries,)``.
+
+        Raises:
+            IndexError: If ``i`` is out of range.
+            PlanError: If the plan is not packed.
+        """
+        if self.rows is None or self.starts is None:
+            raise PlanError("packed_batch() needs a packed plan (Batching(packing=True, ...))")
+        ids, weights = self.batch(i)
+        lo = int(self.batch_offsets[i % len(self)])
+        return ids, weights, self.rows[lo : lo + len(ids)], self.starts[lo : lo + len(ids)]
+
 
 def make_batcher(
     batching: Batching,
@@ -154,8 +186,10 @@ def make_batcher(
     max_length: int,
 ) -> Batcher:
     """The strategy for these options: length buckets, fixed chunks or greedy fill."""
-    if batching.bucketing:
-        cls: type[Batcher] = BucketBatcher
+    if batching.packing:
+        cls: type[Batcher] = PackBatcher
+    elif batching.bucketing:
+        cls = BucketBatcher
     elif batching.batch_size is not None:
         cls = FixedSizeBatcher
     else:
@@ -208,7 +242,7 @@ class EpochPlanner:
             "format": _FORMAT,
             "num_samples": inputs.num_samples,
             "num_shards": inputs.num_shards,
-            "batching": astuple(batching),
+            "batching": batching.identity(),
             **spec.identity(),  # evaluation ignores seed, epoch and shard_assignment: same plan, same digest
             "lengths": inputs.digest,
             "num_batches": self.num_batches,
@@ -220,6 +254,8 @@ class EpochPlanner:
     def plan(self, rank: int) -> RankPlan:
         """The plan of one rank (``0 <= rank < world_size``)."""
         rank = check_rank(rank, self.spec.world_size)
+        if isinstance(self.batcher, PackBatcher):
+            return self._plan_packed(rank, self.batcher)
         ids, offsets = self.batcher.build_batches(rank)
         assert len(offsets) - 1 == self.rank_batch_counts[rank], "count and build disagree"
         ids, weights, offsets = equalize_batches(
@@ -237,6 +273,22 @@ class EpochPlanner:
             batch_offsets=offsets,
             rank_batch_counts=self.rank_batch_counts.copy(),
             fingerprint=self.fingerprint,
+        )
+
+    def _plan_packed(self, rank: int, batcher: PackBatcher) -> RankPlan:
+        packed = batcher.build_packed(
+            rank, target=self.num_batches, filler_id=self._filler_id(self.layout.rank_sample_ids(rank))
+        )
+        return RankPlan(
+            rank=rank,
+            spec=self.spec,
+            sample_ids=packed.sample_ids,
+            weights=packed.weights,
+            batch_offsets=packed.batch_offsets,
+            rank_batch_counts=self.rank_batch_counts.copy(),
+            fingerprint=self.fingerprint,
+            rows=packed.rows,
+            starts=packed.starts,
         )
 
     def _filler_id(self, ids: NDArray[np.int64]) -> int:

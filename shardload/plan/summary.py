@@ -40,6 +40,9 @@ class PlanSummary:
             padded_length(longest row)``, filler rows included: what the
             model computes on.
         shards: ``(W,)`` distinct shards each rank's rows touch.
+        step_balance: Work balance per step: the mean over ranks of a step's
+            real tokens divided by the largest, averaged over the steps (1.0:
+            every rank computes the same real tokens at every step).
         plans: Every rank's :class:`~shardload.plan.RankPlan`, when
             :func:`summarize_plan` was asked ``with_ids=True`` (else ``None``).
     """
@@ -56,6 +59,7 @@ class PlanSummary:
     tokens: NDArray[np.int64]
     padded_tokens: NDArray[np.int64]
     shards: NDArray[np.int64]
+    step_balance: float = 1.0
     plans: tuple[RankPlan, ...] | None = None
 
     @property
@@ -108,6 +112,9 @@ class PlanSummary:
                 cuts = list(zip(plan.batch_offsets[:-1].tolist(), plan.batch_offsets[1:].tolist()))
                 row["batch_sample_ids"] = [plan.sample_ids[a:b].tolist() for a, b in cuts]
                 row["batch_weights"] = [plan.weights[a:b].tolist() for a, b in cuts]
+                if plan.rows is not None and plan.starts is not None:  # packed: each entry's row and first token
+                    row["batch_rows"] = [plan.rows[a:b].tolist() for a, b in cuts]
+                    row["batch_starts"] = [plan.starts[a:b].tolist() for a, b in cuts]
             rows.append(row)
         return rows
 
@@ -126,6 +133,7 @@ class PlanSummary:
             "padding_fraction": self.padding_fraction,
             "spread": self.spread,
             "budget_fill": self.budget_fill,
+            "step_balance": self.step_balance,
             "ranks": self.rank_rows(),
         }
 
@@ -163,24 +171,55 @@ class PlanSummary:
         ]
         if self.budget_fill is not None:
             out.append(f"budget:   token batches are {self.budget_fill:.1%} full on average")
+        out.append(
+            f"steps:    real tokens per step balanced to {self.step_balance:.3f} (mean / max over ranks, averaged)"
+        )
         out.append(f"shards:   {int(self.shards.min()):,}..{int(self.shards.max()):,} per rank")
         out.append(f"fingerprint {self.fingerprint}")
         return "\n".join(out)
 
 
 def _rank_figures(
-    plan: RankPlan, lengths: NDArray[np.integer], shard_starts: NDArray[np.int64], multiple: int
+    plan: RankPlan, lengths: NDArray[np.integer], shard_starts: NDArray[np.int64], batching: Batching
 ) -> tuple[int, int, int, int, int]:
-    """``(samples, filler, tokens, padded_tokens, shards)`` of one rank's plan."""
+    """``(samples, filler, tokens, padded_tokens, shards)`` of one rank's plan.
+
+    A packed plan's entries are documents (pieces of a cut sample count once
+    each, with their own tokens), and every batch is ``rows_per_batch *
+    pack_length`` padded tokens.
+    """
     lens = np.asarray(lengths[plan.sample_ids], dtype=np.int64)  # (rows,)
     real = plan.weights > 0
     padded = 0
-    if len(plan):
+    if batching.packing:
+        assert plan.starts is not None and batching.pack_length is not None and batching.rows_per_batch is not None
+        lens = np.minimum(lens - plan.starts, batching.pack_length)
+        padded = len(plan) * batching.rows_per_batch * batching.pack_length
+    elif len(plan):
         longest = np.maximum.reduceat(lens, plan.batch_offsets[:-1])  # (num_batches,)
-        padded = int((np.diff(plan.batch_offsets) * padded_length(longest, multiple)).sum())
+        padded = int((np.diff(plan.batch_offsets) * padded_length(longest, batching.pad_to_multiple_of)).sum())
     shards = np.unique(np.searchsorted(shard_starts, plan.sample_ids, side="right") - 1)
     real_rows = int(real.sum())
     return real_rows, len(real) - real_rows, int(lens[real].sum()), padded, len(shards)
+
+
+def _batch_tokens(plan: RankPlan, lengths: NDArray[np.integer], batching: Batching) -> NDArray[np.int64]:
+    """``(num_batches,)`` real tokens of each batch of a plan (a packed entry counts its own piece)."""
+    lens = np.asarray(lengths[plan.sample_ids], dtype=np.int64)
+    if plan.starts is not None and batching.pack_length is not None:
+        lens = np.minimum(lens - plan.starts, batching.pack_length)
+    real = np.where(plan.weights > 0, lens, 0)
+    out: NDArray[np.int64] = np.add.reduceat(real, plan.batch_offsets[:-1]) if len(plan) else np.zeros(0, np.int64)
+    return out
+
+
+def _step_balance(step_tokens: NDArray[np.int64]) -> float:
+    """Mean over steps of (mean / max over ranks) of the real tokens; steps where no rank has any count 1."""
+    if step_tokens.size == 0:
+        return 1.0
+    top = step_tokens.max(axis=0)
+    ratio = np.where(top > 0, step_tokens.mean(axis=0) / np.maximum(top, 1), 1.0)
+    return float(ratio.mean())
 
 
 def summarize_plan(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, with_ids: bool = False) -> PlanSummary:
@@ -211,9 +250,11 @@ def summarize_plan(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, w
     planner = EpochPlanner(inputs, spec, batching)
     kept: list[RankPlan] = []
     figures = np.zeros((spec.world_size, 5), dtype=np.int64)  # (W, 5) samples, filler, tokens, padded, shards
+    step_tokens = np.zeros((spec.world_size, planner.num_batches), dtype=np.int64)  # (W, T) real tokens per step
     for rank in range(spec.world_size):
         plan = planner.plan(rank)
-        figures[rank] = _rank_figures(plan, inputs.lengths, planner.layout.shard_starts, batching.pad_to_multiple_of)
+        figures[rank] = _rank_figures(plan, inputs.lengths, planner.layout.shard_starts, batching)
+        step_tokens[rank] = _batch_tokens(plan, inputs.lengths, batching)
         if with_ids:
             kept.append(plan)
     return PlanSummary(
@@ -229,5 +270,6 @@ def summarize_plan(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, w
         tokens=figures[:, 2],
         padded_tokens=figures[:, 3],
         shards=figures[:, 4],
+        step_balance=_step_balance(step_tokens),
         plans=tuple(kept) if with_ids else None,
     )

@@ -1,0 +1,323 @@
+"""Packing: a rank's samples laid end to end in rows of ``pack_length`` tokens, ``rows_per_batch`` rows a batch.
+
+The fourth batching strategy (``Batching(packing=True, pack_length=L,
+rows_per_batch=R)``). Every packed batch has the same shape, ``[R, L]`` per
+variable field, and what is padding is only what the rows leave empty::
+
+    a rank's samples (its contiguous shard group, as for every strategy)
+       |  pieces       pack_split: a sample longer than L -> pieces of <= L tokens
+       |  pack_rows    first-fit decreasing by size classes, vectorised: rows of <= L tokens
+       |  rows         sorted by tokens, heaviest first (ties in random order when training)
+       |  equalize     rows -> exactly `target` batches of <= R rows (split rows / filler, never a loss)
+       |  order        training: one permutation of batch positions shared by every rank
+       v
+    entries (documents) with their batch, row and first token
+
+Work per step is balanced across ranks without talking: every rank orders its
+batches heaviest first and training permutes batch *positions* with a
+generator seeded by (seed, epoch) only, so step ``s`` holds the ``k``-th
+heaviest batch of every rank for the same ``k``.
+
+The row count of a rank depends only on the multiset of its sizes (the
+algorithm sorts them), so counting every rank (to agree on the target) and
+building one give the same rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.errors import PlanError
+from shardload.plan.batcher import Batcher, Batches
+from shardload.plan.ranges import offsets_from_lengths, range_positions
+from shardload.plan.shuffle import epoch_rng
+
+__all__ = ["PackBatcher", "PackedBatches", "pack_rows"]
+
+#: growth of the size classes of :func:`pack_rows`: 1.25 fills long-tailed rows to ~99%
+CLASS_RATIO = 1.25
+#: rounds of filling existing rows' gaps per size class before new rows are opened
+GAP_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class PackedBatches:
+    """One rank's packed batches: entries (documents) in batch order.
+
+    Attributes:
+        sample_ids: ``(E,)`` the sample each entry holds (filler included).
+        weights: ``(E,)`` 1.0 for a real entry, 0.0 for filler.
+        batch_offsets: ``(num_batches + 1,)`` offsets of batches into the entries.
+        rows: ``(E,)`` int32 row of each entry within its batch, non-decreasing in a batch.
+        starts: ``(E,)`` first token of the sample the entry holds (0 unless it is a piece).
+    """
+
+    sample_ids: NDArray[np.int64]
+    weights: NDArray[np.float32]
+    batch_offsets: NDArray[np.int64]
+    rows: NDArray[np.int32]
+    starts: NDArray[np.int64]
+
+
+def _windows(sizes: NDArray[np.int64], caps: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``(m,)`` the window each item lies in entirely when items and windows are laid end to end, else -1.
+
+    Items of size 0 get -1 (the caller places them).
+    """
+    cap_ends = np.cumsum(caps)  # (k,)
+    ends = np.cumsum(sizes)  # (m,) end of each item (exclusive)
+    first = np.searchsorted(cap_ends, ends - sizes, side="right")  # window of its first token
+    last = np.searchsorted(cap_ends, ends, side="left")  # window of its last token
+    inside = (first == last) & (last < len(caps)) & (sizes > 0)
+    return np.where(inside, last, -1)
+
+
+def _by_gap(gaps: NDArray[np.int64], capacity: int) -> NDArray[np.int64]:
+    """Indices sorting ``gaps`` ascending, stably (a radix sort when the capacity fits 16 bits)."""
+    if capacity < (1 << 16):
+        return np.argsort(gaps.astype(np.uint16), kind="stable")
+    return np.argsort(gaps, kind="stable")
+
+
+def pack_rows(sizes: NDArray[np.int64], capacity: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Pack items into rows of at most ``capacity`` tokens, first-fit decreasing by size classes.
+
+    Items are taken largest first, in classes of sizes ``(c / r^(k+1), c / r^k]``
+    (``r = CLASS_RATIO``). Each class first fills the gaps that earlier rows
+    left (smallest gaps first, a few rounds), then opens new rows; an item
+    goes to a row only if it fits whole. Every step is a vectorised pass
+    (cumulative sums and a ``searchsorted``), so the cost is
+    ``O(m log m + classes * rows)`` with no per-item Python loop. On
+    long-tailed lengths it fills rows to ~99% (docs/benchmarks.md).
+
+    Guarantees: no row holds more than ``capacity`` tokens; every item is in
+    exactly one row; every row holds at least one item; the result depends
+    only on the sizes in sorted order (equal sizes are interchangeable).
+
+    Args:
+        sizes: ``(m,)`` item sizes, ``0 <= size <= capacity``.
+        capacity: Tokens per row, ``>= 1``.
+
+    Returns:
+        ``(row_of, used)``: ``(m,)`` the row of each item and ``(rows,)``
+        the tokens each row holds.
+
+    >>> row_of, used = pack_rows(np.array([6, 3, 5, 2, 4]), 10)
+    >>> used.tolist(), sorted(row_of.tolist())
+    ([10, 10], [0, 0, 1, 1, 1])
+    """
+    m = len(sizes)
+    row_of = np.full(m, -1, dtype=np.int64)
+    if m == 0:
+        return row_of, np.zeros(0, dtype=np.int64)
+    if capacity < (1 << 16):
+        order = np.argsort((capacity - sizes).astype(np.uint16), kind="stable")  # largest first
+    else:
+        order = np.argsort(-sizes, kind="stable")
+    items = np.asarray(sizes[order], dtype=np.int64)  # (m,) descending
+    used = np.zeros(0, dtype=np.int64)  # (rows,) tokens per row
+
+    def fill(todo: NDArray[np.int64], caps_of: NDArray[np.int64], rows: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Put the items ``todo`` whole into the windows ``caps_of`` of ``rows``; return those left."""
+        where = _windows(items[todo], caps_of)
+        hit = where >= 0
+        target = rows[where[hit]]
+        row_of[todo[hit]] = target
+        np.add.at(used, target, items[todo[hit]])
+        left: NDArray[np.int64] = todo[~hit]
+        return left
+
+    def fill_gaps(todo: NDArray[np.int64]) -> NDArray[np.int64]:
+        gaps = capacity - used
+        rows = np.flatnonzero(gaps >= items[todo].min())
+        if len(rows) == 0:
+            return todo
+        rows = rows[_by_gap(gaps[rows], capacity)]
+        return fill(todo, gaps[rows], rows)
+
+    bounds = [capacity]
+    while bounds[-1] > 0:
+        bounds.append(int(bounds[-1] / CLASS_RATIO))
+    class_ends = np.searchsorted(-items, -np.asarray(bounds[1:]), side="left")  # items > bound, descending
+    lo = 0
+    for hi in class_ends.tolist():
+        todo = np.arange(lo, hi, dtype=np.int64)
+        lo = hi
+        todo = todo[items[todo] > 0]
+        for _ in range(GAP_ROUNDS):
+            if len(todo) == 0 or len(used) == 0:
+                break
+            before = len(todo)
+            todo = fill_gaps(todo)
+            if len(todo) == before:
+                break
+        while len(todo):
+            fresh = -(-int(items[todo].sum()) // capacity)
+            rows = np.arange(len(used), len(used) + fresh, dtype=np.int64)
+            used = np.concatenate([used, np.zeros(fresh, dtype=np.int64)])
+            todo = fill(todo, np.full(fresh, capacity, dtype=np.int64), rows)
+            if len(todo):
+                todo = fill_gaps(todo)
+    # A window can be left empty between two items that straddled its ends: renumber the rows in use.
+    counts = np.bincount(row_of[row_of >= 0], minlength=len(used))
+    keep = counts > 0
+    renumber = np.cumsum(keep) - 1
+    placed = row_of >= 0
+    row_of[placed] = renumber[row_of[placed]]
+    used = used[keep]
+    zero = ~placed  # items of size 0: they hold no token; the first row takes them
+    if zero.any():
+        if len(used) == 0:
+            used = np.zeros(1, dtype=np.int64)
+        row_of[zero] = 0
+    out = np.empty(m, dtype=np.int64)
+    out[order] = row_of
+    return out, used
+
+
+class PackBatcher(Batcher):
+    """Packed rows, ``rows_per_batch`` a batch (see the module docstring).
+
+    Counting packs every rank's sizes (a rank's count is
+    ``ceil(rows / rows_per_batch)``); building packs one rank's samples and
+    then equalises at the row level (:meth:`build_packed`).
+    """
+
+    def _prepare(self) -> None:
+        b = self.batching
+        assert b.pack_length is not None and b.rows_per_batch is not None
+        self.capacity, self.rows_per_batch = b.pack_length, b.rows_per_batch
+        if not b.pack_split and self.max_length > self.capacity:
+            sample = int(np.argmax(np.asarray(self.lengths) > self.capacity))
+            raise PlanError(
+                f"sample {sample} has {int(self.lengths[sample])} tokens, more than pack_length={self.capacity}: "
+                "raise pack_length, or pass pack_split=True to cut samples longer than a row into row-sized "
+                "pieces (each its own document)"
+            )
+
+    def _pieces(
+        self, ids: NDArray[np.int64], lens: NDArray[np.int64]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """``(ids, starts, sizes)`` of the entries: one per sample, or per piece of a long one."""
+        cap = self.capacity
+        if not self.batching.pack_split or len(lens) == 0 or int(lens.max()) <= cap:
+            return ids, np.zeros(len(ids), dtype=np.int64), lens
+        pieces = np.maximum(-(-lens // cap), 1)  # (n,) a sample of length 0 is one (empty) piece
+        piece = range_positions(np.zeros(len(ids), dtype=np.int64), pieces)  # (E,) piece index within its sample
+        starts = piece * cap
+        return np.repeat(ids, pieces), starts, np.minimum(np.repeat(lens, pieces) - starts, cap)
+
+    def _count(self) -> NDArray[np.int64]:
+        return np.array([self.count_rank(rank) for rank in range(self.layout.world_size)], dtype=np.int64)
+
+    def _cut(self, ids: NDArray[np.int64], lens: NDArray[np.int64]) -> Batches:
+        raise AssertionError("packed batches are built by build_packed")  # pragma: no cover
+
+    def build_batches(self, rank: int) -> Batches:
+        """The rank's packed batches before equalising, as ``(sample_ids, offsets)``."""
+        packed = self.build_packed(rank, target=int(self.count_rank(rank)), filler_id=0)
+        return packed.sample_ids, packed.batch_offsets
+
+    def count_rank(self, rank: int) -> int:
+        """One rank's batch count before equalising: ``ceil(rows / rows_per_batch)``.
+
+        Packs the rank's sizes in epoch order, unshuffled: the rows depend only
+        on the sizes, so the count is the one :meth:`build_packed` reaches.
+        """
+        ids = self.layout.rank_sample_ids(rank)
+        _, _, sizes = self._pieces(ids, np.asarray(self.lengths[ids], dtype=np.int64))
+        return -(-len(pack_rows(sizes, self.capacity)[1]) // self.rows_per_batch) if len(sizes) else 0
+
+    def build_packed(self, rank: int, *, target: int, filler_id: int) -> PackedBatches:
+        """One rank's ``target`` packed batches.
+
+        Guarantees, whatever ``target`` is (``uneven``): no row holds more than
+        ``pack_length`` tokens, no batch more than ``rows_per_batch`` rows or
+        fewer than one; with ``"split"`` (and ``"pad"``) every entry of the rank
+        is in exactly one batch; a rank short of batches first spreads its
+        rows, then cuts rows into smaller ones (a document never moves into
+        another row's tokens), and only when it has fewer documents than
+        ``target`` adds filler batches (one document, weight 0); ``"drop"``
+        drops the lightest rows past ``target * rows_per_batch``.
+        """
+        ids, lens, rng = self.rank_order(rank)
+        e_ids, e_starts, sizes = self._pieces(ids, lens)
+        row_of, used = pack_rows(sizes, self.capacity)
+        rows = len(used)
+        # rows heaviest first; ties (mostly full rows) in random order when training
+        tie = rng.permutation(rows) if rng is not None else np.arange(rows)
+        ranked = tie[np.argsort(-used[tie], kind="stable")]  # (rows,) old row at each new position
+        new_row = np.empty(rows, dtype=np.int64)
+        new_row[ranked] = np.arange(rows)
+        e_row = new_row[row_of] if len(row_of) else row_of  # (E,)
+        order = np.argsort(e_row, kind="stable")
+        e_ids, e_starts, e_row = e_ids[order], e_starts[order], e_row[order]
+        batch_of_row, e_row, real = self._equalize(e_row, rows, target)
+        keep = batch_of_row[e_row] >= 0
+        e_ids, e_starts, e_row = e_ids[keep], e_starts[keep], e_row[keep]
+        e_batch = batch_of_row[e_row]
+        filler = target - real  # filler batches, after the real ones
+        e_batch = np.concatenate([e_batch, np.arange(real, target)])
+        e_ids = np.concatenate([e_ids, np.full(filler, filler_id, dtype=np.int64)])
+        e_starts = np.concatenate([e_starts, np.zeros(filler, dtype=np.int64)])
+        e_row = np.concatenate([e_row, np.full(filler, -1, dtype=np.int64)])
+        weights = np.concatenate([np.ones(len(e_ids) - filler, np.float32), np.zeros(filler, np.float32)])
+        # position of each batch in the epoch: heaviest first; training permutes positions, the same on every rank
+        position = np.arange(target)
+        if self.shuffle and target:
+            position = epoch_rng(self.seed, self.epoch).permutation(target)
+        order = np.lexsort((e_row, position[e_batch]))  # by batch position, then row
+        e_ids, e_starts, e_row, weights = e_ids[order], e_starts[order], e_row[order], weights[order]
+        e_batch = position[e_batch][order]
+        sizes_per_batch = np.bincount(e_batch, minlength=target)
+        offsets = offsets_from_lengths(sizes_per_batch)
+        # row within its batch: rank of the entry's row among the batch's rows
+        first_of_batch = offsets[:-1][e_batch]
+        new_row_start = np.ones(len(e_row), dtype=bool)
+        new_row_start[1:] = (e_row[1:] != e_row[:-1]) | (e_batch[1:] != e_batch[:-1])
+        row_index = np.cumsum(new_row_start) - 1  # global row counter
+        row_in_batch = row_index - row_index[first_of_batch] if len(e_row) else row_index
+        return PackedBatches(e_ids, weights, offsets, row_in_batch.astype(np.int32), e_starts)
+
+    def _equalize(
+        self, e_row: NDArray[np.int64], rows: int, target: int
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
+        """Rows -> batches: ``(batch_of_row, e_row, real_batches)``; rows may be cut, dropped rows get -1.
+
+        ``e_row`` comes back renumbered when rows are cut (a cut document gets a row of its own).
+        """
+        per = self.rows_per_batch
+        have = -(-rows // per)
+        if have >= target:  # equal, or "drop": the lightest rows past target batches go
+            batch_of_row = np.arange(rows, dtype=np.int64) // per
+            batch_of_row[batch_of_row >= target] = -1
+            return batch_of_row, e_row, min(have, target)
+        if self.batching.uneven == "pad":
+            return np.arange(rows, dtype=np.int64) // per, e_row, have
+        if rows < target:  # too few rows: cut documents off rows that hold several, each into a row of its own
+            spare = np.bincount(e_row, minlength=rows) - 1  # (rows,) entries a row can give up
+            budget = np.minimum(np.cumsum(spare), target - rows)
+            take = np.diff(np.r_[0, budget])  # (rows,) entries each row gives up, first rows first
+            moved = _position_from_end(e_row) < take[e_row]  # the last `take` entries of each row
+            e_row = e_row.copy()
+            e_row[moved] = rows + np.arange(int(moved.sum()))
+            rows += int(moved.sum())  # <= target: one row per batch, filler batches for the rest
+            return np.arange(rows, dtype=np.int64), e_row, rows
+        # spread the rows over `target` batches: sizes q or q + 1, heaviest batches first
+        sizes = np.full(target, rows // target, dtype=np.int64)
+        sizes[: rows % target] += 1
+        return np.repeat(np.arange(target, dtype=np.int64), sizes), e_row, target
+
+
+def _position_from_end(e_row: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``(E,)`` for entries grouped by row: how many entries of the same row follow each one."""
+    if len(e_row) == 0:
+        return e_row
+    starts = np.r_[True, e_row[1:] != e_row[:-1]]
+    group = np.cumsum(starts) - 1
+    ends = np.r_[np.flatnonzero(starts)[1:], len(e_row)]  # (groups,) exclusive end of each row's run
+    out: NDArray[np.int64] = ends[group] - 1 - np.arange(len(e_row))
+    return out
