@@ -40,7 +40,7 @@ __all__ = ["PackBatcher", "PackedBatches", "pack_rows"]
 #: growth of the size classes of :func:`pack_rows`: 1.25 fills long-tailed rows to ~99%
 CLASS_RATIO = 1.25
 #: rounds of filling existing rows' gaps per size class before new rows are opened
-GAP_ROUNDS = 3
+GAP_ROUNDS = 6
 
 
 @dataclass(frozen=True)
