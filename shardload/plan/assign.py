@@ -164,3 +164,46 @@ def assign_shards(shard_sizes: NDArray[np.int64], world_size: int, *, order: NDA
     # floor(r * N / W): sizes are floor(N/W) or ceil(N/W); exact in int64 up to N*W < 2**63
     rank_starts = np.arange(world_size + 1, dtype=np.int64) * total // world_size
     return ShardLayout(shard_starts, np.asarray(order, dtype=np.int64), epoch_starts, rank_starts)
+
+
+def balance_by_tokens(
+    layout: ShardLayout, lengths: NDArray[np.integer], shard_tokens: NDArray[np.int64]
+) -> ShardLayout:
+    """The same epoch order cut into rank ranges of near-equal *tokens* instead of samples.
+
+    Guarantee: each range is contiguous in epoch order (locality is kept),
+    and rank ``r``'s range ends at the first sample where the epoch's running
+    token count reaches ``(r + 1) * total / W``, so ranks differ by less than
+    one sample's tokens (plus what one long sample puts over a boundary).
+    Used by packing, whose batch count follows a rank's tokens, not its
+    samples. Cost: ``O(S + W * shard size)``.
+
+    Args:
+        layout: The epoch's layout (its shard order is kept).
+        lengths: ``(N,)`` per-sample lengths.
+        shard_tokens: ``(S,)`` tokens per shard, in natural order.
+
+    Returns:
+        A :class:`ShardLayout` with new ``rank_starts``.
+
+    >>> layout = assign_shards(np.array([4]), 2, order=np.arange(1))
+    >>> balance_by_tokens(layout, np.array([9, 1, 1, 1]), np.array([12])).rank_starts.tolist()
+    [0, 1, 4]
+    """
+    world = layout.world_size
+    epoch_tokens = offsets_from_lengths(shard_tokens[layout.order])  # (S + 1,) token offsets in epoch order
+    total = int(epoch_tokens[-1])
+    if total == 0 or world == 1:
+        return layout
+    targets = np.arange(1, world, dtype=np.int64) * total // world  # (W - 1,) token count at each cut
+    shard_at = np.searchsorted(epoch_tokens, targets, side="right") - 1  # (W - 1,) epoch shard of each cut
+    cuts = np.empty(world - 1, dtype=np.int64)
+    for i, (k, target) in enumerate(zip(shard_at.tolist(), targets.tolist())):
+        k = min(k, len(layout.order) - 1)
+        first = int(layout.shard_starts[layout.order[k]])
+        size = int(layout.epoch_starts[k + 1] - layout.epoch_starts[k])
+        inside = np.cumsum(np.asarray(lengths[first : first + size], dtype=np.int64))  # (size,) running tokens
+        cuts[i] = layout.epoch_starts[k] + int(np.searchsorted(inside, target - epoch_tokens[k], side="left")) + 1
+    rank_starts = np.concatenate([[0], np.minimum(cuts, layout.num_samples), [layout.num_samples]])
+    rank_starts = np.maximum.accumulate(rank_starts)
+    return ShardLayout(layout.shard_starts, layout.order, layout.epoch_starts, rank_starts.astype(np.int64))

@@ -28,7 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.errors import PlanError
-from shardload.plan.assign import ShardLayout, assign_shards, shard_order
+from shardload.plan.assign import ShardLayout, assign_shards, balance_by_tokens, shard_order
 from shardload.plan.batcher import Batcher
 from shardload.plan.buckets import BucketBatcher
 from shardload.plan.equalize import equalize_batches
@@ -226,6 +226,8 @@ class EpochPlanner:
             shuffle=spec.shuffled and spec.shard_assignment == "rotate",
         )
         self.layout = assign_shards(inputs.shard_sizes, spec.world_size, order=order)
+        if batching.packing:  # a packed rank's batch count follows its tokens: cut the ranks by tokens
+            self.layout = balance_by_tokens(self.layout, inputs.lengths, inputs.shard_tokens)
         self.batcher = make_batcher(
             batching,
             lengths=self.lengths,

@@ -30,6 +30,7 @@ from numpy.typing import NDArray
 
 from shardload.errors import PlanError
 from shardload.plan.options import EVAL_STAGES, Batching, ShardAssignment, Stage
+from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.validate import MAX_EPOCH, MAX_SEED, MAX_WORLD_SIZE, check_arrays, check_scalar
 
 __all__ = ["EpochSpec", "PlanInputs", "check_request", "digest_lengths"]
@@ -181,6 +182,20 @@ class PlanInputs:
             f"PlanInputs(num_samples={self.num_samples}, num_shards={self.num_shards}, "
             f"max_length={self.max_length}, digest={self.digest[:12]!r})"
         )
+
+    @property
+    def shard_tokens(self) -> NDArray[np.int64]:
+        """``(S,)`` tokens per shard (sum of its lengths), computed once (one pass over the lengths)."""
+        cached: NDArray[np.int64] | None = self.__dict__.get("_shard_tokens")
+        if cached is None:
+            starts = offsets_from_lengths(self.shard_sizes)[:-1]
+            nonempty = self.shard_sizes > 0
+            cached = np.zeros(self.num_shards, dtype=np.int64)
+            if self.num_samples:
+                sums = np.add.reduceat(self.lengths, starts[nonempty], dtype=np.int64)  # no int64 copy of N
+                cached[nonempty] = sums
+            object.__setattr__(self, "_shard_tokens", cached)
+        return cached
 
     @property
     def num_samples(self) -> int:

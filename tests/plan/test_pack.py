@@ -149,7 +149,7 @@ def test_packed_plans_are_deterministic(stage: str) -> None:
     lengths = long_tailed(3000, seed=2)
     inputs = PlanInputs(lengths, np.full(3, 1000))
     spec = EpochSpec(world_size=3, stage=stage, seed=4, epoch=1)
-    batching = Batching(packing=True, pack_length=1024, rows_per_batch=2)
+    batching = Batching(packing=True, pack_length=4096, rows_per_batch=2)
     a = EpochPlanner(inputs, spec, batching).plan(1)
     b = EpochPlanner(inputs, spec, batching).plan(1)
     assert a.fingerprint == b.fingerprint
