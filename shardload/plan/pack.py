@@ -32,15 +32,14 @@ from numpy.typing import NDArray
 
 from shardload.errors import PlanError
 from shardload.plan.batcher import Batcher, Batches
+from shardload.plan.packrows import pack_rows, pack_segments
 from shardload.plan.ranges import offsets_from_lengths, range_positions
 from shardload.plan.shuffle import epoch_rng
 
-__all__ = ["PackBatcher", "PackedBatches", "pack_rows"]
+__all__ = ["PackBatcher", "PackedBatches"]
 
-#: growth of the size classes of :func:`pack_rows`: 1.25 fills long-tailed rows to ~99%
-CLASS_RATIO = 1.25
-#: rounds of filling existing rows' gaps per size class before new rows are opened
-GAP_ROUNDS = 6
+#: items packed in one vectorised call when counting every rank (bounds the memory of counting)
+COUNT_CHUNK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -60,122 +59,6 @@ class PackedBatches:
     batch_offsets: NDArray[np.int64]
     rows: NDArray[np.int32]
     starts: NDArray[np.int64]
-
-
-def _windows(sizes: NDArray[np.int64], caps: NDArray[np.int64]) -> NDArray[np.int64]:
-    """``(m,)`` the window each item lies in entirely when items and windows are laid end to end, else -1.
-
-    Items of size 0 get -1 (the caller places them).
-    """
-    cap_ends = np.cumsum(caps)  # (k,)
-    ends = np.cumsum(sizes)  # (m,) end of each item (exclusive)
-    first = np.searchsorted(cap_ends, ends - sizes, side="right")  # window of its first token
-    last = np.searchsorted(cap_ends, ends, side="left")  # window of its last token
-    inside = (first == last) & (last < len(caps)) & (sizes > 0)
-    return np.where(inside, last, -1)
-
-
-def _by_gap(gaps: NDArray[np.int64], capacity: int) -> NDArray[np.int64]:
-    """Indices sorting ``gaps`` ascending, stably (a radix sort when the capacity fits 16 bits)."""
-    if capacity < (1 << 16):
-        return np.argsort(gaps.astype(np.uint16), kind="stable")
-    return np.argsort(gaps, kind="stable")
-
-
-def pack_rows(sizes: NDArray[np.int64], capacity: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Pack items into rows of at most ``capacity`` tokens, first-fit decreasing by size classes.
-
-    Items are taken largest first, in classes of sizes ``(c / r^(k+1), c / r^k]``
-    (``r = CLASS_RATIO``). Each class first fills the gaps that earlier rows
-    left (smallest gaps first, a few rounds), then opens new rows; an item
-    goes to a row only if it fits whole. Every step is a vectorised pass
-    (cumulative sums and a ``searchsorted``), so the cost is
-    ``O(m log m + classes * rows)`` with no per-item Python loop. On
-    long-tailed lengths it fills rows to ~99% (docs/benchmarks.md).
-
-    Guarantees: no row holds more than ``capacity`` tokens; every item is in
-    exactly one row; every row holds at least one item; the result depends
-    only on the sizes in sorted order (equal sizes are interchangeable).
-
-    Args:
-        sizes: ``(m,)`` item sizes, ``0 <= size <= capacity``.
-        capacity: Tokens per row, ``>= 1``.
-
-    Returns:
-        ``(row_of, used)``: ``(m,)`` the row of each item and ``(rows,)``
-        the tokens each row holds.
-
-    >>> row_of, used = pack_rows(np.array([6, 3, 5, 2, 4]), 10)
-    >>> used.tolist(), sorted(row_of.tolist())
-    ([10, 10], [0, 0, 1, 1, 1])
-    """
-    m = len(sizes)
-    row_of = np.full(m, -1, dtype=np.int64)
-    if m == 0:
-        return row_of, np.zeros(0, dtype=np.int64)
-    if capacity < (1 << 16):
-        order = np.argsort((capacity - sizes).astype(np.uint16), kind="stable")  # largest first
-    else:
-        order = np.argsort(-sizes, kind="stable")
-    items = np.asarray(sizes[order], dtype=np.int64)  # (m,) descending
-    used = np.zeros(0, dtype=np.int64)  # (rows,) tokens per row
-
-    def fill(todo: NDArray[np.int64], caps_of: NDArray[np.int64], rows: NDArray[np.int64]) -> NDArray[np.int64]:
-        """Put the items ``todo`` whole into the windows ``caps_of`` of ``rows``; return those left."""
-        where = _windows(items[todo], caps_of)
-        hit = where >= 0
-        target = rows[where[hit]]
-        row_of[todo[hit]] = target
-        np.add.at(used, target, items[todo[hit]])
-        left: NDArray[np.int64] = todo[~hit]
-        return left
-
-    def fill_gaps(todo: NDArray[np.int64]) -> NDArray[np.int64]:
-        gaps = capacity - used
-        rows = np.flatnonzero(gaps >= items[todo].min())
-        if len(rows) == 0:
-            return todo
-        rows = rows[_by_gap(gaps[rows], capacity)]
-        return fill(todo, gaps[rows], rows)
-
-    bounds = [capacity]
-    while bounds[-1] > 0:
-        bounds.append(int(bounds[-1] / CLASS_RATIO))
-    class_ends = np.searchsorted(-items, -np.asarray(bounds[1:]), side="left")  # items > bound, descending
-    lo = 0
-    for hi in class_ends.tolist():
-        todo = np.arange(lo, hi, dtype=np.int64)
-        lo = hi
-        todo = todo[items[todo] > 0]
-        for _ in range(GAP_ROUNDS):
-            if len(todo) == 0 or len(used) == 0:
-                break
-            before = len(todo)
-            todo = fill_gaps(todo)
-            if len(todo) == before:
-                break
-        while len(todo):
-            fresh = -(-int(items[todo].sum()) // capacity)
-            rows = np.arange(len(used), len(used) + fresh, dtype=np.int64)
-            used = np.concatenate([used, np.zeros(fresh, dtype=np.int64)])
-            todo = fill(todo, np.full(fresh, capacity, dtype=np.int64), rows)
-            if len(todo):
-                todo = fill_gaps(todo)
-    # A window can be left empty between two items that straddled its ends: renumber the rows in use.
-    counts = np.bincount(row_of[row_of >= 0], minlength=len(used))
-    keep = counts > 0
-    renumber = np.cumsum(keep) - 1
-    placed = row_of >= 0
-    row_of[placed] = renumber[row_of[placed]]
-    used = used[keep]
-    zero = ~placed  # items of size 0: they hold no token; the first row takes them
-    if zero.any():
-        if len(used) == 0:
-            used = np.zeros(1, dtype=np.int64)
-        row_of[zero] = 0
-    out = np.empty(m, dtype=np.int64)
-    out[order] = row_of
-    return out, used
 
 
 class PackBatcher(Batcher):
@@ -200,18 +83,46 @@ class PackBatcher(Batcher):
 
     def _pieces(
         self, ids: NDArray[np.int64], lens: NDArray[np.int64]
-    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-        """``(ids, starts, sizes)`` of the entries: one per sample, or per piece of a long one."""
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64] | None]:
+        """``(ids, starts, sizes, pieces)`` of the entries: one per sample, or per piece of a long one.
+
+        ``pieces`` is ``(n,)`` the entries of each sample, ``None`` when no sample is cut.
+        """
         cap = self.capacity
         if not self.batching.pack_split or len(lens) == 0 or int(lens.max()) <= cap:
-            return ids, np.zeros(len(ids), dtype=np.int64), lens
+            return ids, np.zeros(len(ids), dtype=np.int64), lens, None
         pieces = np.maximum(-(-lens // cap), 1)  # (n,) a sample of length 0 is one (empty) piece
         piece = range_positions(np.zeros(len(ids), dtype=np.int64), pieces)  # (E,) piece index within its sample
         starts = piece * cap
-        return np.repeat(ids, pieces), starts, np.minimum(np.repeat(lens, pieces) - starts, cap)
+        return np.repeat(ids, pieces), starts, np.minimum(np.repeat(lens, pieces) - starts, cap), pieces
 
     def _count(self) -> NDArray[np.int64]:
-        return np.array([self.count_rank(rank) for rank in range(self.layout.world_size)], dtype=np.int64)
+        """Every rank's ``ceil(rows / rows_per_batch)``: the ranks packed together, a few million items a call.
+
+        :func:`~shardload.plan.packrows.pack_segments` packs each rank as
+        :meth:`build_packed` packs it alone, so the counts are the built ones.
+        """
+        world = self.layout.world_size
+        rows = np.zeros(world, dtype=np.int64)
+        rank = 0
+        while rank < world:
+            ids, seg, end = [], [], rank
+            items = 0
+            while end < world and (end == rank or items < COUNT_CHUNK):
+                rank_ids = self.layout.rank_sample_ids(end)
+                ids.append(rank_ids)
+                seg.append(np.full(len(rank_ids), end - rank, dtype=np.int64))
+                items += len(rank_ids)
+                end += 1
+            all_ids = np.concatenate(ids)
+            _, _, sizes, pieces = self._pieces(all_ids, np.asarray(self.lengths[all_ids], dtype=np.int64))
+            all_seg = np.concatenate(seg)
+            _, _, row_seg = pack_segments(
+                sizes, all_seg if pieces is None else np.repeat(all_seg, pieces), end - rank, self.capacity
+            )
+            rows[rank:end] = np.bincount(row_seg, minlength=end - rank)
+            rank = end
+        return -(-rows // self.rows_per_batch)
 
     def _cut(self, ids: NDArray[np.int64], lens: NDArray[np.int64]) -> Batches:
         raise AssertionError("packed batches are built by build_packed")  # pragma: no cover
@@ -228,7 +139,7 @@ class PackBatcher(Batcher):
         on the sizes, so the count is the one :meth:`build_packed` reaches.
         """
         ids = self.layout.rank_sample_ids(rank)
-        _, _, sizes = self._pieces(ids, np.asarray(self.lengths[ids], dtype=np.int64))
+        _, _, sizes, _ = self._pieces(ids, np.asarray(self.lengths[ids], dtype=np.int64))
         return -(-len(pack_rows(sizes, self.capacity)[1]) // self.rows_per_batch) if len(sizes) else 0
 
     def build_packed(self, rank: int, *, target: int, filler_id: int) -> PackedBatches:
@@ -244,7 +155,7 @@ class PackBatcher(Batcher):
         drops the lightest rows past ``target * rows_per_batch``.
         """
         ids, lens, rng = self.rank_order(rank)
-        e_ids, e_starts, sizes = self._pieces(ids, lens)
+        e_ids, e_starts, sizes, _ = self._pieces(ids, lens)
         row_of, used = pack_rows(sizes, self.capacity)
         rows = len(used)
         # rows heaviest first; ties (mostly full rows) in random order when training

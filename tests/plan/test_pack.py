@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from shardload.errors import PlanError
 from shardload.plan import Batching, EpochSpec, PlanInputs, RankPlan
 from shardload.plan.options import EVAL_STAGES
-from shardload.plan.pack import pack_rows
+from shardload.plan.packrows import pack_rows, pack_segments
 from shardload.plan.planner import EpochPlanner
 
 from .strategies import STAGES, long_tailed, partition
@@ -166,3 +166,20 @@ def test_packing_fields_change_the_fingerprint_and_others_keep_theirs() -> None:
     assert len({fixed, packed, longer}) == 3
     # Invariant: a plan without packing keeps the fingerprint it had before packing existed (saved states resume)
     assert Batching(batch_size=4).identity() == (4, None, True, 1, "split", 1.05, None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 120), max_size=60), min_size=1, max_size=6), st.integers(1, 120))
+def test_segments_pack_as_if_each_were_alone(groups: list[list[int]], capacity: int) -> None:
+    sizes = np.minimum(np.array([x for g in groups for x in g], dtype=np.int64), capacity)
+    seg = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+    row_of, used, row_seg = pack_segments(sizes, seg, len(groups), capacity)
+    lo = 0
+    for k, group in enumerate(groups):
+        alone_rows, alone_used = pack_rows(sizes[lo : lo + len(group)], capacity)
+        mine = row_seg == k
+        # Invariant: packing ranks together gives each the rows it gets alone (counting agrees with building)
+        assert np.array_equal(used[mine], alone_used)
+        first = int(np.flatnonzero(mine)[0]) if mine.any() else 0
+        assert np.array_equal(row_of[lo : lo + len(group)] - first, alone_rows)
+        lo += len(group)
