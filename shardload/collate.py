@@ -275,8 +275,7 @@ def collate_batch(
         layout.append((name, (b, l_pad, *f.inner_shape), np.dtype(f.dtype), zeroed))
         layout.append((lengths_key(name), (b,), np.dtype(np.int64), False))
     # the keys besides the fields: Schema.batch_keys() lists them, and no field may have one of their names
-    layout.append((SAMPLE_ID_KEY, (b,), np.dtype(np.int64), False))
-    layout.append((WEIGHT_KEY, (b,), np.dtype(np.float32), False))
+    layout += plan_layout(b)
 
     out = allocate(layout)
     for name in names:
@@ -294,9 +293,19 @@ def collate_batch(
         copy_slices(
             flat, cols, groups, name, bounds[name], dst, None if fill_first[name] else dst + arr.shape[1], pad_value
         )
+    fill_plan_keys(out, sample_ids, weights)
+    return out
+
+
+def plan_layout(b: int) -> Layout:
+    """The layout of the per-sample keys taken from the plan (``sample_id``, ``weight``), last in every batch."""
+    return [(SAMPLE_ID_KEY, (b,), np.dtype(np.int64), False), (WEIGHT_KEY, (b,), np.dtype(np.float32), False)]
+
+
+def fill_plan_keys(out: dict[str, np.ndarray], sample_ids: NDArray[np.int64], weights: NDArray[np.float32]) -> None:
+    """Write the keys of :func:`plan_layout`."""
     out[SAMPLE_ID_KEY][:] = sample_ids
     out[WEIGHT_KEY][:] = weights
-    return out
 
 
 def gather_fixed(

@@ -47,8 +47,10 @@ from shardload.collate import (
     PadSpec,
     allocate_separately,
     copy_slices,
+    fill_plan_keys,
     gather_fixed,
     group_by_shard,
+    plan_layout,
     sample_bounds,
 )
 from shardload.errors import PlanError
@@ -59,8 +61,6 @@ from shardload.schema import (
     DOCUMENT_IDS_KEY,
     MAX_SEQLEN_KEY,
     POSITION_IDS_KEY,
-    SAMPLE_ID_KEY,
-    WEIGHT_KEY,
     Schema,
     lengths_key,
 )
@@ -224,8 +224,7 @@ def collate_packed(
     layout.append((DOCUMENT_IDS_KEY, (r, p), np.dtype(np.int32), False))
     layout.append((CU_SEQLENS_KEY, (num_seqs + 1,), np.dtype(np.int32), False))
     layout.append((MAX_SEQLEN_KEY, (), np.dtype(np.int32), False))
-    layout.append((SAMPLE_ID_KEY, (e,), np.dtype(np.int64), False))
-    layout.append((WEIGHT_KEY, (e,), np.dtype(np.float32), False))
+    layout += plan_layout(e)
 
     out = allocate(layout)
     for name in names:
@@ -243,8 +242,7 @@ def collate_packed(
     cu = out[CU_SEQLENS_KEY]
     cu[:] = np.sort(seq_starts, kind="stable")
     out[MAX_SEQLEN_KEY][...] = np.diff(cu).max()
-    out[SAMPLE_ID_KEY][:] = sample_ids
-    out[WEIGHT_KEY][:] = weights
+    fill_plan_keys(out, sample_ids, weights)
     return out
 
 
