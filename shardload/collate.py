@@ -262,7 +262,7 @@ def collate_batch(
         if not f.variable:
             layout.append((name, (b, *f.inner_shape), np.dtype(f.dtype), False))
             continue
-        starts, ends = _sample_bounds(cols, groups, name, rows)
+        starts, ends = sample_bounds(cols, groups, name, rows)
         bounds[name] = starts, ends
         lengths = ends - starts
         l_pad = padded_length(int(lengths.max(initial=0)), pad.pad_to_multiple_of)
@@ -275,32 +275,56 @@ def collate_batch(
         layout.append((name, (b, l_pad, *f.inner_shape), np.dtype(f.dtype), zeroed))
         layout.append((lengths_key(name), (b,), np.dtype(np.int64), False))
     # the keys besides the fields: Schema.batch_keys() lists them, and no field may have one of their names
-    layout.append((SAMPLE_ID_KEY, (b,), np.dtype(np.int64), False))
-    layout.append((WEIGHT_KEY, (b,), np.dtype(np.float32), False))
+    layout += plan_layout(b)
 
     out = allocate(layout)
     for name in names:
         arr = out[name]
         if name not in bounds:
-            for s, pos in groups:
-                values = cols[s].fields[name].values
-                if pos is None:
-                    arr[:] = values[rows]  # values may be lazy (Zarr): index it, never np.take it
-                else:
-                    arr[pos] = values[rows[pos]]
+            gather_fixed(arr, cols, groups, name, rows)
             continue
         starts, ends = bounds[name]
         np.subtract(ends, starts, out=out[lengths_key(name)])
         pad_value = pad.pad_values.get(name, 0)
         if fill_first[name] and pad_value != 0:
             arr.fill(pad_value)
-        _copy_rows(arr, cols, groups, name, starts, ends, None if fill_first[name] else pad_value)
-    out[SAMPLE_ID_KEY][:] = sample_ids
-    out[WEIGHT_KEY][:] = weights
+        flat = arr.reshape(b * arr.shape[1], *arr.shape[2:])  # a view: rows addressed by one slice each
+        dst = np.arange(b, dtype=np.int64) * arr.shape[1]
+        copy_slices(
+            flat, cols, groups, name, bounds[name], dst, None if fill_first[name] else dst + arr.shape[1], pad_value
+        )
+    fill_plan_keys(out, sample_ids, weights)
     return out
 
 
-def _sample_bounds(
+def plan_layout(b: int) -> Layout:
+    """The layout of the per-sample keys taken from the plan (``sample_id``, ``weight``), last in every batch."""
+    return [(SAMPLE_ID_KEY, (b,), np.dtype(np.int64), False), (WEIGHT_KEY, (b,), np.dtype(np.float32), False)]
+
+
+def fill_plan_keys(out: dict[str, np.ndarray], sample_ids: NDArray[np.int64], weights: NDArray[np.float32]) -> None:
+    """Write the keys of :func:`plan_layout`."""
+    out[SAMPLE_ID_KEY][:] = sample_ids
+    out[WEIGHT_KEY][:] = weights
+
+
+def gather_fixed(
+    arr: np.ndarray,
+    cols: Mapping[int, Columns],
+    groups: list[tuple[int, NDArray[np.int64] | None]],
+    name: str,
+    rows: NDArray[np.int64],
+) -> None:
+    """Fill ``arr`` (``[B, *shape]``) with fixed field ``name`` of each sample, one indexing per shard."""
+    for s, pos in groups:
+        values = cols[s].fields[name].values
+        if pos is None:
+            arr[:] = values[rows]  # values may be lazy (Zarr): index it, never np.take it
+        else:
+            arr[pos] = values[rows[pos]]
+
+
+def sample_bounds(
     cols: Mapping[int, Columns],
     groups: list[tuple[int, NDArray[np.int64] | None]],
     name: str,
@@ -322,27 +346,42 @@ def _sample_bounds(
     return starts, ends
 
 
-def _copy_rows(
-    arr: np.ndarray,
+def copy_slices(
+    flat: np.ndarray,
     cols: Mapping[int, Columns],
     groups: list[tuple[int, NDArray[np.int64] | None]],
     name: str,
-    starts: NDArray[np.int64],
-    ends: NDArray[np.int64],
-    tail_pad: float | None,
+    src: tuple[NDArray[np.int64], NDArray[np.int64]],
+    dst: NDArray[np.int64],
+    pad_to: NDArray[np.int64] | None = None,
+    pad_value: float = 0,
 ) -> None:
-    """Write each sample into its row of ``arr`` (``[B, L_pad, *inner]``), then ``tail_pad`` after it (if not None)."""
-    b, l_pad = arr.shape[0], arr.shape[1]
-    flat = arr.reshape(b * l_pad, *arr.shape[2:])  # a view: rows addressed by one slice each
+    """Copy each sample's values into its place of ``flat``, then pad after it up to ``pad_to`` (if given).
+
+    The one copy loop of both collates: sample ``i`` (in shard ``groups``)
+    holds ``values[src[0][i]:src[1][i]]`` of field ``name``; it goes to
+    ``flat[dst[i]:dst[i] + n]``, one numpy slice copy per sample, and
+    ``flat[dst[i] + n:pad_to[i]]`` is set to ``pad_value``.
+
+    Args:
+        flat: the output array with its row and length axes merged (a view).
+        cols, groups: the shards' columns and the batch's samples grouped by shard (:func:`group_by_shard`).
+        name: the field.
+        src: ``(B,)`` start and end offsets in the shard's values buffer.
+        dst: ``(B,)`` first position of each sample in ``flat``.
+        pad_to: ``(B,)`` end of the padding after each sample, or None for none.
+        pad_value: the field's pad value.
+    """
     for s, pos in groups:
         values = cols[s].fields[name].values
-        if pos is None:
-            items = zip(range(b), starts.tolist(), ends.tolist())
-        else:
-            items = zip(pos.tolist(), starts[pos].tolist(), ends[pos].tolist())
-        for i, st, en in items:
-            lo = i * l_pad
+        sel: slice | NDArray[np.int64] = slice(None) if pos is None else pos
+        los, his, dsts = src[0][sel].tolist(), src[1][sel].tolist(), dst[sel].tolist()
+        if pad_to is None:
+            for st, en, lo in zip(los, his, dsts):
+                flat[lo : lo + en - st] = values[st:en]
+            continue
+        for st, en, lo, end in zip(los, his, dsts, pad_to[sel].tolist()):
             hi = lo + en - st
             flat[lo:hi] = values[st:en]
-            if tail_pad is not None and hi < lo + l_pad:
-                flat[hi : lo + l_pad] = tail_pad
+            if hi < end:
+                flat[hi:end] = pad_value

@@ -36,7 +36,8 @@ from numpy.typing import NDArray
 from torch.utils.data import Dataset, get_worker_info
 
 from shardload.collate import Allocate, Layout, PadSpec, allocate_separately, collate_batch
-from shardload.errors import ShardSetChangedError
+from shardload.collate_packed import PackSpec, collate_packed
+from shardload.errors import PlanError, ShardSetChangedError
 from shardload.formats import Columns
 from shardload.shardset import ShardSet
 
@@ -45,15 +46,24 @@ from shardload.shardset import ShardSet
 class BatchKey:
     """One planned batch, as sent to a worker.
 
+    A padded batch has one sample per row; a packed batch (``rows`` given)
+    lays several documents end to end in each row (:mod:`shardload.collate_packed`).
+
     Attributes:
         index: position of the batch in this rank's epoch plan.
-        sample_ids: ``(B,)`` int64 global ids (filler rows included).
+        sample_ids: ``(B,)`` int64 global ids (filler rows included); packed: ``(E,)``, one per document.
         weights: ``(B,)`` float32, 0.0 for filler.
+        rows: packed batches only: ``(E,)`` int32 row of each document, documents ordered by row, then by
+            position in the row.
+        starts: packed batches only: ``(E,)`` int64 first token of each document's sample (0 unless the
+            sample was cut into pieces); None means all 0.
     """
 
     index: int
     sample_ids: NDArray[np.int64]
     weights: NDArray[np.float32]
+    rows: NDArray[np.int32] | None = None
+    starts: NDArray[np.int64] | None = None
 
 
 ALIGN = 64  # bytes; every array in a shared batch buffer starts at a multiple of this
@@ -160,13 +170,23 @@ class ShardBatchDataset(Dataset[Any]):
         fingerprint: the manifest fingerprint the plan was made from; a worker
             that finds a different one (the set was re-prepared) raises
             :class:`ShardSetChangedError` instead of mixing old and new data.
+        pack: build packed batches of this shape (keys with ``rows``); checked
+            against the set (:meth:`PackSpec.check_set`) with ``pad``.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str] | ShardSet, pad: PadSpec | None = None, *, fingerprint: str | None = None
+        self,
+        path: str | os.PathLike[str] | ShardSet,
+        pad: PadSpec | None = None,
+        *,
+        fingerprint: str | None = None,
+        pack: PackSpec | None = None,
     ):
         self._shard_set: ShardSet | None = None
         self.pad = pad or PadSpec()
+        if pack is not None and not isinstance(pack, PackSpec):
+            raise PlanError(f"pack must be a PackSpec or None, got {type(pack).__name__}")
+        self.pack = pack
         self._pad_checked = False
         if isinstance(path, ShardSet):
             self._shard_set, self.path = path, path.path
@@ -178,6 +198,10 @@ class ShardBatchDataset(Dataset[Any]):
     def _check_pad(self, shard_set: ShardSet) -> None:
         if not self._pad_checked:
             self.pad = self.pad.for_schema(shard_set.schema, str(shard_set.path))
+            if self.pack is not None:
+                self.pack.check_set(
+                    shard_set.schema, self.pad, shard_set.lengths, shard_set.field_lengths, str(shard_set.path)
+                )
             self._pad_checked = True
 
     @property
@@ -202,10 +226,27 @@ class ShardBatchDataset(Dataset[Any]):
         sample_ids: NDArray[np.int64],
         weights: NDArray[np.float32],
         allocate: Allocate = allocate_separately,
+        *,
+        rows: NDArray[np.integer] | None = None,
+        starts: NDArray[np.integer] | None = None,
     ) -> dict[str, np.ndarray]:
-        """The padded batch as numpy arrays (see :mod:`shardload.collate` for the contract)."""
+        """The batch as numpy arrays: padded, or packed when ``rows`` is given.
+
+        See :mod:`shardload.collate` and :mod:`shardload.collate_packed` for the
+        contracts; ``rows`` and ``starts`` are those of :class:`BatchKey`.
+
+        Raises:
+            PlanError: a packed key for a dataset without a :class:`PackSpec`, or the reverse.
+        """
+        if (rows is None) != (self.pack is None):
+            raise PlanError(
+                "a packed batch (a BatchKey with rows) needs a dataset built with pack=PackSpec(...)"
+                if rows is not None
+                else f"this dataset packs batches ({self.pack}), and the batch has no rows: the plan is not packed; "
+                "build loader and plan from the same Batching"
+            )
         ss = self.shard_set
-        shards, rows = ss.index.locate(sample_ids)
+        shards, where = ss.index.locate(sample_ids)
         touched: list[int] = []
 
         def columns_of(shard: int) -> Columns:
@@ -213,7 +254,13 @@ class ShardBatchDataset(Dataset[Any]):
             touched.append(shard)
             return cols
 
-        out = collate_batch(ss.schema, columns_of, shards, rows, sample_ids, weights, self.pad, allocate)
+        if rows is None or self.pack is None:
+            out = collate_batch(ss.schema, columns_of, shards, where, sample_ids, weights, self.pad, allocate)
+        else:
+            at = np.zeros(len(sample_ids), np.int64) if starts is None else starts
+            out = collate_packed(
+                ss.schema, columns_of, shards, where, sample_ids, weights, rows, at, self.pad, self.pack, allocate
+            )
         # Again after the copy: a shard rewritten while this batch was read must not go out as data.
         ss.check_shards_unchanged(touched)
         return out
@@ -226,10 +273,10 @@ class ShardBatchDataset(Dataset[Any]):
                 f"{type(key).__name__}. Was the DataLoader's sampler replaced (e.g. by a DistributedSampler)?"
             )
         if get_worker_info() is None:  # the main process: nothing to send, plain arrays are cheapest
-            arrays = self.fetch(key.sample_ids, key.weights)
+            arrays = self.fetch(key.sample_ids, key.weights, rows=key.rows, starts=key.starts)
             return {k: torch.from_numpy(v) for k, v in arrays.items()}
         arena = BatchArena()
-        self.fetch(key.sample_ids, key.weights, arena)
+        self.fetch(key.sample_ids, key.weights, arena, rows=key.rows, starts=key.starts)
         return arena.batch()
 
     def __getstate__(self) -> dict[str, Any]:

@@ -50,6 +50,11 @@ MAX_NAME_BYTES = 200
 SAMPLE_ID_KEY = "sample_id"
 WEIGHT_KEY = "weight"
 LENGTHS_SUFFIX = "_lengths"
+#: keys a packed batch adds besides those (see :mod:`shardload.collate_packed`)
+POSITION_IDS_KEY = "position_ids"
+DOCUMENT_IDS_KEY = "document_ids"
+CU_SEQLENS_KEY = "cu_seqlens"
+MAX_SEQLEN_KEY = "max_seqlen"
 
 
 def lengths_key(name: str) -> str:
@@ -216,16 +221,27 @@ class Schema:
             out[f.name] = arr
         return out
 
-    def batch_keys(self) -> dict[str, str]:
+    def batch_keys(self, packed: bool = False) -> dict[str, str]:
         """The keys the loader adds to every batch besides the fields, each with what it holds.
 
-        The one list of them: :func:`shardload.collate.collate_batch` builds its
-        keys with it, and :func:`schema_problems` refuses a field that has one of
-        these names (the loader would replace its data in every batch).
+        The one list of them: :func:`shardload.collate.collate_batch` and
+        :func:`shardload.collate_packed.collate_packed` build their keys with
+        it; :func:`schema_problems` refuses a field that has the name of a key
+        of every batch (the loader would replace its data in every batch), and
+        :meth:`shardload.collate_packed.PackSpec.check_set` refuses, for packed
+        loading only, a loaded field named like a key of packed batches.
+
+        Args:
+            packed: also list the keys only packed batches have.
         """
         keys = {lengths_key(f.name): f"the lengths of variable field {f.name!r}" for f in self.variable_fields}
         keys[SAMPLE_ID_KEY] = "the global sample ids"
         keys[WEIGHT_KEY] = "the per-sample weights (0.0 for filler)"
+        if packed:
+            keys[POSITION_IDS_KEY] = "the position of each token within its document (packed batches)"
+            keys[DOCUMENT_IDS_KEY] = "the document of each token, -1 on padding (packed batches)"
+            keys[CU_SEQLENS_KEY] = "the cumulative sequence lengths for varlen attention (packed batches)"
+            keys[MAX_SEQLEN_KEY] = "the longest sequence of cu_seqlens (packed batches)"
         return keys
 
     def batching_lengths(self, per_field: Mapping[str, np.ndarray], n: int) -> np.ndarray:
