@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from shardload.collate import PadSpec
+from shardload.collate_packed import PackSpec
 from shardload.dataset import BatchKey, ShardBatchDataset, WorkerBatch
 from shardload.errors import PlanError, PlanMismatchError, ShardloadError, WorkerError
 from shardload.loader_options import LoaderOptions, check_path, check_state, with_shortcuts
@@ -138,9 +139,9 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         return self._keys(plan, start)
 
     def _keys(self, plan: RankPlan, start: int) -> Iterator[BatchKey]:
+        packed = plan.rows is not None
         for i in range(start, len(plan)):
-            ids, weights = plan.batch(i)
-            yield BatchKey(i, ids, weights)
+            yield BatchKey(i, *plan.packed_batch(i)) if packed else BatchKey(i, *plan.batch(i))
         if plan.epoch == self.spec.epoch:
             self.start = 0
 
@@ -448,7 +449,11 @@ def build_loader(
     check_request(spec, batching)
     shard_set = path if isinstance(path, ShardSet) else ShardSet(path)
     sampler = PlanSampler(shard_set, spec, batching, world=world, debug=options.debug, progress=progress)
-    # Checks fields and pad values against the set's schema (names and dtypes).
-    dataset = ShardBatchDataset(shard_set, pad, fingerprint=shard_set.fingerprint)
+    pack = None
+    if batching.packing:
+        assert batching.pack_length is not None and batching.rows_per_batch is not None
+        pack = PackSpec(batching.pack_length, batching.rows_per_batch)
+    # Checks fields and pad values against the set's schema (names and dtypes), and that a packed set can be packed.
+    dataset = ShardBatchDataset(shard_set, pad, fingerprint=shard_set.fingerprint, pack=pack)
     # sampler by keyword: Lightning re-creates the loader (predict) from the recorded arguments
     return ShardLoader(dataset, sampler=sampler, **options.dataloader_kwargs())
