@@ -59,6 +59,10 @@ class _Packer:
         self.row_of = np.full(len(sizes), -1, dtype=np.int64)  # (m,) in sorted order
         self.used = np.zeros(0, dtype=np.int64)  # (rows,) tokens per row
         self.row_seg = np.zeros(0, dtype=np.int64)  # (rows,) segment of each row
+        #: rows that may still take an item (gap >= the smallest item), in row order
+        self.open = np.zeros(0, dtype=np.int64)
+        positive = self.items[self.items > 0]
+        self.smallest_item = int(positive.min()) if len(positive) else capacity + 1
 
     def windows(
         self, todo: NDArray[np.int64], caps: NDArray[np.int64], win_seg: NDArray[np.int64]
@@ -97,12 +101,13 @@ class _Packer:
         last_of_run = np.r_[seg[1:] != seg[:-1], True]
         smallest = np.full(self.segments, self.capacity + 1, dtype=np.int64)
         smallest[seg[last_of_run]] = self.items[todo[last_of_run]]  # items are largest first in a segment
-        gaps = self.capacity - self.used
-        rows = np.flatnonzero(gaps >= smallest[self.row_seg])
+        gaps = self.capacity - self.used[self.open]
+        fits = gaps >= smallest[self.row_seg[self.open]]
+        rows, gaps = self.open[fits], gaps[fits]
         if len(rows) == 0:
             return todo
-        rows = rows[_by_segment_then(gaps[rows], self.capacity + 1, self.row_seg[rows], self.segments)]
-        return self.fill(todo, gaps[rows], rows)
+        order = _by_segment_then(gaps, self.capacity + 1, self.row_seg[rows], self.segments)
+        return self.fill(todo, gaps[order], rows[order])
 
     def open_rows(self, todo: NDArray[np.int64]) -> NDArray[np.int64]:
         """New rows for the items ``todo``, as many per segment as its tokens need; return those left."""
@@ -113,6 +118,7 @@ class _Packer:
         new_seg = np.repeat(np.arange(self.segments, dtype=np.int64), fresh)
         self.used = np.concatenate([self.used, np.zeros(len(rows), dtype=np.int64)])
         self.row_seg = np.concatenate([self.row_seg, new_seg])
+        self.open = np.concatenate([self.open, rows])
         return self.fill(todo, np.full(len(rows), self.capacity, dtype=np.int64), rows)
 
     def run(self) -> None:
@@ -137,6 +143,8 @@ class _Packer:
                 todo = self.open_rows(todo)
                 if len(todo):
                     todo = self.fill_gaps(todo)
+            # a row whose gap is below every item's size is full for good: later rounds skip it
+            self.open = self.open[self.capacity - self.used[self.open] >= self.smallest_item]
 
     def result(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
         """``(row_of, used, row_seg)`` with the rows in use numbered by segment, in the items' input order.
