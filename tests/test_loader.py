@@ -198,3 +198,18 @@ def test_rank_from_environment(shard_set: shardload.ShardSet, monkeypatch: pytes
     monkeypatch.setenv("WORLD_SIZE", "3")
     loader = make_loader(shard_set.path, batch_size=8)
     assert (loader.plan_sampler.world.rank, loader.plan_sampler.world.world_size) == (2, 3)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_packed_loader_resumes_mid_epoch(tmp_path: Path, workers: int) -> None:
+    rng = np.random.default_rng(3)
+    tokens = [{"tokens": rng.integers(0, 100, n).astype(np.int32)} for n in rng.integers(1, 300, 200)]
+    shardload.write(tokens, tmp_path / "set", num_shards=4, progress=False)
+
+    def make() -> shardload.loader.ShardLoader:
+        batching = Batching(packing=True, pack_length=512, rows_per_batch=2)
+        loader = make_loader(tmp_path / "set", rank=1, world_size=2, batching=batching, num_workers=workers, seed=2)
+        loader.set_epoch(1)
+        return loader
+
+    assert_resumes_identically(make, stop_after=2)
