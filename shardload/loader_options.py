@@ -16,6 +16,7 @@ the one rule for a shortcut keyword (``batch_size=``, ``max_tokens=``,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Mapping
@@ -175,10 +176,12 @@ def with_shortcuts(
     ``shortcuts`` the shortcut keywords (``None``: not passed). Without an
     object, ``cls(**defaults, **shortcuts given)`` builds it. With one, a
     shortcut that differs from the object's field raises instead of being
-    silently ignored.
+    silently ignored, and one that equals it is still checked as that field
+    (``batch_size=True`` beside ``Batching(batch_size=1)`` is refused, as alone).
 
     Raises:
-        PlanError: A shortcut disagrees with the object, or ``given`` is not a ``cls``.
+        PlanError: A shortcut disagrees with the object or is not a valid value
+            of its field, or ``given`` is not a ``cls``.
     """
     passed = {name: value for name, value in shortcuts.items() if value is not None}
     if given is None:
@@ -192,6 +195,8 @@ def with_shortcuts(
         raise PlanError(
             f"{', '.join(clash)} disagrees with {owner}={given!r}: give each option once, in {owner}= or as a keyword"
         )
+    if passed:
+        dataclasses.replace(given, **passed)  # type: ignore[type-var]  # the field's own checks, for their types
     return given
 
 
