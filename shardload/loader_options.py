@@ -27,13 +27,12 @@ import numpy as np
 
 from shardload.errors import PlanError
 from shardload.plan.options import MAX_COUNT
-from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
+from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_bool, check_scalar
 
 __all__ = [
     "MAX_TIMEOUT",
     "MAX_WORKERS",
     "LoaderOptions",
-    "check_bool",
     "check_path",
     "check_state",
     "check_timeout",
@@ -44,13 +43,6 @@ __all__ = [
 MAX_WORKERS = 1024
 #: The DataLoader waits with ``poll()``, which takes at most 2^31 - 1 ms (24.8 days).
 MAX_TIMEOUT = 1_000_000.0
-
-
-def check_bool(name: str, value: object) -> bool:
-    """``value`` if it is a bool, else :class:`PlanError` (``pin_memory="no"`` is true in Python)."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise PlanError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
-    return bool(value)
 
 
 def check_path(name: str, value: object) -> None:

@@ -12,7 +12,16 @@ from numpy.typing import NDArray
 
 from shardload.errors import PlanError
 
-__all__ = ["MAX_EPOCH", "MAX_LENGTH", "MAX_SEED", "MAX_WORLD_SIZE", "check_arrays", "check_rank", "check_scalar"]
+__all__ = [
+    "MAX_EPOCH",
+    "MAX_LENGTH",
+    "MAX_SEED",
+    "MAX_WORLD_SIZE",
+    "check_arrays",
+    "check_bool",
+    "check_rank",
+    "check_scalar",
+]
 
 #: Largest world size: planning computes every rank's batch count, O(world size) per epoch
 #: (about 8 s at 65,536 ranks, 100 s at 2^20), and a plan summary is one row per rank.
@@ -39,6 +48,13 @@ def check_scalar(name: str, value: object, *, low: int, high: int, hint: str = "
     if value > high:
         raise PlanError(f"{name} must be at most {high:,}, got {value}{tail}")
     return int(value)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` if it is a bool, else :class:`PlanError` (``pin_memory="no"`` is true in Python)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise PlanError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
 
 
 def check_rank(rank: object, world_size: int) -> int:

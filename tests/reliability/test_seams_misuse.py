@@ -96,3 +96,12 @@ def test_zarr_options_take_numpy_integers_like_every_other_option_object() -> No
     for bad in ({"chunk_size": np.float64(4096)}, {"chunk_size": np.True_}, {"compression_level": np.int64(99)}):
         with pytest.raises(InputError):
             shardload.ZarrOptions(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("with_ids", ["no", 0, None, 1.0])
+def test_summarize_plan_refuses_a_with_ids_that_is_not_a_bool(with_ids: object) -> None:
+    # Invariant: with_ids is checked like every bool option (with_ids="no" kept every rank's plan, as "no" is true).
+    inputs = PlanInputs(np.array([3, 1, 2]), np.array([3]))
+    with pytest.raises(PlanError, match="with_ids"):
+        summarize_plan(inputs, EpochSpec(world_size=2), Batching(batch_size=2), with_ids=with_ids)  # type: ignore[arg-type]
+    assert summarize_plan(inputs, EpochSpec(world_size=2), Batching(batch_size=2), with_ids=np.False_).plans is None  # type: ignore[arg-type]
