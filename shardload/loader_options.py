@@ -16,6 +16,7 @@ the one rule for a shortcut keyword (``batch_size=``, ``max_tokens=``,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Mapping
@@ -26,13 +27,12 @@ import numpy as np
 
 from shardload.errors import PlanError
 from shardload.plan.options import MAX_COUNT
-from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
+from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_bool, check_scalar
 
 __all__ = [
     "MAX_TIMEOUT",
     "MAX_WORKERS",
     "LoaderOptions",
-    "check_bool",
     "check_path",
     "check_state",
     "check_timeout",
@@ -43,13 +43,6 @@ __all__ = [
 MAX_WORKERS = 1024
 #: The DataLoader waits with ``poll()``, which takes at most 2^31 - 1 ms (24.8 days).
 MAX_TIMEOUT = 1_000_000.0
-
-
-def check_bool(name: str, value: object) -> bool:
-    """``value`` if it is a bool, else :class:`PlanError` (``pin_memory="no"`` is true in Python)."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise PlanError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
-    return bool(value)
 
 
 def check_path(name: str, value: object) -> None:
@@ -175,10 +168,12 @@ def with_shortcuts(
     ``shortcuts`` the shortcut keywords (``None``: not passed). Without an
     object, ``cls(**defaults, **shortcuts given)`` builds it. With one, a
     shortcut that differs from the object's field raises instead of being
-    silently ignored.
+    silently ignored, and one that equals it is still checked as that field
+    (``batch_size=True`` beside ``Batching(batch_size=1)`` is refused, as alone).
 
     Raises:
-        PlanError: A shortcut disagrees with the object, or ``given`` is not a ``cls``.
+        PlanError: A shortcut disagrees with the object or is not a valid value
+            of its field, or ``given`` is not a ``cls``.
     """
     passed = {name: value for name, value in shortcuts.items() if value is not None}
     if given is None:
@@ -192,6 +187,8 @@ def with_shortcuts(
         raise PlanError(
             f"{', '.join(clash)} disagrees with {owner}={given!r}: give each option once, in {owner}= or as a keyword"
         )
+    if passed:
+        dataclasses.replace(given, **passed)  # type: ignore[type-var]  # the field's own checks, for their types
     return given
 
 

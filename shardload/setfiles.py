@@ -32,6 +32,7 @@ from numpy.typing import NDArray
 
 from shardload.envvars import env_int
 from shardload.errors import ShardSetError
+from shardload.plan.validate import MAX_LENGTH
 
 __all__ = [
     "ENV_MAX_MANIFEST_BYTES",
@@ -57,8 +58,8 @@ ENV_MAX_MANIFEST_BYTES = "SHARDLOAD_MAX_MANIFEST_BYTES"
 #: shards one process keeps open (mapped, with a file descriptor) before closing the least recently used
 MAX_OPEN_SHARDS = 128
 ENV_MAX_OPEN_SHARDS = "SHARDLOAD_MAX_OPEN_SHARDS"
-#: largest length a lengths index may hold for one sample (far beyond any real sample; keeps sums in int64)
-MAX_INDEX_LENGTH = 1 << 40
+#: largest length a lengths index may hold for one sample: the planner's bound (keeps sums in int64)
+MAX_INDEX_LENGTH = MAX_LENGTH
 
 _CHUNK = 1 << 22
 _MAX_NPY_HEADER = 1 << 16

@@ -60,7 +60,7 @@ class RankPlan:
         batch_offsets: ``(num_batches + 1,)`` offsets of batches into
             ``sample_ids``; every batch has at least one row.
         rank_batch_counts: ``(world_size,)`` every rank's batch count before
-            equalisation (for reports).
+            equalisation (for reports); one array shared by the plans of an epoch.
         fingerprint: Hex digest of the inputs and the final batch count,
             identical on all ranks; compare it across ranks to catch a rank
             that planned from different inputs.
@@ -237,7 +237,9 @@ class EpochPlanner:
             epoch=spec.epoch,
             max_length=inputs.max_length,
         )
-        self.rank_batch_counts = self.batcher.count_batches()  # (W,) before equalisation
+        # (W,) before equalisation; read-only, so that every rank's plan shares it (a copy each is O(W**2) memory)
+        self.rank_batch_counts = self.batcher.count_batches().copy()
+        self.rank_batch_counts.setflags(write=False)
         counts = self.rank_batch_counts
         self.num_batches = int(counts.min() if batching.uneven == "drop" else counts.max())
         header = {
@@ -273,7 +275,7 @@ class EpochPlanner:
             sample_ids=ids,
             weights=weights,
             batch_offsets=offsets,
-            rank_batch_counts=self.rank_batch_counts.copy(),
+            rank_batch_counts=self.rank_batch_counts,
             fingerprint=self.fingerprint,
         )
 

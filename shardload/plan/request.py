@@ -144,7 +144,7 @@ class PlanInputs:
 
     Attributes:
         lengths: ``(N,)`` batching length of every sample, global sample ids
-            in shard order; any integer dtype.
+            in shard order; any integer dtype, values in ``[0, 2**40]``.
         shard_sizes: ``(S,)`` samples per shard (int64; empty shards allowed);
             they add up to ``N``.
         digest: A string naming the content of ``lengths``, the same on every

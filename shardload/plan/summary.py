@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 from shardload.plan.options import Batching, Stage, padded_length
 from shardload.plan.planner import EpochPlanner, RankPlan
 from shardload.plan.request import EpochSpec, PlanInputs
+from shardload.plan.validate import check_bool
 
 __all__ = ["PlanSummary", "summarize_plan"]
 
@@ -240,13 +241,14 @@ def summarize_plan(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, w
         The :class:`PlanSummary`.
 
     Raises:
-        PlanError: If an argument is invalid.
+        PlanError: If an argument is invalid (``with_ids`` too: ``"no"`` is not ``False``).
 
     >>> inputs = PlanInputs(np.arange(100), np.array([60, 40]))
     >>> summary = summarize_plan(inputs, EpochSpec(world_size=3, stage="val"), Batching(batch_size=8))
     >>> summary.samples.tolist(), summary.num_batches
     ([33, 33, 34], 5)
     """
+    with_ids = check_bool("with_ids", with_ids)
     planner = EpochPlanner(inputs, spec, batching)
     kept: list[RankPlan] = []
     figures = np.zeros((spec.world_size, 5), dtype=np.int64)  # (W, 5) samples, filler, tokens, padded, shards

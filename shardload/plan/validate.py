@@ -1,7 +1,7 @@
 """Checks of the planner's inputs: bad input raises a PlanError saying what to do.
 
 Kept apart from the algorithms so that they can assume clean input: a 1-D
-integer lengths index with no negative value, shard sizes that add up to it,
+integer lengths index with values in ``[0, MAX_LENGTH]``, shard sizes that add up to it,
 and integer options in range.
 """
 
@@ -12,7 +12,16 @@ from numpy.typing import NDArray
 
 from shardload.errors import PlanError
 
-__all__ = ["MAX_EPOCH", "MAX_SEED", "MAX_WORLD_SIZE", "check_arrays", "check_rank", "check_scalar"]
+__all__ = [
+    "MAX_EPOCH",
+    "MAX_LENGTH",
+    "MAX_SEED",
+    "MAX_WORLD_SIZE",
+    "check_arrays",
+    "check_bool",
+    "check_rank",
+    "check_scalar",
+]
 
 #: Largest world size: planning computes every rank's batch count, O(world size) per epoch
 #: (about 8 s at 65,536 ranks, 100 s at 2^20), and a plan summary is one row per rank.
@@ -20,6 +29,9 @@ MAX_WORLD_SIZE = 1 << 20
 #: Seeds and epochs are hashed as 64-bit values; larger ones are refused, not wrapped.
 MAX_SEED = (1 << 64) - 1
 MAX_EPOCH = (1 << 63) - 1
+#: Longest sample length: far beyond any real sample, and small enough that rows x padded length and
+#: the token sums of a plan stay in int64. A shard set's lengths index is bounded by the same value.
+MAX_LENGTH = 1 << 40
 
 
 def check_scalar(name: str, value: object, *, low: int, high: int, hint: str = "") -> int:
@@ -36,6 +48,13 @@ def check_scalar(name: str, value: object, *, low: int, high: int, hint: str = "
     if value > high:
         raise PlanError(f"{name} must be at most {high:,}, got {value}{tail}")
     return int(value)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` if it is a bool, else :class:`PlanError` (``pin_memory="no"`` is true in Python)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise PlanError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
 
 
 def check_rank(rank: object, world_size: int) -> int:
@@ -87,4 +106,11 @@ def check_arrays(lengths: object, shard_sizes: object) -> tuple[NDArray[np.integ
     if lens.min() < 0:
         sample = int(np.argmin(lens))
         raise PlanError(f"lengths[{sample}] = {lens[sample]} is negative: lengths must be >= 0")
-    return lens, sizes, int(lens.max())
+    longest = lens.max()
+    if longest > MAX_LENGTH:
+        sample = int(np.argmax(lens))
+        raise PlanError(
+            f"lengths[{sample}] = {longest} is beyond the longest length a sample may have (2**40 = {MAX_LENGTH:,}): "
+            "the lengths are not per-sample lengths (bytes? an uninitialised array?)"
+        )
+    return lens, sizes, int(longest)

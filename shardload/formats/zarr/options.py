@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from shardload.errors import InputError
 from shardload.formats.base import FormatOptions
 from shardload.formats.zarr.codecs import require_zarr
@@ -60,9 +62,16 @@ class ZarrOptions(FormatOptions):
             if compression == "none":
                 raise InputError("a compression level needs a compression (zstd or blosc-lz4), not 'none'")
             lo, hi = LEVEL_RANGES[compression]
-            if isinstance(level, bool) or not isinstance(level, int) or not lo <= level <= hi:
+            if not _is_int(level) or not lo <= level <= hi:
                 raise InputError(f"{compression} compression level must be an integer in [{lo}, {hi}], got {level!r}")
+            object.__setattr__(self, "compression_level", int(level))  # numpy integers too: the manifest stores ints
         elif compression != "none":
             object.__setattr__(self, "compression_level", DEFAULT_LEVELS[compression])
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        if not _is_int(chunk_size) or chunk_size <= 0:
             raise InputError(f"chunk size must be a positive number of bytes, got {chunk_size!r}")
+        object.__setattr__(self, "chunk_size", int(chunk_size))
+
+
+def _is_int(value: object) -> bool:
+    """An integer (numpy's too), but not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
