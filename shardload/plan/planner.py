@@ -289,7 +289,7 @@ class EpochPlanner:
             sample_ids=packed.sample_ids,
             weights=packed.weights,
             batch_offsets=packed.batch_offsets,
-            rank_batch_counts=self.rank_batch_counts.copy(),
+            rank_batch_counts=self.rank_batch_counts,
             fingerprint=self.fingerprint,
             rows=packed.rows,
             starts=packed.starts,
