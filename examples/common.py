@@ -8,11 +8,14 @@ and the synthetic set is never made.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -24,8 +27,23 @@ from shardload.testing import synthetic_samples
 DEFAULT_WORKDIR = Path(tempfile.gettempdir()) / "shardload-examples"
 
 
-def ensure_tiny_set(path: Path, num_samples: int, *, seed: int) -> Path:
-    """Write a synthetic shard set of ``num_samples`` samples at ``path`` unless it is already there.
+def example_parser(doc: str | None, *, train_samples: int = 400) -> argparse.ArgumentParser:
+    """An example's argument parser with the data options every example takes.
+
+    ``--train`` / ``--val`` name your shard sets; without them a synthetic set
+    of ``--train-samples`` / ``--val-samples`` is made under ``--workdir``.
+    """
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--train", type=Path, help="train shard set (default: a tiny synthetic one)")
+    p.add_argument("--val", type=Path, help="validation shard set (default: a tiny synthetic one)")
+    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where the synthetic sets go")
+    p.add_argument("--train-samples", type=int, default=train_samples)
+    p.add_argument("--val-samples", type=int, default=101, help="odd on purpose: it does not divide by 2 ranks")
+    return p
+
+
+def ensure_set(path: Path, num_samples: int, make: Callable[[], Iterable[dict[str, np.ndarray]]]) -> Path:
+    """Write the samples ``make()`` returns as a shard set at ``path``, unless a set of ``num_samples`` is there.
 
     Call it from one process per machine (before the ranks start, or on local
     rank 0 followed by a barrier): two writers into one directory conflict.
@@ -33,10 +51,15 @@ def ensure_tiny_set(path: Path, num_samples: int, *, seed: int) -> Path:
     if (path / "manifest.json").exists():
         if len(shardload.open(path)) == num_samples:
             return path
-        shardload.write(synthetic_samples(num_samples, seed=seed), path, num_shards=4, overwrite=True)
+        shardload.write(make(), path, num_shards=4, overwrite=True)
         return path
-    shardload.write(synthetic_samples(num_samples, seed=seed), path, num_shards=4)
+    shardload.write(make(), path, num_shards=4)
     return path
+
+
+def ensure_tiny_set(path: Path, num_samples: int, *, seed: int) -> Path:
+    """A synthetic set of ``num_samples`` samples (:func:`shardload.testing.synthetic_samples`) at ``path``."""
+    return ensure_set(path, num_samples, lambda: synthetic_samples(num_samples, seed=seed))
 
 
 def tiny_sets(workdir: Path, train_samples: int, val_samples: int) -> tuple[Path, Path]:
@@ -82,6 +105,26 @@ def exact_loss(model: TinyClassifier, path: Path, max_tokens: int) -> tuple[floa
             total += float((model.per_sample_loss(batch).double() * w).sum())
             count += float(w.sum())
     return total / max(count, 1.0), int(count)
+
+
+def setup_distributed(backend: str | None) -> tuple[int, int, torch.device]:
+    """Join the process group torchrun describes (if any); return rank, world size and this rank's device."""
+    if "RANK" not in os.environ:
+        return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    use_cuda = torch.cuda.is_available() and backend != "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend or ("nccl" if use_cuda else "gloo"))
+    return dist.get_rank(), dist.get_world_size(), torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+
+
+def all_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum a few numbers over all ranks (a no-op in a single process)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
 
 
 def leave_process_group() -> None:

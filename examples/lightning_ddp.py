@@ -25,11 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import warnings
-from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from common import DEFAULT_WORKDIR, TinyClassifier, exact_loss, tiny_sets
+from common import TinyClassifier, exact_loss, example_parser, tiny_sets
 
 import shardload
 
@@ -64,12 +63,7 @@ class LitClassifier(pl.LightningModule):
 
 def build_parser() -> argparse.ArgumentParser:
     """Command-line options of this example."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--train", type=Path, help="train shard set (default: a tiny synthetic one)")
-    p.add_argument("--val", type=Path, help="validation shard set (default: a tiny synthetic one)")
-    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where the synthetic sets go")
-    p.add_argument("--train-samples", type=int, default=400)
-    p.add_argument("--val-samples", type=int, default=101, help="odd on purpose: it does not divide by 2 ranks")
+    p = example_parser(__doc__)
     p.add_argument("--accelerator", default="auto", help="cpu, gpu, auto")
     p.add_argument("--devices", default="auto", help="device count, -1 for all, or auto")
     p.add_argument("--strategy", default="auto", help="ddp, ddp_spawn, fsdp, auto ...")

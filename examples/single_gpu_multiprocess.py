@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import socket
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from common import DEFAULT_WORKDIR, TinyClassifier, leave_process_group, tiny_sets
+from common import TinyClassifier, example_parser, leave_process_group, tiny_sets
 from torch.nn.parallel import DistributedDataParallel
 
 import shardload
@@ -33,14 +32,9 @@ import shardload
 
 def build_parser() -> argparse.ArgumentParser:
     """Command-line options of this example."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = example_parser(__doc__)
     p.add_argument("--ranks", type=int, default=2, help="processes to start on this one device")
     p.add_argument("--device", default="cpu", help="cpu or cuda (all ranks use cuda:0)")
-    p.add_argument("--train", type=Path, help="train shard set (default: a tiny synthetic one)")
-    p.add_argument("--val", type=Path, help="validation shard set (default: a tiny synthetic one)")
-    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where the synthetic sets go")
-    p.add_argument("--train-samples", type=int, default=400)
-    p.add_argument("--val-samples", type=int, default=101)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--max-steps", type=int, default=-1, help="steps per epoch at most (-1: the whole epoch)")
     p.add_argument("--max-tokens", type=int, default=1024)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import DEFAULT_WORKDIR, TinyClassifier, leave_process_group, tiny_sets
+from common import TinyClassifier, all_sum, example_parser, leave_process_group, setup_distributed, tiny_sets
 from torch.nn.parallel import DistributedDataParallel
 
 import shardload
@@ -34,12 +34,7 @@ import shardload
 
 def build_parser() -> argparse.ArgumentParser:
     """Command-line options of this example."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--train", type=Path, help="train shard set (default: a tiny synthetic one)")
-    p.add_argument("--val", type=Path, help="validation shard set (default: a tiny synthetic one)")
-    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where the synthetic sets go")
-    p.add_argument("--train-samples", type=int, default=400)
-    p.add_argument("--val-samples", type=int, default=101)
+    p = example_parser(__doc__)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--max-steps", type=int, default=-1, help="stop after this many steps in all (-1: no limit)")
     p.add_argument("--max-tokens", type=int, default=2048, help="token budget per batch")
@@ -49,26 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--debug", action="store_true", help="check across ranks that every rank has the same plan")
     return p
-
-
-def setup_distributed(backend: str | None) -> tuple[int, int, torch.device]:
-    """Join the process group torchrun describes (if any); return rank, world size and this rank's device."""
-    if "RANK" not in os.environ:
-        return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    use_cuda = torch.cuda.is_available() and backend != "gloo"
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if use_cuda:
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend or ("nccl" if use_cuda else "gloo"))
-    return dist.get_rank(), dist.get_world_size(), torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
-
-
-def all_sum(values: list[float], device: torch.device) -> list[float]:
-    """Sum a few numbers over all ranks (a no-op in a single process)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return t.tolist()
 
 
 def validate(
