@@ -14,9 +14,10 @@ Three parts, each comparing figures measured in the same run:
    ``--items`` sizes: fill, rows over the lower bound ``ceil(tokens / L)``, time.
 3. **Planning time** for one rank of ``--timing-world-size`` ranks on a
    memory-mapped int32 lengths index: ``EpochPlanner`` construction (it packs
-   every rank to agree on the batch count) and ``plan(rank)``, with
-   ``--profile`` splitting construction into layout, gathering each rank's
-   lengths and ``pack_rows``.
+   every rank to agree on the batch count) and ``plan(rank)``. ``--profile``
+   repeats the count of every rank, timing the gather of each rank's lengths
+   and ``pack_rows`` apart; "rest" is construction minus both (the layout,
+   plus the run-to-run variance of a shared machine).
 
 Examples::
 
@@ -163,7 +164,7 @@ def timing_table(args: argparse.Namespace) -> None:
     )
     header = "| samples | EpochPlanner (all ranks counted) | plan(rank) | total | batches/rank (before equalising) |"
     if args.profile:
-        header += " layout + digest | gather, all ranks | pack_rows, all ranks | per rank |"
+        header += " rest of construction | gather, all ranks | pack_rows, all ranks | count per rank |"
     print(header)
     print("|---:" * (header.count("|") - 1) + "|")
     for num in args.timing_samples:
