@@ -1,0 +1,255 @@
+"""Benchmark packed batches: fill, per-step balance and planning time, against bucketing and random batches.
+
+Three parts, each comparing figures measured in the same run:
+
+1. **Fill and balance** (``summarize_plan`` over all ranks) of packed batches
+   (``Batching(packing=True, pack_length=L, rows_per_batch=R)``) against
+   bucketed and random token batches of the same capacity
+   (``max_tokens=R*L``) and random ``batch_size=R`` batches, on two length
+   distributions (``--datasets``): the planner's synthetic long-tailed set and
+   a text-like mixture of many short documents and a heavy tail (see
+   :func:`text_like_lengths`). ``pack_split`` is on when a sample is longer
+   than ``L``.
+2. **pack_rows alone** (one rank's packing, before equalising across ranks) on
+   ``--items`` sizes: fill, rows over the lower bound ``ceil(tokens / L)``, time.
+3. **Planning time** for one rank of ``--timing-world-size`` ranks on a
+   memory-mapped int32 lengths index: ``EpochPlanner`` construction (it packs
+   every rank to agree on the batch count) and ``plan(rank)``. ``--profile``
+   repeats the count of every rank, timing the gather of each rank's lengths
+   and ``pack_rows`` apart; "rest" is construction minus both (the layout,
+   plus the run-to-run variance of a shared machine).
+
+Examples::
+
+    python tools/bench_pack.py --quick                        # about a minute
+    python tools/bench_pack.py                                # 10M samples, 8 and 1024 ranks
+    python tools/bench_pack.py --parts time --timing-samples 10000000 100000000 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from bench_plan import synthetic_lengths, synthetic_shards
+from numpy.typing import NDArray
+
+from shardload.plan import Batching, EpochPlanner, EpochSpec, PlanInputs, digest_lengths, summarize_plan
+from shardload.plan.pack import pack_rows
+
+DATASETS = ("long-tailed", "text-like")
+
+
+def text_like_lengths(num: int, seed: int) -> NDArray[np.int32]:
+    """``(num,)`` a text-like mixture: 80% short, 20% long documents, clipped to [1, 16384].
+
+    Short: lognormal, median 80 tokens, sigma 1.0 (messages, snippets, short
+    pages). Long: lognormal, median 1,024 tokens, sigma 1.3 (articles, code
+    files, book chapters). Median 107, mean 539 tokens; 2.9% of the documents
+    are longer than 4,096 tokens and hold 44% of the tokens (0.3% are cut at
+    16,384).
+    """
+    rng = np.random.default_rng(seed + 7)
+    out = np.empty(num, dtype=np.int32)
+    for lo in range(0, num, 1 << 24):  # in chunks: no float64 copy of the whole array
+        hi = min(num, lo + (1 << 24))
+        long = rng.random(hi - lo) < 0.2
+        median = np.where(long, 1024.0, 80.0)
+        sigma = np.where(long, 1.3, 1.0)
+        out[lo:hi] = np.clip(np.rint(median * np.exp(sigma * rng.standard_normal(hi - lo))), 1, 16384)
+    return out
+
+
+def make_lengths(dataset: str, num: int, seed: int) -> NDArray[np.int32]:
+    return synthetic_lengths(num, seed) if dataset == "long-tailed" else text_like_lengths(num, seed)
+
+
+def describe(lengths: NDArray[np.int32]) -> str:
+    lens = np.asarray(lengths, dtype=np.int64)
+    total = int(lens.sum())
+    share = [f"{int(lens[lens > c].sum()) / total:.0%} of tokens in samples > {c}" for c in (2048, 4096)]
+    return f"median {int(np.median(lens))}, mean {lens.mean():.0f}, max {int(lens.max())}; " + ", ".join(share)
+
+
+def pieces(lens: NDArray[np.int64], length: int) -> NDArray[np.int64]:
+    """The sizes ``pack_split`` packs: a sample longer than ``length`` -> full pieces and a remainder."""
+    sizes = np.concatenate([np.full(int((lens // length).sum()), length, dtype=np.int64), lens % length])
+    out: NDArray[np.int64] = sizes[sizes > 0]
+    return out
+
+
+def configs(pack_lengths: list[int], rows: int, max_length: int) -> list[tuple[str, Batching]]:
+    out: list[tuple[str, Batching]] = []
+    for length in pack_lengths:
+        split = max_length > length
+        name = f"packing L={length} R={rows}" + (" split" if split else "")
+        out.append((name, Batching(packing=True, pack_length=length, rows_per_batch=rows, pack_split=split)))
+    for length in pack_lengths:
+        out.append((f"bucketed max_tokens={rows * length}", Batching(max_tokens=rows * length)))
+    for length in pack_lengths:
+        out.append((f"random max_tokens={rows * length}", Batching(max_tokens=rows * length, bucketing=False)))
+    out.append((f"random batch_size={rows}", Batching(batch_size=rows, bucketing=False)))
+    return out
+
+
+def fill_table(args: argparse.Namespace) -> None:
+    print(
+        "\n## Fill and per-step balance (summarize_plan over all ranks)\n"
+        "fill = real tokens / computed tokens (rows * padded length; a packed batch is R*L); "
+        "capacity = real tokens / (batches * max_tokens), packing: the same as fill\n"
+    )
+    print("| data | ranks | batching | fill | capacity | step balance | batches/rank | summary s |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    for dataset in args.datasets:
+        lengths = make_lengths(dataset, args.samples, args.seed)
+        shards = synthetic_shards(args.samples, args.shard_size, args.seed)
+        print(f"<!-- {dataset}, {args.samples:,} samples: {describe(lengths)} -->")
+        inputs = PlanInputs(lengths, shards, digest_lengths(lengths))
+        for world in args.world_size:
+            spec = EpochSpec(world_size=world, seed=args.seed, epoch=1)
+            for name, batching in configs(args.pack_lengths, args.rows_per_batch, int(lengths.max())):
+                start = time.perf_counter()
+                summary = summarize_plan(inputs, spec, batching)
+                took = time.perf_counter() - start
+                fill = 1.0 - summary.padding_fraction
+                budget = summary.max_tokens or (
+                    batching.pack_length * batching.rows_per_batch
+                    if batching.pack_length and batching.rows_per_batch
+                    else None
+                )
+                capacity = (
+                    f"{int(summary.tokens.sum()) / (summary.num_batches * world * budget):.1%}"
+                    if budget and summary.num_batches
+                    else ""
+                )
+                print(
+                    f"| {dataset} | {world} | {name} | {fill:.1%} | {capacity} | {summary.step_balance:.3f} "
+                    f"| {summary.num_batches} | {took:.1f} |"
+                )
+
+
+def pack_rows_table(args: argparse.Namespace) -> None:
+    print(
+        "\n## pack_rows alone (one rank's items, before equalising)\n"
+        "fill = tokens / (rows * L); over bound = rows / ceil(tokens / L) - 1\n"
+    )
+    print("| data | items | L | rows | fill | over bound | time s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for dataset in args.datasets:
+        lengths = np.asarray(make_lengths(dataset, max(args.items), args.seed), dtype=np.int64)
+        for length in args.pack_lengths:
+            for items in args.items:
+                sizes = pieces(lengths[:items], length)
+                start = time.perf_counter()
+                _, used = pack_rows(sizes, length)
+                took = time.perf_counter() - start
+                tokens = int(sizes.sum())
+                bound = -(-tokens // length)
+                print(
+                    f"| {dataset} | {items:,} | {length} | {len(used):,} | {tokens / (len(used) * length):.2%} "
+                    f"| {len(used) / bound - 1:.2%} | {took:.3f} |"
+                )
+
+
+def timing_table(args: argparse.Namespace) -> None:
+    length, rows = args.pack_lengths[0], args.rows_per_batch
+    world = args.timing_world_size
+    print(
+        f"\n## Planning time: packing L={length} R={rows}, {world} ranks, rank {args.rank}, "
+        f"long-tailed lengths, int32 memmap, one process ({os.cpu_count()} cpus, numpy {np.__version__})\n"
+    )
+    header = "| samples | EpochPlanner (all ranks counted) | plan(rank) | total | batches/rank (before equalising) |"
+    if args.profile:
+        header += " rest of construction | gather, all ranks | pack_rows, all ranks | count per rank |"
+    print(header)
+    print("|---:" * (header.count("|") - 1) + "|")
+    for num in args.timing_samples:
+        lengths_mem = synthetic_lengths(num, args.seed)
+        shards = synthetic_shards(num, args.shard_size, args.seed)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "lengths.npy"
+            np.save(path, lengths_mem)
+            del lengths_mem
+            lengths: NDArray[np.int32] = np.load(path, mmap_mode="r")
+            digest = digest_lengths(lengths)  # also pages the lengths in
+            batching = Batching(packing=True, pack_length=length, rows_per_batch=rows, pack_split=True)
+            spec = EpochSpec(world_size=world, seed=args.seed, epoch=1)
+            start = time.perf_counter()
+            planner = EpochPlanner(PlanInputs(lengths, shards, digest), spec, batching)
+            built = time.perf_counter() - start
+            start = time.perf_counter()
+            planner.plan(args.rank)
+            planned = time.perf_counter() - start
+            counts = planner.rank_batch_counts
+            cells = [
+                f"{num:,}",
+                f"{built:.2f} s",
+                f"{planned:.3f} s",
+                f"**{built + planned:.2f} s**",
+                f"{planner.num_batches} ({counts.min()}..{counts.max()})",
+            ]
+            if args.profile:
+                gather, packing = profile_count(planner)
+                cells += [
+                    f"{built - gather - packing:.2f} s",
+                    f"{gather:.2f} s",
+                    f"{packing:.2f} s",
+                    f"{(gather + packing) / world * 1e3:.1f} ms",
+                ]
+            print("| " + " | ".join(cells) + " |")
+
+
+def profile_count(planner: EpochPlanner) -> tuple[float, float]:
+    """Seconds the count of all ranks spends gathering each rank's sizes and in ``pack_rows`` (a second pass)."""
+    capacity = planner.batching.pack_length
+    assert capacity is not None
+    gather = packing = 0.0
+    for rank in range(planner.spec.world_size):
+        start = time.perf_counter()
+        ids = planner.layout.rank_sample_ids(rank)
+        sizes = pieces(np.asarray(planner.lengths[ids], dtype=np.int64), capacity)
+        middle = time.perf_counter()
+        pack_rows(sizes, capacity)
+        gather += middle - start
+        packing += time.perf_counter() - middle
+    return gather, packing
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--parts", nargs="+", choices=("fill", "rows", "time"), default=["fill", "rows", "time"])
+    parser.add_argument("--samples", type=int, default=10_000_000, help="samples for the fill table")
+    parser.add_argument("--world-size", type=int, nargs="+", default=[8, 1024], help="ranks for the fill table")
+    parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
+    parser.add_argument("--pack-lengths", type=int, nargs="+", default=[4096, 2048], metavar="L")
+    parser.add_argument("--rows-per-batch", type=int, default=8, metavar="R")
+    parser.add_argument("--shard-size", type=int, default=1000, help="mean samples per shard")
+    parser.add_argument("--items", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--timing-samples", type=int, nargs="+", default=[10_000_000])
+    parser.add_argument("--timing-world-size", type=int, default=1024)
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--profile", action="store_true", help="split the planning time (adds a second count pass)")
+    parser.add_argument("--quick", action="store_true", help="1M samples, items up to 100k, timing on 1M")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.samples, args.timing_samples = min(args.samples, 1_000_000), [1_000_000]
+        args.items = [n for n in args.items if n <= 100_000] or [10_000]
+
+    print(f"bench_pack: {os.cpu_count()} cpus, numpy {np.__version__}, seed {args.seed}")
+    start = time.perf_counter()
+    if "fill" in args.parts:
+        fill_table(args)
+    if "rows" in args.parts:
+        pack_rows_table(args)
+    if "time" in args.parts:
+        timing_table(args)
+    print(f"\nwall time {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
