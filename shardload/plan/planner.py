@@ -175,6 +175,13 @@ class RankPlan:
         return ids, weights, self.rows[lo : lo + len(ids)], self.starts[lo : lo + len(ids)]
 
 
+def _layout_key(layout: ShardLayout) -> str:
+    """Digest of an epoch's shard order and rank ranges (what a rank's samples are)."""
+    digest = hashlib.sha1(layout.order.astype("<i8").tobytes(), usedforsecurity=False)
+    digest.update(layout.rank_starts.astype("<i8").tobytes())
+    return digest.hexdigest()
+
+
 def make_batcher(
     batching: Batching,
     *,
@@ -238,7 +245,11 @@ class EpochPlanner:
             max_length=inputs.max_length,
         )
         # (W,) before equalisation; read-only, so that every rank's plan shares it (a copy each is O(W**2) memory)
-        self.rank_batch_counts = self.batcher.count_batches().copy()
+        if batching.packing:  # counting packs every rank: keep it with the inputs for the next epoch of the same layout
+            key = ("packed counts", batching.identity(), _layout_key(self.layout))
+            self.rank_batch_counts = inputs.memo(key, self.batcher.count_batches).copy()
+        else:
+            self.rank_batch_counts = self.batcher.count_batches().copy()
         self.rank_batch_counts.setflags(write=False)
         counts = self.rank_batch_counts
         self.num_batches = int(counts.min() if batching.uneven == "drop" else counts.max())

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -33,7 +34,10 @@ from shardload.plan.options import EVAL_STAGES, Batching, ShardAssignment, Stage
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.validate import MAX_EPOCH, MAX_SEED, MAX_WORLD_SIZE, check_arrays, check_scalar
 
-__all__ = ["EpochSpec", "PlanInputs", "check_request", "digest_lengths"]
+__all__ = ["MEMO_ENTRIES", "EpochSpec", "PlanInputs", "check_request", "digest_lengths"]
+
+#: results :meth:`PlanInputs.memo` keeps per inputs (a few epochs' worth of stages)
+MEMO_ENTRIES = 8
 
 
 @dataclass(frozen=True)
@@ -196,6 +200,23 @@ class PlanInputs:
                 cached[nonempty] = sums
             object.__setattr__(self, "_shard_tokens", cached)
         return cached
+
+    def memo(self, key: Hashable, compute: Callable[[], NDArray[np.int64]]) -> NDArray[np.int64]:
+        """``compute()``, kept with these inputs under ``key`` (the last few keys only).
+
+        For results that are a pure function of the inputs and ``key`` and
+        costly to recompute every epoch (the packed batch counts of an
+        evaluation stage, whose layout never changes). The array is returned
+        read-only.
+        """
+        cache: dict[Hashable, NDArray[np.int64]] = self.__dict__.setdefault("_memo", {})
+        if key not in cache:
+            if len(cache) >= MEMO_ENTRIES:
+                cache.pop(next(iter(cache)))
+            value = compute()
+            value.setflags(write=False)
+            cache[key] = value
+        return cache[key]
 
     @property
     def num_samples(self) -> int:

@@ -183,3 +183,24 @@ def test_segments_pack_as_if_each_were_alone(groups: list[list[int]], capacity: 
         first = int(np.flatnonzero(mine)[0]) if mine.any() else 0
         assert np.array_equal(row_of[lo : lo + len(group)] - first, alone_rows)
         lo += len(group)
+
+
+def test_evaluation_counts_are_packed_once_per_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardload.plan.pack import PackBatcher
+
+    calls: list[int] = []
+    real = PackBatcher._count
+
+    def counting(self: PackBatcher) -> np.ndarray:
+        calls.append(1)
+        return real(self)
+
+    monkeypatch.setattr(PackBatcher, "_count", counting)
+    inputs = PlanInputs(long_tailed(5000, seed=3), np.full(5, 1000))
+    batching = Batching(packing=True, pack_length=4096, rows_per_batch=2)
+    first = EpochPlanner(inputs, EpochSpec(world_size=4, stage="val", epoch=0), batching)
+    again = EpochPlanner(inputs, EpochSpec(world_size=4, stage="val", epoch=7), batching)
+    # Invariant: an evaluation layout is the same every epoch: its counts are packed once, and are the same
+    assert len(calls) == 1 and np.array_equal(first.rank_batch_counts, again.rank_batch_counts)
+    EpochPlanner(inputs, EpochSpec(world_size=4, stage="train", epoch=1), batching)
+    assert len(calls) == 2  # another layout is counted afresh
