@@ -55,7 +55,7 @@ from shardload.collate import (
 )
 from shardload.errors import PlanError
 from shardload.formats import Columns
-from shardload.plan.options import MAX_COUNT
+from shardload.plan.options import MAX_COUNT, MAX_PACKED_TOKENS, check_packed_tokens
 from shardload.schema import (
     CU_SEQLENS_KEY,
     DOCUMENT_IDS_KEY,
@@ -64,9 +64,6 @@ from shardload.schema import (
     Schema,
     lengths_key,
 )
-
-#: ``rows_per_batch * pack_length`` must fit ``cu_seqlens`` (int32).
-MAX_PACKED_TOKENS = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -93,11 +90,7 @@ class PackSpec:
         check_scalar("pack_length", self.pack_length, low=1, high=MAX_PACKED_TOKENS)
         check_scalar("rows_per_batch", self.rows_per_batch, low=1, high=MAX_PACKED_TOKENS)
         check_scalar("position_start", self.position_start, low=0, high=MAX_COUNT)
-        if self.pack_length * self.rows_per_batch > MAX_PACKED_TOKENS:
-            raise PlanError(
-                f"rows_per_batch * pack_length = {self.rows_per_batch} * {self.pack_length} tokens per batch is more "
-                f"than cu_seqlens (int32) can count ({MAX_PACKED_TOKENS:,}); use fewer rows or shorter ones"
-            )
+        check_packed_tokens(self.pack_length, self.rows_per_batch)
         for name in ("pack_length", "rows_per_batch", "position_start"):
             object.__setattr__(self, name, int(getattr(self, name)))
 
@@ -145,12 +138,17 @@ class PackSpec:
             bad = np.flatnonzero(np.asarray(per_field) != np.asarray(lengths))
             if len(bad):
                 i = int(bad[0])
-                others = ", ".join(repr(v.name) for v in variable if v is not f) or "the length field"
+                others = ", ".join(repr(v.name) for v in variable if v is not f)
+                todo = (
+                    f"compared with {others}); load only fields of equal lengths (fields=...)"
+                    if others
+                    else "the batching length is the set's length_field, else its longest variable field); load "
+                    "the field that gives it, or prepare the set with length_field=" + repr(f.name)
+                )
                 raise PlanError(
                     f"packing needs every loaded variable field to have the batching length of each sample, but in "
                     f"{where} field {f.name!r} of sample {i} has {int(per_field[i])} rows and its batching length "
-                    f"is {int(lengths[i])} ({len(bad)} samples differ; compared with {others}); load only fields "
-                    "of equal lengths (fields=...)"
+                    f"is {int(lengths[i])} ({len(bad)} samples differ; {todo}"
                 )
 
 

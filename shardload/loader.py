@@ -28,6 +28,7 @@ from shardload.dataset import BatchKey, ShardBatchDataset, WorkerBatch
 from shardload.errors import PlanError, PlanMismatchError, ShardloadError, WorkerError
 from shardload.loader_options import LoaderOptions, check_path, check_state, with_shortcuts
 from shardload.plan import Batching, EpochSpec, RankPlan, ShardAssignment, Stage, plan_rank
+from shardload.plan.pack import refuse_long_samples
 from shardload.plan.request import check_request
 from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
 from shardload.shardset import ShardSet
@@ -453,6 +454,8 @@ def build_loader(
     if batching.packing:
         assert batching.pack_length is not None and batching.rows_per_batch is not None
         pack = PackSpec(batching.pack_length, batching.rows_per_batch)
+        inputs = shard_set.plan_inputs()
+        refuse_long_samples(inputs.lengths, inputs.max_length, batching)
     # Checks fields and pad values against the set's schema (names and dtypes), and that a packed set can be packed.
     dataset = ShardBatchDataset(shard_set, pad, fingerprint=shard_set.fingerprint, pack=pack)
     # sampler by keyword: Lightning re-creates the loader (predict) from the recorded arguments

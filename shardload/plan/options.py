@@ -21,6 +21,7 @@ from shardload.errors import PlanError
 __all__ = [
     "EVAL_STAGES",
     "MAX_COUNT",
+    "MAX_PACKED_TOKENS",
     "MAX_PAD_MULTIPLE",
     "Batching",
     "ShardAssignment",
@@ -87,6 +88,26 @@ MAX_COUNT = 1 << 62
 #: Largest ``pad_to_multiple_of``: every batch is at least this long, so a larger one means
 #: a giant allocation per batch (and padded-token sums that overflow int64).
 MAX_PAD_MULTIPLE = 1 << 20
+#: Most tokens of one packed batch (``rows_per_batch * pack_length``): ``cu_seqlens`` is int32.
+MAX_PACKED_TOKENS = (1 << 31) - 1
+
+
+def check_packed_tokens(pack_length: int, rows_per_batch: int) -> None:
+    """Refuse packed batches of more than :data:`MAX_PACKED_TOKENS` tokens (``cu_seqlens`` counts them in int32).
+
+    The one check of the packed batch size: :class:`Batching` makes it where
+    the options are written (so planning and ``shardload plan`` never count
+    with a batch that cannot be loaded), and
+    :class:`~shardload.collate_packed.PackSpec` for a spec built directly.
+
+    Raises:
+        PlanError: naming both options, if their product is too large.
+    """
+    if pack_length * rows_per_batch > MAX_PACKED_TOKENS:
+        raise PlanError(
+            f"rows_per_batch * pack_length = {rows_per_batch} * {pack_length} tokens per batch is more "
+            f"than cu_seqlens (int32) can count ({MAX_PACKED_TOKENS:,}); use fewer rows or shorter ones"
+        )
 
 
 def _positive_int(name: str, value: object, *, hint: str, limit: int = MAX_COUNT) -> int:
@@ -142,10 +163,12 @@ class Batching:
             padding is what the rows leave empty (under 1% on long-tailed
             lengths). See docs/loading.md for the packed batch.
         pack_length: ``packing``: tokens per row.
-        rows_per_batch: ``packing``: rows per batch.
+        rows_per_batch: ``packing``: rows per batch;
+            ``rows_per_batch * pack_length`` is at most ``2**31 - 1``
+            (``cu_seqlens`` is int32).
         pack_split: ``packing``: cut a sample longer than ``pack_length``
             into row-sized pieces, each its own document (default: such a
-            sample is refused, naming it).
+            sample is refused, naming it, when the loader is built).
 
     Raises:
         PlanError: On construction, if an option is invalid.
@@ -270,14 +293,14 @@ class Batching:
 
     def _packing_fields(self) -> dict[str, object]:
         """The checked packing fields; the options that only shape other batches are refused."""
-        fixed: dict[str, object] = {
-            "pack_length": _positive_int(
-                "pack_length", self.pack_length, hint="it is the number of tokens per packed row, e.g. 4096"
-            ),
-            "rows_per_batch": _positive_int(
-                "rows_per_batch", self.rows_per_batch, hint="it is the number of packed rows per batch, e.g. 8"
-            ),
-        }
+        length = _positive_int(
+            "pack_length", self.pack_length, hint="it is the number of tokens per packed row, e.g. 4096"
+        )
+        rows = _positive_int(
+            "rows_per_batch", self.rows_per_batch, hint="it is the number of packed rows per batch, e.g. 8"
+        )
+        check_packed_tokens(length, rows)
+        fixed: dict[str, object] = {"pack_length": length, "rows_per_batch": rows}
         others = {"max_rows": self.max_rows is not None, "bucket_ratio": self.bucket_ratio != 1.05}
         if self.pad_to_multiple_of != 1:
             raise PlanError(

@@ -32,11 +32,12 @@ from numpy.typing import NDArray
 
 from shardload.errors import PlanError
 from shardload.plan.batcher import Batcher, Batches
+from shardload.plan.options import Batching
 from shardload.plan.packrows import pack_rows, pack_segments
 from shardload.plan.ranges import offsets_from_lengths, range_positions
 from shardload.plan.shuffle import epoch_rng
 
-__all__ = ["PackBatcher", "PackedBatches"]
+__all__ = ["PackBatcher", "PackedBatches", "refuse_long_samples"]
 
 #: items packed in one vectorised call when counting every rank (bounds the memory of counting)
 COUNT_CHUNK = 1 << 22
@@ -73,13 +74,7 @@ class PackBatcher(Batcher):
         b = self.batching
         assert b.pack_length is not None and b.rows_per_batch is not None
         self.capacity, self.rows_per_batch = b.pack_length, b.rows_per_batch
-        if not b.pack_split and self.max_length > self.capacity:
-            sample = int(np.argmax(np.asarray(self.lengths) > self.capacity))
-            raise PlanError(
-                f"sample {sample} has {int(self.lengths[sample])} tokens, more than pack_length={self.capacity}: "
-                "raise pack_length, or pass pack_split=True to cut samples longer than a row into row-sized "
-                "pieces (each its own document)"
-            )
+        refuse_long_samples(self.lengths, self.max_length, b)
 
     def _pieces(
         self, ids: NDArray[np.int64], lens: NDArray[np.int64]
@@ -221,6 +216,32 @@ class PackBatcher(Batcher):
         sizes = np.full(target, rows // target, dtype=np.int64)
         sizes[: rows % target] += 1
         return np.repeat(np.arange(target, dtype=np.int64), sizes), e_row, target
+
+
+def refuse_long_samples(lengths: NDArray[np.integer], max_length: int, batching: Batching) -> None:
+    """Refuse a set with a sample longer than a row, unless ``pack_split`` cuts it (the one rule, for both callers).
+
+    The planner applies it before packing; the loader (``make_loader``, the
+    DataModule) when it is built, so the error comes where the options were
+    written, not at the first batch.
+
+    Args:
+        lengths: ``(N,)`` batching length of every sample.
+        max_length: ``lengths.max()`` (0 for an empty set).
+        batching: packed batching options.
+
+    Raises:
+        PlanError: naming the first such sample, its length and ``pack_length``.
+    """
+    cap = batching.pack_length
+    assert cap is not None
+    if not batching.pack_split and max_length > cap:
+        sample = int(np.argmax(np.asarray(lengths) > cap))
+        raise PlanError(
+            f"sample {sample} has {int(lengths[sample])} tokens, more than pack_length={cap}: "
+            "raise pack_length, or pass pack_split=True to cut samples longer than a row into row-sized "
+            "pieces (each its own document)"
+        )
 
 
 def _position_from_end(e_row: NDArray[np.int64]) -> NDArray[np.int64]:
