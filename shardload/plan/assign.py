@@ -75,7 +75,7 @@ class ShardLayout:
 
     @property
     def rank_sizes(self) -> NDArray[np.int64]:
-        """``(W,)`` number of samples each rank owns (max - min <= 1)."""
+        """``(W,)`` number of samples each rank owns (max - min <= 1, unless cut by :func:`balance_by_tokens`)."""
         return np.diff(self.rank_starts)
 
     def rank_segments(self, rank: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
@@ -171,12 +171,13 @@ def balance_by_tokens(
 ) -> ShardLayout:
     """The same epoch order cut into rank ranges of near-equal *tokens* instead of samples.
 
-    Guarantee: each range is contiguous in epoch order (locality is kept),
-    and rank ``r``'s range ends at the first sample where the epoch's running
+    Guarantee: each range is contiguous in epoch order (locality is kept);
+    rank ``r``'s range ends at the first sample where the epoch's running
     token count reaches ``(r + 1) * total / W``, so ranks differ by less than
-    one sample's tokens (plus what one long sample puts over a boundary).
-    Used by packing, whose batch count follows a rank's tokens, not its
-    samples. Cost: ``O(S + W * shard size)``.
+    one sample's tokens, except that with ``N >= W`` every rank keeps at least
+    one sample (a rank is never left empty by a few long samples). Used by
+    packing, whose batch count follows a rank's tokens, not its samples.
+    Cost: ``O(S + W)`` plus one cumulative sum per shard a cut falls in.
 
     Args:
         layout: The epoch's layout (its shard order is kept).
@@ -189,21 +190,31 @@ def balance_by_tokens(
     >>> layout = assign_shards(np.array([4]), 2, order=np.arange(1))
     >>> balance_by_tokens(layout, np.array([9, 1, 1, 1]), np.array([12])).rank_starts.tolist()
     [0, 1, 4]
+    >>> layout = assign_shards(np.array([2, 2]), 2, order=np.arange(2))
+    >>> balance_by_tokens(layout, np.array([1, 1, 1, 1]), np.array([2, 2])).rank_starts.tolist()
+    [0, 2, 4]
     """
-    world = layout.world_size
+    world, total_samples = layout.world_size, layout.num_samples
     epoch_tokens = offsets_from_lengths(shard_tokens[layout.order])  # (S + 1,) token offsets in epoch order
     total = int(epoch_tokens[-1])
     if total == 0 or world == 1:
         return layout
-    targets = np.arange(1, world, dtype=np.int64) * total // world  # (W - 1,) token count at each cut
-    shard_at = np.searchsorted(epoch_tokens, targets, side="right") - 1  # (W - 1,) epoch shard of each cut
-    cuts = np.empty(world - 1, dtype=np.int64)
-    for i, (k, target) in enumerate(zip(shard_at.tolist(), targets.tolist())):
-        k = min(k, len(layout.order) - 1)
+    targets = np.arange(1, world, dtype=np.int64) * total // world  # (W - 1,) token count each cut must reach
+    # the epoch shard holding each cut: epoch_tokens[k] < target <= epoch_tokens[k + 1]
+    shard_at = np.searchsorted(epoch_tokens, targets, side="left") - 1  # (W - 1,)
+    cuts = np.zeros(world - 1, dtype=np.int64)  # a target of 0 tokens cuts before the first sample
+    for k in np.unique(shard_at[shard_at >= 0]).tolist():
+        mine = np.flatnonzero(shard_at == k)
         first = int(layout.shard_starts[layout.order[k]])
         size = int(layout.epoch_starts[k + 1] - layout.epoch_starts[k])
         inside = np.cumsum(np.asarray(lengths[first : first + size], dtype=np.int64))  # (size,) running tokens
-        cuts[i] = layout.epoch_starts[k] + int(np.searchsorted(inside, target - epoch_tokens[k], side="left")) + 1
-    rank_starts = np.concatenate([[0], np.minimum(cuts, layout.num_samples), [layout.num_samples]])
-    rank_starts = np.maximum.accumulate(rank_starts)
-    return ShardLayout(layout.shard_starts, layout.order, layout.epoch_starts, rank_starts.astype(np.int64))
+        # the first sample whose running count reaches the target ends the range
+        cuts[mine] = layout.epoch_starts[k] + np.searchsorted(inside, targets[mine] - epoch_tokens[k], side="left") + 1
+    rank_starts = np.concatenate([[0], cuts, [total_samples]]).astype(np.int64)
+    if total_samples >= world:  # no empty rank: cut r lies in [r, N - W + r], cuts strictly increasing
+        inner = np.arange(1, world, dtype=np.int64)
+        kept = np.maximum.accumulate(np.clip(cuts - inner, 0, total_samples - world))
+        rank_starts[1:-1] = inner + kept
+    else:
+        rank_starts = np.maximum.accumulate(rank_starts)
+    return ShardLayout(layout.shard_starts, layout.order, layout.epoch_starts, rank_starts)

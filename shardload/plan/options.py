@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, overload
 
 import numpy as np
@@ -315,10 +315,24 @@ class Batching:
         return fixed
 
     def identity(self) -> tuple[object, ...]:
-        """The options as a tuple for the plan fingerprint (packing fields only when packing).
+        """The options that shape the plan, as a tuple for its fingerprint.
 
         Plans without packing keep the fingerprint they had before packing
-        existed, so their saved loader states still resume.
+        existed (the same seven fields), so their saved loader states still
+        resume; a packed plan is named by its own fields (``bucketing``, which
+        packing ignores, is left out).
         """
-        values = astuple(self)
-        return values if self.packing else values[:7]
+        names: tuple[str, ...]
+        if self.packing:
+            names = ("packing", "pack_length", "rows_per_batch", "pack_split", "uneven")
+        else:
+            names = (
+                "batch_size",
+                "max_tokens",
+                "bucketing",
+                "pad_to_multiple_of",
+                "uneven",
+                "bucket_ratio",
+                "max_rows",
+            )
+        return tuple(getattr(self, name) for name in names)

@@ -8,7 +8,7 @@ variable field, and what is padding is only what the rows leave empty::
        |  pieces       pack_split: a sample longer than L -> pieces of <= L tokens
        |  pack_rows    first-fit decreasing by size classes, vectorised: rows of <= L tokens
        |  rows         sorted by tokens, heaviest first (ties in random order when training)
-       |  equalize     rows -> exactly `target` batches of <= R rows (split rows / filler, never a loss)
+       |  equalize     rows -> exactly `target` batches of <= R rows (split / pad lose nothing; drop drops the lightest rows)
        |  order        training: one permutation of batch positions shared by every rank
        v
     entries (documents) with their batch, row and first token
@@ -35,7 +35,7 @@ from shardload.plan.batcher import Batcher, Batches
 from shardload.plan.options import Batching
 from shardload.plan.packrows import pack_rows, pack_segments
 from shardload.plan.ranges import offsets_from_lengths, range_positions
-from shardload.plan.shuffle import epoch_rng
+from shardload.plan.shuffle import position_rng
 
 __all__ = ["PackBatcher", "PackedBatches", "refuse_long_samples"]
 
@@ -53,6 +53,7 @@ class PackedBatches:
         batch_offsets: ``(num_batches + 1,)`` offsets of batches into the entries.
         rows: ``(E,)`` int32 row of each entry within its batch, non-decreasing in a batch.
         starts: ``(E,)`` first token of the sample the entry holds (0 unless it is a piece).
+        planned: The rank's batch count before equalising (``ceil(rows / rows_per_batch)``).
     """
 
     sample_ids: NDArray[np.int64]
@@ -60,6 +61,7 @@ class PackedBatches:
     batch_offsets: NDArray[np.int64]
     rows: NDArray[np.int32]
     starts: NDArray[np.int64]
+    planned: int
 
 
 class PackBatcher(Batcher):
@@ -142,12 +144,13 @@ class PackBatcher(Batcher):
 
         Guarantees, whatever ``target`` is (``uneven``): no row holds more than
         ``pack_length`` tokens, no batch more than ``rows_per_batch`` rows or
-        fewer than one; with ``"split"`` (and ``"pad"``) every entry of the rank
-        is in exactly one batch; a rank short of batches first spreads its
-        rows, then cuts rows into smaller ones (a document never moves into
-        another row's tokens), and only when it has fewer documents than
-        ``target`` adds filler batches (one document, weight 0); ``"drop"``
-        drops the lightest rows past ``target * rows_per_batch``.
+        fewer than one; with ``"split"`` and ``"pad"`` every entry of the rank
+        is in exactly one batch. A rank short of batches: ``"split"`` first
+        spreads its rows, then moves documents of multi-document rows into rows
+        of their own, and only when it has fewer documents than ``target``
+        adds filler batches (one document, weight 0); ``"pad"`` adds filler
+        batches at once; ``"drop"`` drops the lightest rows past
+        ``target * rows_per_batch``.
         """
         ids, lens, rng = self.rank_order(rank)
         e_ids, e_starts, sizes, _ = self._pieces(ids, lens)
@@ -174,7 +177,7 @@ class PackBatcher(Batcher):
         # position of each batch in the epoch: heaviest first; training permutes positions, the same on every rank
         position = np.arange(target)
         if self.shuffle and target:
-            position = epoch_rng(self.seed, self.epoch).permutation(target)
+            position = position_rng(self.seed, self.epoch).permutation(target)
         order = np.lexsort((e_row, position[e_batch]))  # by batch position, then row
         e_ids, e_starts, e_row, weights = e_ids[order], e_starts[order], e_row[order], weights[order]
         e_batch = position[e_batch][order]
@@ -186,7 +189,8 @@ class PackBatcher(Batcher):
         new_row_start[1:] = (e_row[1:] != e_row[:-1]) | (e_batch[1:] != e_batch[:-1])
         row_index = np.cumsum(new_row_start) - 1  # global row counter
         row_in_batch = row_index - row_index[first_of_batch] if len(e_row) else row_index
-        return PackedBatches(e_ids, weights, offsets, row_in_batch.astype(np.int32), e_starts)
+        planned = -(-rows // self.rows_per_batch)
+        return PackedBatches(e_ids, weights, offsets, row_in_batch.astype(np.int32), e_starts, planned)
 
     def _equalize(
         self, e_row: NDArray[np.int64], rows: int, target: int

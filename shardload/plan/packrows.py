@@ -8,7 +8,8 @@ classes:
 
     items, largest first, in classes (c / r^(k+1), c / r^k]      r = CLASS_RATIO
        |  for each class: fill the gaps of existing rows, smallest gaps first (GAP_ROUNDS rounds)
-       |                  then open new rows for what is left, and fill gaps again
+       |                  then open new rows for what is left, fill gaps again, and stack
+       |                  the last few into new rows (capacity // largest items each)
        v
     rows: every item whole in one row, no row over capacity
 
@@ -38,6 +39,15 @@ def _stable_order(keys: NDArray[np.int64], limit: int) -> NDArray[np.int64]:
     if limit <= (1 << 16):
         return np.argsort(keys.astype(np.uint16), kind="stable")
     return np.argsort(keys, kind="stable")
+
+
+def _segment_sums(values: NDArray[np.int64], seg: NDArray[np.int64], segments: int) -> NDArray[np.int64]:
+    """``(segments,)`` exact integer sums of ``values`` per segment; ``seg`` is non-decreasing."""
+    out = np.zeros(segments, dtype=np.int64)
+    if len(values):
+        starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
+        out[seg[starts]] = np.add.reduceat(values, starts)
+    return out
 
 
 def _by_segment_then(
@@ -74,8 +84,8 @@ class _Packer:
         windows, so an item never reaches another segment's window.
         """
         sizes, item_seg, k = self.items[todo], self.item_seg[todo], self.segments
-        item_sum = np.bincount(item_seg, weights=sizes, minlength=k).astype(np.int64)  # (K,)
-        cap_sum = np.bincount(win_seg, weights=caps, minlength=k).astype(np.int64)  # (K,)
+        item_sum = _segment_sums(sizes, item_seg, k)  # (K,)
+        cap_sum = _segment_sums(caps, win_seg, k)  # (K,)
         base = offsets_from_lengths(np.maximum(item_sum, cap_sum))[:-1]  # (K,) start of each segment's stretch
         ends = np.cumsum(sizes) - offsets_from_lengths(item_sum)[:-1][item_seg] + base[item_seg]  # (n,)
         cap_ends = np.cumsum(caps) - offsets_from_lengths(cap_sum)[:-1][win_seg] + base[win_seg]  # (k,)
@@ -109,17 +119,39 @@ class _Packer:
         order = _by_segment_then(gaps, self.capacity + 1, self.row_seg[rows], self.segments)
         return self.fill(todo, gaps[order], rows[order])
 
+    def new_rows(self, per_segment: NDArray[np.int64]) -> NDArray[np.int64]:
+        """``per_segment[s]`` new empty rows for each segment, in segment order; their indices."""
+        rows = np.arange(len(self.used), len(self.used) + int(per_segment.sum()), dtype=np.int64)
+        self.used = np.concatenate([self.used, np.zeros(len(rows), dtype=np.int64)])
+        self.row_seg = np.concatenate([self.row_seg, np.repeat(np.arange(self.segments, dtype=np.int64), per_segment)])
+        self.open = np.concatenate([self.open, rows])
+        return rows
+
     def open_rows(self, todo: NDArray[np.int64]) -> NDArray[np.int64]:
         """New rows for the items ``todo``, as many per segment as its tokens need; return those left."""
-        seg = self.item_seg[todo]
-        tokens = np.bincount(seg, weights=self.items[todo], minlength=self.segments).astype(np.int64)
-        fresh = -(-tokens // self.capacity)  # (K,)
-        rows = np.arange(len(self.used), len(self.used) + int(fresh.sum()), dtype=np.int64)
-        new_seg = np.repeat(np.arange(self.segments, dtype=np.int64), fresh)
-        self.used = np.concatenate([self.used, np.zeros(len(rows), dtype=np.int64)])
-        self.row_seg = np.concatenate([self.row_seg, new_seg])
-        self.open = np.concatenate([self.open, rows])
+        tokens = _segment_sums(self.items[todo], self.item_seg[todo], self.segments)
+        rows = self.new_rows(-(-tokens // self.capacity))
         return self.fill(todo, np.full(len(rows), self.capacity, dtype=np.int64), rows)
+
+    def stack_rows(self, todo: NDArray[np.int64]) -> None:
+        """The items ``todo`` into new rows of ``q`` items each, ``q = capacity // the segment's largest``.
+
+        Nothing straddles, so every item is placed in one step: what is left
+        after :meth:`open_rows` (items that straddled two new rows; with sizes
+        near the capacity, most of them) never opens rows round after round.
+        """
+        seg = self.item_seg[todo]
+        first = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])  # (runs,) each segment's first item (its largest)
+        count = np.diff(np.r_[first, len(todo)])  # (runs,)
+        per_row = self.capacity // self.items[todo[first]]  # (runs,) >= 1: items of a segment are largest first
+        index = np.arange(len(todo)) - np.repeat(first, count)  # (n,) position within its segment
+        fresh = np.zeros(self.segments, dtype=np.int64)
+        fresh[seg[first]] = -(-count // per_row)
+        rows = self.new_rows(fresh)
+        row_base = offsets_from_lengths(fresh)[:-1]  # (K,) first new row of each segment
+        target = rows[row_base[seg] + index // np.repeat(per_row, count)]
+        self.row_of[todo] = target
+        np.add.at(self.used, target, self.items[todo])
 
     def run(self) -> None:
         bounds = [self.capacity]
@@ -139,10 +171,12 @@ class _Packer:
                 todo = self.fill_gaps(todo)
                 if len(todo) == before:
                     break
-            while len(todo):
+            if len(todo):
                 todo = self.open_rows(todo)
-                if len(todo):
-                    todo = self.fill_gaps(todo)
+            if len(todo):
+                todo = self.fill_gaps(todo)
+            if len(todo):
+                self.stack_rows(todo)
             # a row whose gap is below every item's size is full for good: later rounds skip it
             self.open = self.open[self.capacity - self.used[self.open] >= self.smallest_item]
 

@@ -294,6 +294,8 @@ class EpochPlanner:
         packed = batcher.build_packed(
             rank, target=self.num_batches, filler_id=self._filler_id(self.layout.rank_sample_ids(rank))
         )
+        # a rank with more rows than counted would drop some in equalising: never, whatever the policy
+        assert packed.planned == self.rank_batch_counts[rank], "count and build disagree"
         return RankPlan(
             rank=rank,
             spec=self.spec,
@@ -309,8 +311,9 @@ class EpochPlanner:
     def _filler_id(self, ids: NDArray[np.int64]) -> int:
         """Filler sample: the rank's shortest sample, else the globally shortest.
 
-        A rank can only be empty when ``N < world_size``, so the global
-        search is over a tiny index.
+        A rank can only be empty when ``N < world_size`` (packed layouts, cut
+        by tokens, keep a sample on every rank too), so the global search is
+        over a tiny index.
         """
         if len(ids):
             return int(ids[np.argmin(self.lengths[ids])])

@@ -17,10 +17,16 @@ from numpy.typing import NDArray
 
 from shardload.plan.ranges import offsets_from_lengths, range_positions
 
-__all__ = ["epoch_rng", "permute_batches", "rank_rng"]
+__all__ = ["epoch_rng", "permute_batches", "position_rng", "rank_rng"]
 
 _EPOCH_STREAM = 0x5348  # tags: distinct entropy for the shared and the per-rank streams
 _RANK_STREAM = 0x524B
+_POSITION_STREAM = 0x5053  # packed batch positions: not the stream of the shard order
+
+
+def position_rng(seed: int, epoch: int) -> np.random.Generator:
+    """The generator of an epoch's packed batch positions, the same on every rank (its own stream)."""
+    return np.random.default_rng([seed, epoch, _POSITION_STREAM])
 
 
 def epoch_rng(seed: int, epoch: int) -> np.random.Generator:

@@ -214,12 +214,11 @@ def _batch_tokens(plan: RankPlan, lengths: NDArray[np.integer], batching: Batchi
     return out
 
 
-def _step_balance(step_tokens: NDArray[np.int64]) -> float:
-    """Mean over steps of (mean / max over ranks) of the real tokens; steps where no rank has any count 1."""
-    if step_tokens.size == 0:
+def _step_balance(step_sum: NDArray[np.int64], step_max: NDArray[np.int64], world_size: int) -> float:
+    """Mean over steps of (mean / max over ranks) of the real tokens; a step where no rank has any counts 1."""
+    if len(step_sum) == 0:
         return 1.0
-    top = step_tokens.max(axis=0)
-    ratio = np.where(top > 0, step_tokens.mean(axis=0) / np.maximum(top, 1), 1.0)
+    ratio = np.where(step_max > 0, step_sum / world_size / np.maximum(step_max, 1), 1.0)
     return float(ratio.mean())
 
 
@@ -252,11 +251,14 @@ def summarize_plan(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, w
     planner = EpochPlanner(inputs, spec, batching)
     kept: list[RankPlan] = []
     figures = np.zeros((spec.world_size, 5), dtype=np.int64)  # (W, 5) samples, filler, tokens, padded, shards
-    step_tokens = np.zeros((spec.world_size, planner.num_batches), dtype=np.int64)  # (W, T) real tokens per step
+    step_sum = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) real tokens of each step, over ranks
+    step_max = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) the most a rank has at each step
     for rank in range(spec.world_size):
         plan = planner.plan(rank)
         figures[rank] = _rank_figures(plan, inputs.lengths, planner.layout.shard_starts, batching)
-        step_tokens[rank] = _batch_tokens(plan, inputs.lengths, batching)
+        tokens = _batch_tokens(plan, inputs.lengths, batching)
+        step_sum += tokens
+        np.maximum(step_max, tokens, out=step_max)
         if with_ids:
             kept.append(plan)
     return PlanSummary(
@@ -272,6 +274,6 @@ def summarize_plan(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, w
         tokens=figures[:, 2],
         padded_tokens=figures[:, 3],
         shards=figures[:, 4],
-        step_balance=_step_balance(step_tokens),
+        step_balance=_step_balance(step_sum, step_max, spec.world_size),
         plans=tuple(kept) if with_ids else None,
     )

@@ -204,3 +204,31 @@ def test_evaluation_counts_are_packed_once_per_inputs(monkeypatch: pytest.Monkey
     assert len(calls) == 1 and np.array_equal(first.rank_batch_counts, again.rank_batch_counts)
     EpochPlanner(inputs, EpochSpec(world_size=4, stage="train", epoch=1), batching)
     assert len(calls) == 2  # another layout is counted afresh
+
+
+def test_sizes_near_the_capacity_get_a_row_each() -> None:
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(3600, 4097, 20_000)  # all over half a row: no two share one
+    row_of, used = pack_rows(sizes, 4096)
+    # Invariant: one row per item, placed in one step (this took minutes when such items straddled new rows)
+    assert len(used) == len(sizes) and np.array_equal(np.sort(used), np.sort(sizes))
+
+
+@pytest.mark.parametrize(
+    ("lengths", "sizes", "world", "expected"),
+    [
+        ([1, 1, 1, 1], [2, 2], 2, [0, 2, 4]),  # a cut exactly on a shard boundary ends there
+        ([50_000] + [100] * 100, [101], 4, [0, 1, 2, 3, 101]),  # one long sample leaves no rank empty
+        ([5, 0, 0, 0], [4], 3, [0, 1, 2, 4]),
+        ([5, 1], [2], 3, [0, 1, 1, 2]),  # fewer samples than ranks: an empty rank is unavoidable
+    ],
+)
+def test_ranks_cut_by_tokens(lengths: list[int], sizes: list[int], world: int, expected: list[int]) -> None:
+    from shardload.plan.assign import assign_shards, balance_by_tokens
+
+    lens = np.array(lengths)
+    shards = np.array(sizes)
+    tokens = np.add.reduceat(lens, np.r_[0, np.cumsum(shards)[:-1]])
+    layout = balance_by_tokens(assign_shards(shards, world, order=np.arange(len(shards))), lens, tokens)
+    # Invariant: contiguous ranges at the token quantiles, and no empty rank while N >= W
+    assert layout.rank_starts.tolist() == expected
