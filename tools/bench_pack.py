@@ -39,7 +39,7 @@ from bench_plan import synthetic_lengths, synthetic_shards
 from numpy.typing import NDArray
 
 from shardload.plan import Batching, EpochPlanner, EpochSpec, PlanInputs, digest_lengths, summarize_plan
-from shardload.plan.pack import pack_rows
+from shardload.plan.packrows import pack_rows
 
 DATASETS = ("long-tailed", "text-like")
 
