@@ -24,7 +24,15 @@ class Outcome:
 
 def run_with_watchdog(args: list[str], *, timeout: float, env: dict[str, str] | None = None) -> Outcome:
     """Run ``args`` in its own process group; on timeout kill the whole group."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env or {})}
+    # PYTHONFAULTHANDLER: on a hang, SIGABRT makes every Python process of the group (ranks, loader
+    # workers) print the stack of each of its threads before it dies, so a hang says where it waited.
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONFAULTHANDLER": "1",
+        **(env or {}),
+    }
     proc = subprocess.Popen(
         args, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
@@ -32,8 +40,12 @@ def run_with_watchdog(args: list[str], *, timeout: float, env: dict[str, str] | 
         out, _ = proc.communicate(timeout=timeout)
         code: int | None = proc.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+        os.killpg(proc.pid, signal.SIGABRT)  # every process dumps its threads' stacks (faulthandler)
+        try:
+            out, _ = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
         code = None
     # No orphans: whatever the command started (ranks, loader workers) is gone.
     try:

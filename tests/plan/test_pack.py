@@ -209,7 +209,7 @@ def test_evaluation_counts_are_packed_once_per_inputs(monkeypatch: pytest.Monkey
 def test_sizes_near_the_capacity_get_a_row_each() -> None:
     rng = np.random.default_rng(0)
     sizes = rng.integers(3600, 4097, 20_000)  # all over half a row: no two share one
-    row_of, used = pack_rows(sizes, 4096)
+    _, used = pack_rows(sizes, 4096)
     # Invariant: one row per item, placed in one step (this took minutes when such items straddled new rows)
     assert len(used) == len(sizes) and np.array_equal(np.sort(used), np.sort(sizes))
 
