@@ -420,6 +420,11 @@ def make_loader(
         check_path("path", path)
     batching = with_shortcuts(batching, Batching, "batching", batch_size=batch_size, max_tokens=max_tokens)
     options = with_shortcuts(loader_options, LoaderOptions, "loader_options", num_workers=num_workers)
+    if (rank is None) != (world_size is None):
+        raise PlanError(
+            f"give rank and world_size together (got rank={rank!r}, world_size={world_size!r}), "
+            "or neither: then they come from the environment (torchrun, SLURM) or the process group"
+        )
     if rank is not None or world_size is not None:
         # World.detect would round 1.5 to 1; refuse instead
         world_size = check_scalar("world_size", world_size, low=1, high=MAX_WORLD_SIZE)

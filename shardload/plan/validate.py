@@ -92,6 +92,9 @@ def check_arrays(lengths: object, shard_sizes: object) -> tuple[NDArray[np.integ
         raise PlanError(
             f"shard_sizes must be a 1-D integer array (samples per shard), got shape {sizes.shape} dtype {sizes.dtype}"
         )
+    if sizes.dtype.kind == "u" and sizes.size and int(sizes.max()) > np.iinfo(np.int64).max:
+        shard = int(np.argmax(sizes))
+        raise PlanError(f"shard_sizes[{shard}] = {int(sizes[shard])} is too large: sizes count samples")
     sizes = sizes.astype(np.int64)
     if sizes.size and sizes.min() < 0:
         shard = int(np.argmin(sizes))

@@ -105,3 +105,17 @@ def test_summarize_plan_refuses_a_with_ids_that_is_not_a_bool(with_ids: object) 
     with pytest.raises(PlanError, match="with_ids"):
         summarize_plan(inputs, EpochSpec(world_size=2), Batching(batch_size=2), with_ids=with_ids)  # type: ignore[arg-type]
     assert summarize_plan(inputs, EpochSpec(world_size=2), Batching(batch_size=2), with_ids=np.False_).plans is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("rank", "world_size"), [(0, None), (None, 4)])
+def test_rank_without_world_size_says_to_give_both(pristine: Path, rank: int | None, world_size: int | None) -> None:
+    # Invariant: half of the pair is refused with what to do, not "world_size must be an integer, got None"
+    with pytest.raises(PlanError, match="give rank and world_size together"):
+        shardload.make_loader(pristine, batch_size=4, rank=rank, world_size=world_size)
+
+
+def test_unsigned_shard_sizes_beyond_int64_are_too_large_not_negative() -> None:
+    sizes = np.array([2**64 - 1, 1], dtype=np.uint64)
+    # Invariant: the message names the real problem (it said "-1 is negative" after a cast)
+    with pytest.raises(PlanError, match=r"shard_sizes\[0\] = 18446744073709551615 is too large"):
+        PlanInputs(np.zeros(2, np.int64), sizes)
