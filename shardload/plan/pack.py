@@ -126,21 +126,11 @@ class PackBatcher(Batcher):
 
     def build_batches(self, rank: int) -> Batches:
         """The rank's packed batches before equalising, as ``(sample_ids, offsets)``."""
-        packed = self.build_packed(rank, target=int(self.count_rank(rank)), filler_id=0)
+        packed = self.build_packed(rank, target=None, filler_id=0)
         return packed.sample_ids, packed.batch_offsets
 
-    def count_rank(self, rank: int) -> int:
-        """One rank's batch count before equalising: ``ceil(rows / rows_per_batch)``.
-
-        Packs the rank's sizes in epoch order, unshuffled: the rows depend only
-        on the sizes, so the count is the one :meth:`build_packed` reaches.
-        """
-        ids = self.layout.rank_sample_ids(rank)
-        _, _, sizes, _ = self._pieces(ids, np.asarray(self.lengths[ids], dtype=np.int64))
-        return -(-len(pack_rows(sizes, self.capacity)[1]) // self.rows_per_batch) if len(sizes) else 0
-
-    def build_packed(self, rank: int, *, target: int, filler_id: int) -> PackedBatches:
-        """One rank's ``target`` packed batches.
+    def build_packed(self, rank: int, *, target: int | None, filler_id: int) -> PackedBatches:
+        """One rank's ``target`` packed batches (``None``: as many as its rows make, not equalised).
 
         Guarantees, whatever ``target`` is (``uneven``): no row holds more than
         ``pack_length`` tokens, no batch more than ``rows_per_batch`` rows or
@@ -156,6 +146,9 @@ class PackBatcher(Batcher):
         e_ids, e_starts, sizes, _ = self._pieces(ids, lens)
         row_of, used = pack_rows(sizes, self.capacity)
         rows = len(used)
+        planned = -(-rows // self.rows_per_batch)
+        if target is None:
+            target = planned
         # rows heaviest first; ties (mostly full rows) in random order when training
         tie = rng.permutation(rows) if rng is not None else np.arange(rows)
         ranked = tie[np.argsort(-used[tie], kind="stable")]  # (rows,) old row at each new position
@@ -189,7 +182,6 @@ class PackBatcher(Batcher):
         new_row_start[1:] = (e_row[1:] != e_row[:-1]) | (e_batch[1:] != e_batch[:-1])
         row_index = np.cumsum(new_row_start) - 1  # global row counter
         row_in_batch = row_index - row_index[first_of_batch] if len(e_row) else row_index
-        planned = -(-rows // self.rows_per_batch)
         return PackedBatches(e_ids, weights, offsets, row_in_batch.astype(np.int32), e_starts, planned)
 
     def _equalize(

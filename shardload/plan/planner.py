@@ -269,17 +269,25 @@ class EpochPlanner:
     def plan(self, rank: int) -> RankPlan:
         """The plan of one rank (``0 <= rank < world_size``)."""
         rank = check_rank(rank, self.spec.world_size)
-        if isinstance(self.batcher, PackBatcher):
-            return self._plan_packed(rank, self.batcher)
-        ids, offsets = self.batcher.build_batches(rank)
-        assert len(offsets) - 1 == self.rank_batch_counts[rank], "count and build disagree"
-        ids, weights, offsets = equalize_batches(
-            ids,
-            offsets,
-            target=self.num_batches,
-            uneven=self.batching.uneven,
-            filler_id=self._filler_id(ids),
-        )
+        rows = starts = None
+        if isinstance(self.batcher, PackBatcher):  # equalised at the row level by the batcher itself
+            packed = self.batcher.build_packed(
+                rank, target=self.num_batches, filler_id=self._filler_id(self.layout.rank_sample_ids(rank))
+            )
+            # a rank with more rows than counted would drop some in equalising: never, whatever the policy
+            assert packed.planned == self.rank_batch_counts[rank], "count and build disagree"
+            ids, weights, offsets = packed.sample_ids, packed.weights, packed.batch_offsets
+            rows, starts = packed.rows, packed.starts
+        else:
+            ids, offsets = self.batcher.build_batches(rank)
+            assert len(offsets) - 1 == self.rank_batch_counts[rank], "count and build disagree"
+            ids, weights, offsets = equalize_batches(
+                ids,
+                offsets,
+                target=self.num_batches,
+                uneven=self.batching.uneven,
+                filler_id=self._filler_id(ids),
+            )
         return RankPlan(
             rank=rank,
             spec=self.spec,
@@ -288,24 +296,8 @@ class EpochPlanner:
             batch_offsets=offsets,
             rank_batch_counts=self.rank_batch_counts,
             fingerprint=self.fingerprint,
-        )
-
-    def _plan_packed(self, rank: int, batcher: PackBatcher) -> RankPlan:
-        packed = batcher.build_packed(
-            rank, target=self.num_batches, filler_id=self._filler_id(self.layout.rank_sample_ids(rank))
-        )
-        # a rank with more rows than counted would drop some in equalising: never, whatever the policy
-        assert packed.planned == self.rank_batch_counts[rank], "count and build disagree"
-        return RankPlan(
-            rank=rank,
-            spec=self.spec,
-            sample_ids=packed.sample_ids,
-            weights=packed.weights,
-            batch_offsets=packed.batch_offsets,
-            rank_batch_counts=self.rank_batch_counts,
-            fingerprint=self.fingerprint,
-            rows=packed.rows,
-            starts=packed.starts,
+            rows=rows,
+            starts=starts,
         )
 
     def _filler_id(self, ids: NDArray[np.int64]) -> int:
