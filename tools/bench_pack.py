@@ -15,9 +15,9 @@ Three parts, each comparing figures measured in the same run:
 3. **Planning time** for one rank of ``--timing-world-size`` ranks on a
    memory-mapped int32 lengths index: ``EpochPlanner`` construction (it packs
    every rank to agree on the batch count) and ``plan(rank)``. ``--profile``
-   repeats the count of every rank, timing the gather of each rank's lengths
-   and ``pack_rows`` apart; "rest" is construction minus both (the layout,
-   plus the run-to-run variance of a shared machine).
+   repeats the count of every rank, timing the gather of every rank's size
+   histogram and the best-fit run over them apart; "rest" is construction
+   minus both (the layout, plus the run-to-run variance of a shared machine).
 
 Examples::
 
@@ -39,7 +39,8 @@ from bench_plan import synthetic_lengths, synthetic_shards
 from numpy.typing import NDArray
 
 from shardload.plan import Batching, EpochPlanner, EpochSpec, PlanInputs, digest_lengths, summarize_plan
-from shardload.plan.packrows import pack_rows
+from shardload.plan.pack import PackBatcher
+from shardload.plan.packrows import count_rows, pack_rows
 
 DATASETS = ("long-tailed", "text-like")
 
@@ -164,7 +165,7 @@ def timing_table(args: argparse.Namespace) -> None:
     )
     header = "| samples | EpochPlanner (all ranks counted) | plan(rank) | total | batches/rank (before equalising) |"
     if args.profile:
-        header += " rest of construction | gather, all ranks | pack_rows, all ranks | count per rank |"
+        header += " rest of construction | size histograms, all ranks | best fit, all ranks |"
     print(header)
     print("|---:" * (header.count("|") - 1) + "|")
     for num in args.timing_samples:
@@ -194,29 +195,19 @@ def timing_table(args: argparse.Namespace) -> None:
             ]
             if args.profile:
                 gather, packing = profile_count(planner)
-                cells += [
-                    f"{built - gather - packing:.2f} s",
-                    f"{gather:.2f} s",
-                    f"{packing:.2f} s",
-                    f"{(gather + packing) / world * 1e3:.1f} ms",
-                ]
+                cells += [f"{built - gather - packing:.2f} s", f"{gather:.2f} s", f"{packing:.2f} s"]
             print("| " + " | ".join(cells) + " |")
 
 
 def profile_count(planner: EpochPlanner) -> tuple[float, float]:
-    """Seconds the count of all ranks spends gathering each rank's sizes and in ``pack_rows`` (a second pass)."""
-    capacity = planner.batching.pack_length
-    assert capacity is not None
-    gather = packing = 0.0
-    for rank in range(planner.spec.world_size):
-        start = time.perf_counter()
-        ids = planner.layout.rank_sample_ids(rank)
-        sizes = pieces(np.asarray(planner.lengths[ids], dtype=np.int64), capacity)
-        middle = time.perf_counter()
-        pack_rows(sizes, capacity)
-        gather += middle - start
-        packing += time.perf_counter() - middle
-    return gather, packing
+    """Seconds the count of all ranks spends gathering their size histograms and packing them (a second pass)."""
+    batcher = planner.batcher
+    assert isinstance(batcher, PackBatcher)
+    start = time.perf_counter()
+    runs = batcher.size_runs()
+    middle = time.perf_counter()
+    count_rows(runs, planner.spec.world_size, batcher.capacity)
+    return middle - start, time.perf_counter() - middle
 
 
 def main(argv: list[str] | None = None) -> None:

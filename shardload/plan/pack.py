@@ -6,7 +6,7 @@ variable field, and what is padding is only what the rows leave empty::
 
     a rank's samples (its contiguous shard group, as for every strategy)
        |  pieces       pack_split: a sample longer than L -> pieces of <= L tokens
-       |  pack_rows    first-fit decreasing by size classes, vectorised: rows of <= L tokens
+       |  pack_rows    best-fit decreasing over the size histogram, vectorised: rows of <= L tokens
        |  rows         sorted by tokens, heaviest first (ties in random order when training)
        |  equalize     rows -> exactly `target` batches of <= R rows (split / pad lose nothing; drop drops the lightest rows)
        |  order        training: one permutation of batch positions shared by every rank
@@ -25,6 +25,7 @@ building one give the same rows.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,14 +34,35 @@ from numpy.typing import NDArray
 from shardload.errors import PlanError
 from shardload.plan.batcher import Batcher, Batches
 from shardload.plan.options import Batching
-from shardload.plan.packrows import pack_rows, pack_segments
+from shardload.plan.packrows import SizeRuns, count_rows, pack_segments
 from shardload.plan.ranges import offsets_from_lengths, range_positions
 from shardload.plan.shuffle import position_rng
 
-__all__ = ["PackBatcher", "PackedBatches", "refuse_long_samples"]
+__all__ = ["PackBatcher", "PackedBatches", "RankRows", "refuse_long_samples"]
 
-#: items packed in one vectorised call when counting every rank (bounds the memory of counting)
+#: samples whose sizes are gathered at once when counting every rank (bounds the memory of counting)
 COUNT_CHUNK = 1 << 22
+#: histogram bins (ranks * (pack_length + 1)) gathered at once when counting
+COUNT_BINS = 1 << 24
+
+
+@dataclass(frozen=True)
+class RankRows:
+    """One rank's entries (documents) packed into rows, before the rows become batches.
+
+    Attributes:
+        ids: ``(E,)`` sample of each entry, in the rank's epoch order.
+        starts: ``(E,)`` first token of the sample each entry holds (0 unless it is a piece).
+        row_of: ``(E,)`` row of each entry.
+        used: ``(rows,)`` tokens each row holds.
+        rng: The rank's generator after drawing its sample order (``None``: not shuffling).
+    """
+
+    ids: NDArray[np.int64]
+    starts: NDArray[np.int64]
+    row_of: NDArray[np.int64]
+    used: NDArray[np.int64]
+    rng: np.random.Generator | None
 
 
 @dataclass(frozen=True)
@@ -93,33 +115,61 @@ class PackBatcher(Batcher):
         starts = piece * cap
         return np.repeat(ids, pieces), starts, np.minimum(np.repeat(lens, pieces) - starts, cap), pieces
 
-    def _count(self) -> NDArray[np.int64]:
-        """Every rank's ``ceil(rows / rows_per_batch)``: the ranks packed together, a few million items a call.
-
-        :func:`~shardload.plan.packrows.pack_segments` packs each rank as
-        :meth:`build_packed` packs it alone, so the counts are the built ones.
-        """
+    def rank_groups(self) -> Iterator[range]:
+        """The ranks in groups of a few million samples and a bounded number of histogram bins."""
         world = self.layout.world_size
-        rows = np.zeros(world, dtype=np.int64)
+        rank_items = np.cumsum(self.layout.rank_sizes)  # (W,) samples of the ranks up to each one
+        max_ranks = max(1, COUNT_BINS // (self.capacity + 1))
         rank = 0
         while rank < world:
-            ids, seg, end = [], [], rank
-            items = 0
-            while end < world and (end == rank or items < COUNT_CHUNK):
-                rank_ids = self.layout.rank_sample_ids(end)
-                ids.append(rank_ids)
-                seg.append(np.full(len(rank_ids), end - rank, dtype=np.int64))
-                items += len(rank_ids)
-                end += 1
-            all_ids = np.concatenate(ids)
-            _, _, sizes, pieces = self._pieces(all_ids, np.asarray(self.lengths[all_ids], dtype=np.int64))
-            all_seg = np.concatenate(seg)
-            _, _, row_seg = pack_segments(
-                sizes, all_seg if pieces is None else np.repeat(all_seg, pieces), end - rank, self.capacity
-            )
-            rows[rank:end] = np.bincount(row_seg, minlength=end - rank)
+            before = int(rank_items[rank - 1]) if rank else 0
+            end = int(np.searchsorted(rank_items, before + COUNT_CHUNK, side="right"))
+            end = min(max(end, rank + 1), rank + max_ranks, world)
+            yield range(rank, end)
             rank = end
+
+    def _count(self) -> NDArray[np.int64]:
+        """Every rank's ``ceil(rows / rows_per_batch)``: one best-fit run over every rank's size histogram.
+
+        :func:`~shardload.plan.packrows.count_rows` packs each rank as
+        :meth:`build_packed` packs it alone, so the counts are the built ones.
+        """
+        rows = count_rows(self.size_runs(), self.layout.world_size, self.capacity)
         return -(-rows // self.rows_per_batch)
+
+    def size_runs(self) -> SizeRuns:
+        """Every rank's pieces as size runs, gathered a group of ranks at a time (:meth:`rank_groups`)."""
+        starts, sizes, ranks = self.layout.pieces()
+        by_rank = np.lexsort((starts, ranks))
+        starts, sizes, ranks = starts[by_rank], sizes[by_rank], ranks[by_rank]
+        runs = []
+        for group in self.rank_groups():
+            lo, hi = np.searchsorted(ranks, [group.start, group.stop])
+            ids = range_positions(starts[lo:hi], sizes[lo:hi])
+            seg = np.repeat(ranks[lo:hi] - group.start, sizes[lo:hi])
+            part = SizeRuns.of_lengths(np.asarray(self.lengths[ids]), seg, len(group), self.capacity)
+            runs.append(SizeRuns(part.seg + group.start, part.size, part.count))
+        return SizeRuns.concat(runs)
+
+    def pack_ranks(self, ranks: range) -> list[RankRows]:
+        """The rows of several ranks, packed in one run (each exactly as :meth:`build_packed` packs it alone)."""
+        orders = [self.rank_order(rank) for rank in ranks]
+        pieces = [self._pieces(ids, lens) for ids, lens, _ in orders]
+        seg = np.repeat(np.arange(len(ranks)), [len(p[2]) for p in pieces])
+        sizes = np.concatenate([p[2] for p in pieces]) if pieces else np.zeros(0, dtype=np.int64)
+        row_of, used, row_seg = pack_segments(sizes, seg, len(ranks), self.capacity)
+        item_bounds = offsets_from_lengths(np.bincount(seg, minlength=len(ranks)))
+        row_bounds = offsets_from_lengths(np.bincount(row_seg, minlength=len(ranks)))
+        return [
+            RankRows(
+                ids=e_ids,
+                starts=e_starts,
+                row_of=row_of[item_bounds[k] : item_bounds[k + 1]] - row_bounds[k],
+                used=used[row_bounds[k] : row_bounds[k + 1]],
+                rng=rng,
+            )
+            for k, ((_, _, rng), (e_ids, e_starts, _, _)) in enumerate(zip(orders, pieces))
+        ]
 
     def _cut(self, ids: NDArray[np.int64], lens: NDArray[np.int64]) -> Batches:
         raise AssertionError("packed batches are built by build_packed")  # pragma: no cover
@@ -129,7 +179,9 @@ class PackBatcher(Batcher):
         packed = self.build_packed(rank, target=None, filler_id=0)
         return packed.sample_ids, packed.batch_offsets
 
-    def build_packed(self, rank: int, *, target: int | None, filler_id: int) -> PackedBatches:
+    def build_packed(
+        self, rank: int, *, target: int | None, filler_id: int, packed: RankRows | None = None
+    ) -> PackedBatches:
         """One rank's ``target`` packed batches (``None``: as many as its rows make, not equalised).
 
         Guarantees, whatever ``target`` is (``uneven``): no row holds more than
@@ -140,11 +192,12 @@ class PackBatcher(Batcher):
         of their own, and only when it has fewer documents than ``target``
         adds filler batches (one document, weight 0); ``"pad"`` adds filler
         batches at once; ``"drop"`` drops the lightest rows past
-        ``target * rows_per_batch``.
+        ``target * rows_per_batch``. ``packed``: the rank's rows when already
+        packed (:meth:`pack_ranks`).
         """
-        ids, lens, rng = self.rank_order(rank)
-        e_ids, e_starts, sizes, _ = self._pieces(ids, lens)
-        row_of, used = pack_rows(sizes, self.capacity)
+        if packed is None:
+            packed = self.pack_ranks(range(rank, rank + 1))[0]
+        e_ids, e_starts, row_of, used, rng = packed.ids, packed.starts, packed.row_of, packed.used, packed.rng
         rows = len(used)
         planned = -(-rows // self.rows_per_batch)
         if target is None:

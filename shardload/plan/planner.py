@@ -35,7 +35,7 @@ from shardload.plan.equalize import equalize_batches
 from shardload.plan.fixed import FixedSizeBatcher
 from shardload.plan.greedy import GreedyTokenBatcher
 from shardload.plan.options import Batching, Stage
-from shardload.plan.pack import PackBatcher
+from shardload.plan.pack import PackBatcher, RankRows
 from shardload.plan.request import EpochSpec, PlanInputs, check_request
 from shardload.plan.validate import check_rank
 
@@ -266,13 +266,27 @@ class EpochPlanner:
         digest.update(inputs.shard_sizes.astype("<i8").tobytes())
         self.fingerprint = digest.hexdigest()
 
+    def plans(self) -> Iterator[RankPlan]:
+        """Every rank's plan, in rank order (packed ranks are packed a group at a time, in one run each)."""
+        if not isinstance(self.batcher, PackBatcher):
+            yield from (self.plan(rank) for rank in range(self.spec.world_size))
+            return
+        for group in self.batcher.rank_groups():
+            for rank, rows in zip(group, self.batcher.pack_ranks(group)):
+                yield self._plan(rank, rows)
+
     def plan(self, rank: int) -> RankPlan:
         """The plan of one rank (``0 <= rank < world_size``)."""
-        rank = check_rank(rank, self.spec.world_size)
+        return self._plan(check_rank(rank, self.spec.world_size), None)
+
+    def _plan(self, rank: int, packed_rows: RankRows | None) -> RankPlan:
         rows = starts = None
         if isinstance(self.batcher, PackBatcher):  # equalised at the row level by the batcher itself
             packed = self.batcher.build_packed(
-                rank, target=self.num_batches, filler_id=self._filler_id(self.layout.rank_sample_ids(rank))
+                rank,
+                target=self.num_batches,
+                filler_id=self._filler_id(self.layout.rank_sample_ids(rank)),
+                packed=packed_rows,
             )
             # a rank with more rows than counted would drop some in equalising: never, whatever the policy
             assert packed.planned == self.rank_batch_counts[rank], "count and build disagree"

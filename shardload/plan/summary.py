@@ -226,7 +226,7 @@ def summarize_plan(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, w
     """Plan every rank of one epoch and report balance, padding and locality.
 
     The per-epoch work (counting, fingerprint) is done once; each rank is then
-    built as :func:`~shardload.plan.plan_rank` would. Cost: about the cost of
+    built as :func:`~shardload.plan.plan_rank` would (:meth:`EpochPlanner.plans`). Cost: about the cost of
     one :func:`plan_rank` plus ``O(N log)`` to build every rank.
 
     Args:
@@ -253,8 +253,7 @@ def summarize_plan(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, w
     figures = np.zeros((spec.world_size, 5), dtype=np.int64)  # (W, 5) samples, filler, tokens, padded, shards
     step_sum = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) real tokens of each step, over ranks
     step_max = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) the most a rank has at each step
-    for rank in range(spec.world_size):
-        plan = planner.plan(rank)
+    for rank, plan in enumerate(planner.plans()):
         figures[rank] = _rank_figures(plan, inputs.lengths, planner.layout.shard_starts, batching)
         tokens = _batch_tokens(plan, inputs.lengths, batching)
         step_sum += tokens

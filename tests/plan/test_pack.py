@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from shardload.errors import PlanError
 from shardload.plan import Batching, EpochSpec, PlanInputs, RankPlan
 from shardload.plan.options import EVAL_STAGES
-from shardload.plan.packrows import pack_rows, pack_segments
+from shardload.plan.packrows import SizeRuns, count_rows, pack_rows, pack_segments
 from shardload.plan.planner import EpochPlanner
 
 from .strategies import STAGES, long_tailed, partition
@@ -51,6 +51,10 @@ def packed_cases(draw: st.DrawFn) -> tuple[PlanInputs, EpochSpec, Batching]:
 def _check(inputs: PlanInputs, spec: EpochSpec, batching: Batching) -> list[RankPlan]:
     planner = EpochPlanner(inputs, spec, batching)
     plans = [planner.plan(rank) for rank in range(spec.world_size)]
+    # Invariant: every rank planned at once (summaries) is each rank planned alone
+    for alone, together in zip(plans, planner.plans(), strict=True):
+        for name in ("sample_ids", "weights", "batch_offsets", "rows", "starts"):
+            assert np.array_equal(getattr(alone, name), getattr(together, name)), name
     cap, per = batching.pack_length, batching.rows_per_batch
     assert cap is not None and per is not None
     # Invariant: every rank has the same number of batches
@@ -168,21 +172,38 @@ def test_packing_fields_change_the_fingerprint_and_others_keep_theirs() -> None:
     assert Batching(batch_size=4).identity() == (4, None, True, 1, "split", 1.05, None)
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 120), max_size=60), min_size=1, max_size=6), st.integers(1, 120))
-def test_segments_pack_as_if_each_were_alone(groups: list[list[int]], capacity: int) -> None:
-    sizes = np.minimum(np.array([x for g in groups for x in g], dtype=np.int64), capacity)
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 120), max_size=60), min_size=1, max_size=6), st.integers(1, 120), st.booleans())
+def test_segments_pack_as_if_each_were_alone(groups: list[list[int]], capacity: int, cut: bool) -> None:
+    lengths = np.array([x for g in groups for x in g], dtype=np.int64)
+    if not cut:
+        lengths = np.minimum(lengths, capacity)
     seg = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
-    row_of, used, row_seg = pack_segments(sizes, seg, len(groups), capacity)
+    rows = count_rows(SizeRuns.of_lengths(lengths, seg, len(groups), capacity), len(groups), capacity)
+    pieces = [_pieces(lengths[seg == k], capacity) for k in range(len(groups))]
+    row_of, used, row_seg = pack_segments(
+        np.concatenate(pieces),
+        np.repeat(seg_ids := np.arange(len(groups)), [len(p) for p in pieces]),
+        len(groups),
+        capacity,
+    )
     lo = 0
-    for k, group in enumerate(groups):
-        alone_rows, alone_used = pack_rows(sizes[lo : lo + len(group)], capacity)
+    for k in seg_ids:
+        alone_rows, alone_used = pack_rows(pieces[k], capacity)
+        # Invariant: counting every rank together gives each the rows it gets when built alone
+        assert rows[k] == len(alone_used)
+        # Invariant: packing every rank together gives each exactly the rows and items it gets alone
         mine = row_seg == k
-        # Invariant: packing ranks together gives each the rows it gets alone (counting agrees with building)
         assert np.array_equal(used[mine], alone_used)
         first = int(np.flatnonzero(mine)[0]) if mine.any() else 0
-        assert np.array_equal(row_of[lo : lo + len(group)] - first, alone_rows)
-        lo += len(group)
+        assert np.array_equal(row_of[lo : lo + len(pieces[k])] - first, alone_rows)
+        lo += len(pieces[k])
+
+
+def _pieces(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    """The pieces ``pack_split`` cuts samples into: full rows and the rest, an empty sample one empty piece."""
+    full = np.full(int((np.maximum(lengths - 1, 0) // capacity).sum()), capacity, dtype=np.int64)
+    return np.concatenate([full, lengths - np.maximum(lengths - 1, 0) // capacity * capacity])
 
 
 def test_evaluation_counts_are_packed_once_per_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
