@@ -13,21 +13,22 @@ only a few thousand distinct sizes:
   kept as groups ``(gap, count)``, not one by one.
 
 One :class:`BestFit` run packs many segments (the ranks of an epoch) at once,
-one vectorised step per distinct size, each segment as if it were alone::
+each as if it were alone; step ``j`` places the ``j``-th largest size of
+every segment, so the run takes as many vectorised steps as the most distinct
+sizes one segment has (at most ``capacity``)::
 
-    sizes of every segment  --size_runs-->  (segment, size, count), largest size first
-       |  per size s (one step, all segments):
-       |    wake the groups whose gap is now >= s (parked until then, by gap)
-       |    each segment: its groups with gap >= s, smallest gap first, take g // s items a row
+    sizes of every segment  --SizeRuns.of-->  (segment, size, count), by segment, largest size first
+       |  step j (all segments at once):
+       |    wake the row groups waiting for this step (filed by the step whose size first fits their gap)
+       |    each segment: its groups, smallest gap first, take g // s items a row (s: its j-th size)
        |    what is left opens new rows of capacity // s items
        v
-    rows per segment (counting), or, with rows tracked one by one, the row of every item (building)
+    rows per segment (counting), or, with rows followed one by one, the row of every item (building)
 
-Counting every rank and building one rank run the same steps, so they agree
-exactly (tests/plan/test_pack.py). On the planner's long-tailed lengths BFD
-fills rows to within 0.01% of the ``ceil(tokens / capacity)`` lower bound.
-The work is one step per distinct size (at most ``capacity``), plus the
-groups each step touches: a few per segment.
+Counting every rank and building one (or a group of) ranks run the same
+steps, so they agree exactly, and both are textbook BFD
+(tests/plan/test_pack.py). On the planner's long-tailed and text-like
+lengths the rows are within one of the ``ceil(tokens / capacity)`` bound.
 """
 
 from __future__ import annotations
@@ -53,15 +54,17 @@ def _run_starts(*keys: NDArray[np.int64]) -> NDArray[np.int64]:
 
 #: bins of a dense histogram built with one bincount (beyond: a sort of the items)
 _DENSE_BINS = 1 << 24
+#: rows wait for the step that fits them rounded down to a multiple of this (see BestFit._next_use)
+WAKE_EVERY = 8
 
 
 @dataclass(frozen=True)
 class SizeRuns:
-    """Items as ``(segment, size, count)`` runs, largest size first, then by segment.
+    """Items as ``(segment, size, count)`` runs, by segment, then largest size first.
 
     Attributes:
-        seg: ``(n,)`` segment of each run.
-        size: ``(n,)`` item size, ``0 <= size <= capacity``, non-increasing.
+        seg: ``(n,)`` segment of each run, non-decreasing.
+        size: ``(n,)`` item size, ``0 <= size <= capacity``, decreasing within a segment.
         count: ``(n,)`` items of that size in that segment, ``>= 1``.
     """
 
@@ -83,9 +86,9 @@ class SizeRuns:
 
         ``counts``: ``(m,)`` how many items each entry stands for (default: one each).
         """
-        sizes = np.asarray(sizes, dtype=np.int64)
-        key = (capacity - sizes) * segments + np.asarray(seg, dtype=np.int64)  # size descending, then segment
-        bins = segments * (capacity + 1)
+        width = capacity + 1
+        key = np.asarray(seg, dtype=np.int64) * width + (capacity - np.asarray(sizes, dtype=np.int64))
+        bins = segments * width
         if bins <= max(_DENSE_BINS, 4 * len(key)):
             hist = np.bincount(key, weights=counts, minlength=bins).astype(np.int64)
             runs = np.flatnonzero(hist)
@@ -94,7 +97,7 @@ class SizeRuns:
             runs, inverse = np.unique(key, return_inverse=True)
             count = np.bincount(inverse, weights=counts, minlength=len(runs)).astype(np.int64)
             runs, count = runs[count > 0], count[count > 0]
-        return cls(runs % segments, capacity - runs // segments, count)
+        return cls(runs // width, capacity - runs % width, count)
 
     @classmethod
     def of_lengths(
@@ -111,16 +114,18 @@ class SizeRuns:
         seg = np.asarray(seg, dtype=np.int64)
         full = np.maximum(lengths - 1, 0) // capacity  # (m,) full pieces before the last
         last = lengths - full * capacity  # (m,) 0..capacity
-        key = seg - last.astype(np.int64) * segments  # + capacity * segments: size descending, then segment
-        key += capacity * segments
-        bins = segments * (capacity + 1)
-        if bins <= max(_DENSE_BINS, 4 * len(key)):
+        width = capacity + 1
+        bins = segments * width
+        if bins <= max(_DENSE_BINS, 4 * len(seg)):
+            key = seg * width  # by segment, then size descending
+            key += capacity
+            key -= last
             hist = np.bincount(key, minlength=bins)
             long = np.flatnonzero(full)
-            if len(long):
-                hist[:segments] += np.bincount(seg[long], weights=full[long], minlength=segments).astype(np.int64)
+            if len(long):  # full pieces: size capacity, each segment's first bin
+                hist[::width] += np.bincount(seg[long], weights=full[long], minlength=segments).astype(np.int64)
             runs = np.flatnonzero(hist)
-            return cls(runs % segments, capacity - runs // segments, hist[runs])
+            return cls(runs // width, capacity - runs % width, hist[runs])
         sizes = np.concatenate([last, np.full(int(np.count_nonzero(full)), capacity)])
         cut = np.flatnonzero(full)
         counts = np.concatenate([np.ones(len(seg), dtype=np.int64), full[cut]])
@@ -128,145 +133,193 @@ class SizeRuns:
 
     @classmethod
     def concat(cls, parts: list[SizeRuns]) -> SizeRuns:
-        """Runs of several disjoint groups of segments, in the runs' order again."""
+        """Runs of several groups of segments, each group's segments after the previous group's."""
         seg = np.concatenate([p.seg for p in parts]) if parts else _EMPTY
         size = np.concatenate([p.size for p in parts]) if parts else _EMPTY
         count = np.concatenate([p.count for p in parts]) if parts else _EMPTY
-        order = np.lexsort((seg, -size))
-        return cls(seg[order], size[order], count[order])
+        return cls(seg, size, count)
 
 
 class BestFit:
     """One BFD run over the runs of many segments (see the module docstring).
 
-    Rows are kept as groups of equal gap: *active* groups (gap at least the
-    size being placed), sorted by ``(segment, gap)``, and *parked* ones (gap
-    below it), filed by gap and woken when the sizes come down to their gap.
+    Step ``j`` places the ``j``-th largest size of every segment that has
+    one; segments never share a row, so each is packed as if alone. Rows
+    are kept as groups of equal gap: *active* groups, sorted by ``(segment,
+    gap)``, and *waiting* ones, filed by the step at which their segment's
+    sizes come down to their gap (groups whose segment has no size that
+    small left are dropped).
 
     Args:
+        runs: Every segment's items (:meth:`SizeRuns.of`); sizes ``<= capacity``.
         segments: Number of segments ``K``.
         capacity: Tokens per row, ``>= 1``.
-        track_rows: Also follow every row one by one (one segment only), to
-            give each item its row (:func:`pack_rows`).
+        track_rows: Also follow every row one by one, to give each item its
+            row (:func:`pack_segments`).
     """
 
-    def __init__(self, segments: int, capacity: int, *, track_rows: bool = False) -> None:
-        self.segments, self.capacity = segments, capacity
+    def __init__(self, runs: SizeRuns, segments: int, capacity: int, *, track_rows: bool = False) -> None:
+        self.segments, self.capacity, self.width = segments, capacity, capacity + 1
+        positive = runs.size > 0
+        self.only_empty = np.zeros(segments, dtype=bool)
+        self.only_empty[runs.seg[~positive]] = True
+        self.r_seg, self.r_size, self.r_count = runs.seg[positive], runs.size[positive], runs.count[positive]
+        self.seg_first = np.searchsorted(self.r_seg, np.arange(segments))  # (K,) each segment's first run
+        #: (runs,) step at which each run is placed: its index within its segment
+        self.r_step = np.arange(len(self.r_seg)) - self.seg_first[self.r_seg]
+        self.seg_runs = np.bincount(self.r_seg, minlength=segments)  # (K,)
+        # (K * buckets,) runs of each segment whose size is in a higher bucket of 2**shift gaps than each
+        # bucket: the first step that can fit a gap, or an earlier one (see _next_use)
+        self.shift, limit = 0, min(_DENSE_BINS, max(4 * len(self.r_seg), 1 << 16))
+        while segments * ((capacity >> self.shift) + 1) > limit and capacity >> self.shift:
+            self.shift += 1
+        self.buckets = (capacity >> self.shift) + 1
+        key = self.r_seg * self.buckets + (self.buckets - 1 - (self.r_size >> self.shift))
+        above = np.cumsum(np.bincount(key + 1, minlength=segments * self.buckets + 1))[:-1]
+        self.runs_above = above - np.repeat(self.seg_first, self.buckets)
         self.rows = np.zeros(segments, dtype=np.int64)  # (K,) rows opened
-        self.parked: dict[int, list[tuple[NDArray[np.int64], NDArray[np.int64]]]] = {}
         self.a_seg, self.a_gap, self.a_cnt = _EMPTY, _EMPTY, _EMPTY
-        self.need = np.zeros(segments, dtype=np.int64)  # (K,) items of the current size, scratch
+        self.waiting: dict[int, list[tuple[NDArray[np.int64], ...]]] = {}
+        self.size_of = np.zeros(segments, dtype=np.int64)  # (K,) the size being placed, 0 if none; scratch
+        self.need = np.zeros(segments, dtype=np.int64)  # (K,) items of that size; scratch
         self.track = track_rows
         # tracking rows one by one, mirroring the groups: gap and segment of each row (grown by doubling),
-        # the rows with gap >= the current size, the others filed by gap; (rows, items) placed at each step
+        # the active rows, the waiting ones by step; (rows, items) placed at each step
         self.num_rows = 0
         self.row_gap, self.row_seg = np.zeros(64, dtype=np.int64), np.zeros(64, dtype=np.int64)
         self.active_rows = _EMPTY
-        self.parked_rows: dict[int, list[NDArray[np.int64]]] = {}
+        self.waiting_rows: dict[int, list[NDArray[np.int64]]] = {}
         self.placed: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
 
-    def run(self, runs: SizeRuns) -> NDArray[np.int64]:
-        """Place every run (largest size first); ``(K,)`` rows per segment (a segment of only empty items: 1)."""
-        positive = runs.size > 0
-        seg, size, count = runs.seg[positive], runs.size[positive], runs.count[positive]
-        starts = _run_starts(size) if len(size) else _EMPTY
-        ends = np.append(starts[1:], len(size))
-        woken_below = self.capacity + 1
-        for lo, hi in zip(starts.tolist(), ends.tolist()):
-            s = int(size[lo])
-            self._wake(s, woken_below)
-            woken_below = s
-            self._step(s, seg[lo:hi], count[lo:hi])
-        only_empty = np.zeros(self.segments, dtype=bool)
-        only_empty[runs.seg[~positive]] = True
-        return np.where(only_empty & (self.rows == 0), 1, self.rows)
+    def run(self) -> NDArray[np.int64]:
+        """Place every run; ``(K,)`` rows per segment (a segment of only empty items: one)."""
+        by_step = np.argsort(self.r_step, kind="stable")  # step by step, segments in order
+        bounds = np.searchsorted(self.r_step[by_step], np.arange(int(self.seg_runs.max(initial=0)) + 1))
+        for step, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
+            self._wake(step)
+            self._step(step, by_step[lo:hi])
+        return np.where(self.only_empty & (self.rows == 0), 1, self.rows)
 
-    def _wake(self, s: int, below: int) -> None:
-        """Make the parked groups with gaps in ``[s, below)`` active."""
-        if self.track:
-            rows = [part for g in range(s, below) for part in self.parked_rows.pop(g, ())]
-            if rows:
-                self.active_rows = np.concatenate([self.active_rows, *rows])
-        woken = [(g, part) for g in range(s, below) for part in self.parked.pop(g, ())]
-        if woken:
-            self._set_active(
-                np.concatenate([self.a_seg, *(p[0] for _, p in woken)]),
-                np.concatenate([self.a_gap, *(np.full(len(p[0]), g, dtype=np.int64) for g, p in woken)]),
-                np.concatenate([self.a_cnt, *(p[1] for _, p in woken)]),
-            )
+    def item_steps(self, sizes: NDArray[np.int64], seg: NDArray[np.int64]) -> NDArray[np.int64]:
+        """``(m,)`` the step that places each item (empty items, placed by no step: after the last)."""
+        found = np.searchsorted(
+            self.r_seg * self.width + (self.capacity - self.r_size), seg * self.width + (self.capacity - sizes)
+        )
+        return np.where(sizes > 0, found - self.seg_first[seg], len(self.r_seg))
+
+    def _wake(self, step: int) -> None:
+        """Make the groups waiting for this step active."""
+        if self.track and step in self.waiting_rows:
+            self.active_rows = np.concatenate([self.active_rows, *self.waiting_rows.pop(step)])
+        if step in self.waiting:
+            parts = self.waiting.pop(step)
+            self._set_active(*(np.concatenate([mine, *(p[i] for p in parts)]) for i, mine in enumerate(self._active())))
+
+    def _active(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        return self.a_seg, self.a_gap, self.a_cnt
 
     def _set_active(self, seg: NDArray[np.int64], gap: NDArray[np.int64], cnt: NDArray[np.int64]) -> None:
         """Keep the non-empty groups, sorted by ``(segment, gap)``, equal ones merged."""
         keep = cnt > 0
         seg, gap, cnt = seg[keep], gap[keep], cnt[keep]
         if len(seg) > 1:
-            order = np.lexsort((gap, seg))
-            seg, gap, cnt = seg[order], gap[order], cnt[order]
-            starts = _run_starts(seg, gap)
-            if len(starts) < len(seg):
-                seg, gap, cnt = seg[starts], gap[starts], np.add.reduceat(cnt, starts)
+            key = seg * self.width + gap
+            order = np.argsort(key, kind="stable")  # a few sorted runs: merged in linear time
+            seg, gap, cnt, key = seg[order], gap[order], cnt[order], key[order]
+            starts = _run_starts(key)
+            if len(starts) < len(seg):  # sums of equal groups (a cumsum: faster than reduceat)
+                total = np.cumsum(cnt)[np.append(starts[1:], len(cnt)) - 1]
+                seg, gap, cnt = seg[starts], gap[starts], np.diff(total, prepend=0)
         self.a_seg, self.a_gap, self.a_cnt = seg, gap, cnt
 
-    def _park(self, seg: NDArray[np.int64], gap: NDArray[np.int64], cnt: NDArray[np.int64]) -> None:
-        """File groups whose gap is below the current size, by gap."""
-        keep = cnt > 0
-        seg, gap, cnt = seg[keep], gap[keep], cnt[keep]
-        if len(gap) == 0:
-            return
-        if len(gap) > 1:
-            order = np.argsort(gap, kind="stable")
-            seg, gap, cnt = seg[order], gap[order], cnt[order]
-        starts = _run_starts(gap).tolist()
-        for lo, hi in zip(starts, [*starts[1:], len(gap)]):
-            self.parked.setdefault(int(gap[lo]), []).append((seg[lo:hi], cnt[lo:hi]))
+    def _next_use(self, step: int, seg: NDArray[np.int64], gap: NDArray[np.int64]) -> NDArray[np.int64]:
+        """``(n,)`` the step at which rows of gap ``gap`` in segment ``seg`` wake (past the last: never).
 
-    def _step(self, s: int, segs: NDArray[np.int64], n: NDArray[np.int64]) -> None:
-        """Place ``n[i]`` items of size ``s`` in segment ``segs[i]`` (``segs`` increasing)."""
-        need = self.need
-        need[segs] = n
-        touched = np.flatnonzero(need[self.a_seg] > 0)  # groups of the segments with items of size s
+        The first later step whose size fits the gap, or a few steps before
+        it: the sizes are looked up by buckets of ``2**shift`` tokens (1 when
+        segments * capacity is small) and the step is rounded down to a
+        multiple of :data:`WAKE_EVERY`. Waking early costs a row a few steps
+        in which it takes nothing; it files far fewer groups.
+        """
+        fits = self.runs_above[seg * self.buckets + (self.buckets - 1 - (gap >> self.shift))]
+        return np.maximum(fits // WAKE_EVERY * WAKE_EVERY, step + 1)
+
+    def _file(
+        self, step: int, seg: NDArray[np.int64], gap: NDArray[np.int64], cnt: NDArray[np.int64]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """File groups of rows by the step that wakes them; drop those no later size fits.
+
+        Returns the groups that wake at the next step.
+        """
+        when = self._next_use(step, seg, gap)
+        keep = (cnt > 0) & (when < self.seg_runs[seg])
+        seg, gap, cnt, when = seg[keep], gap[keep], cnt[keep], when[keep]
+        now = when == step + 1
+        later = ~now
+        if later.any():
+            w_seg, w_gap, w_cnt, w_when = seg[later], gap[later], cnt[later], when[later]
+            order = np.argsort(w_when, kind="stable")
+            w_seg, w_gap, w_cnt, w_when = w_seg[order], w_gap[order], w_cnt[order], w_when[order]
+            starts = _run_starts(w_when).tolist()
+            for lo, hi in zip(starts, [*starts[1:], len(w_when)]):
+                self.waiting.setdefault(int(w_when[lo]), []).append((w_seg[lo:hi], w_gap[lo:hi], w_cnt[lo:hi]))
+        return seg[now], gap[now], cnt[now]
+
+    def _step(self, step: int, runs: NDArray[np.int64]) -> None:
+        """Place the runs ``runs`` (one per segment, segments increasing): each segment's next size."""
+        segs, sizes, n = self.r_seg[runs], self.r_size[runs], self.r_count[runs]
+        self.size_of[segs], self.need[segs] = sizes, n
+        touched = np.flatnonzero(self.need[self.a_seg] > 0)  # groups of the segments placing items now
         e_seg, e_gap, e_cnt = self.a_seg[touched], self.a_gap[touched], self.a_cnt[touched]
-        per_row = e_gap // s  # >= 1: active gaps are >= s
+        s = self.size_of[e_seg]  # (g,) the size each group's segment places
+        per_row = e_gap // s  # 0 for a gap below it
         slots = e_cnt * per_row
         before = np.cumsum(slots) - slots  # slots of the segment's smaller gaps
         if len(e_seg) and self.segments > 1:
             first = _run_starts(e_seg)
             before -= np.repeat(before[first], np.diff(np.append(first, len(e_seg))))
-        take = np.clip(need[e_seg] - before, 0, slots)  # items each group takes, smallest gaps first
-        full = take // per_row  # rows that take per_row items
+        take = np.clip(self.need[e_seg] - before, 0, slots)  # items each group takes, smallest gaps first
+        full = take // np.maximum(per_row, 1)  # rows that take per_row items
         part = take - full * per_row  # items of the one row that takes fewer (0: none)
         taken = np.zeros(self.segments, dtype=np.int64)
         np.add.at(taken, e_seg, take)
         left = n - taken[segs]
-        new_per_row = self.capacity // s
+        new_per_row = self.capacity // sizes
         new_full = left // new_per_row
         new_part = left - new_full * new_per_row
         if self.track:
-            self._track(s, segs, (e_seg, e_gap, full, per_row, part), (new_full, new_per_row, new_part))
-        need[segs] = 0
+            self._track(step, segs, sizes, (e_seg, e_gap, full, per_row, part), (new_full, new_per_row, new_part))
+        self.need[segs] = 0
         self.rows[segs] += new_full + (new_part > 0)
         a_cnt = self.a_cnt.copy()
-        a_cnt[touched] = e_cnt - full - (part > 0)
+        a_cnt[touched] = e_cnt - full - (part > 0)  # rows that took nothing: their gaps fit what comes next
         some, fresh = part > 0, new_part > 0
-        self._set_active(  # the rows that took fewer items keep a gap >= s
-            np.concatenate([self.a_seg, e_seg[some], segs[fresh]]),
-            np.concatenate([self.a_gap, e_gap[some] - part[some] * s, self.capacity - new_part[fresh] * s]),
-            np.concatenate([a_cnt, np.ones(int(some.sum()) + int(fresh.sum()), dtype=np.int64)]),
+        now = self._file(  # rows that took items, new rows: active again when a size of their segment fits
+            step,
+            np.concatenate([e_seg, e_seg[some], segs, segs[fresh]]),
+            np.concatenate(
+                [
+                    e_gap - per_row * s,
+                    e_gap[some] - (part * s)[some],
+                    self.capacity - new_per_row * sizes,
+                    (self.capacity - new_part * sizes)[fresh],
+                ]
+            ),
+            np.concatenate(
+                [full, np.ones(int(some.sum()), dtype=np.int64), new_full, np.ones(int(fresh.sum()), dtype=np.int64)]
+            ),
         )
-        self._park(  # full rows: gap below s
-            np.concatenate([e_seg, segs]),
-            np.concatenate([e_gap - per_row * s, np.full(len(segs), self.capacity - new_per_row * s)]),
-            np.concatenate([full, new_full]),
-        )
+        self._set_active(*(np.concatenate([a, b]) for a, b in zip((self.a_seg, self.a_gap, a_cnt), now)))
 
     def _track(
         self,
-        s: int,
+        step: int,
         segs: NDArray[np.int64],
+        sizes: NDArray[np.int64],
         groups: tuple[NDArray[np.int64], ...],
-        new: tuple[NDArray[np.int64], int, NDArray[np.int64]],
+        new: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]],
     ) -> None:
-        """Follow the step row by row: which rows take how many items of size ``s``.
+        """Follow the step row by row: which rows take how many items.
 
         ``groups`` are the step's touched groups ``(seg, gap, full, per_row,
         part)``: in each, the first ``full`` rows (by row number) take
@@ -275,38 +328,42 @@ class BestFit:
         """
         e_seg, e_gap, full, per_row, part = groups
         new_full, new_per_row, new_part = new
-        width = self.capacity + 1
         act = self.active_rows
         mine = self.need[self.row_seg[act]] > 0
         fits, others = act[mine], act[~mine]
         fits = fits[np.lexsort((fits, self.row_gap[fits], self.row_seg[fits]))]  # by segment, gap, row
-        key = self.row_seg[fits] * width + self.row_gap[fits]
-        group = np.searchsorted(e_seg * width + e_gap, key)  # each row's group (groups are sorted the same way)
+        key = self.row_seg[fits] * self.width + self.row_gap[fits]
+        group = np.searchsorted(e_seg * self.width + e_gap, key)  # each row's group (groups are sorted the same way)
         index = np.arange(len(fits)) - np.searchsorted(key, key, side="left")  # its place in the group
         k = full[group]
         items = np.where(index < k, per_row[group], np.where(index == k, part[group], 0))
-        # new rows: new_full rows of new_per_row items and one of new_part, per segment
-        fresh = new_full + (new_part > 0)
+        fresh = new_full + (new_part > 0)  # new rows: new_full of new_per_row items and one of new_part
         first = self._new_rows(np.repeat(segs, fresh))
-        new_items = np.full(int(fresh.sum()), new_per_row, dtype=np.int64)
+        new_items = np.repeat(new_per_row, fresh)
         new_items[(np.cumsum(fresh) - 1)[new_part > 0]] = new_part[new_part > 0]
         got = items > 0
         ids = np.concatenate([fits[got], np.arange(first, first + len(new_items))])
         counts = np.concatenate([items[got], new_items])
         by_seg = np.argsort(self.row_seg[ids], kind="stable")  # per segment: old rows, then new ones
         ids, counts = ids[by_seg], counts[by_seg]
-        self.row_gap[ids] -= counts * s
+        self.row_gap[ids] -= counts * self.size_of[self.row_seg[ids]]
         self.placed.append((ids, counts))
-        changed = np.concatenate([fits, np.arange(first, first + len(new_items))])
-        still = self.row_gap[changed] >= s
-        self.active_rows = np.concatenate([others, changed[still]])
-        done = changed[~still]
-        if len(done):
-            done = done[np.argsort(self.row_gap[done], kind="stable")]
-            gaps = self.row_gap[done]
-            starts = _run_starts(gaps).tolist()
-            for lo, hi in zip(starts, [*starts[1:], len(done)]):
-                self.parked_rows.setdefault(int(gaps[lo]), []).append(done[lo:hi])
+        # rows that took items or are new: active again when a size of their segment fits their gap
+        changed = np.concatenate([fits[got], np.arange(first, first + len(new_items))])
+        when = self._next_use(step, self.row_seg[changed], self.row_gap[changed])
+        keep = when < self.seg_runs[self.row_seg[changed]]
+        changed, when = changed[keep], when[keep]
+        unchanged = fits[~got]
+        unchanged = unchanged[step + 1 < self.seg_runs[self.row_seg[unchanged]]]
+        now = when == step + 1
+        self.active_rows = np.concatenate([others, unchanged, changed[now]])
+        changed, when = changed[~now], when[~now]
+        if len(changed):
+            order = np.argsort(when, kind="stable")
+            changed, when = changed[order], when[order]
+            starts = _run_starts(when).tolist()
+            for lo, hi in zip(starts, [*starts[1:], len(when)]):
+                self.waiting_rows.setdefault(int(when[lo]), []).append(changed[lo:hi])
 
     def _new_rows(self, seg: NDArray[np.int64]) -> int:
         """Number new empty rows of segments ``seg``; the first one's number."""
@@ -328,7 +385,7 @@ def count_rows(runs: SizeRuns, segments: int, capacity: int) -> NDArray[np.int64
         segments: Number of segments.
         capacity: Tokens per row, ``>= 1``.
     """
-    return BestFit(segments, capacity).run(runs)
+    return BestFit(runs, segments, capacity).run()
 
 
 def pack_segments(
@@ -349,10 +406,10 @@ def pack_segments(
         opened, so a segment's rows and items are exactly :func:`pack_rows`'s
         of that segment alone.
     """
-    sizes = np.asarray(sizes, dtype=np.int64)
-    seg = np.asarray(seg, dtype=np.int64)
-    fit = BestFit(segments, capacity, track_rows=True)
-    rows = fit.run(SizeRuns.of(sizes, seg, segments, capacity))
+    sizes64: NDArray[np.int64] = np.asarray(sizes, dtype=np.int64)
+    seg64: NDArray[np.int64] = np.asarray(seg, dtype=np.int64)
+    fit = BestFit(SizeRuns.of(sizes64, seg64, segments, capacity), segments, capacity, track_rows=True)
+    rows = fit.run()
     # every segment's rows in the order they were opened; a segment of only empty items gets one
     opened = np.argsort(fit.row_seg[: fit.num_rows], kind="stable")
     empty_only = np.flatnonzero(rows > np.bincount(fit.row_seg[: fit.num_rows], minlength=segments))
@@ -362,9 +419,9 @@ def pack_segments(
     row_seg, used = row_seg[by_seg], used[by_seg]
     number = np.empty(fit.num_rows, dtype=np.int64)  # new number of each opened row
     number[opened] = np.flatnonzero(by_seg < fit.num_rows)
-    # items largest first, then by segment: the order the steps place them
-    order = np.lexsort((seg, -sizes))
-    row_of = np.searchsorted(row_seg, seg)  # items of size 0: their segment's first row
+    # items in the order the steps place them: by step, then segment (items of one run in input order)
+    order = np.lexsort((seg64, fit.item_steps(sizes64, seg64)))
+    row_of = np.searchsorted(row_seg, seg64)  # items of size 0: their segment's first row
     placed = [np.repeat(ids, counts) for ids, counts in fit.placed]
     if placed:
         row_of[order[: sum(len(p) for p in placed)]] = number[np.concatenate(placed)]

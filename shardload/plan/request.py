@@ -139,6 +139,10 @@ def check_request(spec: object, batching: object) -> None:
         )
 
 
+#: samples summed at once for the tokens per shard (bounds the int64 copy)
+_SUM_CHUNK = 1 << 22
+
+
 @dataclass(frozen=True, eq=False, repr=False)
 class PlanInputs:
     """The planner's view of a shard set: per-sample lengths and samples per shard.
@@ -192,12 +196,17 @@ class PlanInputs:
         """``(S,)`` tokens per shard (sum of its lengths), computed once (one pass over the lengths)."""
         cached: NDArray[np.int64] | None = self.__dict__.get("_shard_tokens")
         if cached is None:
-            starts = offsets_from_lengths(self.shard_sizes)[:-1]
-            nonempty = self.shard_sizes > 0
-            cached = np.zeros(self.num_shards, dtype=np.int64)
-            if self.num_samples:
-                sums = np.add.reduceat(self.lengths, starts[nonempty], dtype=np.int64)  # no int64 copy of N
-                cached[nonempty] = sums
+            bounds = offsets_from_lengths(self.shard_sizes)  # (S + 1,) sample offsets of the shards
+            prefix = np.zeros(len(bounds), dtype=np.int64)  # tokens before each offset
+            carry = 0
+            for lo in range(0, self.num_samples, _SUM_CHUNK):  # an int64 copy of a chunk, not of N
+                hi = min(lo + _SUM_CHUNK, self.num_samples)
+                sums = np.cumsum(self.lengths[lo:hi], dtype=np.int64)
+                first = np.searchsorted(bounds, lo + 1, side="left")  # the offsets in (lo, hi]
+                last = np.searchsorted(bounds, hi, side="right")
+                prefix[first:last] = carry + sums[bounds[first:last] - lo - 1]
+                carry += int(sums[-1])
+            cached = np.diff(prefix)
             object.__setattr__(self, "_shard_tokens", cached)
         return cached
 

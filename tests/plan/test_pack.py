@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -200,6 +202,43 @@ def test_segments_pack_as_if_each_were_alone(groups: list[list[int]], capacity: 
         lo += len(pieces[k])
 
 
+def _best_fit_decreasing(sizes: list[int], capacity: int) -> list[int]:
+    """The textbook algorithm, one item at a time: each item into the fullest row it fits."""
+    used: list[int] = []
+    for size in sorted((x for x in sizes if x > 0), reverse=True):
+        fits = [r for r, u in enumerate(used) if u + size <= capacity]
+        if fits:
+            best = max(fits, key=lambda r: used[r])
+            used[best] += size
+        else:
+            used.append(size)
+    return sorted(used) if used or not sizes else [0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 200), max_size=80), min_size=1, max_size=5),
+    st.integers(1, 200),
+    st.sampled_from([1 << 24, 64, 1]),
+)
+def test_rows_are_those_of_textbook_best_fit_decreasing(groups: list[list[int]], capacity: int, table: int) -> None:
+    import shardload.plan.packrows as packrows
+
+    sizes = [[min(x, capacity) for x in g] for g in groups]
+    seg = np.repeat(np.arange(len(sizes)), [len(g) for g in sizes])
+    flat = np.array([x for g in sizes for x in g], dtype=np.int64)
+    with pytest.MonkeyPatch.context() as patch:
+        # small tables look sizes up by buckets and wake rows early: the rows must not change
+        patch.setattr(packrows, "_DENSE_BINS", table)
+        _, used, row_seg = pack_segments(flat, seg, len(sizes), capacity)
+        rows = count_rows(SizeRuns.of(flat, seg, len(sizes), capacity), len(sizes), capacity)
+    for k, group in enumerate(sizes):
+        expected = _best_fit_decreasing(group, capacity) if group else []
+        # Invariant: packing is best-fit decreasing exactly (the same rows as one item at a time)
+        assert sorted(used[row_seg == k].tolist()) == expected
+        assert rows[k] == len(expected)
+
+
 def _pieces(lengths: np.ndarray, capacity: int) -> np.ndarray:
     """The pieces ``pack_split`` cuts samples into: full rows and the rest, an empty sample one empty piece."""
     full = np.full(int((np.maximum(lengths - 1, 0) // capacity).sum()), capacity, dtype=np.int64)
@@ -253,3 +292,17 @@ def test_ranks_cut_by_tokens(lengths: list[int], sizes: list[int], world: int, e
     layout = balance_by_tokens(assign_shards(shards, world, order=np.arange(len(shards))), lens, tokens)
     # Invariant: contiguous ranges at the token quantiles, and no empty rank while N >= W
     assert layout.rank_starts.tolist() == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=12), st.integers(1, 9), st.integers(0, 2**32 - 1))
+def test_tokens_per_shard_are_summed_in_chunks_exactly(sizes: list[int], chunk: int, seed: int) -> None:
+    import shardload.plan.request as request
+
+    lengths = np.random.default_rng(seed).integers(0, 100, sum(sizes)).astype(np.int32)
+    bounds = np.cumsum([0, *sizes])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(request, "_SUM_CHUNK", chunk)  # chunk edges inside, at and between shards
+        tokens = PlanInputs(lengths, np.array(sizes)).shard_tokens
+    # Invariant: the tokens of every shard (that cut the ranks of packed plans) are its lengths' sum
+    assert tokens.tolist() == [int(lengths[a:b].sum()) for a, b in itertools.pairwise(bounds)]
