@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.plan.mix import MixInputs
 from shardload.plan.options import Batching, Stage, padded_length
 from shardload.plan.planner import EpochPlanner, RankPlan
 from shardload.plan.request import EpochSpec, PlanInputs
@@ -180,8 +181,15 @@ class PlanSummary:
         return "\n".join(out)
 
 
+def lengths_of(inputs: PlanInputs | MixInputs, ids: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``(n,)`` the lengths of global sample ids, of one shard set or of a mixture's sources."""
+    if isinstance(inputs, MixInputs):
+        return inputs.lengths_at(ids)
+    return np.asarray(inputs.lengths[ids], dtype=np.int64)
+
+
 def _rank_figures(
-    plan: RankPlan, lengths: NDArray[np.integer], shard_starts: NDArray[np.int64], batching: Batching
+    plan: RankPlan, lens: NDArray[np.int64], shard_starts: NDArray[np.int64], batching: Batching
 ) -> tuple[int, int, int, int, int]:
     """``(samples, filler, tokens, padded_tokens, shards)`` of one rank's plan.
 
@@ -189,7 +197,6 @@ def _rank_figures(
     each, with their own tokens), and every batch is ``rows_per_batch *
     pack_length`` padded tokens.
     """
-    lens = np.asarray(lengths[plan.sample_ids], dtype=np.int64)  # (rows,)
     real = plan.weights > 0
     padded = 0
     if batching.packing:
@@ -204,9 +211,8 @@ def _rank_figures(
     return real_rows, len(real) - real_rows, int(lens[real].sum()), padded, len(shards)
 
 
-def _batch_tokens(plan: RankPlan, lengths: NDArray[np.integer], batching: Batching) -> NDArray[np.int64]:
+def _batch_tokens(plan: RankPlan, lens: NDArray[np.int64], batching: Batching) -> NDArray[np.int64]:
     """``(num_batches,)`` real tokens of each batch of a plan (a packed entry counts its own piece)."""
-    lens = np.asarray(lengths[plan.sample_ids], dtype=np.int64)
     if plan.starts is not None and batching.pack_length is not None:
         lens = np.minimum(lens - plan.starts, batching.pack_length)
     real = np.where(plan.weights > 0, lens, 0)
@@ -222,7 +228,9 @@ def _step_balance(step_sum: NDArray[np.int64], step_max: NDArray[np.int64], worl
     return float(ratio.mean())
 
 
-def summarize_plan(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, with_ids: bool = False) -> PlanSummary:
+def summarize_plan(
+    inputs: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching, *, with_ids: bool = False
+) -> PlanSummary:
     """Plan every rank of one epoch and report balance, padding and locality.
 
     The per-epoch work (counting, fingerprint) is done once; each rank is then
@@ -255,8 +263,9 @@ def summarize_plan(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, w
     step_max = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) the most a rank has at each step
     for rank in range(spec.world_size):
         plan = planner.plan(rank)
-        figures[rank] = _rank_figures(plan, inputs.lengths, planner.layout.shard_starts, batching)
-        tokens = _batch_tokens(plan, inputs.lengths, batching)
+        lens = lengths_of(inputs, plan.sample_ids)  # (rows,)
+        figures[rank] = _rank_figures(plan, lens, planner.shard_starts, batching)
+        tokens = _batch_tokens(plan, lens, batching)
         step_sum += tokens
         np.maximum(step_max, tokens, out=step_max)
         if with_ids:
