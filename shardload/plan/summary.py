@@ -15,6 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.plan.mix import MixInputs
+from shardload.plan.mixreport import SourceReport, SourceTally
 from shardload.plan.options import Batching, Stage, padded_length
 from shardload.plan.planner import EpochPlanner, RankPlan
 from shardload.plan.request import EpochSpec, PlanInputs
@@ -47,6 +48,8 @@ class PlanSummary:
             every rank computes the same real tokens at every step).
         plans: Every rank's :class:`~shardload.plan.RankPlan`, when
             :func:`summarize_plan` was asked ``with_ids=True`` (else ``None``).
+        sources: A mixture's per-source figures
+            (:class:`~shardload.plan.mixreport.SourceReport`); ``None`` for one shard set.
     """
 
     world_size: int
@@ -63,6 +66,7 @@ class PlanSummary:
     shards: NDArray[np.int64]
     step_balance: float = 1.0
     plans: tuple[RankPlan, ...] | None = None
+    sources: SourceReport | None = None
 
     @property
     def padding_fraction(self) -> float:
@@ -137,6 +141,7 @@ class PlanSummary:
             "budget_fill": self.budget_fill,
             "step_balance": self.step_balance,
             "ranks": self.rank_rows(),
+            **({"sources": self.sources.to_dict()} if self.sources is not None else {}),
         }
 
     def format(self) -> str:
@@ -177,6 +182,8 @@ class PlanSummary:
             f"steps:    real tokens per step balanced to {self.step_balance:.3f} (mean / max over ranks, averaged)"
         )
         out.append(f"shards:   {int(self.shards.min()):,}..{int(self.shards.max()):,} per rank")
+        if self.sources is not None:
+            out += ["", *self.sources.format(self.world_size)]
         out.append(f"fingerprint {self.fingerprint}")
         return "\n".join(out)
 
@@ -261,6 +268,7 @@ def summarize_plan(
     figures = np.zeros((spec.world_size, 5), dtype=np.int64)  # (W, 5) samples, filler, tokens, padded, shards
     step_sum = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) real tokens of each step, over ranks
     step_max = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) the most a rank has at each step
+    tally = SourceTally(inputs, spec, batching, planner.num_batches) if isinstance(inputs, MixInputs) else None
     for rank in range(spec.world_size):
         plan = planner.plan(rank)
         lens = lengths_of(inputs, plan.sample_ids)  # (rows,)
@@ -268,6 +276,8 @@ def summarize_plan(
         tokens = _batch_tokens(plan, lens, batching)
         step_sum += tokens
         np.maximum(step_max, tokens, out=step_max)
+        if tally is not None:
+            tally.add(plan, lens)
         if with_ids:
             kept.append(plan)
     return PlanSummary(
@@ -285,4 +295,5 @@ def summarize_plan(
         shards=figures[:, 4],
         step_balance=_step_balance(step_sum, step_max, spec.world_size),
         plans=tuple(kept) if with_ids else None,
+        sources=None if tally is None else tally.report(),
     )
