@@ -15,6 +15,7 @@ from shardload.errors import PlanError, PlanMismatchError
 from shardload.testing import synthetic_samples
 
 from .helpers.resume import assert_resumes_identically, batch_ids
+from .test_datamodule import trainer as lightning
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*does not have many workers")
 
@@ -203,18 +204,6 @@ class SourceModel(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
-def lightning(tmp_path: Path, **kw: object) -> pl.Trainer:
-    return pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        **kw,
-    )  # type: ignore[arg-type]
 
 
 def test_datamodule_validates_a_dict_of_sets_exactly_per_source(tmp_path: Path, sets: dict[str, Path]) -> None:
