@@ -44,6 +44,7 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
         InputError,
         ManifestError,
         MissingDependencyError,
+        MixtureError,
         OutputError,
         OutputExistsError,
         OutputLockedError,
@@ -56,6 +57,7 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
     )
     from shardload.formats.arrow import ArrowOptions
     from shardload.formats.zarr import ZarrOptions
+    from shardload.mixture import Mixture
     from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
     from shardload.schema import Field, Schema
     from shardload.shardset import ShardSet
@@ -107,6 +109,8 @@ __all__ = [
     "LoaderOptions",
     "ManifestError",
     "MissingDependencyError",
+    "Mixture",
+    "MixtureError",
     "OutputError",
     "OutputExistsError",
     "OutputLockedError",

@@ -20,9 +20,9 @@ from shardload._lightning import current_epoch, train_steps_done
 from shardload.collate import PadSpec
 from shardload.errors import PlanError
 from shardload.loader import ShardLoader, build_loader
-from shardload.loader_options import LoaderOptions, check_path, with_shortcuts
+from shardload.loader_options import LoaderOptions, with_shortcuts
+from shardload.mixture import MixedSets, Mixture, Source, as_source, open_source
 from shardload.plan import Batching, EpochSpec, ShardAssignment, Stage
-from shardload.shardset import ShardSet
 from shardload.world import World
 
 #: which shard sets each Lightning stage reads
@@ -35,16 +35,22 @@ _SETS_OF_STAGE: dict[str | None, tuple[Stage, ...]] = {
 }
 
 PathLike = str | os.PathLike[str]
+#: what a stage reads: a shard set directory, a Mixture, or a dict of name -> directory (a Mixture by size)
+SetArg = PathLike | Mixture | Mapping[str, PathLike]
 
 
 class ShardDataModule(pl.LightningDataModule):
     """Train/val/test/predict loaders over shard sets, one plan per rank.
 
     Args:
-        train: shard set directory for training (``None``: no training loader).
-        val: shard set directory for validation (``None``: none).
-        test: shard set directory for testing (``None``: none).
-        predict: shard set directory for prediction (``None``: none).
+        train: shard set directory for training (``None``: no training loader),
+            or a :class:`~shardload.Mixture` of sets.
+        val: shard set directory for validation (``None``: none), or a
+            :class:`~shardload.Mixture`, or a dict ``{name: directory}`` of
+            validation sets: a mixture in which every sample of every set is
+            seen once, with ``batch["source"]`` naming its set (docs/loading.md, "Mixtures").
+        test: as ``val``, for testing.
+        predict: as ``val``, for prediction.
         batching: how rows become batches (:class:`~shardload.plan.Batching`:
             batch size or token budget, bucketing, padding multiple, uneven
             policy, bucket ratio, row cap). Evaluation never drops: it uses
@@ -77,10 +83,10 @@ class ShardDataModule(pl.LightningDataModule):
 
     def __init__(
         self,
-        train: PathLike | None = None,
-        val: PathLike | None = None,
-        test: PathLike | None = None,
-        predict: PathLike | None = None,
+        train: SetArg | None = None,
+        val: SetArg | None = None,
+        test: SetArg | None = None,
+        predict: SetArg | None = None,
         *,
         batching: Batching | None = None,
         batch_size: int | None = None,
@@ -93,10 +99,10 @@ class ShardDataModule(pl.LightningDataModule):
         num_workers: int | None = None,
     ) -> None:
         super().__init__()
-        self.paths: dict[Stage, PathLike | None] = {"train": train, "val": val, "test": test, "predict": predict}
-        for stage, path in self.paths.items():
-            if path is not None:
-                check_path(stage, path)
+        given: dict[Stage, object] = {"train": train, "val": val, "test": test, "predict": predict}
+        self.paths: dict[Stage, Source | None] = {
+            stage: None if path is None else as_source(stage, path) for stage, path in given.items()
+        }
         self.batching = with_shortcuts(batching, Batching, "batching", batch_size=batch_size, max_tokens=max_tokens)
         self.loader_options = with_shortcuts(
             loader_options,
@@ -121,7 +127,10 @@ class ShardDataModule(pl.LightningDataModule):
         for name in _SETS_OF_STAGE.get(stage, ()):
             path = self.paths[name]
             if path is not None:
-                self.pad.for_schema(ShardSet(path).schema, f"the {name} set {path}")
+                opened = open_source(path)
+                if isinstance(opened, MixedSets):
+                    opened.check_fields(self.pad.fields)
+                self.pad.for_schema(opened.schema, f"the {name} set {opened.path}")
 
     def _make(self, stage: Stage) -> ShardLoader | list[Any]:
         path = self.paths[stage]

@@ -39,6 +39,7 @@ from shardload.collate import Allocate, Layout, PadSpec, allocate_separately, co
 from shardload.collate_packed import PackSpec, collate_packed
 from shardload.errors import PlanError, ShardSetChangedError
 from shardload.formats import Columns
+from shardload.mixture import SOURCE_KEY, MixedSets
 from shardload.shardset import ShardSet
 
 
@@ -158,12 +159,15 @@ def own_small_tensors(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 
 class ShardBatchDataset(Dataset[Any]):
-    """Fetches and pads planned batches from one shard set.
+    """Fetches and pads planned batches from one shard set, or from a mixture of sets.
 
     Args:
         path: the shard set directory, or an opened :class:`ShardSet` to reuse
             (saves parsing the manifest again in the main process; worker
-            processes get a copy without mappings and map their own shards).
+            processes get a copy without mappings and map their own shards),
+            or an opened mixture (:class:`~shardload.mixture.MixedSets`, which
+            workers get the same way); a mixture's batches also hold
+            ``batch["source"]``, the source of each sample.
         pad: padding options (pad values, multiple, fields to load); checked
             against the set's schema (:meth:`PadSpec.for_schema`) when the set
             is opened, here if an opened set is given.
@@ -176,36 +180,38 @@ class ShardBatchDataset(Dataset[Any]):
 
     def __init__(
         self,
-        path: str | os.PathLike[str] | ShardSet,
+        path: str | os.PathLike[str] | ShardSet | MixedSets,
         pad: PadSpec | None = None,
         *,
         fingerprint: str | None = None,
         pack: PackSpec | None = None,
     ):
-        self._shard_set: ShardSet | None = None
+        self._shard_set: ShardSet | MixedSets | None = None
+        self.path: Path | str
         self.pad = pad or PadSpec()
         if pack is not None and not isinstance(pack, PackSpec):
             raise PlanError(f"pack must be a PackSpec or None, got {type(pack).__name__}")
         self.pack = pack
         self._pad_checked = False
-        if isinstance(path, ShardSet):
+        if isinstance(path, (ShardSet, MixedSets)):
             self._shard_set, self.path = path, path.path
             self._check_pad(path)  # a typo in pad_values fails here, not in a worker
         else:
             self.path = Path(path)
         self.fingerprint = fingerprint
 
-    def _check_pad(self, shard_set: ShardSet) -> None:
+    def _check_pad(self, shard_set: ShardSet | MixedSets) -> None:
         if not self._pad_checked:
             self.pad = self.pad.for_schema(shard_set.schema, str(shard_set.path))
             if self.pack is not None:
-                self.pack.check_set(
-                    shard_set.schema, self.pad, shard_set.lengths, shard_set.field_lengths, str(shard_set.path)
-                )
+                sets = zip(shard_set.names, shard_set.sets) if isinstance(shard_set, MixedSets) else [("", shard_set)]
+                for name, one in sets:
+                    where = f"source {name!r} ({one.path})" if name else str(one.path)
+                    self.pack.check_set(one.schema, self.pad, one.lengths, one.field_lengths, where)
             self._pad_checked = True
 
     @property
-    def shard_set(self) -> ShardSet:
+    def shard_set(self) -> ShardSet | MixedSets:
         """Opened lazily in each process (after the worker fork), manifest only."""
         if self._shard_set is None:
             shard_set = ShardSet(self.path)
@@ -246,6 +252,8 @@ class ShardBatchDataset(Dataset[Any]):
                 "build loader and plan from the same Batching"
             )
         ss = self.shard_set
+        if isinstance(ss, MixedSets):  # one more per-sample key, in the same allocation as the rest
+            allocate = _with_source(allocate, len(sample_ids))
         shards, where = ss.index.locate(sample_ids)
         touched: list[int] = []
 
@@ -263,6 +271,8 @@ class ShardBatchDataset(Dataset[Any]):
             )
         # Again after the copy: a shard rewritten while this batch was read must not go out as data.
         ss.check_shards_unchanged(touched)
+        if isinstance(ss, MixedSets):
+            out[SOURCE_KEY][:] = ss.source_of(sample_ids)
         return out
 
     def __getitem__(self, key: BatchKey) -> dict[str, torch.Tensor] | WorkerBatch:
@@ -281,5 +291,15 @@ class ShardBatchDataset(Dataset[Any]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_shard_set"] = None  # each worker maps shards itself
+        if not isinstance(self._shard_set, MixedSets):  # a mixture travels whole: its sets pickle without mappings
+            state["_shard_set"] = None  # each worker maps shards itself
         return state
+
+
+def _with_source(allocate: Allocate, b: int) -> Allocate:
+    """``allocate``, asked for one more array: ``batch["source"]``, int64 ``(b,)`` (filled after the collate)."""
+
+    def allocate_with_source(layout: Layout) -> dict[str, np.ndarray]:
+        return allocate([*layout, (SOURCE_KEY, (b,), np.dtype(np.int64), False)])
+
+    return allocate_with_source

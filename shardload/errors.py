@@ -14,6 +14,7 @@ caller can catch them all with one clause, or one branch of the tree::
      |    +-- OutputLockedError           another prepare is writing into the same output
      +-- PlanError (ValueError)           invalid batching or loader options, or a plan cannot be built
      |    +-- PlanMismatchError           ranks disagree: batch counts or plan fingerprints differ
+     |    +-- MixtureError                a mixture's weights, sources or fields do not fit together
      +-- WorkerError (RuntimeError)       a DataLoader worker died or sent no batch within the timeout
      +-- MissingDependencyError (ImportError)  an optional package a format needs (zarr) is not installed
 
@@ -34,6 +35,7 @@ __all__ = [
     "InputError",
     "ManifestError",
     "MissingDependencyError",
+    "MixtureError",
     "OutputError",
     "OutputExistsError",
     "OutputLockedError",
@@ -92,6 +94,15 @@ class PlanError(ShardloadError, ValueError):
 
 class PlanMismatchError(PlanError):
     """Ranks disagree about the plan (batch counts or fingerprints differ)."""
+
+
+class MixtureError(PlanError):
+    """A mixture of shard sets cannot be planned or read as asked.
+
+    Weights missing, negative or all zero; a source named twice; sources whose
+    fields differ; a source that would be repeated more than ``max_repeats``
+    times. The message names the source and what to change.
+    """
 
 
 class WorkerError(ShardloadError, RuntimeError):

@@ -26,8 +26,10 @@ from shardload.collate import PadSpec
 from shardload.collate_packed import PackSpec
 from shardload.dataset import BatchKey, ShardBatchDataset, WorkerBatch
 from shardload.errors import PlanError, PlanMismatchError, ShardloadError, WorkerError
-from shardload.loader_options import LoaderOptions, check_path, check_state, with_shortcuts
-from shardload.plan import Batching, EpochSpec, RankPlan, ShardAssignment, Stage, plan_rank
+from shardload.loader_options import LoaderOptions, check_state, with_shortcuts
+from shardload.mixture import MixedSets, Source, as_source, open_source
+from shardload.plan import Batching, EpochSpec, PlanInputs, RankPlan, ShardAssignment, Stage, plan_rank
+from shardload.plan.mix import MixInputs
 from shardload.plan.pack import refuse_long_samples
 from shardload.plan.request import check_request
 from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
@@ -51,7 +53,7 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
     and :meth:`state_dict` / :meth:`load_state_dict` for a mid-epoch resume.
 
     Args:
-        shard_set: the opened shard set (only its manifest and lengths are used).
+        shard_set: the opened shard set, or mixture of sets (only manifests and lengths are used).
         spec: the epoch to plan; ``set_epoch`` moves it to another epoch.
         batching: batch size or token budget, bucketing, uneven policy.
         world: this rank and the world size (``world.world_size == spec.world_size``).
@@ -66,7 +68,7 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
 
     def __init__(
         self,
-        shard_set: ShardSet,
+        shard_set: ShardSet | MixedSets,
         spec: EpochSpec,
         batching: Batching,
         *,
@@ -233,6 +235,13 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
             )
 
 
+def _each_source(inputs: PlanInputs | MixInputs) -> tuple[list[str], list[PlanInputs]]:
+    """The plan inputs of each source, with a prefix naming it for messages (none for one shard set)."""
+    if isinstance(inputs, MixInputs):
+        return [f"source {n!r} of the mixture: " for n in inputs.names], list(inputs.sources)
+    return [""], [inputs]
+
+
 def _as_is(batch: Any) -> Any:
     return batch
 
@@ -329,7 +338,8 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         where = f"at batch {self.batches_done} of epoch {self.plan_sampler.epoch}"
         dead = dead_worker(it)
         if dead is not None:
-            why = describe_exit(int(dead.exitcode), self.plan_sampler.shard_set)
+            read = self.plan_sampler.shard_set
+            why = describe_exit(int(dead.exitcode), read.sets if isinstance(read, MixedSets) else (read,))
             return WorkerError(f"DataLoader worker (pid {dead.pid}) {why} It failed {where}.")
         if self.timeout > 0 and "timed out" in str(exc):
             why = describe_stall(list(getattr(it, "_workers", ())), self.timeout)
@@ -360,7 +370,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
 
 
 def make_loader(
-    path: str | os.PathLike[str] | ShardSet,
+    path: Source | Mapping[str, str | os.PathLike[str]],
     *,
     batching: Batching | None = None,
     batch_size: int | None = None,
@@ -388,7 +398,9 @@ def make_loader(
     :class:`~shardload.errors.PlanError` naming the option.
 
     Args:
-        path: A shard set directory, or an opened :class:`~shardload.ShardSet`.
+        path: A shard set directory, an opened :class:`~shardload.ShardSet`, or a
+            :class:`~shardload.Mixture` of sets (a dict of name -> directory is a
+            mixture in proportion to size); see docs/loading.md, "Mixtures".
         batching: How rows become batches (:class:`~shardload.plan.Batching`:
             batch size or token budget, bucketing, padding multiple, uneven
             policy, ...).
@@ -416,8 +428,7 @@ def make_loader(
         ...     for batch in loader:
         ...         loss = (model(batch) * batch["weight"]).sum() / batch["weight"].sum()
     """
-    if not isinstance(path, ShardSet):
-        check_path("path", path)
+    source = as_source("path", path)
     batching = with_shortcuts(batching, Batching, "batching", batch_size=batch_size, max_tokens=max_tokens)
     options = with_shortcuts(loader_options, LoaderOptions, "loader_options", num_workers=num_workers)
     if (rank is None) != (world_size is None):
@@ -434,11 +445,11 @@ def make_loader(
         world_size=world.world_size, stage=stage, seed=seed, epoch=epoch, shard_assignment=shard_assignment
     )
     pad = PadSpec({} if pad_values is None else pad_values, batching.pad_to_multiple_of, fields)
-    return build_loader(path, spec, batching, pad=pad, options=options, world=world)
+    return build_loader(source, spec, batching, pad=pad, options=options, world=world)
 
 
 def build_loader(
-    path: str | os.PathLike[str] | ShardSet,
+    path: Source | MixedSets,
     spec: EpochSpec,
     batching: Batching,
     *,
@@ -449,18 +460,25 @@ def build_loader(
 ) -> ShardLoader:
     """The loader of checked option objects: what :func:`make_loader` and the DataModule both build.
 
-    Opens the shard set (manifest and lengths only) and checks ``pad`` against
-    its schema; no batch is planned or read yet.
+    Opens the shard set, or every source of a mixture (manifest and lengths
+    only), and checks ``pad`` against its schema (a mixture's sources against
+    each other too); no batch is planned or read yet.
     """
     check_request(spec, batching)
-    shard_set = path if isinstance(path, ShardSet) else ShardSet(path)
+    shard_set = open_source(path)
+    if isinstance(shard_set, MixedSets):
+        shard_set.check_fields(pad.fields)
     sampler = PlanSampler(shard_set, spec, batching, world=world, debug=options.debug, progress=progress)
     pack = None
     if batching.packing:
         assert batching.pack_length is not None and batching.rows_per_batch is not None
         pack = PackSpec(batching.pack_length, batching.rows_per_batch)
         inputs = shard_set.plan_inputs()
-        refuse_long_samples(inputs.lengths, inputs.max_length, batching)
+        for where, one in zip(*_each_source(inputs)):
+            try:
+                refuse_long_samples(one.lengths, one.max_length, batching)
+            except PlanError as exc:
+                raise PlanError(f"{where}{exc}") from None
     # Checks fields and pad values against the set's schema (names and dtypes), and that a packed set can be packed.
     dataset = ShardBatchDataset(shard_set, pad, fingerprint=shard_set.fingerprint, pack=pack)
     # sampler by keyword: Lightning re-creates the loader (predict) from the recorded arguments

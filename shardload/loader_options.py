@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -33,7 +32,6 @@ __all__ = [
     "MAX_TIMEOUT",
     "MAX_WORKERS",
     "LoaderOptions",
-    "check_path",
     "check_state",
     "check_timeout",
     "with_shortcuts",
@@ -43,12 +41,6 @@ __all__ = [
 MAX_WORKERS = 1024
 #: The DataLoader waits with ``poll()``, which takes at most 2^31 - 1 ms (24.8 days).
 MAX_TIMEOUT = 1_000_000.0
-
-
-def check_path(name: str, value: object) -> None:
-    """A shard set location must be a ``str`` or ``os.PathLike``."""
-    if not isinstance(value, (str, os.PathLike)):
-        raise PlanError(f"{name} must be a shard set directory (str or path), got {type(value).__name__}")
 
 
 def check_timeout(value: object) -> float:

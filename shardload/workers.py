@@ -65,15 +65,21 @@ def shards_changed_on_disk(shard_set: ShardSet, limit: int = 3) -> list[str]:
     return found
 
 
-def describe_exit(exitcode: int, shard_set: ShardSet) -> str:
-    """Why a worker that exited with ``exitcode`` (negative: killed by that signal) died, and what to do."""
-    verify = f"run `shardload verify {shard_set.path}`"
+def describe_exit(exitcode: int, shard_sets: Sequence[ShardSet]) -> str:
+    """Why a worker that exited with ``exitcode`` (negative: killed by that signal) died, and what to do.
+
+    ``shard_sets``: the sets the worker read (one, or each source of a mixture).
+    """
+    paths = [str(s.path) for s in shard_sets]
+    verify = (
+        f"run `shardload verify {paths[0]}`" if len(paths) == 1 else f"run `shardload verify` on {', '.join(paths)}"
+    )
     if exitcode < 0:
         sig = -exitcode
         name = signal_name(sig)
         head = f"was killed by {name}"
         if sig == signal.SIGBUS:
-            changed = shards_changed_on_disk(shard_set)
+            changed = [line for s in shard_sets for line in shards_changed_on_disk(s)]
             if changed:
                 return (
                     f"{head}: a memory-mapped shard file shrank or was replaced while the worker read it "

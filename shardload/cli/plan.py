@@ -11,10 +11,14 @@ the planner's guarantee, and this table shows what it costs.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from shardload.cli._common import CommandError, Exit, print_json, python_hint
+from shardload.cli._common import CommandError, Exit, int_at_least, print_json, python_hint
 from shardload.cli._flags import add_option_flags, options_from_args
 from shardload.plan import Batching, EpochSpec
+
+if TYPE_CHECKING:
+    from shardload.mixture import Mixture
 
 SUMMARY = "dry-run the per-rank batch plan (batches, padding, balance)"
 
@@ -23,6 +27,7 @@ EPILOG = """examples:
   shardload plan out/ --world-size 4 --batch-size 32 --stage val --json
   shardload plan out/ --world-size 2 --batch-size 4 --with-ids --json > plan.json
   shardload plan out/ --world-size 8 --packing --pack-length 4096 --rows-per-batch 8
+  shardload plan --source web=sets/web:0.7 --source code=sets/code:0.3 --world-size 8 --max-tokens 16384
 
 the epoch and batching flags are the fields of shardload.plan.EpochSpec and
 shardload.plan.Batching (--max-tokens is max_tokens=...); one of --batch-size,
@@ -38,7 +43,25 @@ shardload.plan.Batching (--max-tokens is max_tokens=...); one of --batch-size,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", metavar="OUT", help="a shard set directory")
+    p.add_argument("path", metavar="OUT", nargs="?", help="a shard set directory (or give --source instead)")
+    mix = p.add_argument_group("a mixture of shard sets (shardload.Mixture), instead of OUT")
+    mix.add_argument(
+        "--source",
+        action="append",
+        metavar="NAME=PATH[:WEIGHT]",
+        help="a source of the mixture, repeated once per source in order; give every source a weight, or none "
+        "(proportions by size)",
+    )
+    mix.add_argument(
+        "--by", choices=("tokens", "samples"), default="tokens", help="what weights count (default: tokens)"
+    )
+    mix.add_argument(
+        "--epoch-tokens", type=int_at_least(0), metavar="N", help="tokens in a training epoch (--by tokens)"
+    )
+    mix.add_argument(
+        "--epoch-samples", type=int_at_least(0), metavar="N", help="samples in a training epoch (--by samples)"
+    )
+    mix.add_argument("--max-repeats", type=int_at_least(1), metavar="N", help="refuse using a sample more often")
     add_option_flags(p.add_argument_group("the epoch to plan (EpochSpec)"), EpochSpec)
     add_option_flags(
         p.add_argument_group("batching (Batching)"), Batching, one_of=("batch_size", "max_tokens", "packing")
@@ -57,10 +80,47 @@ def run(args: argparse.Namespace) -> int:
 
     if args.with_ids and not args.json:
         raise CommandError("--with-ids adds the batches to the JSON output: add --json", Exit.USAGE)
+    if (args.path is None) == (args.source is None):
+        raise CommandError("give a shard set directory OUT, or a mixture with --source NAME=PATH[:WEIGHT]", Exit.USAGE)
     spec, batching = options_from_args(EpochSpec, args), options_from_args(Batching, args)
-    summary = summarize_plan(shardload.open(args.path).plan_inputs(), spec, batching, with_ids=args.with_ids)
+    inputs = shardload.open(args.path).plan_inputs() if args.path is not None else mixture_of(args).open().plan_inputs()
+    summary = summarize_plan(inputs, spec, batching, with_ids=args.with_ids)
     if args.json:
         print_json(summary.to_dict())
     else:
         print(summary.format())
     return Exit.OK
+
+
+def mixture_of(args: argparse.Namespace) -> Mixture:
+    """The :class:`~shardload.Mixture` of the ``--source`` flags (a bad one is a usage error)."""
+    from shardload.errors import PlanError
+    from shardload.mixture import Mixture
+
+    sources: dict[str, str] = {}
+    weights: dict[str, float] = {}
+    for text in args.source:
+        name, sep, where = text.partition("=")
+        if not sep or not name or not where:
+            raise CommandError(f"--source {text!r}: expected NAME=PATH or NAME=PATH:WEIGHT", Exit.USAGE)
+        path, colon, weight = where.rpartition(":")
+        try:
+            if colon and path:
+                weights[name] = float(weight)
+                where = path
+        except ValueError:
+            pass  # a ':' that is part of the path
+        if name in sources:
+            raise CommandError(f"--source {name!r} is given twice: each source once", Exit.USAGE)
+        sources[name] = where
+    try:
+        return Mixture(
+            sources,
+            weights=weights or None,
+            by=args.by,
+            epoch_tokens=args.epoch_tokens,
+            epoch_samples=args.epoch_samples,
+            max_repeats=args.max_repeats,
+        )
+    except PlanError as exc:
+        raise CommandError(f"--source: {exc}", Exit.USAGE) from None

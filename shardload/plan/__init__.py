@@ -5,6 +5,7 @@ from the lengths index and gets the same number of batches as every other
 rank::
 
     PlanInputs (lengths (N,), shard_sizes (S,), digest)   the shard set's index
+      or MixInputs (one PlanInputs per source, weights)    a mixture of shard sets (plan/mix.py)
     EpochSpec (world_size, stage, seed, epoch, ...)       the epoch asked for
     Batching (batch_size | max_tokens, bucketing, ...)    how rows become batches
        |  assign     shards -> contiguous rank ranges  (locality)
@@ -22,6 +23,7 @@ rank::
 
 from __future__ import annotations
 
+from shardload.plan.mix import MixInputs
 from shardload.plan.options import Batching, ShardAssignment, Stage, Uneven, padded_length
 from shardload.plan.planner import EpochPlanner, RankPlan, plan_rank
 from shardload.plan.request import EpochSpec, PlanInputs, digest_lengths
@@ -31,6 +33,7 @@ __all__ = [
     "Batching",
     "EpochPlanner",
     "EpochSpec",
+    "MixInputs",
     "PlanInputs",
     "PlanSummary",
     "RankPlan",

@@ -28,15 +28,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.errors import PlanError
-from shardload.plan.assign import ShardLayout, assign_shards, balance_by_tokens, shard_order
+from shardload.plan.assign import assign_shards, balance_by_tokens, shard_order
 from shardload.plan.batcher import Batcher
-from shardload.plan.buckets import BucketBatcher
 from shardload.plan.equalize import equalize_batches
-from shardload.plan.fixed import FixedSizeBatcher
-from shardload.plan.greedy import GreedyTokenBatcher
+from shardload.plan.mix import MixInputs
+from shardload.plan.mixbatch import MixBatcher
 from shardload.plan.options import Batching, Stage
 from shardload.plan.pack import PackBatcher, RankRows
+from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.request import EpochSpec, PlanInputs, check_request
+from shardload.plan.strategy import layout_key, make_batcher
 from shardload.plan.validate import check_rank
 
 __all__ = ["EpochPlanner", "RankPlan", "plan_rank"]
@@ -175,40 +176,12 @@ class RankPlan:
         return ids, weights, self.rows[lo : lo + len(ids)], self.starts[lo : lo + len(ids)]
 
 
-def _layout_key(layout: ShardLayout) -> str:
-    """Digest of an epoch's shard order and rank ranges (what a rank's samples are)."""
-    digest = hashlib.sha1(layout.order.astype("<i8").tobytes(), usedforsecurity=False)
-    digest.update(layout.rank_starts.astype("<i8").tobytes())
-    return digest.hexdigest()
-
-
-def make_batcher(
-    batching: Batching,
-    *,
-    lengths: NDArray[np.integer],
-    layout: ShardLayout,
-    shuffle: bool,
-    seed: int,
-    epoch: int,
-    max_length: int,
-) -> Batcher:
-    """The strategy for these options: length buckets, fixed chunks or greedy fill."""
-    if batching.packing:
-        cls: type[Batcher] = PackBatcher
-    elif batching.bucketing:
-        cls = BucketBatcher
-    elif batching.batch_size is not None:
-        cls = FixedSizeBatcher
-    else:
-        cls = GreedyTokenBatcher
-    return cls(lengths, layout, batching, shuffle=shuffle, seed=seed, epoch=epoch, max_length=max_length)
-
-
 class EpochPlanner:
     """What all ranks share for one epoch: layout, counts, target, fingerprint.
 
     Args:
-        inputs: The shard set's lengths and shard sizes (checked when built).
+        inputs: The shard set's lengths and shard sizes (checked when built), or
+            a mixture's :class:`~shardload.plan.mix.MixInputs` (one per source).
         spec: The epoch to plan: world size, stage, seed, epoch, shard assignment.
         batching: How rows become batches.
 
@@ -217,41 +190,25 @@ class EpochPlanner:
             not fit ``spec`` (``uneven="drop"`` in an evaluation stage).
     """
 
-    def __init__(self, inputs: PlanInputs, spec: EpochSpec, batching: Batching) -> None:
-        if not isinstance(inputs, PlanInputs):
+    def __init__(self, inputs: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching) -> None:
+        if not isinstance(inputs, (PlanInputs, MixInputs)):
             raise PlanError(
-                f"inputs must be a shardload.plan.PlanInputs, got {type(inputs).__name__}: "
+                f"inputs must be a shardload.plan.PlanInputs (or MixInputs), got {type(inputs).__name__}: "
                 "use shard_set.plan_inputs() or PlanInputs(lengths, shard_sizes)"
             )
         check_request(spec, batching)
         self.inputs, self.spec, self.batching = inputs, spec, batching
-        self.lengths = inputs.lengths
-        order = shard_order(
-            inputs.num_shards,
-            seed=spec.seed,
-            epoch=spec.epoch,
-            shuffle=spec.shuffled and spec.shard_assignment == "rotate",
-        )
-        self.layout = assign_shards(inputs.shard_sizes, spec.world_size, order=order)
-        if batching.packing:  # a packed rank's batch count follows its tokens: cut the ranks by tokens
-            self.layout = balance_by_tokens(self.layout, inputs.lengths, inputs.shard_tokens)
-        self.batcher = make_batcher(
-            batching,
-            lengths=self.lengths,
-            layout=self.layout,
-            shuffle=spec.shuffled,
-            seed=spec.seed,
-            epoch=spec.epoch,
-            max_length=inputs.max_length,
-        )
-        # (W,) before equalisation; read-only, so that every rank's plan shares it (a copy each is O(W**2) memory)
-        if batching.packing:  # counting packs every rank: keep it with the inputs for the next epoch of the same layout
-            key = ("packed counts", batching.identity(), _layout_key(self.layout))
-            self.rank_batch_counts = inputs.memo(key, self.batcher.count_batches).copy()
+        #: ``(S + 1,)`` shard offsets in the global id space (a mixture's sources one after another)
+        self.shard_starts = offsets_from_lengths(inputs.shard_sizes)
+        self.mix: MixBatcher | None = None
+        if isinstance(inputs, MixInputs):  # a selection step, then one batcher per source (plan/mixbatch.py)
+            self.mix = MixBatcher(inputs, spec, batching)
+            counts = self.mix.count_batches()
         else:
-            self.rank_batch_counts = self.batcher.count_batches().copy()
+            counts = self._single(inputs)
+        # (W,) before equalisation; read-only, so that every rank's plan shares it (a copy each is O(W**2) memory)
+        self.rank_batch_counts = counts.copy()
         self.rank_batch_counts.setflags(write=False)
-        counts = self.rank_batch_counts
         self.num_batches = int(counts.min() if batching.uneven == "drop" else counts.max())
         header = {
             "format": _FORMAT,
@@ -262,13 +219,42 @@ class EpochPlanner:
             "lengths": inputs.digest,
             "num_batches": self.num_batches,
         }
+        if isinstance(inputs, MixInputs):
+            header["mixture"] = inputs.identity()
         digest = hashlib.sha1(json.dumps(header, sort_keys=True).encode(), usedforsecurity=False)
         digest.update(inputs.shard_sizes.astype("<i8").tobytes())
         self.fingerprint = digest.hexdigest()
 
+    def _single(self, inputs: PlanInputs) -> NDArray[np.int64]:
+        """Lay out and count one shard set: sets :attr:`layout`, :attr:`batcher`, :attr:`lengths`."""
+        spec, batching = self.spec, self.batching
+        self.lengths = inputs.lengths
+        order = shard_order(
+            inputs.num_shards,
+            seed=spec.seed,
+            epoch=spec.epoch,
+            shuffle=spec.shuffled and spec.shard_assignment == "rotate",
+        )
+        self.layout = assign_shards(inputs.shard_sizes, spec.world_size, order=order)
+        if batching.packing:  # a packed rank's batch count follows its tokens: cut the ranks by tokens
+            self.layout = balance_by_tokens(self.layout, inputs.lengths, inputs.shard_tokens)
+        self.batcher: Batcher = make_batcher(
+            batching,
+            lengths=self.lengths,
+            layout=self.layout,
+            shuffle=spec.shuffled,
+            seed=spec.seed,
+            epoch=spec.epoch,
+            max_length=inputs.max_length,
+        )
+        if batching.packing:  # counting packs every rank: keep it with the inputs for the next epoch of the same layout
+            key = ("packed counts", batching.identity(), layout_key(self.layout))
+            return inputs.memo(key, self.batcher.count_batches)
+        return self.batcher.count_batches()
+
     def plans(self) -> Iterator[RankPlan]:
         """Every rank's plan, in rank order (packed ranks are packed a group at a time, in one run each)."""
-        if not isinstance(self.batcher, PackBatcher):
+        if self.mix is not None or not isinstance(self.batcher, PackBatcher):
             yield from (self.plan(rank) for rank in range(self.spec.world_size))
             return
         for group in self.batcher.rank_groups():
@@ -281,7 +267,11 @@ class EpochPlanner:
 
     def _plan(self, rank: int, packed_rows: RankRows | None) -> RankPlan:
         rows = starts = None
-        if isinstance(self.batcher, PackBatcher):  # equalised at the row level by the batcher itself
+        if self.mix is not None:
+            mixed = self.mix.plan(rank, target=self.num_batches, counted=int(self.rank_batch_counts[rank]))
+            ids, weights, offsets = mixed.sample_ids, mixed.weights, mixed.batch_offsets
+            rows, starts = mixed.rows, mixed.starts
+        elif isinstance(self.batcher, PackBatcher):  # equalised at the row level by the batcher itself
             packed = self.batcher.build_packed(
                 rank,
                 target=self.num_batches,
@@ -328,7 +318,7 @@ class EpochPlanner:
         return 0
 
 
-def plan_rank(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, rank: int) -> RankPlan:
+def plan_rank(inputs: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching, *, rank: int) -> RankPlan:
     """Plan one rank's batches for one epoch, without talking to other ranks.
 
     Guarantees (each tested):
@@ -348,7 +338,8 @@ def plan_rank(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, rank: 
 
     Args:
         inputs: The shard set's lengths and shard sizes
-            (:meth:`shardload.ShardSet.plan_inputs`, or ``PlanInputs(lengths, shard_sizes)``).
+            (:meth:`shardload.ShardSet.plan_inputs`, or ``PlanInputs(lengths, shard_sizes)``), or a
+            mixture's :class:`~shardload.plan.mix.MixInputs`.
         spec: The epoch to plan (world size, stage, seed, epoch, shard assignment).
         batching: How rows become batches.
         rank: This rank, ``0 <= rank < spec.world_size``.

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.plan.mix import MixInputs
+from shardload.plan.mixreport import SourceReport, SourceTally
 from shardload.plan.options import Batching, Stage, padded_length
 from shardload.plan.planner import EpochPlanner, RankPlan
 from shardload.plan.request import EpochSpec, PlanInputs
@@ -46,6 +48,8 @@ class PlanSummary:
             every rank computes the same real tokens at every step).
         plans: Every rank's :class:`~shardload.plan.RankPlan`, when
             :func:`summarize_plan` was asked ``with_ids=True`` (else ``None``).
+        sources: A mixture's per-source figures
+            (:class:`~shardload.plan.mixreport.SourceReport`); ``None`` for one shard set.
     """
 
     world_size: int
@@ -62,6 +66,7 @@ class PlanSummary:
     shards: NDArray[np.int64]
     step_balance: float = 1.0
     plans: tuple[RankPlan, ...] | None = None
+    sources: SourceReport | None = None
 
     @property
     def padding_fraction(self) -> float:
@@ -136,6 +141,7 @@ class PlanSummary:
             "budget_fill": self.budget_fill,
             "step_balance": self.step_balance,
             "ranks": self.rank_rows(),
+            **({"sources": self.sources.to_dict()} if self.sources is not None else {}),
         }
 
     def format(self) -> str:
@@ -176,12 +182,21 @@ class PlanSummary:
             f"steps:    real tokens per step balanced to {self.step_balance:.3f} (mean / max over ranks, averaged)"
         )
         out.append(f"shards:   {int(self.shards.min()):,}..{int(self.shards.max()):,} per rank")
+        if self.sources is not None:
+            out += ["", *self.sources.format(self.world_size)]
         out.append(f"fingerprint {self.fingerprint}")
         return "\n".join(out)
 
 
+def lengths_of(inputs: PlanInputs | MixInputs, ids: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``(n,)`` the lengths of global sample ids, of one shard set or of a mixture's sources."""
+    if isinstance(inputs, MixInputs):
+        return inputs.lengths_at(ids)
+    return np.asarray(inputs.lengths[ids], dtype=np.int64)
+
+
 def _rank_figures(
-    plan: RankPlan, lengths: NDArray[np.integer], shard_starts: NDArray[np.int64], batching: Batching
+    plan: RankPlan, lens: NDArray[np.int64], shard_starts: NDArray[np.int64], batching: Batching
 ) -> tuple[int, int, int, int, int]:
     """``(samples, filler, tokens, padded_tokens, shards)`` of one rank's plan.
 
@@ -189,7 +204,6 @@ def _rank_figures(
     each, with their own tokens), and every batch is ``rows_per_batch *
     pack_length`` padded tokens.
     """
-    lens = np.asarray(lengths[plan.sample_ids], dtype=np.int64)  # (rows,)
     real = plan.weights > 0
     padded = 0
     if batching.packing:
@@ -204,9 +218,8 @@ def _rank_figures(
     return real_rows, len(real) - real_rows, int(lens[real].sum()), padded, len(shards)
 
 
-def _batch_tokens(plan: RankPlan, lengths: NDArray[np.integer], batching: Batching) -> NDArray[np.int64]:
+def _batch_tokens(plan: RankPlan, lens: NDArray[np.int64], batching: Batching) -> NDArray[np.int64]:
     """``(num_batches,)`` real tokens of each batch of a plan (a packed entry counts its own piece)."""
-    lens = np.asarray(lengths[plan.sample_ids], dtype=np.int64)
     if plan.starts is not None and batching.pack_length is not None:
         lens = np.minimum(lens - plan.starts, batching.pack_length)
     real = np.where(plan.weights > 0, lens, 0)
@@ -222,7 +235,9 @@ def _step_balance(step_sum: NDArray[np.int64], step_max: NDArray[np.int64], worl
     return float(ratio.mean())
 
 
-def summarize_plan(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, with_ids: bool = False) -> PlanSummary:
+def summarize_plan(
+    inputs: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching, *, with_ids: bool = False
+) -> PlanSummary:
     """Plan every rank of one epoch and report balance, padding and locality.
 
     The per-epoch work (counting, fingerprint) is done once; each rank is then
@@ -253,11 +268,15 @@ def summarize_plan(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, w
     figures = np.zeros((spec.world_size, 5), dtype=np.int64)  # (W, 5) samples, filler, tokens, padded, shards
     step_sum = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) real tokens of each step, over ranks
     step_max = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) the most a rank has at each step
+    tally = SourceTally(inputs, spec, batching, planner.num_batches) if isinstance(inputs, MixInputs) else None
     for rank, plan in enumerate(planner.plans()):
-        figures[rank] = _rank_figures(plan, inputs.lengths, planner.layout.shard_starts, batching)
-        tokens = _batch_tokens(plan, inputs.lengths, batching)
+        lens = lengths_of(inputs, plan.sample_ids)  # (rows,)
+        figures[rank] = _rank_figures(plan, lens, planner.shard_starts, batching)
+        tokens = _batch_tokens(plan, lens, batching)
         step_sum += tokens
         np.maximum(step_max, tokens, out=step_max)
+        if tally is not None:
+            tally.add(plan, lens)
         if with_ids:
             kept.append(plan)
     return PlanSummary(
@@ -275,4 +294,5 @@ def summarize_plan(inputs: PlanInputs, spec: EpochSpec, batching: Batching, *, w
         shards=figures[:, 4],
         step_balance=_step_balance(step_sum, step_max, spec.world_size),
         plans=tuple(kept) if with_ids else None,
+        sources=None if tally is None else tally.report(),
     )

@@ -131,3 +131,28 @@ def test_plan_lengths_are_those_of_the_index(cli, shard_set) -> None:
         for row in cli("plan", shard_set, "--world-size", "3", "--batch-size", "5", "--json").json()["ranks"]
     )
     assert tokens == int(np.load(shard_set / "lengths.npy").sum())
+
+
+def test_plan_of_a_mixture_reports_every_source(cli, shard_set, tmp_path) -> None:
+    from shardload.testing import synthetic_samples
+
+    shardload.write(synthetic_samples(40, seed=5, median_tokens=80), tmp_path / "code", num_shards=2, progress=False)
+    argv = ["--source", f"web={shard_set}:0.7", "--source", f"code={tmp_path / 'code'}:0.3", "--world-size", "3"]
+    r = cli("plan", *argv, "--max-tokens", "400", "--json")
+    assert r.code == 0, r.err
+    obj = r.json()
+    mix = shardload.Mixture({"web": shard_set, "code": tmp_path / "code"}, weights={"web": 0.7, "code": 0.3})
+    expected = shardload.plan.summarize_plan(
+        mix.open().plan_inputs(), shardload.plan.EpochSpec(world_size=3), shardload.plan.Batching(max_tokens=400)
+    )
+    assert obj == expected.to_dict()
+    assert [s["name"] for s in obj["sources"]] == ["web", "code"]
+    assert abs(obj["sources"][0]["tokens"] / (obj["sources"][0]["tokens"] + obj["sources"][1]["tokens"]) - 0.7) < 0.02
+    table = cli("plan", *argv, "--max-tokens", "400").out
+    assert "worst deviation" in table and "share per rank" in table
+    # a cap the weights need more than: the planner's error, exit 6, naming the source and the cap
+    r = cli("plan", *argv, "--max-tokens", "400", "--max-repeats", "1")
+    assert r.code == Exit.PLAN and "'web'" in r.err and "max_repeats=1" in r.err
+    assert cli("plan", "--world-size", "2", "--batch-size", "4").code == 2  # neither OUT nor --source
+    assert cli("plan", shard_set, *argv, "--batch-size", "4").code == 2  # both
+    assert cli("plan", "--source", "web", "--world-size", "2", "--batch-size", "4").code == 2

@@ -1,0 +1,288 @@
+"""A mixture's batches: per source assign and batch, per rank interleave, then equalise.
+
+:class:`MixBatcher` is what :class:`~shardload.plan.EpochPlanner` uses in
+place of a single batcher when it is given :class:`~shardload.plan.mix.MixInputs`::
+
+    per source k (its own seed, shard order and batcher; shards stay contiguous per rank)
+       |  select_source        how many times each sample is used (plan/mix.py)
+       |  assign + balance     the selected samples' shards -> rank ranges of near-equal tokens
+       |  batcher              the Batching's strategy over them; with packing, one row per unit
+       v
+    per rank: units (batches, or packed rows) of every source
+       |  interleave           merged by each unit's middle as a fraction of its source's share
+       |  (packing)            rows_per_batch consecutive rows make a batch
+       |  equalize             split | pad | drop (plan/equalize.py), packed rows renumbered per batch
+       v
+    (sample_ids, weights, offsets, rows, starts) in the global id space
+
+**Interleave.** A rank has ``t_k`` units (tokens, or samples) of source
+``k``. Unit ``j`` of source ``k``, after ``c`` of the source's units and
+holding ``u`` of them, goes at ``(c + u / 2) / t_k``: every source's units are
+merged by the fraction of the source they reach halfway through. This is a
+largest-deficit rule (at each point, the next unit is that of the source
+furthest behind its share, measured relative to the share), computed with one
+sort. After any prefix, source ``k`` has ``x_k`` units out of ``X`` with
+``|x_k - p_k X| <= (u_k + p_k * sum_j u_j) / 2``, ``p_k = t_k / sum_j t_j``
+and ``u_j`` the largest unit of source ``j``: about one unit.
+
+Batch counts do not depend on the interleave: a rank's count is the sum of
+its sources' batch counts (packing: ``ceil(rows / rows_per_batch)``), which
+every rank computes for every rank as for one shard set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.errors import PlanError
+from shardload.plan.assign import ShardLayout, assign_shards, balance_by_tokens, shard_order
+from shardload.plan.batcher import Batcher
+from shardload.plan.equalize import equalize_batches
+from shardload.plan.mix import MixInputs, Selection, select_source, source_seed
+from shardload.plan.options import Batching
+from shardload.plan.pack import PackBatcher, refuse_long_samples
+from shardload.plan.ranges import offsets_from_lengths
+from shardload.plan.request import EpochSpec, PlanInputs
+from shardload.plan.shuffle import permute_batches
+from shardload.plan.strategy import layout_key, make_batcher
+
+__all__ = ["MixBatcher", "MixedBatches", "SourcePart", "interleave"]
+
+
+@dataclass(frozen=True)
+class MixedBatches:
+    """One rank's equalised batches of a mixture (the fields of a :class:`~shardload.plan.RankPlan`).
+
+    Attributes:
+        sample_ids: ``(rows,)`` global ids (filler included).
+        weights: ``(rows,)`` 1.0 real, 0.0 filler.
+        batch_offsets: ``(num_batches + 1,)``.
+        rows: packed plans: ``(rows,)`` int32 row of each entry in its batch; else ``None``.
+        starts: packed plans: ``(rows,)`` first token of each entry's sample; else ``None``.
+    """
+
+    sample_ids: NDArray[np.int64]
+    weights: NDArray[np.float32]
+    batch_offsets: NDArray[np.int64]
+    rows: NDArray[np.int32] | None
+    starts: NDArray[np.int64] | None
+
+
+def _per_shard(values: NDArray[np.int64], shard_sizes: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``(S,)`` sums of ``values`` (one per sample) over each shard."""
+    out = np.zeros(len(shard_sizes), dtype=np.int64)
+    nonempty = shard_sizes > 0
+    if len(values):
+        out[nonempty] = np.add.reduceat(values, offsets_from_lengths(shard_sizes)[:-1][nonempty])
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class SourcePart:
+    """One source's share of an epoch: the selected samples, their rank ranges and batcher.
+
+    Attributes:
+        index: The source's position in the mixture.
+        offset: The global id of its sample 0.
+        selection: How many times each of its samples is used.
+        entries: ``(n,)`` local sample id of each selected use, in shard order
+            (``None``: every sample once, the ids themselves).
+        inputs: The selected uses as a lengths index (the source's own when ``entries`` is ``None``).
+        layout: The uses' shards -> rank ranges.
+        batcher: The strategy that batches each rank's uses.
+    """
+
+    index: int
+    offset: int
+    selection: Selection
+    entries: NDArray[np.int64] | None
+    inputs: PlanInputs
+    layout: ShardLayout
+    batcher: Batcher
+
+    def global_ids(self, uses: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Global sample ids of selected uses (the batcher's ids)."""
+        local = uses if self.entries is None else self.entries[uses]
+        return local + self.offset
+
+
+class MixBatcher:
+    """Counts every rank's batches of a mixture and builds one rank's (see the module docstring).
+
+    Args:
+        mix: The mixture.
+        spec: The epoch (training selects; evaluation uses every sample once).
+        batching: How rows become batches.
+
+    Raises:
+        MixtureError: see :func:`~shardload.plan.mix.select_source`.
+        PlanError: with packing, a sample longer than a row and no ``pack_split`` (naming its source).
+    """
+
+    def __init__(self, mix: MixInputs, spec: EpochSpec, batching: Batching) -> None:
+        self.mix, self.spec, self.batching = mix, spec, batching
+        self.packed = batching.packing
+        # with packing the unit interleaved is a row: each source packs one row per "batch"
+        self.unit_batching = dataclasses.replace(batching, rows_per_batch=1) if self.packed else batching
+        train = spec.shuffled
+        self.parts: list[SourcePart] = []
+        for k, source in enumerate(mix.sources):
+            if self.packed:
+                try:
+                    refuse_long_samples(source.lengths, source.max_length, batching)
+                except PlanError as exc:
+                    raise PlanError(f"source {mix.names[k]!r} of the mixture: {exc}") from None
+            selection = select_source(mix, k, seed=spec.seed, epoch=spec.epoch, train=train)
+            self.parts.append(self._part(k, selection))
+
+    def _part(self, k: int, selection: Selection) -> SourcePart:
+        mix, spec, source = self.mix, self.spec, self.mix.sources[k]
+        seed = source_seed(spec.seed, k)
+        entries = None
+        inputs = source
+        if selection.counts is not None:
+            entries = np.repeat(np.arange(source.num_samples, dtype=np.int64), selection.counts)
+            sizes = _per_shard(selection.counts, source.shard_sizes)
+            inputs = PlanInputs(source.lengths[entries], sizes, digest=f"{source.digest}/selected")
+        rotate = spec.shuffled and spec.shard_assignment == "rotate"
+        order = shard_order(inputs.num_shards, seed=seed, epoch=spec.epoch, shuffle=rotate)
+        layout = assign_shards(inputs.shard_sizes, spec.world_size, order=order)
+        if mix.by == "tokens":  # each rank gets near its share of every source's tokens
+            layout = balance_by_tokens(layout, inputs.lengths, inputs.shard_tokens)
+        batcher = make_batcher(
+            self.unit_batching,
+            lengths=inputs.lengths,
+            layout=layout,
+            shuffle=spec.shuffled,
+            seed=seed,
+            epoch=spec.epoch,
+            max_length=inputs.max_length,
+        )
+        return SourcePart(k, int(mix.offsets[k]), selection, entries, inputs, layout, batcher)
+
+    def _units_counted(self, part: SourcePart) -> NDArray[np.int64]:
+        """``(W,)`` units (batches, or packed rows) of every rank for one source."""
+        if self.packed and part.entries is None:  # packing every rank is costly: keep it for the next epoch
+            key = ("packed counts", self.unit_batching.identity(), layout_key(part.layout))
+            return part.inputs.memo(key, part.batcher.count_batches)
+        return part.batcher.count_batches()
+
+    def count_batches(self) -> NDArray[np.int64]:
+        """``(W,)`` every rank's batch count before equalisation."""
+        units = np.zeros(self.spec.world_size, dtype=np.int64)
+        for part in self.parts:
+            units += self._units_counted(part)
+        if self.packed:
+            assert self.batching.rows_per_batch is not None
+            return -(-units // self.batching.rows_per_batch)
+        return units
+
+    def _source_units(
+        self, part: SourcePart, rank: int
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64] | None, NDArray[np.int64]]:
+        """``(ids, offsets, starts, sizes)`` of one source's units on ``rank``; ``sizes`` counts ``by``."""
+        starts = None
+        if isinstance(part.batcher, PackBatcher):
+            packed = part.batcher.build_packed(rank, target=None, filler_id=0)
+            uses, offsets, starts = packed.sample_ids, packed.batch_offsets, packed.starts
+        else:
+            uses, offsets = part.batcher.build_batches(rank)
+        lens = np.asarray(part.inputs.lengths[uses], dtype=np.int64)
+        if self.mix.by == "samples":
+            per = np.ones(len(uses), dtype=np.int64) if starts is None else (starts == 0).astype(np.int64)
+        elif starts is not None:
+            assert self.batching.pack_length is not None
+            per = np.minimum(lens - starts, self.batching.pack_length)
+        else:
+            per = lens
+        sizes = np.add.reduceat(per, offsets[:-1]) if len(offsets) > 1 else np.zeros(0, dtype=np.int64)
+        return part.global_ids(uses), offsets, starts, sizes.astype(np.int64)
+
+    def _build(
+        self, rank: int
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64] | None, NDArray[np.int64] | None]:
+        units = [self._source_units(part, rank) for part in self.parts]
+        order = interleave([u[3] for u in units])
+        all_ids = np.concatenate([u[0] for u in units]) if units else np.zeros(0, np.int64)
+        sizes = np.concatenate([np.diff(u[1]) for u in units]) if units else np.zeros(0, np.int64)
+        offsets = offsets_from_lengths(sizes)
+        ids, new_offsets = permute_batches(all_ids, offsets, order)
+        if not self.packed:
+            return ids, new_offsets, None, None
+        all_starts = np.concatenate([u[2] for u in units if u[2] is not None])
+        starts, _ = permute_batches(all_starts, offsets, order)
+        assert self.batching.rows_per_batch is not None
+        row_key = np.repeat(np.arange(len(order), dtype=np.int64), np.diff(new_offsets))  # (E,) row of each entry
+        batch_offsets = new_offsets[:: self.batching.rows_per_batch]
+        if batch_offsets[-1] != new_offsets[-1]:
+            batch_offsets = np.append(batch_offsets, new_offsets[-1])
+        return ids, batch_offsets.astype(np.int64), starts, row_key
+
+    def plan(self, rank: int, *, target: int, counted: int) -> MixedBatches:
+        """One rank's ``target`` batches: interleaved, then equalised (``Batching.uneven``).
+
+        ``counted`` is the rank's count from :meth:`count_batches`, which the build must match.
+        """
+        ids, offsets, starts, row_key = self._build(rank)
+        assert len(offsets) - 1 == counted, "count and build disagree"
+        real = len(ids)
+        ids, weights, offsets = equalize_batches(
+            ids, offsets, target=target, uneven=self.batching.uneven, filler_id=self._filler_id(ids)
+        )
+        if starts is None or row_key is None:
+            return MixedBatches(ids, weights, offsets, None, None)
+        kept = min(real, len(ids))  # real entries stay first and in order; filler (one per batch) follows
+        filler = len(ids) - kept
+        starts = np.concatenate([starts[:kept], np.zeros(filler, dtype=np.int64)])
+        key = np.concatenate([row_key[:kept], np.zeros(filler, dtype=np.int64)])
+        batch = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+        rows = (key - key[offsets[:-1]][batch]).astype(np.int32)  # a split batch's rows start again at 0
+        return MixedBatches(ids, weights, offsets, rows, starts)
+
+    def _filler_id(self, ids: NDArray[np.int64]) -> int:
+        """The rank's shortest sample, else the shortest of the whole mixture (0 if it is empty)."""
+        if len(ids):
+            return int(ids[np.argmin(self.mix.lengths_at(ids))])
+        best: tuple[int, int] | None = None
+        for k, source in enumerate(self.mix.sources):
+            if source.num_samples:
+                i = int(np.argmin(source.lengths))
+                candidate = (int(source.lengths[i]), int(self.mix.offsets[k]) + i)
+                best = candidate if best is None else min(best, candidate)
+        return 0 if best is None else best[1]
+
+    def report_counts(self) -> list[Selection]:
+        """Each source's selection this epoch (for reports)."""
+        return [part.selection for part in self.parts]
+
+
+def interleave(sizes: list[NDArray[np.int64]]) -> NDArray[np.int64]:
+    """The order of every source's units on one rank: by each unit's middle as a fraction of its source.
+
+    Args:
+        sizes: One ``(n_k,)`` array per source: the units (tokens or samples)
+            of each of its units, in the source's own order (kept).
+
+    Returns:
+        ``(sum n_k,)`` indices into the concatenation of the sources' units.
+
+    >>> interleave([np.array([1, 1, 1, 1]), np.array([2, 2])]).tolist()
+    [0, 4, 1, 2, 5, 3]
+    """
+    keys, source, within = [], [], []
+    for k, s in enumerate(sizes):
+        total = int(s.sum())
+        if total:
+            keys.append((offsets_from_lengths(s)[:-1] + s / 2) / total)
+        else:  # no units to share: spread its (empty) units evenly
+            keys.append((np.arange(len(s)) + 0.5) / max(len(s), 1))
+        source.append(np.full(len(s), k, dtype=np.int64))
+        within.append(np.arange(len(s), dtype=np.int64))
+    if not keys:
+        return np.zeros(0, dtype=np.int64)
+    order: NDArray[np.int64] = np.lexsort((np.concatenate(within), np.concatenate(source), np.concatenate(keys)))
+    return order.astype(np.int64)

@@ -1,0 +1,306 @@
+"""Mixture plans: equal steps, each source's share at every step prefix, bounded repetition, exact evaluation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpy.typing import NDArray
+
+from shardload.errors import MixtureError, PlanError, PlanMismatchError
+from shardload.plan import Batching, EpochSpec, PlanInputs, RankPlan, summarize_plan
+from shardload.plan.mix import MixInputs, check_weights, select_source
+from shardload.plan.mixbatch import interleave
+from shardload.plan.planner import EpochPlanner
+
+from .strategies import STAGES, batchings, long_tailed, partition
+
+
+@dataclass
+class MixCase:
+    """One drawn mixture problem."""
+
+    mix: MixInputs
+    spec: EpochSpec
+    batching: Batching
+
+    def plans(self) -> tuple[EpochPlanner, list[RankPlan]]:
+        planner = EpochPlanner(self.mix, self.spec, self.batching)
+        return planner, [planner.plan(r) for r in range(self.spec.world_size)]
+
+
+@st.composite
+def sources(draw: st.DrawFn, world: int, split: bool | None) -> PlanInputs:
+    """One source: sometimes empty, sometimes smaller than the world size."""
+    num = draw(st.one_of(st.just(0), st.integers(1, max(1, world - 1)), st.integers(0, 60), st.integers(0, 1500)))
+    kind = draw(st.sampled_from(["lognormal", "lognormal", "zeros", "constant", "giant"]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    lengths = long_tailed(num, seed, kind)
+    if split is not None:  # packing: giants would be thousands of pieces; without split, at most a row
+        lengths = np.minimum(lengths, 3000 if split else 512)
+    return PlanInputs(lengths, partition(num, draw(st.integers(1, 12)), seed, allow_empty=draw(st.booleans())))
+
+
+@st.composite
+def mix_cases(draw: st.DrawFn, *, stages: tuple[str, ...] = STAGES, packed: bool | None = None) -> MixCase:
+    world = draw(st.one_of(st.integers(1, 4), st.integers(1, 24)))
+    stage = draw(st.sampled_from(stages))
+    uneven = ("split", "pad", "drop") if stage == "train" else ("split", "pad")
+    pack = draw(st.booleans()) if packed is None else packed
+    split = draw(st.booleans()) if pack else None
+    if pack:
+        batching = Batching(
+            packing=True, pack_length=512, rows_per_batch=draw(st.integers(1, 4)), pack_split=bool(split),
+            uneven=draw(st.sampled_from(uneven)),
+        )  # fmt: skip
+    else:
+        batching = draw(batchings(uneven=uneven))
+    k = draw(st.integers(1, 5))
+    srcs = tuple(draw(sources(world, split)) for _ in range(k))
+    names = tuple(f"s{i}" for i in range(k))
+    by = draw(st.sampled_from(["tokens", "samples"]))
+    units = [s.num_samples if by == "samples" else int(s.lengths.sum()) for s in srcs]
+    # a source with nothing to give gets weight 0 in training (a positive one is refused: its own test)
+    weights = {n: (draw(st.sampled_from([0.0, 0.1, 0.5, 1.0, 3.0])) if u else 0.0) for n, u in zip(names, units)}
+    if sum(weights.values()) == 0:
+        weights = {n: (1.0 if u else 0.0) for n, u in zip(names, units)}
+        if sum(weights.values()) == 0:
+            weights = {n: 1.0 for n in names}
+    epoch_size = draw(st.one_of(st.none(), st.integers(0, 2 * sum(units) + 10)))
+    if all(u == 0 for u in units) or any(u == 0 and weights[n] > 0 for n, u in zip(names, units)):
+        weights = None  # proportions by size: a mixture of empty sources plans no batch
+    mix = MixInputs(srcs, names, weights, by=by, epoch_size=epoch_size)
+    spec = EpochSpec(
+        world_size=world,
+        stage=stage,  # type: ignore[arg-type]
+        seed=draw(st.integers(0, 2**32 - 1)),
+        epoch=draw(st.integers(0, 6)),
+        shard_assignment=draw(st.sampled_from(["rotate", "fixed"])),  # type: ignore[arg-type]
+    )
+    return MixCase(mix, spec, batching)
+
+
+def units_per_step(plan: RankPlan, case: MixCase) -> NDArray[np.int64]:
+    """``(batches, K)`` real units (tokens or samples, as the mixture's ``by``) of each source in each batch."""
+    mix, batching = case.mix, case.batching
+    ids, real = plan.sample_ids, plan.weights > 0
+    if mix.by == "samples":
+        per = np.ones(len(ids), np.int64) if plan.starts is None else (plan.starts == 0).astype(np.int64)
+    else:
+        per = mix.lengths_at(ids)
+        if plan.starts is not None:
+            assert batching.pack_length is not None
+            per = np.minimum(per - plan.starts, batching.pack_length)
+    out = np.zeros((len(plan), mix.num_sources), dtype=np.int64)
+    batch = np.repeat(np.arange(len(plan)), np.diff(plan.batch_offsets))
+    np.add.at(out, (batch, mix.source_of(ids)), np.where(real, per, 0))
+    return out
+
+
+def largest_unit(plans: list[RankPlan], case: MixCase) -> int:
+    """The most real units of one interleaved unit: a batch, or a packed row."""
+    best = 0
+    for plan in plans:
+        steps = units_per_step(plan, case)
+        if plan.rows is None:
+            best = max(best, int(steps.sum(axis=1).max(initial=0)))
+            continue
+        one = MixCase(case.mix, case.spec, case.batching)
+        per_entry = units_per_step(  # every entry its own "batch": then sum per (batch, row)
+            RankPlan(
+                plan.rank, plan.spec, plan.sample_ids, plan.weights,
+                np.arange(len(plan.sample_ids) + 1, dtype=np.int64), plan.rank_batch_counts, plan.fingerprint,
+                plan.rows, plan.starts,
+            ),
+            one,
+        ).sum(axis=1)  # fmt: skip
+        batch = np.repeat(np.arange(len(plan)), np.diff(plan.batch_offsets))
+        key = batch * (1 << 20) + plan.rows
+        if len(key):
+            best = max(best, int(np.bincount(np.unique(key, return_inverse=True)[1], weights=per_entry).max()))
+    return best
+
+
+def used_counts(plans: list[RankPlan], mix: MixInputs) -> NDArray[np.int64]:
+    """``(N,)`` real uses of each global sample id (a packed sample cut in pieces counts once)."""
+    ids = np.concatenate([p.sample_ids[(p.weights > 0) & ((p.starts is None) | (p.starts == 0))] for p in plans])
+    return np.bincount(ids, minlength=mix.num_samples)
+
+
+def selected(case: MixCase) -> NDArray[np.int64]:
+    """``(N,)`` the uses the selection asks of each sample this epoch."""
+    parts = []
+    for k, source in enumerate(case.mix.sources):
+        sel = select_source(case.mix, k, seed=case.spec.seed, epoch=case.spec.epoch, train=case.spec.shuffled)
+        parts.append(np.ones(source.num_samples, np.int64) if sel.counts is None else sel.counts)
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+@settings(max_examples=300, deadline=None)
+@given(mix_cases())
+def test_mixture_plans_keep_every_guarantee(case: MixCase) -> None:
+    planner, plans = case.plans()
+    mix = case.mix
+    # equal batch counts
+    assert {len(p) for p in plans} == {planner.num_batches}
+    assert len({p.fingerprint for p in plans}) == 1
+    # what is used: evaluation every sample once; training the selection, nothing dropped or repeated beyond it
+    uses, asked = used_counts(plans, mix), selected(case)
+    if case.spec.stage != "train":
+        assert (uses == 1).all()
+    elif case.batching.uneven != "drop":
+        assert (uses == asked).all()
+    else:
+        assert (uses <= asked).all()
+    # repetition: each sample floor or ceil of its source's ratio
+    for k in range(mix.num_sources):
+        sel = select_source(mix, k, seed=case.spec.seed, epoch=case.spec.epoch, train=case.spec.shuffled)
+        mine = asked[mix.offsets[k] : mix.offsets[k + 1]]
+        if sel.counts is not None and sel.units and len(mine):
+            assert mine.max() <= math.ceil(sel.ratio)
+            assert mine.min() >= math.floor(sel.ratio)
+    # the share of every source after every step prefix, over all ranks, stays within W * (U + L) of its weight
+    steps = sum(units_per_step(p, case) for p in plans)
+    if len(plans[0]) == 0:
+        return
+    done = np.cumsum(steps, axis=0)  # (T, K)
+    total = done.sum(axis=1)
+    shares = np.array(mix.shares)
+    if case.spec.stage != "train":  # evaluation mixes every sample once: the sizes are the shares
+        units = np.array(mix.units, dtype=np.float64)
+        shares = units / units.sum() if units.sum() else shares
+    deviation = np.abs(done - np.outer(total, shares)).max()
+    longest = 1 if mix.by == "samples" else mix.max_length
+    if case.batching.packing:
+        assert case.batching.pack_length is not None
+        longest = min(longest, case.batching.pack_length)
+    bound = case.spec.world_size * (largest_unit(plans, case) + longest)
+    assert deviation <= bound + 1e-6 * total[-1], (deviation, bound)
+    # packed: every row within its batch and within pack_length
+    if case.batching.packing:
+        for p in plans:
+            assert p.rows is not None
+            assert (p.rows >= 0).all() and (p.rows < (case.batching.rows_per_batch or 0)).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(mix_cases(stages=("train",)), st.integers(2, 6))
+def test_selection_is_even_over_epochs(case: MixCase, epochs: int) -> None:
+    """Over E epochs every sample of a source is used floor or ceil of E * ratio times."""
+    mix = case.mix
+    for k in range(mix.num_sources):
+        total = np.zeros(mix.sources[k].num_samples, dtype=np.int64)
+        ratio = 0.0
+        for e in range(epochs):
+            sel = select_source(mix, k, seed=case.spec.seed, epoch=e, train=True)
+            total += 1 if sel.counts is None else sel.counts
+            ratio = sel.ratio if sel.counts is not None else 1.0
+        if len(total) and mix.units[k]:
+            if mix.by == "samples" or (mix.sources[k].lengths > 0).all():
+                assert total.max() - total.min() <= 1
+            assert total.max() <= math.ceil(epochs * ratio - 1e-9) + 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(mix_cases(stages=("train",)))
+def test_each_rank_reads_a_contiguous_group_of_every_source(case: MixCase) -> None:
+    _, plans = case.plans()
+    mix = case.mix
+    for k, source in enumerate(mix.sources):
+        starts = np.concatenate([[0], np.cumsum(source.shard_sizes)])
+        touched = 0
+        for p in plans:
+            ids = p.sample_ids[(p.weights > 0) & (mix.source_of(p.sample_ids) == k)] - mix.offsets[k]
+            touched += len(np.unique(np.searchsorted(starts, ids, side="right") - 1))
+        assert touched <= int((source.shard_sizes > 0).sum()) + case.spec.world_size - 1
+
+
+def test_max_repeats_names_the_source_the_ratio_and_the_cap() -> None:
+    big = PlanInputs(np.full(100, 10), np.array([100]))
+    small = PlanInputs(np.full(4, 10), np.array([4]))
+    mix = MixInputs((big, small), ("web", "math"), {"web": 1, "math": 1}, max_repeats=3)
+    with pytest.raises(
+        MixtureError, match=r"'math' would be repeated 13 times.*up to 13 times; 520 of its 40 tokens.*max_repeats=3"
+    ):
+        EpochPlanner(mix, EpochSpec(world_size=2), Batching(batch_size=4))
+    # within the cap, and in evaluation (no repetition), it plans
+    ok = MixInputs((big, small), ("web", "math"), {"web": 1, "math": 1}, max_repeats=13)
+    EpochPlanner(ok, EpochSpec(world_size=2), Batching(batch_size=4))
+    EpochPlanner(mix, EpochSpec(world_size=2, stage="val"), Batching(batch_size=4))
+
+
+def test_an_empty_source_with_a_positive_weight_is_refused_in_training_only() -> None:
+    full = PlanInputs(np.full(10, 5), np.array([10]))
+    empty = PlanInputs(np.zeros(0, np.int64), np.array([0]))
+    mix = MixInputs((full, empty), ("web", "code"), {"web": 1, "code": 1})
+    with pytest.raises(MixtureError, match="source 'code' has no tokens.*weight 0"):
+        EpochPlanner(mix, EpochSpec(world_size=2), Batching(batch_size=4))
+    assert len(EpochPlanner(mix, EpochSpec(world_size=2, stage="val"), Batching(batch_size=4)).plan(0)) == 2
+
+
+@pytest.mark.parametrize(
+    ("weights", "match"),
+    [
+        ({"a": 1}, "no weight for source 'b'"),
+        ({"a": 1, "b": 1, "c": 1}, "'c', which is not a source"),
+        ({"a": -1, "b": 1}, "finite numbers >= 0"),
+        ({"a": float("nan"), "b": 1}, "finite numbers >= 0"),
+        ({"a": 0, "b": 0.0}, "every weight is 0"),
+        ({"a": "1", "b": 1}, "must be a number"),
+        ([1, 2], "must be a dict"),
+    ],
+)
+def test_bad_weights_are_refused(weights: object, match: str) -> None:
+    with pytest.raises(MixtureError, match=match):
+        check_weights(("a", "b"), weights)  # type: ignore[arg-type]
+
+
+def test_mixture_inputs_refuse_bad_fields() -> None:
+    a = PlanInputs(np.ones(3, np.int64), np.array([3]))
+    with pytest.raises(MixtureError, match="distinct"):
+        MixInputs((a, a), ("x", "x"))
+    with pytest.raises(MixtureError, match="by="):
+        MixInputs((a,), ("x",), by="bytes")  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match="max_repeats"):
+        MixInputs((a,), ("x",), max_repeats=0)
+    with pytest.raises(PlanError, match="epoch_size"):
+        MixInputs((a,), ("x",), epoch_size=-1)
+    assert not isinstance(MixtureError("x"), PlanMismatchError)
+
+
+def test_fingerprint_covers_the_mixture() -> None:
+    a = PlanInputs(np.arange(1, 40), np.array([20, 19]))
+    b = PlanInputs(np.arange(1, 10), np.array([9]))
+    spec, batching = EpochSpec(world_size=2), Batching(batch_size=4)
+    prints = {
+        EpochPlanner(MixInputs((a, b), ("a", "b"), weights), spec, batching).fingerprint
+        for weights in ({"a": 1, "b": 1}, {"a": 1, "b": 2}, None)
+    }
+    prints.add(EpochPlanner(MixInputs((a, b), ("a", "c"), None), spec, batching).fingerprint)
+    prints.add(EpochPlanner(MixInputs((b, a), ("a", "b"), None), spec, batching).fingerprint)
+    prints.add(EpochPlanner(a, spec, batching).fingerprint)
+    assert len(prints) == 6
+
+
+def test_interleave_keeps_each_source_in_order_and_close_to_its_share() -> None:
+    sizes = [np.full(70, 10), np.full(20, 10), np.full(10, 10)]
+    order = interleave(sizes)
+    source = np.repeat(np.arange(3), [70, 20, 10])[order]
+    for k in range(3):  # each source's units keep their order
+        assert (np.diff(order[source == k]) > 0).all()
+    done = np.cumsum(np.eye(3)[source] * 10, axis=0)
+    deviation = np.abs(done - np.outer(done.sum(axis=1), [0.7, 0.2, 0.1])).max()
+    assert deviation <= 10
+
+
+def test_summary_of_a_mixture_counts_every_sample() -> None:
+    a = PlanInputs(long_tailed(500, 1), np.array([250, 250]))
+    b = PlanInputs(long_tailed(120, 2), np.array([120]))
+    mix = MixInputs((a, b), ("web", "code"), {"web": 0.5, "code": 0.5})
+    summary = summarize_plan(mix, EpochSpec(world_size=3, stage="val"), Batching(max_tokens=4096))
+    assert int(summary.samples.sum()) == 620
+    assert summary.num_samples == 620
