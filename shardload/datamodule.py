@@ -116,6 +116,9 @@ class ShardDataModule(pl.LightningDataModule):
         self.pad = PadSpec({} if pad_values is None else pad_values, self.batching.pad_to_multiple_of, fields)
         self.seed = self.spec.seed
         self.world: World | None = None
+        self._train_loader: ShardLoader | None = None
+        # the training loader's state from a checkpoint, applied when the loader is made (see load_state_dict)
+        self._train_state: Mapping[str, Any] | None = None
 
     def setup(self, stage: str | None = None) -> None:
         """Take rank and world size from the trainer (Lightning calls this on every rank).
@@ -146,7 +149,7 @@ class ShardDataModule(pl.LightningDataModule):
             self.spec, world_size=world.world_size, stage=stage, epoch=current_epoch(self.trainer)
         )
         training = stage == "train" and self.trainer is not None
-        return build_loader(
+        loader = build_loader(
             path,
             spec,
             batching,
@@ -155,6 +158,12 @@ class ShardDataModule(pl.LightningDataModule):
             world=world,
             progress=train_steps_done(self.trainer) if training else None,
         )
+        if stage == "train":
+            self._train_loader, state = loader, self._train_state
+            if state is not None and state.get("epoch") == spec.epoch:
+                loader.load_state_dict(state)  # before the trainer reads len(loader): the resumed epoch's length
+            self._train_state = None
+        return loader
 
     def train_dataloader(self) -> ShardLoader | list[Any]:
         """This rank's loader for training: shuffled per epoch, batch counts equalised across ranks."""
@@ -173,11 +182,24 @@ class ShardDataModule(pl.LightningDataModule):
         return self._make("predict")
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint must match to resume: the shuffle seed."""
-        return {"seed": self.seed}
+        """What a checkpoint must match to resume (the shuffle seed), and where training stands.
+
+        ``"train_loader"`` is the training loader's own state (the same on
+        every rank). Lightning restores the DataModule before it asks for the
+        loader, so the loader is made already resumed (the trainer takes the
+        epoch's length from it before it would restore the loader itself);
+        its second restore of the same state changes nothing.
+        """
+        state: dict[str, Any] = {"seed": self.seed}
+        if self._train_loader is not None:
+            state["train_loader"] = self._train_loader.state_dict()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Refuse a checkpoint taken with another seed, or a state that is not this DataModule's (:class:`PlanError`)."""
+        """Refuse a checkpoint taken with another seed, or a state that is not this DataModule's (:class:`PlanError`).
+
+        The training loader's state is kept for the loader :meth:`train_dataloader` makes next.
+        """
         if not isinstance(state_dict, Mapping):
             raise PlanError(
                 f"a ShardDataModule state must be the dict that state_dict() returned, got {type(state_dict).__name__}"
@@ -187,3 +209,5 @@ class ShardDataModule(pl.LightningDataModule):
                 f"the checkpoint was trained with seed {state_dict['seed']}, this DataModule has seed "
                 f"{self.seed}; resuming would change the remaining batches"
             )
+        train_state = state_dict.get("train_loader")
+        self._train_state = train_state if isinstance(train_state, Mapping) else None

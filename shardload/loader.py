@@ -26,20 +26,20 @@ from shardload.collate import PadSpec
 from shardload.collate_packed import PackSpec
 from shardload.dataset import BatchKey, ShardBatchDataset, WorkerBatch
 from shardload.errors import PlanError, PlanMismatchError, ShardloadError, WorkerError
-from shardload.loader_options import LoaderOptions, check_state, with_shortcuts
+from shardload.loader_options import LoaderOptions, with_shortcuts
+from shardload.loader_state import LoaderState, check_state, resume_point
 from shardload.mixture import MixedSets, Source, as_source, open_source
-from shardload.plan import Batching, EpochSpec, PlanInputs, RankPlan, ShardAssignment, Stage, plan_rank
+from shardload.plan import Batching, EpochPlanner, EpochSpec, PlanInputs, RankPlan, ShardAssignment, Stage, plan_rank
 from shardload.plan.mix import MixInputs
 from shardload.plan.pack import refuse_long_samples
 from shardload.plan.request import check_request
+from shardload.plan.resume import ResumeInputs, run_identity
 from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
 from shardload.shardset import ShardSet
 from shardload.workers import dead_worker, describe_exit, describe_stall
 from shardload.world import World
 
 logger = logging.getLogger("shardload.loader")
-
-STATE_VERSION = 1
 
 
 class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
@@ -49,8 +49,10 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
     plan equalises batch counts), so every rank runs the same number of steps.
 
     The sampler is the stateful part of the loader: the epoch (in
-    :attr:`spec`), the batch the next iteration starts at (:attr:`start`),
-    and :meth:`state_dict` / :meth:`load_state_dict` for a mid-epoch resume.
+    :attr:`spec`), the segments of it that ran on other world sizes
+    (:attr:`history`), the batch the next iteration starts at (:attr:`start`),
+    and :meth:`state_dict` / :meth:`load_state_dict` for a mid-epoch resume,
+    on the same or another world size (see :mod:`shardload.loader_state`).
 
     Args:
         shard_set: the opened shard set, or mixture of sets (only manifests and lengths are used).
@@ -98,7 +100,11 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         # the epoch batches_done counts batches of: after set_epoch() to another one, none of it is done yet
         self._counted_epoch = spec.epoch
         self.progress = progress
+        #: segments of the current epoch run before on other world sizes, ``((world_size, batches), ...)``:
+        #: the plan is then the plan of what they left (an elastic resume); empty otherwise
+        self.history: tuple[tuple[int, int], ...] = ()
         self._plan: RankPlan | None = None
+        self._loaded: dict[str, Any] | None = None  # the last state loaded (a second load of it changes nothing)
 
     @property
     def epoch(self) -> int:  # type: ignore[override]  # DistributedSampler's attribute, read-only here
@@ -114,8 +120,15 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         """Select the epoch to plan; :class:`PlanError` if it is not an integer >= 0."""
         epoch = check_scalar("epoch", epoch, low=0, high=MAX_EPOCH)
         if epoch != self.spec.epoch:
+            if self.history:  # the cached plan is of what the history left: not the epoch's if it is set again
+                self._plan = None
             self.spec = self.spec.at_epoch(epoch)
-            self.start = 0
+            self.start, self.history, self._loaded = 0, (), None
+
+    @property
+    def offset(self) -> int:
+        """Batches of the current epoch run before the current plan, by segments on other world sizes."""
+        return sum(batches for _, batches in self.history)
 
     def plan(self) -> RankPlan:
         """This rank's plan for the current epoch (computed once per epoch)."""
@@ -126,10 +139,18 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         """This rank's plan for ``epoch`` (the current epoch's is cached by :meth:`plan`)."""
         if self._plan is not None and self._plan.epoch == epoch:
             return self._plan
-        return plan_rank(self.shard_set.plan_inputs(), self.spec.at_epoch(epoch), self.batching, rank=self.world.rank)
+        return self._planned(epoch, self.history if epoch == self.spec.epoch else ())
+
+    def _planned(self, epoch: int, history: tuple[tuple[int, int], ...]) -> RankPlan:
+        """This rank's plan of what ``history`` left of ``epoch`` (all of it when empty)."""
+        inputs, spec = self.shard_set.plan_inputs(), self.spec.at_epoch(epoch)
+        if not history:
+            return plan_rank(inputs, spec, self.batching, rank=self.world.rank)
+        return EpochPlanner(ResumeInputs(inputs, history), spec, self.batching).plan(self.world.rank)
 
     def __len__(self) -> int:
-        return len(self.plan())
+        """The epoch's steps on this rank: those run before the current plan (:attr:`offset`), then the plan's."""
+        return self.offset + len(self.plan())
 
     def __iter__(self) -> Iterator[BatchKey]:
         # Plan and start point are fixed now, not at the first next(): the same
@@ -142,9 +163,9 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         return self._keys(plan, start)
 
     def _keys(self, plan: RankPlan, start: int) -> Iterator[BatchKey]:
-        packed = plan.rows is not None
+        packed, offset = plan.rows is not None, self.offset
         for i in range(start, len(plan)):
-            yield BatchKey(i, *plan.packed_batch(i)) if packed else BatchKey(i, *plan.batch(i))
+            yield BatchKey(offset + i, *plan.packed_batch(i)) if packed else BatchKey(offset + i, *plan.batch(i))
         if plan.epoch == self.spec.epoch:
             self.start = 0
 
@@ -154,55 +175,53 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         self._counted_epoch = self.spec.epoch
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the current epoch stands: restoring it resumes with exactly the remaining batches."""
-        if self.progress is not None:
-            done = self.progress()
+        """Where the current epoch stands, the same on every rank (:mod:`shardload.loader_state`).
+
+        Restoring it on the same world size resumes with exactly the remaining
+        batches; on another one, with the rest of the epoch planned for it.
+        """
+        if self.progress is not None:  # the trainer counts the epoch's steps, those of earlier segments too
+            done = max(self.progress() - self.offset, 0)
         elif self._counted_epoch == self.spec.epoch:
             done = self.batches_done
         else:  # set_epoch() since: the count is the old epoch's, and the new one starts where it was set to
             done = self.start
-        return {
-            "version": STATE_VERSION,
-            "epoch": self.spec.epoch,
-            "batches_done": int(done),
-            "fingerprint": self.plan().fingerprint,
-            "world_size": self.world.world_size,
-            "rank": self.world.rank,
-        }
+        identity = run_identity(self.shard_set.plan_inputs(), self.spec, self.batching)
+        plan = self.plan()
+        return LoaderState(
+            plan.epoch, int(done), plan.fingerprint, self.world.world_size, self.history, identity
+        ).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Make the next iteration start where ``state`` stood.
+        """Make the next iteration start where ``state`` stood, on this world size.
 
-        The state is checked completely before anything changes: on an error the
-        sampler is as it was. The plan checked against the state's fingerprint
-        is kept, so the epoch is not planned twice.
+        Same world size: the plan the state counted batches of, from its next
+        batch. Another world size (an elastic resume): the samples the state's
+        run consumed are recomputed, and the rest of the epoch is planned for
+        this world size (:class:`~shardload.plan.resume.ResumeInputs`). The
+        state is checked completely before anything changes: on an error the
+        sampler is as it was. The plan checked is kept, so the epoch is not
+        planned twice; loading the state just loaded again changes nothing.
 
         Raises:
-            PlanError: the state is not a loader state (``None``, a key missing, a value
-                of the wrong type, a negative ``batches_done``), of an unknown version,
-                taken with another world size, or ``batches_done`` is beyond the epoch's
-                batch count.
-            PlanMismatchError: the plan differs (shard set, seed or batching changed).
+            PlanError: not a loader state (a key missing, a value of the wrong type
+                or out of range), of an unknown version, or beyond the epoch's batches.
+            PlanMismatchError: shard set, stage, seed or batching changed (named).
         """
-        epoch, done, fingerprint, world_size = check_state(state, version=STATE_VERSION)
-        if world_size != self.world.world_size:
-            raise PlanError(
-                f"the checkpoint was taken with world size {world_size}, this run has "
-                f"{self.world.world_size}; a mid-epoch resume needs the same world size (resume from an "
-                "end-of-epoch checkpoint instead)"
-            )
-        plan = self.plan_for(epoch)
-        if plan.fingerprint != fingerprint:
-            raise PlanMismatchError(
-                "the plan for this epoch differs from the checkpoint's (shard set, seed or batching options "
-                "changed); the remaining batches would not be the ones the run would have seen"
-            )
-        if done > len(plan):
-            raise PlanError(
-                f"the loader state says {done} batches of epoch {epoch} were done, but the epoch has "
-                f"{len(plan)}; the state was edited or belongs to another run"
-            )
-        self.spec, self.start, self._plan = plan.spec, done, plan  # planned once: the plan checked is the plan iterated
+        if isinstance(state, Mapping) and self._loaded == dict(state) and self.batches_done == self.start:
+            return
+        plan, start, history = resume_point(
+            check_state(state),
+            self.shard_set.plan_inputs(),
+            self.spec,
+            self.batching,
+            rank=self.world.rank,
+            world_size=self.world.world_size,
+            plan=self._planned,
+        )
+        # planned once: the plan checked is the plan iterated
+        self.spec, self.start, self._plan, self.history = plan.spec, start, plan, history
+        self._loaded = dict(state)
         self.begin_pass()
 
     def _debug_check(self, plan: RankPlan) -> None:

@@ -1,4 +1,4 @@
-"""The loader's own options (:class:`LoaderOptions`), the shortcut rule, and checks of a saved loader state.
+"""The loader's own options (:class:`LoaderOptions`) and the shortcut rule.
 
 :func:`~shardload.loader.make_loader` and
 :class:`~shardload.datamodule.ShardDataModule` take three option objects:
@@ -26,13 +26,12 @@ import numpy as np
 
 from shardload.errors import PlanError
 from shardload.plan.options import MAX_COUNT
-from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_bool, check_scalar
+from shardload.plan.validate import check_bool, check_scalar
 
 __all__ = [
     "MAX_TIMEOUT",
     "MAX_WORKERS",
     "LoaderOptions",
-    "check_state",
     "check_timeout",
     "with_shortcuts",
 ]
@@ -182,44 +181,3 @@ def with_shortcuts(
     if passed:
         dataclasses.replace(given, **passed)  # type: ignore[type-var]  # the field's own checks, for their types
     return given
-
-
-_STATE_KEYS = ("version", "epoch", "batches_done", "fingerprint", "world_size")
-
-
-def check_state(state: object, *, version: int) -> tuple[int, int, str, int]:
-    """A loader state from :meth:`~shardload.loader.ShardLoader.state_dict`, checked for shape and types.
-
-    Returns:
-        ``(epoch, batches_done, fingerprint, world_size)``; whether they fit this
-        loader's plan is the caller's check.
-
-    Raises:
-        PlanError: not a mapping, a key missing, a value of the wrong type or
-            out of range, or an unknown version.
-    """
-    if not isinstance(state, Mapping):
-        raise PlanError(
-            f"a loader state must be the dict that state_dict() returned, got {type(state).__name__}: "
-            "was the checkpoint saved without the loader's state?"
-        )
-    missing = [k for k in _STATE_KEYS if k not in state]
-    if missing:
-        raise PlanError(
-            f"the loader state lacks {missing} (it has {sorted(map(str, state))}); it was not made by "
-            "ShardLoader.state_dict(), or was edited"
-        )
-    if state["version"] != version or isinstance(state["version"], bool):
-        raise PlanError(
-            f"loader state of version {state['version']!r} is not supported (this shardload writes {version})"
-        )
-    fingerprint = state["fingerprint"]
-    if not isinstance(fingerprint, str):
-        raise PlanError(f"loader state: fingerprint must be a str, got {fingerprint!r}")
-    where = "loader state: "
-    return (
-        check_scalar(f"{where}epoch", state["epoch"], low=0, high=MAX_EPOCH),
-        check_scalar(f"{where}batches_done", state["batches_done"], low=0, high=MAX_COUNT),
-        fingerprint,
-        check_scalar(f"{where}world_size", state["world_size"], low=1, high=MAX_WORLD_SIZE),
-    )

@@ -322,6 +322,10 @@ class Batching:
         resume; a packed plan is named by its own fields (``bucketing``, which
         packing ignores, is left out).
         """
+        return tuple(self.identity_items().values())
+
+    def identity_items(self) -> dict[str, object]:
+        """:meth:`identity` by option name (to say which option changed)."""
         names: tuple[str, ...]
         if self.packing:
             names = ("packing", "pack_length", "rows_per_batch", "pack_split", "uneven")
@@ -335,4 +339,4 @@ class Batching:
                 "bucket_ratio",
                 "max_rows",
             )
-        return tuple(getattr(self, name) for name in names)
+        return {name: getattr(self, name) for name in names}

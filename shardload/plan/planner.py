@@ -37,6 +37,7 @@ from shardload.plan.options import Batching, Stage
 from shardload.plan.pack import PackBatcher, RankRows
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.request import EpochSpec, PlanInputs, check_request
+from shardload.plan.resume import Rest, ResumeInputs, rest_of
 from shardload.plan.strategy import layout_key, make_batcher
 from shardload.plan.validate import check_rank
 
@@ -181,7 +182,10 @@ class EpochPlanner:
 
     Args:
         inputs: The shard set's lengths and shard sizes (checked when built), or
-            a mixture's :class:`~shardload.plan.mix.MixInputs` (one per source).
+            a mixture's :class:`~shardload.plan.mix.MixInputs` (one per source), or
+            :class:`~shardload.plan.resume.ResumeInputs`: the rest of an epoch after
+            segments on other world sizes (planned over the remainder, whose
+            entries :attr:`rest` maps back to the base's sample ids and starts).
         spec: The epoch to plan: world size, stage, seed, epoch, shard assignment.
         batching: How rows become batches.
 
@@ -190,13 +194,18 @@ class EpochPlanner:
             not fit ``spec`` (``uneven="drop"`` in an evaluation stage).
     """
 
-    def __init__(self, inputs: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching) -> None:
-        if not isinstance(inputs, (PlanInputs, MixInputs)):
+    def __init__(self, inputs: PlanInputs | MixInputs | ResumeInputs, spec: EpochSpec, batching: Batching) -> None:
+        if not isinstance(inputs, (PlanInputs, MixInputs, ResumeInputs)):
             raise PlanError(
                 f"inputs must be a shardload.plan.PlanInputs (or MixInputs), got {type(inputs).__name__}: "
                 "use shard_set.plan_inputs() or PlanInputs(lengths, shard_sizes)"
             )
         check_request(spec, batching)
+        #: a resumed epoch's remainder (a selection step before assignment, plan/resume.py); ``None`` otherwise
+        self.rest: Rest | None = None
+        if isinstance(inputs, ResumeInputs):
+            self.rest = rest_of(inputs, spec, batching)
+            inputs = self.rest.inputs
         self.inputs, self.spec, self.batching = inputs, spec, batching
         #: ``(S + 1,)`` shard offsets in the global id space (a mixture's sources one after another)
         self.shard_starts = offsets_from_lengths(inputs.shard_sizes)
@@ -292,6 +301,8 @@ class EpochPlanner:
                 uneven=self.batching.uneven,
                 filler_id=self._filler_id(ids),
             )
+        if self.rest is not None:  # a resumed epoch: the remainder's entries -> the base's samples
+            ids, starts = self.rest.globalise(ids, starts)
         return RankPlan(
             rank=rank,
             spec=self.spec,
@@ -318,7 +329,9 @@ class EpochPlanner:
         return 0
 
 
-def plan_rank(inputs: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching, *, rank: int) -> RankPlan:
+def plan_rank(
+    inputs: PlanInputs | MixInputs | ResumeInputs, spec: EpochSpec, batching: Batching, *, rank: int
+) -> RankPlan:
     """Plan one rank's batches for one epoch, without talking to other ranks.
 
     Guarantees (each tested):

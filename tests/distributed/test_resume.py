@@ -59,7 +59,9 @@ def test_two_rank_resume_gives_each_rank_exactly_the_remaining_batches(tmp_path:
     full, part, resumed = (read_reports(out, name, 2) for name in ("full", "part", "resumed"))
     for rank in range(2):
         ckpt = torch.load(out / f"ckpt_rank{rank}.pt")["loader"]
-        assert (ckpt["rank"], ckpt["epoch"], ckpt["batches_done"]) == (rank, STOP_EPOCH, STOP_STEP)
+        assert (ckpt["world_size"], ckpt["epoch"], ckpt["batches_done"]) == (2, STOP_EPOCH, STOP_STEP)
+        # the state is the same on every rank: any rank's checkpoint resumes every rank
+        assert ckpt == torch.load(out / "ckpt_rank0.pt")["loader"]
         ref = {e: [b["ids"] for b in full[rank]["epochs"][e]["batches"]] for e in ("0", "1", "2")}
         assert len(ref["1"]) > STOP_STEP + 1, "the stop must fall in the middle of the epoch"
         assert part[rank]["stopped"] and not resumed[rank]["stopped"]
