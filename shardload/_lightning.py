@@ -15,17 +15,27 @@ against Lightning 2.2 to 2.6 (``lightning.pytorch``):
   count of yielded batches is one too many when a checkpoint is saved; the
   batches a resume must skip are those whose training step finished.
 
+And it tells the trainer one: how many training batches the epoch that starts
+has, by setting ``trainer.fit_loop.max_batches`` and the limits of its
+``CombinedLoader`` (``fit_loop._combined_loader.limits``), as a reload of the
+loader would (not a public API, stable since 2.0). Lightning reads a training loader's length once, when it sets the
+loader up, and ends every later epoch when that many batches are ready; but a
+plan's batch count may change from epoch to epoch (token budgets), and after
+an elastic resume the resumed epoch's count differs from the next one's.
+Only with ``limit_train_batches`` at its default (every batch).
+
 The trainer is duck-typed: this module does not import Lightning.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from shardload.world import World
 
-__all__ = ["current_epoch", "train_steps_done", "trainer_world"]
+__all__ = ["TrainerLink", "current_epoch", "train_link", "trainer_world"]
 
 
 def trainer_world(trainer: Any) -> World:
@@ -38,10 +48,30 @@ def current_epoch(trainer: Any) -> int:
     return int(trainer.current_epoch) if trainer is not None else 0
 
 
-def train_steps_done(trainer: Any) -> Callable[[], int]:
-    """A function giving the training steps finished in the current epoch (read when called)."""
+@dataclass(frozen=True)
+class TrainerLink:
+    """What the training loader reads from the trainer, and tells it.
+
+    Attributes:
+        steps_done: the training steps finished in the current epoch (read when called).
+        epoch_steps: tell the trainer the training batches of the epoch that starts.
+    """
+
+    steps_done: Callable[[], int]
+    epoch_steps: Callable[[int], None]
+
+
+def train_link(trainer: Any) -> TrainerLink:
+    """The training loader's :class:`TrainerLink` to ``trainer``."""
 
     def done() -> int:
         return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
-    return done
+    def tell(steps: int) -> None:
+        loop = trainer.fit_loop
+        combined = getattr(loop, "_combined_loader", None)  # what Lightning would compute on a reload of the loader
+        if trainer.limit_train_batches == 1.0 and isinstance(loop.max_batches, int) and combined is not None:
+            combined.limits = [steps] * len(combined.flattened)
+            loop.max_batches = steps
+
+    return TrainerLink(done, tell)

@@ -16,7 +16,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from shardload._lightning import current_epoch, train_steps_done
+from shardload._lightning import current_epoch, train_link
 from shardload.collate import PadSpec
 from shardload.errors import PlanError
 from shardload.loader import ShardLoader, build_loader
@@ -156,7 +156,7 @@ class ShardDataModule(pl.LightningDataModule):
             pad=self.pad,
             options=self.loader_options,
             world=world,
-            progress=train_steps_done(self.trainer) if training else None,
+            trainer=train_link(self.trainer) if training else None,
         )
         if stage == "train":
             self._train_loader, state = loader, self._train_state

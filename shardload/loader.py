@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from shardload._lightning import TrainerLink
 from shardload.collate import PadSpec
 from shardload.collate_packed import PackSpec
 from shardload.dataset import BatchKey, ShardBatchDataset, WorkerBatch
@@ -62,10 +63,10 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         debug: log a plan summary each epoch and check across ranks (one
             small all-gather) that every rank has the same batch count and plan
             fingerprint, raising :class:`PlanMismatchError` instead of hanging.
-        progress: when given (by the DataModule), the trainer's count of the
+        trainer: when given (by the DataModule), the trainer's count of the
             current epoch's finished training steps, used by :meth:`state_dict`
             instead of :attr:`batches_done` (Lightning fetches one batch ahead
-            of the step it runs).
+            of the step it runs); :meth:`set_epoch` tells it the new epoch's length.
     """
 
     def __init__(
@@ -76,7 +77,7 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         *,
         world: World,
         debug: bool = False,
-        progress: Callable[[], int] | None = None,
+        trainer: TrainerLink | None = None,
     ) -> None:
         check_request(spec, batching)
         if world.world_size != spec.world_size:
@@ -99,7 +100,7 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         self.batches_done = 0
         # the epoch batches_done counts batches of: after set_epoch() to another one, none of it is done yet
         self._counted_epoch = spec.epoch
-        self.progress = progress
+        self.trainer = trainer
         #: segments of the current epoch run before on other world sizes, ``((world_size, batches), ...)``:
         #: the plan is then the plan of what they left (an elastic resume); empty otherwise
         self.history: tuple[tuple[int, int], ...] = ()
@@ -124,6 +125,8 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
                 self._plan = None
             self.spec = self.spec.at_epoch(epoch)
             self.start, self.history, self._loaded = 0, (), None
+            if self.trainer is not None:
+                self.trainer.epoch_steps(len(self))
 
     @property
     def offset(self) -> int:
@@ -180,8 +183,8 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         Restoring it on the same world size resumes with exactly the remaining
         batches; on another one, with the rest of the epoch planned for it.
         """
-        if self.progress is not None:  # the trainer counts the epoch's steps, those of earlier segments too
-            done = max(self.progress() - self.offset, 0)
+        if self.trainer is not None:  # the trainer counts the epoch's steps, those of earlier segments too
+            done = max(self.trainer.steps_done() - self.offset, 0)
         elif self._counted_epoch == self.spec.epoch:
             done = self.batches_done
         else:  # set_epoch() since: the count is the old epoch's, and the new one starts where it was set to
@@ -475,7 +478,7 @@ def build_loader(
     pad: PadSpec,
     options: LoaderOptions,
     world: World,
-    progress: Callable[[], int] | None = None,
+    trainer: TrainerLink | None = None,
 ) -> ShardLoader:
     """The loader of checked option objects: what :func:`make_loader` and the DataModule both build.
 
@@ -487,7 +490,7 @@ def build_loader(
     shard_set = open_source(path)
     if isinstance(shard_set, MixedSets):
         shard_set.check_fields(pad.fields)
-    sampler = PlanSampler(shard_set, spec, batching, world=world, debug=options.debug, progress=progress)
+    sampler = PlanSampler(shard_set, spec, batching, world=world, debug=options.debug, trainer=trainer)
     pack = None
     if batching.packing:
         assert batching.pack_length is not None and batching.rows_per_batch is not None

@@ -1,4 +1,4 @@
-"""Mid-epoch resume across a real restart: two torchrun launches with 2 gloo ranks each.
+"""Mid-epoch resume across a real restart: torchrun launches with gloo ranks, on the same or another world size.
 
 Why torchrun and not Lightning: the claim is about the loader's own
 ``state_dict()`` / ``load_state_dict()`` protocol, per rank, in a fresh
@@ -84,3 +84,23 @@ def test_two_rank_resume_gives_each_rank_exactly_the_remaining_batches(tmp_path:
         if w > 0
     )
     assert ids == list(range(45))
+
+
+def test_a_torchrun_job_resumes_on_another_world_size_with_every_sample_once(tmp_path: Path) -> None:
+    shardload.write(synthetic_samples(71, seed=2), tmp_path / "set", num_shards=5)
+    out = tmp_path / "out"
+    out.mkdir()
+    common = ["--data", str(tmp_path / "set"), "--out", str(out), "--epochs", "3", "--max-tokens", "110"]
+    for phase, nproc, extra in (("part", 3, ["--stop-at", f"{STOP_EPOCH}:{STOP_STEP}"]), ("resumed", 2, ["--resume"])):
+        res = torchrun(*common, "--report", phase, *extra, nproc=nproc)
+        assert not res.hung, f"the {phase} run hung:\n" + res.output[-3000:]
+        assert res.returncode == 0, f"{phase} run failed:\n" + res.output[-3000:]
+    part, resumed = read_reports(out, "part", 3), read_reports(out, "resumed", 2)
+    epoch = str(STOP_EPOCH)
+    assert [len(r["epochs"][epoch]["batches"]) for r in part] == [STOP_STEP] * 3
+    # Invariant: equal steps on the new ranks (the all-reduce of every step paired up)
+    assert len({len(r["epochs"][epoch]["batches"]) for r in resumed}) == 1
+    # Invariant: across the two jobs, the epoch's samples each exactly once; the next epoch is a whole 2-rank one
+    for reports, e in (((*part, *resumed), epoch), (resumed, str(STOP_EPOCH + 1))):
+        ids = sorted(i for r in reports for b in r["epochs"][e]["batches"] for i, w in zip(b["ids"], b["weights"]) if w)
+        assert ids == list(range(71))

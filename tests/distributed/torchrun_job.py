@@ -13,8 +13,9 @@ and weights) and the all-reduced count of real samples.
 
 ``--stop-at E:K`` saves ``OUT/ckpt_rank{r}.pt`` (the loader's ``state_dict()``)
 after ``K`` training steps of epoch ``E`` and exits, as a preempted job would.
-``--resume`` loads that checkpoint first, in a fresh process group, and runs
-the rest; its report holds only the batches it ran itself.
+``--resume`` loads rank 0's checkpoint first (the loader state is the same on
+every rank), in a fresh process group of any size, and runs the rest; its
+report holds only the batches it ran itself.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stage", choices=("train", "val"), default="train")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--stop-at", help="EPOCH:STEPS: checkpoint after STEPS steps of EPOCH and exit")
-    p.add_argument("--resume", action="store_true", help="restore OUT/ckpt_rank{r}.pt before running")
+    p.add_argument("--resume", action="store_true", help="restore OUT/ckpt_rank0.pt before running")
     p.add_argument("--report", default="report", help="reports go to OUT/REPORT_rank{r}.json")
     return p.parse_args(argv)
 
@@ -85,7 +86,7 @@ def main() -> None:
 
     first_epoch = 0
     if args.resume:
-        ckpt = torch.load(out / f"ckpt_rank{rank}.pt")
+        ckpt = torch.load(out / "ckpt_rank0.pt")
         loader.load_state_dict(ckpt["loader"])
         first_epoch = int(ckpt["loader"]["epoch"])
     stop_epoch, stop_steps = (int(x) for x in args.stop_at.split(":")) if args.stop_at else (-1, -1)
