@@ -10,18 +10,25 @@ through Lightning and real processes.
 from __future__ import annotations
 
 from collections import Counter
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shardload
 from shardload import Mixture, make_loader
 from shardload.errors import PlanError, PlanMismatchError
-from shardload.plan import Batching
+from shardload.loader import PlanSampler
+from shardload.plan import Batching, EpochSpec, PlanInputs
 from shardload.testing import synthetic_samples
+from shardload.world import World
+from tests.plan.strategies import long_tailed, partition
+from tests.plan.test_resume import batchings
 
 Batch = dict[str, torch.Tensor]
 
@@ -210,3 +217,68 @@ def test_a_version_1_state_still_resumes(data: Path, world: int) -> None:
     ref = segment(data, world, state, None, batch_size=4, seed=1)[0]
     got = segment(data, world, old, None, batch_size=4, seed=1)[0]
     assert [[b["sample_id"].tolist() for b in r] for r in got] == [[b["sample_id"].tolist() for b in r] for r in ref]
+
+
+class InputsOnly:
+    """What a PlanSampler reads of a shard set: its plan inputs."""
+
+    def __init__(self, inputs: PlanInputs) -> None:
+        self.inputs = inputs
+
+    def plan_inputs(self) -> PlanInputs:
+        return self.inputs
+
+
+def keys(sampler: PlanSampler, steps: int | None) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Run ``steps`` batches (None: to the end) as the loader does; each batch's real ids and starts."""
+    sampler.begin_pass()
+    out = []
+    for key in islice(iter(sampler), steps):
+        real = key.weights > 0
+        starts = np.zeros(len(real), np.int64) if key.starts is None else key.starts
+        out.append((tuple(key.sample_ids[real].tolist()), tuple(starts[real].tolist())))
+        sampler.batches_done += 1
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_sampler_states_resume_any_chain_and_the_same_world_size_exactly(data: st.DataObject) -> None:
+    n, seed = data.draw(st.integers(0, 300)), data.draw(st.integers(0, 2**32 - 1))
+    batching = data.draw(batchings(), "batching")
+    longest = batching.pack_length if batching.packing and not batching.pack_split else 4096  # else refused
+    shards = partition(n, data.draw(st.integers(1, 9)), seed, allow_empty=True)
+    inputs = PlanInputs(np.minimum(long_tailed(n, seed), longest), shards)
+    stage = data.draw(st.sampled_from(["train", "val"]))
+    worlds = data.draw(st.lists(st.integers(1, 7), min_size=2, max_size=4), "world sizes")
+
+    def samplers(world: int, state: dict[str, Any] | None) -> list[PlanSampler]:
+        spec = EpochSpec(world_size=world, stage=stage, seed=seed % 1000, epoch=2)  # type: ignore[arg-type]
+        out = [PlanSampler(InputsOnly(inputs), spec, batching, world=World(r, world, "test")) for r in range(world)]  # type: ignore[arg-type]
+        for sampler in out:
+            if state is not None:
+                sampler.load_state_dict(state)
+        return out
+
+    state: dict[str, Any] | None = None
+    served: Counter[tuple[int, int]] = Counter()
+    for i, world in enumerate(worlds):
+        ranks = samplers(world, state)
+        last = i == len(worlds) - 1
+        steps = None if last else data.draw(st.integers(0, len(ranks[0].plan())), f"steps on {world}")
+        got = [keys(s, steps) for s in ranks]
+        # Invariant: equal counts on the new ranks; the state is the same on every rank
+        assert len({len(g) for g in got}) == 1
+        states = [s.state_dict() for s in ranks]
+        assert all(s == states[0] for s in states)
+        if not last and data.draw(st.booleans(), "also resume on the same world size"):
+            again = [keys(s, None) for s in samplers(world, states[0])]
+            # Invariant: a resume on the saving world size is the uninterrupted run's remaining batches
+            assert again == [keys(s, None)[steps:] for s in samplers(world, state)]
+        served.update((i, s) for g in got for ids, starts in g for i, s in zip(ids, starts))
+        state = states[0]
+    whole = Counter(
+        (i, s) for g in (keys(x, None) for x in samplers(worlds[0], None)) for ids, st_ in g for i, s in zip(ids, st_)
+    )
+    # Invariant: every entry of the epoch exactly as often as in an uninterrupted run (each sample once)
+    assert served == whole

@@ -6,6 +6,7 @@ rank::
 
     PlanInputs (lengths (N,), shard_sizes (S,), digest)   the shard set's index
       or MixInputs (one PlanInputs per source, weights)    a mixture of shard sets (plan/mix.py)
+      or ResumeInputs (base inputs, history)             the rest of an epoch after other world sizes (plan/resume.py)
     EpochSpec (world_size, stage, seed, epoch, ...)       the epoch asked for
     Batching (batch_size | max_tokens, bucketing, ...)    how rows become batches
        |  assign     shards -> contiguous rank ranges  (locality)
@@ -27,6 +28,7 @@ from shardload.plan.mix import MixInputs
 from shardload.plan.options import Batching, ShardAssignment, Stage, Uneven, padded_length
 from shardload.plan.planner import EpochPlanner, RankPlan, plan_rank
 from shardload.plan.request import EpochSpec, PlanInputs, digest_lengths
+from shardload.plan.resume import ResumeInputs
 from shardload.plan.summary import PlanSummary, summarize_plan
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "PlanInputs",
     "PlanSummary",
     "RankPlan",
+    "ResumeInputs",
     "ShardAssignment",
     "Stage",
     "Uneven",

@@ -110,13 +110,14 @@ class Rest:
 
     Attributes:
         inputs: The remainder's entries as plan inputs (a mixture stays one, each source used once).
-        ids: ``(n,)`` base sample id of each entry (derived id ``j`` is ``ids[j]``).
+        ids: ``(n,)`` base sample id of each entry (derived id ``j`` is ``ids[j]``), or ``None``:
+            the base itself (nothing replayed yet).
         starts: ``(n,)`` first token of each entry (pieces of a partly consumed sample), or ``None``: all 0.
         fingerprints: The plan fingerprint of each replayed segment, in order.
     """
 
     inputs: PlanInputs | MixInputs
-    ids: NDArray[np.int64]
+    ids: NDArray[np.int64] | None
     starts: NDArray[np.int64] | None
     fingerprints: tuple[str, ...]
 
@@ -124,23 +125,28 @@ class Rest:
         self, ids: NDArray[np.int64], starts: NDArray[np.int64] | None
     ) -> tuple[NDArray[np.int64], NDArray[np.int64] | None]:
         """A derived plan's ``(sample_ids, starts)`` in the base id space (starts: ``None`` unless packed)."""
-        out = self.ids[ids]
+        out = ids if self.ids is None else self.ids[ids]
         if starts is None:
             return out, None
         return out, starts if self.starts is None else starts + self.starts[ids]
 
 
-def _pieces_of(lengths: NDArray[np.int64], cap: int) -> NDArray[np.int64]:
+def _pieces_of(lengths: NDArray[np.integer], cap: int) -> NDArray[np.int64]:
     """``(n,)`` pieces ``pack_split`` cuts each sample into (an empty sample is one piece)."""
-    return np.maximum(-(-lengths // cap), 1)
+    return np.maximum(-(-np.asarray(lengths, dtype=np.int64) // cap), 1)
+
+
+def _compact(counts: NDArray[np.integer]) -> NDArray[np.integer]:
+    """``counts`` as int32 when they fit (a use count per sample or piece: half the memory at scale)."""
+    return counts.astype(np.int32) if counts.max(initial=0) < 1 << 31 else counts.astype(np.int64)
 
 
 @dataclass
 class _Uses:
     """The epoch's uses as counts per key: a sample id, or with pieces a piece index."""
 
-    lengths: NDArray[np.int64]  # (N,) every base sample's length
-    counts: NDArray[np.int64]  # (keys,) uses of each key
+    lengths: NDArray[np.integer]  # (N,) every base sample's length
+    counts: NDArray[np.integer]  # (keys,) uses of each key (int32 when they fit)
     cap: int | None  # pack_length when the keys are pieces
     piece_offsets: NDArray[np.int64] | None = None  # (N + 1,) first key of each sample
 
@@ -153,11 +159,13 @@ class _Uses:
 
 def _selection(base: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching) -> _Uses:
     """The epoch's uses before anything is consumed: every sample once, or a mixture's selection."""
+    lengths: NDArray[np.integer]
+    counts: NDArray[np.integer]
     if isinstance(base, MixInputs):
         lengths = base.lengths
-        counts = np.concatenate(
+        counts = np.concatenate(  # a mixture's selected uses
             [
-                np.ones(s.num_samples, np.int64) if sel.counts is None else sel.counts
+                np.ones(s.num_samples, np.int32) if sel.counts is None else _compact(sel.counts)
                 for s, sel in (
                     (s, select_source(base, k, seed=spec.seed, epoch=spec.epoch, train=spec.shuffled))
                     for k, s in enumerate(base.sources)
@@ -165,8 +173,8 @@ def _selection(base: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching
             ]
         )
     else:
-        lengths = np.asarray(base.lengths, dtype=np.int64)
-        counts = np.ones(base.num_samples, dtype=np.int64)
+        lengths = base.lengths
+        counts = np.ones(base.num_samples, dtype=np.int32)
     cap = batching.pack_length
     if not (batching.packing and batching.pack_split and cap is not None and base.max_length > cap):
         return _Uses(lengths, counts, None)
@@ -196,8 +204,11 @@ def _entries(uses: _Uses) -> tuple[NDArray[np.int64], NDArray[np.int64] | None, 
     """``(ids, starts, lengths)`` of the remaining uses, sorted by sample id (then start)."""
     n = len(uses.lengths)
     if uses.piece_offsets is None or uses.cap is None:
-        ids = np.repeat(np.arange(n, dtype=np.int64), uses.counts)
-        return ids, None, uses.lengths[ids]
+        if uses.counts.max(initial=0) <= 1:  # every sample once (no mixture repeats): no index of all N
+            ids = np.flatnonzero(uses.counts).astype(np.int64)
+        else:
+            ids = np.repeat(np.arange(n, dtype=np.int64), uses.counts)
+        return ids, None, np.asarray(uses.lengths[ids], dtype=np.int64)
     per = np.diff(uses.piece_offsets)
     # a sample is whole as often as its least used piece is left; the rest of its pieces stand alone
     whole = np.minimum.reduceat(uses.counts, uses.piece_offsets[:-1]) if n else np.zeros(0, np.int64)
@@ -209,7 +220,8 @@ def _entries(uses: _Uses) -> tuple[NDArray[np.int64], NDArray[np.int64] | None, 
     l_starts = np.repeat(piece_start, loose)
     ids = np.concatenate([w_ids, l_ids])
     starts = np.concatenate([np.zeros(len(w_ids), np.int64), l_starts])
-    lengths = np.concatenate([uses.lengths[w_ids], np.minimum(uses.lengths[l_ids] - l_starts, uses.cap)])
+    lens = np.asarray(uses.lengths, dtype=np.int64)
+    lengths = np.concatenate([lens[w_ids], np.minimum(lens[l_ids] - l_starts, uses.cap)])
     order = np.lexsort((starts, ids))
     return ids[order], starts[order], lengths[order]
 
@@ -246,7 +258,7 @@ def rest_of(inputs: ResumeInputs, spec: EpochSpec, batching: Batching) -> Rest:
     base = inputs.base
     uses = _selection(base, spec, batching)
     current: PlanInputs | MixInputs = base
-    ids: NDArray[np.int64] = np.arange(base.num_samples, dtype=np.int64)
+    ids: NDArray[np.int64] | None = None
     starts: NDArray[np.int64] | None = None
     prints = []
     for i, (world, batches) in enumerate(inputs.history):
@@ -260,9 +272,10 @@ def rest_of(inputs: ResumeInputs, spec: EpochSpec, batching: Batching) -> Rest:
         got, got_starts = _consumed(planner, batches)
         rest = Rest(current, ids, starts, ())
         got, got_starts = rest.globalise(got, got_starts)
-        left = uses.counts - np.bincount(uses.keys(got, got_starts), minlength=len(uses.counts))
-        assert left.min(initial=0) >= 0, "a segment consumed a use that was not left"
-        uses = dataclasses.replace(uses, counts=left)
+        used = np.bincount(uses.keys(got, got_starts), minlength=len(uses.counts))
+        np.subtract(uses.counts, used, out=uses.counts, casting="unsafe")
+        del used, got, got_starts
+        assert uses.counts.min(initial=0) >= 0, "a segment consumed a use that was not left"
         tail = json.dumps(inputs.history[: i + 1])
         current, ids, starts = _derive(base, uses, f"{base.digest}/rest/{tail}")
     return Rest(current, ids, starts, tuple(prints))
