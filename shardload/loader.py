@@ -101,8 +101,7 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         # the epoch batches_done counts batches of: after set_epoch() to another one, none of it is done yet
         self._counted_epoch = spec.epoch
         self.trainer = trainer
-        #: segments of the current epoch run before on other world sizes, ``((world_size, batches), ...)``:
-        #: the plan is then the plan of what they left (an elastic resume); empty otherwise
+        #: segments of this epoch run before on other world sizes, ``((world_size, batches), ...)``: the plan is of the rest
         self.history: tuple[tuple[int, int], ...] = ()
         self._plan: RankPlan | None = None
         self._loaded: dict[str, Any] | None = None  # the last state loaded (a second load of it changes nothing)
@@ -180,9 +179,8 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands, the same on every rank (:mod:`shardload.loader_state`).
 
-        Restoring it on the same world size resumes with exactly the remaining
-        batches; on another one, with the rest of the epoch planned for it.
-        """
+        Restoring it on the same world size resumes with exactly the remaining batches; on another one, with
+        the rest of the epoch planned for it."""
         if self.trainer is not None:  # the trainer counts the epoch's steps, those of earlier segments too
             done = max(self.trainer.steps_done() - self.offset, 0)
         elif self._counted_epoch == self.spec.epoch:
@@ -213,14 +211,9 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         """
         if isinstance(state, Mapping) and self._loaded == dict(state) and self.batches_done == self.start:
             return
+        inputs = self.shard_set.plan_inputs()
         plan, start, history = resume_point(
-            check_state(state),
-            self.shard_set.plan_inputs(),
-            self.spec,
-            self.batching,
-            rank=self.world.rank,
-            world_size=self.world.world_size,
-            plan=self._planned,
+            check_state(state), inputs, self.spec, self.batching, self.world, self._planned
         )
         # planned once: the plan checked is the plan iterated
         self.spec, self.start, self._plan, self.history = plan.spec, start, plan, history

@@ -33,6 +33,7 @@ from shardload.plan.mix import MixInputs
 from shardload.plan.options import MAX_COUNT
 from shardload.plan.resume import ResumeInputs, run_identity
 from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
+from shardload.world import World
 
 __all__ = ["STATE_VERSION", "LoaderState", "check_identity", "check_state", "resume_point"]
 
@@ -153,12 +154,10 @@ def resume_point(
     inputs: PlanInputs | MixInputs,
     spec: EpochSpec,
     batching: Batching,
-    *,
-    rank: int,
-    world_size: int,
+    world: World,
     plan: Callable[[int, History], RankPlan],
 ) -> tuple[RankPlan, int, History]:
-    """Where a loader resumes from ``saved``: ``(plan, start, history)`` on this rank.
+    """Where a loader resumes from ``saved``: ``(plan, start, history)`` on this rank of ``world``.
 
     Same world size: the plan the state counted batches of, from its next
     batch. Another world size: the saved segment joins the history, and the
@@ -176,7 +175,7 @@ def resume_point(
     if saved.identity is not None:
         check_identity(saved.identity, run_identity(inputs, spec, batching))
     history = ResumeInputs(inputs, saved.history).history  # checks the segments
-    if saved.world_size == world_size:
+    if saved.world_size == world.world_size:
         mine = plan(saved.epoch, history)
         _check_fingerprint(mine.fingerprint, saved)
         if saved.batches_done > len(mine):
@@ -194,7 +193,7 @@ def resume_point(
     planner = EpochPlanner(resumed, spec, batching)  # replays every segment: the saved one's plan is checked too
     assert planner.rest is not None
     _check_fingerprint(planner.rest.fingerprints[-1], saved)
-    return planner.plan(rank), 0, resumed.history
+    return planner.plan(world.rank), 0, resumed.history
 
 
 def _check_fingerprint(fingerprint: str, saved: LoaderState) -> None:

@@ -39,7 +39,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -81,7 +81,6 @@ class ResumeInputs:
 
     base: PlanInputs | MixInputs
     history: tuple[tuple[int, int], ...]
-    digest: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.base, (PlanInputs, MixInputs)):
@@ -97,8 +96,6 @@ class ResumeInputs:
             if batches:
                 segments.append((world, batches))
         object.__setattr__(self, "history", tuple(segments))
-        text = json.dumps([self.base.digest, segments])
-        object.__setattr__(self, "digest", hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest())
 
     def __repr__(self) -> str:
         return f"ResumeInputs({self.base!r}, history={list(self.history)})"
