@@ -1,9 +1,12 @@
 """A Lightning DDP job (gloo on CPU) that stops mid-epoch with a checkpoint, or resumes from one.
 
-usage: elastic_ddp_job.py TRAIN OUT_DIR DEVICES PHASE [STOP_EPOCH:STOP_STEP]
+usage: elastic_ddp_job.py TRAIN OUT_DIR DEVICES PHASE MODE [STOP_EPOCH:STOP_STEP]
 PHASE "part": train until step STOP_STEP of epoch STOP_EPOCH, save OUT_DIR/mid.ckpt there and stop.
 PHASE "resumed": ``trainer.fit(..., ckpt_path=OUT_DIR/mid.ckpt)`` on DEVICES ranks, to the end.
-Each rank writes OUT_DIR/PHASE_rank{r}.json: the real sample ids of every training batch, per epoch.
+MODE "plain": TRAIN is a shard set, token budgets; "mixed-packed": TRAIN is two sets "A,B" mixed 1:1,
+packed rows with pack_split.
+Each rank writes OUT_DIR/PHASE_rank{r}.json: every training batch's real documents, per epoch, as
+[sample_id, tokens] pairs (tokens: of the piece, for a cut sample).
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import lightning.pytorch as pl
 import torch
 
 import shardload
+from shardload.plan import Batching
 from tests.distributed.ddp_job import Model
 
 EPOCHS = 3
+PACKED = Batching(packing=True, pack_length=128, rows_per_batch=2, pack_split=True)
 
 if __name__ in ("__main__", "__mp_main__"):
     warnings.filterwarnings("ignore")
@@ -34,9 +39,12 @@ class Recorder(Model):
         self.seen: dict[str, list[list[int]]] = {}
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        ids = batch["sample_id"][batch["weight"] > 0].tolist()
-        self.seen.setdefault(str(self.current_epoch), []).append(ids)
-        return super().training_step(batch, batch_idx)
+        real = batch["weight"] > 0
+        docs = list(zip(batch["sample_id"][real].tolist(), batch["tokens_lengths"][real].tolist()))
+        self.seen.setdefault(str(self.current_epoch), []).append(docs)
+        if "features" in batch:
+            return super().training_step(batch, batch_idx)
+        return sum(p.sum() for p in self.parameters()) * 0.0  # packed token rows: only the data is under test
 
 
 class StopAt(pl.Callback):
@@ -52,13 +60,13 @@ class StopAt(pl.Callback):
 
 
 def main() -> None:
-    train, out, devices, phase = sys.argv[1:5]
+    train, out, devices, phase, mode = sys.argv[1:6]
     out_dir = Path(out)
     torch.manual_seed(0)
     model = Recorder(out_dir)
     callbacks: list[pl.Callback] = []
     if phase == "part":
-        epoch, step = map(int, sys.argv[5].split(":"))
+        epoch, step = map(int, sys.argv[6].split(":"))
         callbacks.append(StopAt(out_dir / "mid.ckpt", epoch, step))
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -72,7 +80,13 @@ def main() -> None:
         callbacks=callbacks,
     )
     # the resumed job changes the number of worker processes too: only the batches' ranks matter
-    dm = shardload.ShardDataModule(train=train, max_tokens=120, seed=5, num_workers=1 if phase == "part" else 0)
+    workers = 1 if phase == "part" else 0
+    if mode == "plain":
+        dm = shardload.ShardDataModule(train=train, max_tokens=120, seed=5, num_workers=workers)
+    else:
+        a, b = train.split(",")
+        mix = shardload.Mixture({"a": a, "b": b}, weights={"a": 1, "b": 1})
+        dm = shardload.ShardDataModule(train=mix, batching=PACKED, seed=5, num_workers=workers)
     trainer.fit(model, datamodule=dm, ckpt_path=str(out_dir / "mid.ckpt") if phase == "resumed" else None)
     report = {"rank": trainer.global_rank, "world_size": trainer.world_size, "epochs": model.seen}
     (out_dir / f"{phase}_rank{trainer.global_rank}.json").write_text(json.dumps(report))
