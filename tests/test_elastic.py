@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import shardload
 from shardload import Mixture, make_loader
+from shardload._lightning import train_link
 from shardload.errors import PlanError, PlanMismatchError
 from shardload.loader import PlanSampler
 from shardload.plan import Batching, EpochSpec, PlanInputs
@@ -282,3 +283,23 @@ def test_sampler_states_resume_any_chain_and_the_same_world_size_exactly(data: s
     )
     # Invariant: every entry of the epoch exactly as often as in an uninterrupted run (each sample once)
     assert served == whole
+
+
+def test_set_epoch_tells_the_trainer_the_new_epochs_length(data: Path) -> None:
+    # Lightning reads a training loader's length once; a resumed epoch's length differs from the next one's
+    class FakeLoop:
+        max_batches = 7
+        _combined_loader = type("Combined", (), {"flattened": [None], "limits": [7]})()
+        epoch_loop = None
+
+    trainer = type("FakeTrainer", (), {"fit_loop": FakeLoop(), "limit_train_batches": 1.0})()
+    _, state, _ = segment(data, 3, None, 2, max_tokens=900)
+    loader = make_loader(data, rank=0, world_size=2, max_tokens=900)
+    loader.plan_sampler.trainer = train_link(trainer)
+    loader.load_state_dict(state)
+    loader.set_epoch(1)
+    fresh = len(make_loader(data, rank=0, world_size=2, max_tokens=900, epoch=1))
+    assert (trainer.fit_loop.max_batches, trainer.fit_loop._combined_loader.limits) == (fresh, [fresh])
+    trainer.limit_train_batches = 0.5  # a limit the user set: left to Lightning
+    loader.set_epoch(2)
+    assert trainer.fit_loop.max_batches == fresh

@@ -123,7 +123,7 @@ def test_partly_consumed_samples_resume_as_their_remaining_pieces() -> None:
     # the first batch holds pieces of samples whose other pieces are in later batches
     partly = {i for i, _ in before} - {i for i, s in before if s == 200}
     assert partly
-    rest = EpochPlanner(ResumeInputs(inputs, ((1, 1),)), spec.__class__(world_size=2, seed=3), batching)
+    rest = EpochPlanner(ResumeInputs(inputs, ((1, 1),)), EpochSpec(world_size=2, seed=3), batching)
     assert rest.rest is not None and rest.rest.starts is not None
     after, _, _ = _served(rest)
     # Invariant: a partly consumed sample comes back as exactly its pieces not yet served, with their starts
