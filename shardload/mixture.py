@@ -228,6 +228,26 @@ class MixedSets:
                 )
             for f in fields if fields is not None else first.names:
                 self._check_field(f, name, s, first, name0)
+            self._check_length_rule(name, s, name0, self.sets[0])
+
+    @staticmethod
+    def _check_length_rule(name: str, s: ShardSet, name0: str, first: ShardSet) -> None:
+        """Refuse sources whose batching lengths (what weights by tokens and budgets count) measure other fields."""
+        a, b = _length_rule(first.schema), _length_rule(s.schema)
+        if a == b:
+            return
+        if a is None or b is None:  # the longest field in one: the same rule if that is always the named field
+            longest, named = (first, b) if a is None else (s, a)
+            assert named is not None
+            if named in {f.name for f in longest.schema.variable_fields} and np.array_equal(
+                longest.field_lengths(named), longest.lengths
+            ):
+                return
+        raise MixtureError(
+            f"sources {name0!r} and {name!r} measure sample lengths on different fields (length_field "
+            f"{a or 'the longest variable field'!r} vs {b or 'the longest variable field'!r}): weights by tokens "
+            "and max_tokens would count other things in each; re-prepare one with the other's length_field"
+        )
 
     def _check_field(self, f: str, name: str, s: ShardSet, first: Schema, name0: str) -> None:
         if f not in s.schema.names or f not in first.names:
@@ -297,6 +317,14 @@ class MixedSets:
         state = self.__dict__.copy()
         state["_inputs"] = None  # workers read by id; they do not plan
         return state
+
+
+def _length_rule(schema: Schema) -> str | None:
+    """The field whose length is each sample's batching length (``None``: the longest variable field)."""
+    if schema.length_field is not None:
+        return schema.length_field
+    variable = schema.variable_fields
+    return variable[0].name if len(variable) == 1 else None
 
 
 #: what a loader reads: a shard set directory, an opened set, or a mixture of sets

@@ -127,3 +127,29 @@ def test_a_missing_source_is_named(two: dict[str, Path], tmp_path: Path) -> None
     mix = Mixture({"web": str(two["web"]), "code": str(tmp_path / "nope")})
     with pytest.raises(ManifestError, match=r"source 'code' of the mixture: .*nope is not a shard set"):
         make_loader(mix, max_tokens=128)
+
+
+def _two_field_set(path: Path, length_field: str | None, seed: int) -> Path:
+    rng = np.random.default_rng(seed)
+    samples = [
+        {"tokens": np.arange(n, dtype=np.int32), "aux": np.zeros(n // 10 + 1, dtype=np.int32)}
+        for n in rng.integers(20, 60, 30)
+    ]
+    shardload.write(samples, path, num_shards=2, length_field=length_field, progress=False)
+    return path
+
+
+def test_sources_whose_batching_lengths_measure_different_fields_are_refused(tmp_path: Path) -> None:
+    # Invariant: weights by tokens and the token budget count each sample's batching length; sources that take it
+    # from different fields (length_field "tokens" in one, "aux" in another) are refused when the loader is built,
+    # naming both sources and fields, instead of the aux source being counted in aux rows (and mixed ~10x over).
+    tok = _two_field_set(tmp_path / "tok", "tokens", 1)
+    aux = _two_field_set(tmp_path / "aux", "aux", 2)
+    mix = Mixture({"tok": str(tok), "aux": str(aux)})
+    with pytest.raises(MixtureError, match=r"sources 'tok' and 'aux' .*length_field 'tokens' vs 'aux'"):
+        make_loader(mix, max_tokens=256)
+    # the same rule said two ways (the default rule, the longest field, is `tokens` here in every sample) still mixes
+    default = _two_field_set(tmp_path / "default", None, 3)
+    single = {"a": _token_set(tmp_path / "a", 10, 4), "b": _token_set(tmp_path / "b", 10, 5)}
+    assert len(make_loader(Mixture({"tok": str(tok), "default": str(default)}), max_tokens=256)) > 0
+    assert len(make_loader(Mixture({k: str(v) for k, v in single.items()}), max_tokens=256)) > 0
