@@ -153,3 +153,12 @@ def test_sources_whose_batching_lengths_measure_different_fields_are_refused(tmp
     single = {"a": _token_set(tmp_path / "a", 10, 4), "b": _token_set(tmp_path / "b", 10, 5)}
     assert len(make_loader(Mixture({"tok": str(tok), "default": str(default)}), max_tokens=256)) > 0
     assert len(make_loader(Mixture({k: str(v) for k, v in single.items()}), max_tokens=256)) > 0
+
+
+def test_an_epoch_too_large_to_plan_names_the_source(two: dict[str, Path]) -> None:
+    # Invariant: an epoch size with zeros too many (2**59 tokens of a set of a few thousand: far beyond any
+    # memory or address space) is a MixtureError naming the source and what to change, not numpy's bare
+    # "Unable to allocate ... EiB" from the planner's insides.
+    mix = Mixture({k: str(v) for k, v in two.items()}, epoch_tokens=2**59)
+    with pytest.raises(MixtureError, match=r"source 'web' of the mixture: planning its .* sample uses .*memory"):
+        len(make_loader(mix, max_tokens=128))
