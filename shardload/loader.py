@@ -182,7 +182,7 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
                 of the wrong type, a negative ``batches_done``), of an unknown version,
                 taken with another world size, or ``batches_done`` is beyond the epoch's
                 batch count.
-            PlanMismatchError: the plan differs (shard set, seed or batching changed).
+            PlanMismatchError: the plan differs (shard set, mixture, seed or batching changed).
         """
         epoch, done, fingerprint, world_size = check_state(state, version=STATE_VERSION)
         if world_size != self.world.world_size:
@@ -194,8 +194,8 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         plan = self.plan_for(epoch)
         if plan.fingerprint != fingerprint:
             raise PlanMismatchError(
-                "the plan for this epoch differs from the checkpoint's (shard set, seed or batching options "
-                "changed); the remaining batches would not be the ones the run would have seen"
+                "the plan for this epoch differs from the checkpoint's (shard set, mixture sources or weights, seed "
+                "or batching options changed); the remaining batches would not be the ones the run would have seen"
             )
         if done > len(plan):
             raise PlanError(
