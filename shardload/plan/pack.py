@@ -147,7 +147,8 @@ class PackBatcher(Batcher):
             lo, hi = np.searchsorted(ranks, [group.start, group.stop])
             ids = range_positions(starts[lo:hi], sizes[lo:hi])
             seg = np.repeat(ranks[lo:hi] - group.start, sizes[lo:hi])
-            part = SizeRuns.of_lengths(np.asarray(self.lengths[ids]), seg, len(group), self.capacity)
+            lens = np.asarray(self.lengths[ids], dtype=np.int64)  # any integer dtype: int64 before `length - 1`
+            part = SizeRuns.of_lengths(lens, seg, len(group), self.capacity)
             runs.append(SizeRuns(part.seg + group.start, part.size, part.count))
         return SizeRuns.concat(runs)
 

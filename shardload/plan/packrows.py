@@ -110,7 +110,7 @@ class SizeRuns:
         is one empty piece. Without cutting (every length ``<= capacity``) each
         sample is one piece, as ``PackBatcher`` makes them.
         """
-        lengths = np.asarray(lengths)
+        lengths = np.asarray(lengths, dtype=np.int64)  # unsigned `length - 1` would wrap at 0
         seg = np.asarray(seg, dtype=np.int64)
         full = np.maximum(lengths - 1, 0) // capacity  # (m,) full pieces before the last
         last = lengths - full * capacity  # (m,) 0..capacity
