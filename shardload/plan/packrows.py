@@ -242,7 +242,8 @@ class BestFit:
         in which it takes nothing; it files far fewer groups.
         """
         fits = self.runs_above[seg * self.buckets + (self.buckets - 1 - (gap >> self.shift))]
-        return np.maximum(fits // WAKE_EVERY * WAKE_EVERY, step + 1)
+        never = self.seg_runs[seg]  # no size of the segment fits: never wake (rounding down would)
+        return np.where(fits < never, np.maximum(fits // WAKE_EVERY * WAKE_EVERY, step + 1), never)
 
     def _file(
         self, step: int, seg: NDArray[np.int64], gap: NDArray[np.int64], cnt: NDArray[np.int64]
@@ -292,7 +293,8 @@ class BestFit:
         self.need[segs] = 0
         self.rows[segs] += new_full + (new_part > 0)
         a_cnt = self.a_cnt.copy()
-        a_cnt[touched] = e_cnt - full - (part > 0)  # rows that took nothing: their gaps fit what comes next
+        # rows that took nothing stay active, their gaps fit what comes next; none once their segment is done
+        a_cnt[touched] = np.where(step + 1 < self.seg_runs[e_seg], e_cnt - full - (part > 0), 0)
         some, fresh = part > 0, new_part > 0
         now = self._file(  # rows that took items, new rows: active again when a size of their segment fits
             step,

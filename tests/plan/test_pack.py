@@ -326,3 +326,17 @@ def test_lengths_of_any_integer_dtype_pack_as_int64(dtype: str, pack_length: int
         for rank, plan in enumerate(plans):
             assert np.array_equal(plan.sample_ids, wide.plan(rank).sample_ids)
             assert np.array_equal(plan.rows, wide.plan(rank).rows)
+
+
+def test_rows_leave_the_run_once_no_size_of_their_segment_is_left() -> None:
+    from shardload.plan.packrows import BestFit
+
+    rng = np.random.default_rng(1)
+    sizes = np.concatenate([[60, 60, 50, 45], rng.integers(1, 101, 500)])  # segment 0: 3 sizes; 1: ~100
+    seg = np.repeat([0, 1], [4, 500])
+    fit = BestFit(SizeRuns.of(sizes, seg, 2, 100), 2, 100)
+    rows = fit.run()
+    assert rows.tolist() == [len(_best_fit_decreasing(sizes[seg == k].tolist(), 100)) for k in (0, 1)]
+    # Invariant: a segment's rows leave the run with its last size (else every later step of the other segments
+    # pays for them), and rows that no size of their segment fits never wake
+    assert len(fit.a_seg) == 0 and not fit.waiting
