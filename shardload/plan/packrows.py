@@ -295,20 +295,25 @@ class BestFit:
         a_cnt = self.a_cnt.copy()
         # rows that took nothing stay active, their gaps fit what comes next; none once their segment is done
         a_cnt[touched] = np.where(step + 1 < self.seg_runs[e_seg], e_cnt - full - (part > 0), 0)
-        some, fresh = part > 0, new_part > 0
+        some, fresh, moved = part > 0, new_part > 0, full > 0  # most touched groups take nothing: not filed
         now = self._file(  # rows that took items, new rows: active again when a size of their segment fits
             step,
-            np.concatenate([e_seg, e_seg[some], segs, segs[fresh]]),
+            np.concatenate([e_seg[moved], e_seg[some], segs, segs[fresh]]),
             np.concatenate(
                 [
-                    e_gap - per_row * s,
+                    (e_gap - per_row * s)[moved],
                     e_gap[some] - (part * s)[some],
                     self.capacity - new_per_row * sizes,
                     (self.capacity - new_part * sizes)[fresh],
                 ]
             ),
             np.concatenate(
-                [full, np.ones(int(some.sum()), dtype=np.int64), new_full, np.ones(int(fresh.sum()), dtype=np.int64)]
+                [
+                    full[moved],
+                    np.ones(int(some.sum()), dtype=np.int64),
+                    new_full,
+                    np.ones(int(fresh.sum()), dtype=np.int64),
+                ]
             ),
         )
         self._set_active(*(np.concatenate([a, b]) for a, b in zip((self.a_seg, self.a_gap, a_cnt), now)))
