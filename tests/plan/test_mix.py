@@ -177,7 +177,9 @@ def test_mixture_plans_keep_every_guarantee(case: MixCase) -> None:
         if sel.counts is not None and sel.units and len(mine):
             assert mine.max() <= math.ceil(sel.ratio)
             assert mine.min() >= math.floor(sel.ratio)
-    # the share of every source after every step prefix, over all ranks, stays within W * (U + L) of its weight
+    # the share of every source after every step prefix, over all ranks, stays within (K + 1) * (W * (U / 2 + L) + L)
+    # of its weight: interleave (u_k + p_k * sum_j u_j) / 2 per rank, each rank's split of the sources and the
+    # selection in whole samples (L each, for the source and its share of the others)
     steps = sum(units_per_step(p, case) for p in plans)
     if len(plans[0]) == 0:
         return
@@ -193,7 +195,7 @@ def test_mixture_plans_keep_every_guarantee(case: MixCase) -> None:
         # with pack_split, L stays the longest sample: the selection takes whole samples, pieces or not
         assert case.batching.pack_length is not None
         longest = min(longest, case.batching.pack_length)
-    bound = case.spec.world_size * (largest_unit(plans, case) + longest)
+    bound = (mix.num_sources + 1) * (case.spec.world_size * (largest_unit(plans, case) / 2 + longest) + longest)
     assert deviation <= bound + 1e-6 * total[-1], (deviation, bound)
     # packed: every row within its batch and within pack_length
     if case.batching.packing:
