@@ -139,7 +139,9 @@ def check_identity(saved: Mapping[str, Any], now: Mapping[str, Any]) -> None:
                 if before.get(name) != after.get(name)
             ]
         elif key == "shard set" and before != after:
-            changed.append("the shard set (another set, or re-prepared: its lengths or shard sizes differ)")
+            changed.append(
+                "the shard set or mixture (another set, a re-prepared one, or a mixture's sources, names or weights)"
+            )
         elif before != after:
             changed.append(f"{key} ({before!r} in the checkpoint, {after!r} now)")
     if changed:

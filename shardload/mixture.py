@@ -30,7 +30,7 @@ from typing import Any, get_args
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.errors import MixtureError, PlanError
+from shardload.errors import MixtureError, PlanError, ShardSetError
 from shardload.formats import Columns
 from shardload.index import ShardIndex
 from shardload.plan.mix import MixBy, MixInputs, check_weights
@@ -71,7 +71,8 @@ class Mixture:
     Raises:
         MixtureError: On construction, naming the bad argument (a weight
             missing, negative, NaN or for an unknown name; all weights 0; the
-            same set twice; ``epoch_tokens`` with ``by="samples"``).
+            same set twice; an epoch size of 0; ``epoch_tokens`` with
+            ``by="samples"``). The dicts given are copied.
 
     Examples:
         >>> mix = Mixture({"web": "sets/web", "code": "sets/code"}, weights={"web": 0.7, "code": 0.3})
@@ -112,6 +113,10 @@ class Mixture:
         if self.by not in get_args(MixBy):
             raise MixtureError(f"Mixture(by={self.by!r}): must be 'tokens' or 'samples'")
         check_weights(names, self.weights)
+        # our own copies: a dict the caller changes afterwards must not bypass these checks
+        object.__setattr__(self, "sources", dict(self.sources))
+        if self.weights is not None:
+            object.__setattr__(self, "weights", dict(self.weights))
         wrong = "epoch_samples" if self.by == "tokens" else "epoch_tokens"
         if getattr(self, wrong) is not None:
             raise MixtureError(
@@ -120,7 +125,8 @@ class Mixture:
             )
         size = self.epoch_size
         if size is not None:
-            check_scalar("epoch_tokens" if self.by == "tokens" else "epoch_samples", size, low=0, high=1 << 60)
+            # 0 would be a training epoch without a batch
+            check_scalar("epoch_tokens" if self.by == "tokens" else "epoch_samples", size, low=1, high=1 << 60)
         if self.max_repeats is not None:
             check_scalar("max_repeats", self.max_repeats, low=1, high=MAX_LENGTH)
         object.__setattr__(self, "names", names)
@@ -131,9 +137,33 @@ class Mixture:
         return self.epoch_tokens if self.by == "tokens" else self.epoch_samples
 
     def open(self) -> MixedSets:
-        """Open every source (manifest and lengths only); the loaders then check their fields agree."""
-        sets = tuple(s if isinstance(s, ShardSet) else ShardSet(s) for s in self.sources.values())
-        return MixedSets(self, sets)
+        """Open every source (manifest and lengths only); the loaders then check their fields agree.
+
+        Raises:
+            ShardSetError: a source that is not a usable shard set, its name in the message.
+            MixtureError: two sources with the same content (a copy of a set: the same fingerprint).
+        """
+        sets: list[ShardSet] = []
+        for name, where in self.sources.items():
+            try:
+                sets.append(where if isinstance(where, ShardSet) else ShardSet(where))
+            except ShardSetError as exc:
+                raise type(exc)(f"source {name!r} of the mixture: {exc}") from None
+        seen: dict[str, str] = {}
+        for name, s in zip(self.names, sets):
+            if s.fingerprint in seen:
+                first = seen[s.fingerprint]
+                raise MixtureError(
+                    f"sources {first!r} and {name!r} hold the same shard set ({self._path_of(first)} and "
+                    f"{s.path}: the same content, fingerprint {s.fingerprint}): give each set once (a larger "
+                    "weight reads it more often)"
+                )
+            seen[s.fingerprint] = name
+        return MixedSets(self, tuple(sets))
+
+    def _path_of(self, name: str) -> str:
+        where = self.sources[name]
+        return str(where.path if isinstance(where, ShardSet) else where)
 
 
 class MixedSets:
@@ -198,6 +228,26 @@ class MixedSets:
                 )
             for f in fields if fields is not None else first.names:
                 self._check_field(f, name, s, first, name0)
+            self._check_length_rule(name, s, name0, self.sets[0])
+
+    @staticmethod
+    def _check_length_rule(name: str, s: ShardSet, name0: str, first: ShardSet) -> None:
+        """Refuse sources whose batching lengths (what weights by tokens and budgets count) measure other fields."""
+        a, b = _length_rule(first.schema), _length_rule(s.schema)
+        if a == b:
+            return
+        if a is None or b is None:  # the longest field in one: the same rule if that is always the named field
+            longest, named = (first, b) if a is None else (s, a)
+            assert named is not None
+            if named in {f.name for f in longest.schema.variable_fields} and np.array_equal(
+                longest.field_lengths(named), longest.lengths
+            ):
+                return
+        raise MixtureError(
+            f"sources {name0!r} and {name!r} measure sample lengths on different fields (length_field "
+            f"{a or 'the longest variable field'!r} vs {b or 'the longest variable field'!r}): weights by tokens "
+            "and max_tokens would count other things in each; re-prepare one with the other's length_field"
+        )
 
     def _check_field(self, f: str, name: str, s: ShardSet, first: Schema, name0: str) -> None:
         if f not in s.schema.names or f not in first.names:
@@ -217,11 +267,17 @@ class MixedSets:
                 )
 
     def plan_inputs(self) -> MixInputs:
-        """The planner's request for this mixture (built once; each source's own ``plan_inputs()``)."""
-        if self._inputs is None:
+        """The planner's request for this mixture: each source's own ``plan_inputs()``, rebuilt when one changes.
+
+        Each call asks every source, so each epoch's plan checks, as a single
+        set's does, that no source's lengths index changed on disk (a source
+        re-prepared under a live loader is a ``ShardSetChangedError``).
+        """
+        sources = tuple(s.plan_inputs() for s in self.sets)
+        if self._inputs is None or any(a is not b for a, b in zip(sources, self._inputs.sources)):
             m = self.mixture
             self._inputs = MixInputs(
-                tuple(s.plan_inputs() for s in self.sets),
+                sources,
                 self.names,
                 m.weights,
                 by=m.by,
@@ -261,6 +317,14 @@ class MixedSets:
         state = self.__dict__.copy()
         state["_inputs"] = None  # workers read by id; they do not plan
         return state
+
+
+def _length_rule(schema: Schema) -> str | None:
+    """The field whose length is each sample's batching length (``None``: the longest variable field)."""
+    if schema.length_field is not None:
+        return schema.length_field
+    variable = schema.variable_fields
+    return variable[0].name if len(variable) == 1 else None
 
 
 #: what a loader reads: a shard set directory, an opened set, or a mixture of sets

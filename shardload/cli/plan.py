@@ -11,6 +11,7 @@ the planner's guarantee, and this table shows what it costs.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shardload.cli._common import CommandError, Exit, int_at_least, print_json, python_hint
@@ -56,10 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--by", choices=("tokens", "samples"), default="tokens", help="what weights count (default: tokens)"
     )
     mix.add_argument(
-        "--epoch-tokens", type=int_at_least(0), metavar="N", help="tokens in a training epoch (--by tokens)"
+        "--epoch-tokens", type=int_at_least(1), metavar="N", help="tokens in a training epoch (--by tokens)"
     )
     mix.add_argument(
-        "--epoch-samples", type=int_at_least(0), metavar="N", help="samples in a training epoch (--by samples)"
+        "--epoch-samples", type=int_at_least(1), metavar="N", help="samples in a training epoch (--by samples)"
     )
     mix.add_argument("--max-repeats", type=int_at_least(1), metavar="N", help="refuse using a sample more often")
     add_option_flags(p.add_argument_group("the epoch to plan (EpochSpec)"), EpochSpec)
@@ -108,8 +109,13 @@ def mixture_of(args: argparse.Namespace) -> Mixture:
             if colon and path:
                 weights[name] = float(weight)
                 where = path
-        except ValueError:
-            pass  # a ':' that is part of the path
+        except ValueError:  # a ':' that is part of the path, unless the path is only what comes before it
+            if Path(path).exists() and not Path(where).exists():
+                raise CommandError(
+                    f"--source {text!r}: the weight {weight!r} of source {name!r} is not a number (give a "
+                    "decimal number such as 0.7)",
+                    Exit.USAGE,
+                ) from None
         if name in sources:
             raise CommandError(f"--source {name!r} is given twice: each source once", Exit.USAGE)
         sources[name] = where

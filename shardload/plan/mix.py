@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -83,14 +84,30 @@ def check_weights(names: Sequence[str], weights: Mapping[str, object] | None) ->
     values = []
     for name in names:
         w = weights[name]
-        if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, float, np.integer, np.floating)):
-            raise MixtureError(f"weight of source {name!r} must be a number, got {w!r}")
-        if not math.isfinite(float(w)) or float(w) < 0:
+        if isinstance(w, (bool, np.bool_)) or not isinstance(w, numbers.Real):
+            raise MixtureError(
+                f"weight of source {name!r} must be a number (an int, a float or another real number), got {w!r}"
+            )
+        try:
+            value = float(w)
+        except OverflowError:  # an int beyond any float
+            raise MixtureError(
+                f"weight of source {name!r} is an integer of {len(str(w))} digits, beyond any float: weights "
+                "must be finite numbers >= 0 (scale them down)"
+            ) from None
+        if not math.isfinite(value) or value < 0:
             raise MixtureError(f"weight of source {name!r} is {w!r}: weights must be finite numbers >= 0")
-        values.append(float(w))
-    total = math.fsum(values)
-    if total <= 0:
+        values.append(value)
+    largest = max(values)
+    if largest <= 0:
         raise MixtureError("every weight is 0: give at least one source a positive weight")
+    try:
+        total = math.fsum(values)
+    except OverflowError:
+        total = math.inf
+    if math.isinf(total):  # any scale: huge weights whose sum overflows are scaled down first
+        values = [v / largest for v in values]
+        total = math.fsum(values)
     return tuple(v / total for v in values)
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.errors import PlanError
+from shardload.errors import MixtureError, PlanError
 from shardload.plan.assign import ShardLayout, assign_shards, balance_by_tokens, shard_order
 from shardload.plan.batcher import Batcher
 from shardload.plan.equalize import equalize_batches
@@ -137,7 +137,15 @@ class MixBatcher:
                 except PlanError as exc:
                     raise PlanError(f"source {mix.names[k]!r} of the mixture: {exc}") from None
             selection = select_source(mix, k, seed=spec.seed, epoch=spec.epoch, train=train)
-            self.parts.append(self._part(k, selection))
+            try:
+                self.parts.append(self._part(k, selection))
+            except MemoryError:  # an epoch size with zeros too many: say which source and what to change
+                uses = source.num_samples if selection.counts is None else int(selection.counts.sum())
+                raise MixtureError(
+                    f"source {mix.names[k]!r} of the mixture: planning its {uses:,} sample uses this epoch "
+                    f"({selection.ratio:.3g} per sample) ran out of memory: lower the epoch size or its weight, "
+                    "or set max_repeats to refuse such an epoch"
+                ) from None
 
     def _part(self, k: int, selection: Selection) -> SourcePart:
         mix, spec, source = self.mix, self.spec, self.mix.sources[k]

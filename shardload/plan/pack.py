@@ -44,6 +44,8 @@ __all__ = ["PackBatcher", "PackedBatches", "RankRows", "refuse_long_samples"]
 COUNT_CHUNK = 1 << 22
 #: histogram bins (ranks * (pack_length + 1)) gathered at once when counting
 COUNT_BINS = 1 << 24
+#: most pieces ``pack_split`` may add to one rank beyond its samples (building a rank costs ~170 bytes an entry)
+MAX_CUT_PIECES = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -134,8 +136,31 @@ class PackBatcher(Batcher):
         :func:`~shardload.plan.packrows.count_rows` packs each rank as
         :meth:`build_packed` packs it alone, so the counts are the built ones.
         """
-        rows = count_rows(self.size_runs(), self.layout.world_size, self.capacity)
+        runs = self.size_runs()
+        self._refuse_many_pieces(runs)
+        rows = count_rows(runs, self.layout.world_size, self.capacity)
         return -(-rows // self.rows_per_batch)
+
+    def _refuse_many_pieces(self, runs: SizeRuns) -> None:
+        """Refuse a rank to which ``pack_split`` adds more than :data:`MAX_CUT_PIECES` pieces, naming the longest sample.
+
+        A sample of ``n`` tokens is ``ceil(n / pack_length)`` entries of the
+        plan; one of ``10**9`` tokens in rows of 8 would need ~20 GB to build.
+        """
+        if not self.batching.pack_split or self.max_length <= self.capacity:
+            return
+        pieces = np.bincount(runs.seg, weights=runs.count, minlength=self.layout.world_size)
+        extra = pieces - self.layout.rank_sizes
+        if extra.max() <= MAX_CUT_PIECES:
+            return
+        sample = int(np.argmax(self.lengths))
+        raise PlanError(
+            f"sample {sample} has {self.max_length} tokens: pack_split would cut it into "
+            f"{-(-self.max_length // self.capacity):,} pieces of pack_length={self.capacity} (rank "
+            f"{int(np.argmax(extra))} would get {int(extra.max()):,} pieces more than samples, over the "
+            f"{MAX_CUT_PIECES:,} a plan is built with); raise pack_length, or cut or drop such samples "
+            "before preparing the set"
+        )
 
     def size_runs(self) -> SizeRuns:
         """Every rank's pieces as size runs, gathered a group of ranks at a time (:meth:`rank_groups`)."""
@@ -147,7 +172,8 @@ class PackBatcher(Batcher):
             lo, hi = np.searchsorted(ranks, [group.start, group.stop])
             ids = range_positions(starts[lo:hi], sizes[lo:hi])
             seg = np.repeat(ranks[lo:hi] - group.start, sizes[lo:hi])
-            part = SizeRuns.of_lengths(np.asarray(self.lengths[ids]), seg, len(group), self.capacity)
+            lens = np.asarray(self.lengths[ids], dtype=np.int64)  # any integer dtype: int64 before `length - 1`
+            part = SizeRuns.of_lengths(lens, seg, len(group), self.capacity)
             runs.append(SizeRuns(part.seg + group.start, part.size, part.count))
         return SizeRuns.concat(runs)
 

@@ -110,7 +110,7 @@ class SizeRuns:
         is one empty piece. Without cutting (every length ``<= capacity``) each
         sample is one piece, as ``PackBatcher`` makes them.
         """
-        lengths = np.asarray(lengths)
+        lengths = np.asarray(lengths, dtype=np.int64)  # unsigned `length - 1` would wrap at 0
         seg = np.asarray(seg, dtype=np.int64)
         full = np.maximum(lengths - 1, 0) // capacity  # (m,) full pieces before the last
         last = lengths - full * capacity  # (m,) 0..capacity
@@ -242,7 +242,8 @@ class BestFit:
         in which it takes nothing; it files far fewer groups.
         """
         fits = self.runs_above[seg * self.buckets + (self.buckets - 1 - (gap >> self.shift))]
-        return np.maximum(fits // WAKE_EVERY * WAKE_EVERY, step + 1)
+        never = self.seg_runs[seg]  # no size of the segment fits: never wake (rounding down would)
+        return np.where(fits < never, np.maximum(fits // WAKE_EVERY * WAKE_EVERY, step + 1), never)
 
     def _file(
         self, step: int, seg: NDArray[np.int64], gap: NDArray[np.int64], cnt: NDArray[np.int64]
@@ -292,21 +293,27 @@ class BestFit:
         self.need[segs] = 0
         self.rows[segs] += new_full + (new_part > 0)
         a_cnt = self.a_cnt.copy()
-        a_cnt[touched] = e_cnt - full - (part > 0)  # rows that took nothing: their gaps fit what comes next
-        some, fresh = part > 0, new_part > 0
+        # rows that took nothing stay active, their gaps fit what comes next; none once their segment is done
+        a_cnt[touched] = np.where(step + 1 < self.seg_runs[e_seg], e_cnt - full - (part > 0), 0)
+        some, fresh, moved = part > 0, new_part > 0, full > 0  # most touched groups take nothing: not filed
         now = self._file(  # rows that took items, new rows: active again when a size of their segment fits
             step,
-            np.concatenate([e_seg, e_seg[some], segs, segs[fresh]]),
+            np.concatenate([e_seg[moved], e_seg[some], segs, segs[fresh]]),
             np.concatenate(
                 [
-                    e_gap - per_row * s,
+                    (e_gap - per_row * s)[moved],
                     e_gap[some] - (part * s)[some],
                     self.capacity - new_per_row * sizes,
                     (self.capacity - new_part * sizes)[fresh],
                 ]
             ),
             np.concatenate(
-                [full, np.ones(int(some.sum()), dtype=np.int64), new_full, np.ones(int(fresh.sum()), dtype=np.int64)]
+                [
+                    full[moved],
+                    np.ones(int(some.sum()), dtype=np.int64),
+                    new_full,
+                    np.ones(int(fresh.sum()), dtype=np.int64),
+                ]
             ),
         )
         self._set_active(*(np.concatenate([a, b]) for a, b in zip((self.a_seg, self.a_gap, a_cnt), now)))

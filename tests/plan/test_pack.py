@@ -306,3 +306,37 @@ def test_tokens_per_shard_are_summed_in_chunks_exactly(sizes: list[int], chunk: 
         tokens = PlanInputs(lengths, np.array(sizes)).shard_tokens
     # Invariant: the tokens of every shard (that cut the ranks of packed plans) are its lengths' sum
     assert tokens.tolist() == [int(lengths[a:b].sum()) for a, b in itertools.pairwise(bounds)]
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "uint16", "uint32", "int32", "uint64"])
+@pytest.mark.parametrize(("pack_length", "split"), [(50, True), (50, False), ((1 << 31) - 1, False)])
+def test_lengths_of_any_integer_dtype_pack_as_int64(dtype: str, pack_length: int, split: bool) -> None:
+    lengths = np.random.default_rng(2).integers(0, 120, 600)
+    lengths[::7] = 0  # unsigned: `length - 1` must not wrap around to a huge count of pieces
+    if not split:
+        lengths = np.minimum(lengths, pack_length)
+    typed = PlanInputs(lengths.astype(dtype), np.array([200, 0, 400]))
+    rows = 1 if pack_length > 1 << 30 else 2
+    batching = Batching(packing=True, pack_length=pack_length, rows_per_batch=rows, pack_split=split)
+    for stage in ("train", "val"):
+        spec = EpochSpec(world_size=3, stage=stage, seed=5)
+        plans = _check(typed, spec, batching)
+        wide = EpochPlanner(PlanInputs(lengths, np.array([200, 0, 400])), spec, batching)
+        # Invariant: a lengths index (a memory map of any integer dtype) plans exactly as its int64 values do
+        for rank, plan in enumerate(plans):
+            assert np.array_equal(plan.sample_ids, wide.plan(rank).sample_ids)
+            assert np.array_equal(plan.rows, wide.plan(rank).rows)
+
+
+def test_rows_leave_the_run_once_no_size_of_their_segment_is_left() -> None:
+    from shardload.plan.packrows import BestFit
+
+    rng = np.random.default_rng(1)
+    sizes = np.concatenate([[60, 60, 50, 45], rng.integers(1, 101, 500)])  # segment 0: 3 sizes; 1: ~100
+    seg = np.repeat([0, 1], [4, 500])
+    fit = BestFit(SizeRuns.of(sizes, seg, 2, 100), 2, 100)
+    rows = fit.run()
+    assert rows.tolist() == [len(_best_fit_decreasing(sizes[seg == k].tolist(), 100)) for k in (0, 1)]
+    # Invariant: a segment's rows leave the run with its last size (else every later step of the other segments
+    # pays for them), and rows that no size of their segment fits never wake
+    assert len(fit.a_seg) == 0 and not fit.waiting

@@ -76,3 +76,22 @@ def test_the_advice_for_a_lone_field_shorter_than_the_batching_length_applies(tm
     shardload.write(samples, fixed, num_shards=2, shuffle=False, progress=False, length_field="tokens")
     loader = shardload.make_loader(fixed, batching=batching, fields=("tokens",), rank=0, world_size=1, stage="val")
     assert sorted(int(n) for b in loader for n in b["tokens_lengths"]) == [2, 3, 5]
+
+
+def test_a_sample_cut_into_more_pieces_than_a_plan_can_hold_is_refused_when_counting() -> None:
+    from shardload.plan import EpochSpec, PlanInputs
+    from shardload.plan.planner import EpochPlanner
+
+    lengths = np.full(1000, 10, dtype=np.int64)
+    lengths[17] = 10**9
+    inputs = PlanInputs(lengths, np.array([500, 500]))
+    spec = EpochSpec(world_size=2, stage="val")
+    # Invariant: a sample that pack_split would cut into ~10**8 rows (a build of ~20 GB, minutes) is refused when
+    # the ranks are counted, naming the sample, its length and pack_length, before any rank's plan is built
+    with pytest.raises(
+        PlanError, match=r"sample 17 has 1000000000 tokens: pack_split.*125,000,000 pieces.*pack_length"
+    ):
+        EpochPlanner(inputs, spec, Batching(packing=True, pack_length=8, rows_per_batch=8, pack_split=True))
+    # the same sample in rows of 4096 tokens is 244,141 pieces: planned
+    plan = EpochPlanner(inputs, spec, Batching(packing=True, pack_length=4096, rows_per_batch=8, pack_split=True))
+    assert plan.plan(0).num_real + plan.plan(1).num_real == 999 + 244_141
