@@ -13,9 +13,10 @@ import pytest
 import torch
 
 import shardload
-from shardload import make_loader
+from shardload import ShardDataModule, make_loader
 from shardload.errors import PlanError, PlanMismatchError
 from shardload.testing import synthetic_samples
+from shardload.world import World
 
 BATCH = 2
 
@@ -77,3 +78,22 @@ def test_a_second_pass_after_an_elastic_resume_is_the_whole_epoch_as_on_the_same
         assert len(first) < len(fresh)
         assert second == fresh
         assert len(resumed) == len(fresh)
+
+
+@pytest.mark.parametrize("broken", [[1, 2], "state", {"version": 2}])
+def test_a_broken_training_loader_state_in_a_datamodule_checkpoint_is_refused(data: Path, broken: object) -> None:
+    module = ShardDataModule(train=data, batch_size=BATCH)
+    module.world = World(rank=0, world_size=2)
+    with pytest.raises(PlanError, match="loader state"):  # not a training epoch silently started over
+        module.load_state_dict({"seed": 0, "train_loader": broken})
+
+
+def test_a_datamodule_resumes_a_state_of_another_world_size(data: Path) -> None:
+    saved = ShardDataModule(train=data, batch_size=BATCH)
+    saved.world = World(rank=0, world_size=4)
+    next(iter(saved.train_dataloader()))
+    module = ShardDataModule(train=data, batch_size=BATCH)
+    module.world = World(rank=0, world_size=2)
+    module.load_state_dict(saved.state_dict())
+    loader = module.train_dataloader()
+    assert len(list(loader)) < len(make_loader(data, rank=0, world_size=2, batch_size=BATCH))
