@@ -213,7 +213,8 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
                 or out of range), of an unknown version, or beyond the epoch's batches.
             PlanMismatchError: shard set, stage, seed or batching changed (named).
         """
-        if isinstance(state, Mapping) and self._loaded == dict(state) and self.batches_done == self.start:
+        untouched = self.batches_done == self.start and not self._rest_served  # nothing run since the last load
+        if isinstance(state, Mapping) and self._loaded == dict(state) and untouched:
             return
         inputs = self.shard_set.plan_inputs()
         plan, start, history = resume_point(

@@ -78,6 +78,17 @@ def test_a_second_pass_after_an_elastic_resume_is_the_whole_epoch_as_on_the_same
         assert len(first) < len(fresh)
         assert second == fresh
         assert len(resumed) == len(fresh)
+        resumed.load_state_dict(state)  # and the state loaded again resumes again
+        assert [real_ids(b) for b in resumed] == first
+
+
+def test_an_end_of_epoch_state_loaded_again_after_its_empty_pass_still_leaves_nothing(data: Path) -> None:
+    state = state_after(data, 4, len(make_loader(data, rank=0, world_size=4, batch_size=BATCH)))
+    resumed = make_loader(data, rank=0, world_size=2, batch_size=BATCH)
+    resumed.load_state_dict(state)
+    assert list(resumed) == []
+    resumed.load_state_dict(state)  # as Lightning restores a loader the DataModule made already resumed
+    assert list(resumed) == []
 
 
 @pytest.mark.parametrize("broken", [[1, 2], "state", {"version": 2}])
