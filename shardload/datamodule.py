@@ -21,6 +21,7 @@ from shardload.collate import PadSpec
 from shardload.errors import PlanError
 from shardload.loader import ShardLoader, build_loader
 from shardload.loader_options import LoaderOptions, with_shortcuts
+from shardload.loader_state import check_state
 from shardload.mixture import MixedSets, Mixture, Source, as_source, open_source
 from shardload.plan import Batching, EpochSpec, ShardAssignment, Stage
 from shardload.world import World
@@ -198,6 +199,8 @@ class ShardDataModule(pl.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Refuse a checkpoint taken with another seed, or a state that is not this DataModule's (:class:`PlanError`).
 
+        A training loader's state that is not one (a key missing, a wrong type) is refused here too.
+
         The training loader's state is kept for the loader :meth:`train_dataloader` makes next.
         """
         if not isinstance(state_dict, Mapping):
@@ -210,4 +213,6 @@ class ShardDataModule(pl.LightningDataModule):
                 f"{self.seed}; resuming would change the remaining batches"
             )
         train_state = state_dict.get("train_loader")
+        if train_state is not None:
+            check_state(train_state)  # a broken state fails here, not as an epoch silently started over
         self._train_state = train_state if isinstance(train_state, Mapping) else None

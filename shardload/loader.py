@@ -105,6 +105,7 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         self.history: tuple[tuple[int, int], ...] = ()
         self._plan: RankPlan | None = None
         self._loaded: dict[str, Any] | None = None  # the last state loaded (a second load of it changes nothing)
+        self._rest_served = False  # a pass over the rest of a resumed epoch ended: the next is all of it (begin_pass)
 
     @property
     def epoch(self) -> int:  # type: ignore[override]  # DistributedSampler's attribute, read-only here
@@ -169,10 +170,13 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         for i in range(start, len(plan)):
             yield BatchKey(offset + i, *plan.packed_batch(i)) if packed else BatchKey(offset + i, *plan.batch(i))
         if plan.epoch == self.spec.epoch:
-            self.start = 0
+            self.start, self._rest_served = 0, bool(self.history)
 
     def begin_pass(self) -> None:
-        """A pass over the epoch begins at :attr:`start`: count consumed batches from there."""
+        """A pass begins at :attr:`start`: count consumed batches from there (after the rest of a resumed epoch: all of it)."""
+        if self._rest_served and self.history:
+            self.history, self._plan, self._loaded = (), None, None
+        self._rest_served = False
         self.batches_done = self.start
         self._counted_epoch = self.spec.epoch
 
@@ -209,7 +213,8 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
                 or out of range), of an unknown version, or beyond the epoch's batches.
             PlanMismatchError: shard set, stage, seed or batching changed (named).
         """
-        if isinstance(state, Mapping) and self._loaded == dict(state) and self.batches_done == self.start:
+        untouched = self.batches_done == self.start and not self._rest_served  # nothing run since the last load
+        if isinstance(state, Mapping) and self._loaded == dict(state) and untouched:
             return
         inputs = self.shard_set.plan_inputs()
         plan, start, history = resume_point(
@@ -217,7 +222,7 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         )
         # planned once: the plan checked is the plan iterated
         self.spec, self.start, self._plan, self.history = plan.spec, start, plan, history
-        self._loaded = dict(state)
+        self._loaded, self._rest_served = dict(state), False
         self.begin_pass()
 
     def _debug_check(self, plan: RankPlan) -> None:

@@ -45,6 +45,8 @@ STATE_VERSION = 2
 #: the formats it reads
 _READS = (1, 2)
 _KEYS = ("version", "epoch", "batches_done", "fingerprint", "world_size")
+#: what a version-2 state has besides (a version-1 state has neither)
+_KEYS_2 = ("history", "identity")
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,8 @@ def check_state(state: object) -> LoaderState:
             f"a loader state must be the dict that state_dict() returned, got {type(state).__name__}: "
             "was the checkpoint saved without the loader's state?"
         )
-    missing = [k for k in _KEYS if k not in state]
+    required = _KEYS + _KEYS_2 if state.get("version") == STATE_VERSION else _KEYS
+    missing = [k for k in required if k not in state]
     if missing:
         raise PlanError(
             f"the loader state lacks {missing} (it has {sorted(map(str, state))}); it was not made by "
@@ -199,8 +202,21 @@ def resume_point(
 
 
 def _check_fingerprint(fingerprint: str, saved: LoaderState) -> None:
-    if fingerprint != saved.fingerprint:
-        raise PlanMismatchError(
-            "the plan for this epoch differs from the checkpoint's (shard set, seed or batching options "
-            "changed); the remaining batches would not be the ones the run would have seen"
+    """Refuse a state whose plan is not the one this loader makes of it.
+
+    A version-2 state's run was already found unchanged (:func:`check_identity`),
+    so a difference left is in the state's own counts, or in how plans are made.
+    """
+    if fingerprint == saved.fingerprint:
+        return
+    if saved.identity is None:
+        why = "shard set, seed or batching options changed"
+    else:
+        why = (
+            "the run's options are the checkpoint's, so its history or batches_done was edited, or the "
+            "shardload that saved it planned this epoch differently; resume with the version that saved it"
         )
+    raise PlanMismatchError(
+        f"the plan for epoch {saved.epoch} differs from the checkpoint's ({why}); the remaining batches "
+        "would not be the ones the run would have seen"
+    )
