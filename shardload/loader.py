@@ -30,9 +30,8 @@ from shardload.errors import PlanError, PlanMismatchError, ShardloadError, Worke
 from shardload.loader_options import LoaderOptions, with_shortcuts
 from shardload.loader_state import LoaderState, check_state, resume_point
 from shardload.mixture import MixedSets, Source, as_source, open_source
-from shardload.plan import Batching, EpochPlanner, EpochSpec, PlanInputs, RankPlan, ShardAssignment, Stage, plan_rank
-from shardload.plan.mix import MixInputs
-from shardload.plan.pack import refuse_long_samples
+from shardload.plan import Batching, EpochPlanner, EpochSpec, RankPlan, ShardAssignment, Stage, plan_rank
+from shardload.plan.mix import refuse_long_samples_in
 from shardload.plan.request import check_request
 from shardload.plan.resume import ResumeInputs, run_identity
 from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
@@ -253,13 +252,6 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
                 f"{len(prints)} distinct fingerprints). Every rank must open the same shard set with the same "
                 "options; check paths, seeds and batching options on each node."
             )
-
-
-def _each_source(inputs: PlanInputs | MixInputs) -> tuple[list[str], list[PlanInputs]]:
-    """The plan inputs of each source, with a prefix naming it for messages (none for one shard set)."""
-    if isinstance(inputs, MixInputs):
-        return [f"source {n!r} of the mixture: " for n in inputs.names], list(inputs.sources)
-    return [""], [inputs]
 
 
 def _as_is(batch: Any) -> Any:
@@ -493,12 +485,7 @@ def build_loader(
     if batching.packing:
         assert batching.pack_length is not None and batching.rows_per_batch is not None
         pack = PackSpec(batching.pack_length, batching.rows_per_batch)
-        inputs = shard_set.plan_inputs()
-        for where, one in zip(*_each_source(inputs)):
-            try:
-                refuse_long_samples(one.lengths, one.max_length, batching)
-            except PlanError as exc:
-                raise PlanError(f"{where}{exc}") from None
+        refuse_long_samples_in(shard_set.plan_inputs(), batching)
     # Checks fields and pad values against the set's schema (names and dtypes), and that a packed set can be packed.
     dataset = ShardBatchDataset(shard_set, pad, fingerprint=shard_set.fingerprint, pack=pack)
     # sampler by keyword: Lightning re-creates the loader (predict) from the recorded arguments

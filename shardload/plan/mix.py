@@ -40,12 +40,22 @@ from typing import Any, Literal, get_args
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.errors import MixtureError
+from shardload.errors import MixtureError, PlanError
+from shardload.plan.options import Batching
+from shardload.plan.pack import refuse_long_samples
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.request import PlanInputs
 from shardload.plan.validate import MAX_LENGTH, check_scalar
 
-__all__ = ["MixBy", "MixInputs", "Selection", "check_weights", "select_source", "source_seed"]
+__all__ = [
+    "MixBy",
+    "MixInputs",
+    "Selection",
+    "check_weights",
+    "refuse_long_samples_in",
+    "select_source",
+    "source_seed",
+]
 
 #: what a mixture's weights and epoch size count
 MixBy = Literal["tokens", "samples"]
@@ -339,3 +349,20 @@ def select_source(mix: MixInputs, k: int, *, seed: int, epoch: int, train: bool)
     counts = np.empty(source.num_samples, dtype=np.int64)
     counts[perm] = uses
     return Selection(counts, target, units)
+
+
+def refuse_long_samples_in(inputs: PlanInputs | MixInputs, batching: Batching) -> None:
+    """:func:`~shardload.plan.pack.refuse_long_samples` for a shard set, or each source of a mixture (named).
+
+    Raises:
+        PlanError: a sample longer than ``pack_length`` without ``pack_split``;
+            in a mixture the message starts with ``source 'NAME' of the mixture:``.
+    """
+    if not isinstance(inputs, MixInputs):
+        refuse_long_samples(inputs.lengths, inputs.max_length, batching)
+        return
+    for name, source in zip(inputs.names, inputs.sources):
+        try:
+            refuse_long_samples(source.lengths, source.max_length, batching)
+        except PlanError as exc:
+            raise PlanError(f"source {name!r} of the mixture: {exc}") from None

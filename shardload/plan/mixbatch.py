@@ -38,13 +38,13 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.errors import MixtureError, PlanError
+from shardload.errors import MixtureError
 from shardload.plan.assign import ShardLayout, assign_shards, balance_by_tokens, shard_order
 from shardload.plan.batcher import Batcher
 from shardload.plan.equalize import equalize_batches
-from shardload.plan.mix import MixInputs, Selection, select_source, source_seed
+from shardload.plan.mix import MixInputs, Selection, refuse_long_samples_in, select_source, source_seed
 from shardload.plan.options import Batching
-from shardload.plan.pack import PackBatcher, refuse_long_samples
+from shardload.plan.pack import PackBatcher
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.request import EpochSpec, PlanInputs
 from shardload.plan.shuffle import permute_batches
@@ -130,12 +130,9 @@ class MixBatcher:
         self.unit_batching = dataclasses.replace(batching, rows_per_batch=1) if self.packed else batching
         train = spec.shuffled
         self.parts: list[SourcePart] = []
+        if self.packed:
+            refuse_long_samples_in(mix, batching)
         for k, source in enumerate(mix.sources):
-            if self.packed:
-                try:
-                    refuse_long_samples(source.lengths, source.max_length, batching)
-                except PlanError as exc:
-                    raise PlanError(f"source {mix.names[k]!r} of the mixture: {exc}") from None
             selection = select_source(mix, k, seed=spec.seed, epoch=spec.epoch, train=train)
             try:
                 self.parts.append(self._part(k, selection))

@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 from shardload.errors import PlanError
 from shardload.plan.batcher import Batcher, Batches
 from shardload.plan.options import Batching
-from shardload.plan.packrows import SizeRuns, count_rows, pack_segments
+from shardload.plan.packrows import SizeRuns, count_rows, pack_segments, pieces_per_sample
 from shardload.plan.ranges import offsets_from_lengths, range_positions
 from shardload.plan.shuffle import position_rng
 
@@ -112,7 +112,7 @@ class PackBatcher(Batcher):
         cap = self.capacity
         if not self.batching.pack_split or len(lens) == 0 or int(lens.max()) <= cap:
             return ids, np.zeros(len(ids), dtype=np.int64), lens, None
-        pieces = np.maximum(-(-lens // cap), 1)  # (n,) a sample of length 0 is one (empty) piece
+        pieces = pieces_per_sample(lens, cap)  # (n,) a sample of length 0 is one (empty) piece
         piece = range_positions(np.zeros(len(ids), dtype=np.int64), pieces)  # (E,) piece index within its sample
         starts = piece * cap
         return np.repeat(ids, pieces), starts, np.minimum(np.repeat(lens, pieces) - starts, cap), pieces

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["BestFit", "SizeRuns", "count_rows", "pack_rows", "pack_segments"]
+__all__ = ["BestFit", "SizeRuns", "count_rows", "pack_rows", "pack_segments", "pieces_per_sample"]
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _TRUE = np.ones(1, dtype=bool)
@@ -56,6 +56,19 @@ def _run_starts(*keys: NDArray[np.int64]) -> NDArray[np.int64]:
 _DENSE_BINS = 1 << 24
 #: rows wait for the step that fits them rounded down to a multiple of this (see BestFit._next_use)
 WAKE_EVERY = 8
+
+
+def pieces_per_sample(lengths: NDArray[np.integer], capacity: int) -> NDArray[np.int64]:
+    """``(n,)`` the pieces ``pack_split`` cuts each sample into: ``ceil(length / capacity)``, 1 for length 0.
+
+    The one rule for counting (:meth:`SizeRuns.of_lengths`), building
+    (``PackBatcher``) and resuming (``plan/resume.py``); lengths are read as
+    int64 whatever their dtype (an unsigned 0 must not wrap).
+
+    >>> pieces_per_sample(np.array([0, 1, 4, 5, 9], dtype=np.uint16), 4).tolist()
+    [1, 1, 1, 2, 3]
+    """
+    return np.maximum(-(-np.asarray(lengths, dtype=np.int64) // capacity), 1)
 
 
 @dataclass(frozen=True)
@@ -110,9 +123,9 @@ class SizeRuns:
         is one empty piece. Without cutting (every length ``<= capacity``) each
         sample is one piece, as ``PackBatcher`` makes them.
         """
-        lengths = np.asarray(lengths, dtype=np.int64)  # unsigned `length - 1` would wrap at 0
+        lengths = np.asarray(lengths, dtype=np.int64)
         seg = np.asarray(seg, dtype=np.int64)
-        full = np.maximum(lengths - 1, 0) // capacity  # (m,) full pieces before the last
+        full = pieces_per_sample(lengths, capacity) - 1  # (m,) full pieces before the last
         last = lengths - full * capacity  # (m,) 0..capacity
         width = capacity + 1
         bins = segments * width

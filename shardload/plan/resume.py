@@ -48,6 +48,7 @@ from numpy.typing import NDArray
 from shardload.errors import PlanError
 from shardload.plan.mix import MixInputs, select_source
 from shardload.plan.options import MAX_COUNT, Batching
+from shardload.plan.packrows import pieces_per_sample
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.request import EpochSpec, PlanInputs
 from shardload.plan.validate import MAX_WORLD_SIZE, check_scalar
@@ -128,11 +129,6 @@ class Rest:
         return out, starts if self.starts is None else starts + self.starts[ids]
 
 
-def _pieces_of(lengths: NDArray[np.integer], cap: int) -> NDArray[np.int64]:
-    """``(n,)`` pieces ``pack_split`` cuts each sample into (an empty sample is one piece)."""
-    return np.maximum(-(-np.asarray(lengths, dtype=np.int64) // cap), 1)
-
-
 def _compact(counts: NDArray[np.integer]) -> NDArray[np.integer]:
     """``counts`` as int32 when they fit (a use count per sample or piece: half the memory at scale)."""
     return counts.astype(np.int32) if counts.max(initial=0) < 1 << 31 else counts.astype(np.int64)
@@ -175,7 +171,7 @@ def _selection(base: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching
     cap = batching.pack_length
     if not (batching.packing and batching.pack_split and cap is not None and base.max_length > cap):
         return _Uses(lengths, counts, None)
-    per = _pieces_of(lengths, cap)
+    per = pieces_per_sample(lengths, cap)
     return _Uses(lengths, np.repeat(counts, per), cap, offsets_from_lengths(per))
 
 
