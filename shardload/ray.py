@@ -56,7 +56,7 @@ __all__ = ["ShardSink", "write_dataset"]
 _REFUSED = ("resume", "overwrite", "progress")
 
 
-class ShardSink(Datasink):  # type: ignore[misc]
+class ShardSink(Datasink["dict[str, Any] | None"]):
     """A Ray Data sink that writes a shard set into ``out``: one part per write task, merged on the driver.
 
     Args:
@@ -160,7 +160,8 @@ def _rows(blocks: Iterable[Block]) -> Iterator[dict[str, Any]]:
     """Rows of Ray blocks as dicts of numpy arrays (lists, e.g. of an Arrow list column, become arrays)."""
     for block in blocks:
         for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True):
-            yield {k: np.asarray(v) if isinstance(v, (list, tuple)) else v for k, v in dict(row).items()}
+            sample: dict[str, Any] = dict(row)
+            yield {name: np.asarray(v) if isinstance(v, (list, tuple)) else v for name, v in sample.items()}
 
 
 def _final_parts(out: Path) -> list[Path]:
