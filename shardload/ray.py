@@ -159,8 +159,9 @@ class ShardSink(Datasink["dict[str, Any] | None"]):
 def _rows(blocks: Iterable[Block]) -> Iterator[dict[str, Any]]:
     """Rows of Ray blocks as dicts of numpy arrays (lists, e.g. of an Arrow list column, become arrays)."""
     for block in blocks:
-        for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True):
-            sample: dict[str, Any] = dict(row)
+        rows: Iterator[Mapping[str, Any]] = BlockAccessor.for_block(block).iter_rows(public_row_format=True)
+        for row in rows:
+            sample = dict(row)
             yield {name: np.asarray(v) if isinstance(v, (list, tuple)) else v for name, v in sample.items()}
 
 
