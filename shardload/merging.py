@@ -73,6 +73,7 @@ class MergeResult:
     seconds: float
 
     def to_json(self) -> dict[str, Any]:
+        """The result as a plain dict (what ``shardload merge --json`` prints)."""
         return dict(self.__dict__)
 
 
