@@ -297,3 +297,23 @@ def test_killed_part_is_finished_by_resume(sources: list[str], tmp_path: Path) -
     shardload.prepare(sources, single, shuffle=False, **OPTIONS)  # type: ignore[arg-type]
     assert samples_of(out) == samples_of(single)
     assert verify(out).ok
+
+
+# -- the command line -------------------------------------------------------------------------------------
+def test_cli_part_and_merge(sources: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from shardload.cli import main
+
+    out = str(tmp_path / "out")
+    assert main(["prepare", *sources, "-o", out, "--part", "0/2", "--no-progress", "--dtype", "tokens=int32"]) == 0
+    assert "shardload merge" in capsys.readouterr().out
+    assert main(["merge", out]) == 5
+    assert "parts/00001-of-00002 is missing" in capsys.readouterr().err
+    assert main(["prepare", *sources, "-o", out, "--part", "2/2"]) == 3
+    assert "K must be in 0..1" in capsys.readouterr().err
+    assert main(["prepare", *sources, "-o", out, "--part", "1/2", "--no-progress", "--dtype", "tokens=int32"]) == 0
+    capsys.readouterr()
+    assert main(["merge", out, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["parts"], result["changed"], result["samples"]) == (2, True, len(shardload.open(out)))
+    assert main(["merge", out]) == 0
+    assert "already merged, unchanged" in capsys.readouterr().out
