@@ -43,6 +43,7 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
         CorruptShardError,
         InputError,
         ManifestError,
+        MergeError,
         MissingDependencyError,
         MixtureError,
         OutputError,
@@ -57,6 +58,7 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
     )
     from shardload.formats.arrow import ArrowOptions
     from shardload.formats.zarr import ZarrOptions
+    from shardload.merging import MergeResult, merge
     from shardload.mixture import Mixture
     from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
     from shardload.schema import Field, Schema
@@ -108,6 +110,8 @@ __all__ = [
     "InputError",
     "LoaderOptions",
     "ManifestError",
+    "MergeError",
+    "MergeResult",
     "MissingDependencyError",
     "Mixture",
     "MixtureError",
@@ -130,6 +134,7 @@ __all__ = [
     "ZarrOptions",
     "__version__",
     "make_loader",
+    "merge",
     "prepare",
     "write",
 ]

@@ -9,6 +9,7 @@ caller can catch them all with one clause, or one branch of the tree::
      |    +-- ManifestError               manifest missing, unreadable, of a newer format, inconsistent
      |    +-- CorruptShardError           shard missing, truncated, or its checksum does not match
      |    +-- ShardSetChangedError        the set was re-prepared while a job had it open
+     |    +-- MergeError                  parts cannot be merged: one is missing, unfinished, foreign or different
      +-- OutputError (OSError)            prepare cannot write where it was told to
      |    +-- OutputExistsError           a shard set is there and overwrite was not given
      |    +-- OutputLockedError           another prepare is writing into the same output
@@ -34,6 +35,7 @@ __all__ = [
     "CorruptShardError",
     "InputError",
     "ManifestError",
+    "MergeError",
     "MissingDependencyError",
     "MixtureError",
     "OutputError",
@@ -74,6 +76,13 @@ class CorruptShardError(ShardSetError):
 
 class ShardSetChangedError(ShardSetError):
     """The shard set was rewritten while a job that opened it was running."""
+
+
+class MergeError(ShardSetError):
+    """The parts of a set cannot be merged: one is missing, not finished, from another run, or different.
+
+    The message names the part (``parts/00003-of-00008``) and what to do.
+    """
 
 
 class OutputError(ShardloadError, OSError):

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.manifest import Manifest
 from shardload.shardset import open_shard_set
 
 __all__ = [
@@ -141,7 +142,9 @@ def describe(path: str | os.PathLike[str], *, bins: int = 16) -> dict[str, Any]:
         ``created``, ``shardload_version``, ``fields`` (name, dtype, shape with
         ``None`` for the variable axis, variable), ``length_field``,
         ``samples``, ``shards``, ``bytes``, ``tokens``, ``shard_balance``
-        (min/max samples, tokens and bytes per shard), ``lengths`` (p0, p50,
+        (min/max samples, tokens and bytes per shard), for a set merged from
+        parts ``part_balance`` (``parts``, min/max shards, samples and bytes
+        per part), ``lengths`` (p0, p50,
         p90, p99, max, mean) and ``histogram`` (log-spaced ``edges`` and
         ``counts``, see :func:`render_histogram`).
 
@@ -170,6 +173,7 @@ def describe(path: str | os.PathLike[str], *, bins: int = 16) -> dict[str, Any]:
         "bytes": sum(s.bytes for s in m.shards),
         "tokens": m.total_tokens,
         "shard_balance": {key: _min_max([getattr(s, key) for s in m.shards]) for key in ("samples", "tokens", "bytes")},
+        **({"part_balance": _part_balance(m)} if m.parts else {}),
         "lengths": lengths,
         "histogram": {"edges": edges, "counts": counts},
     }
@@ -227,6 +231,12 @@ def format_description(info: Mapping[str, Any], *, width: int = 40) -> str:
         out.append(
             f"per shard  samples {_range(bal['samples'])}, tokens {_range(bal['tokens'])}, "
             f"bytes {format_bytes(bal['bytes']['min'])}-{format_bytes(bal['bytes']['max'])}"
+        )
+    if "part_balance" in info:
+        pb = info["part_balance"]
+        out.append(
+            f"per part   {pb['parts']:,} parts: shards {_range(pb['shards'])}, samples {_range(pb['samples'])}, "
+            f"bytes {format_bytes(pb['bytes']['min'])}-{format_bytes(pb['bytes']['max'])}"
         )
     if info["lengths"]:
         q = info["lengths"]
@@ -291,6 +301,17 @@ def format_bytes(n: int | float) -> str:
 
 def _num(x: float) -> int | float:
     return int(x) if float(x).is_integer() else round(float(x), 2)
+
+
+def _part_balance(m: Manifest) -> dict[str, Any]:
+    """How evenly the parts of a merged set are filled: their count, and min/max shards, samples and bytes."""
+    sizes = [m.shards[p.first_shard : p.first_shard + p.shards] for p in m.parts]
+    return {
+        "parts": len(m.parts),
+        "shards": _min_max([p.shards for p in m.parts]),
+        "samples": _min_max([p.samples for p in m.parts]),
+        "bytes": _min_max([sum(s.bytes for s in shards) for shards in sizes]),
+    }
 
 
 def _min_max(values: Sequence[int]) -> dict[str, int | None]:

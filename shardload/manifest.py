@@ -28,7 +28,10 @@ MANIFEST_NAME = "manifest.json"
 LENGTHS_NAME = "lengths.npy"
 FORMAT_NAME = "shardload"
 #: bump when readers of the previous version could misread a new manifest
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: the version written for a set that is not merged from parts (readable by every shardload); version 2
+#: adds ``parts`` (a set merged from parts, whose shards carry their part's identity)
+PLAIN_FORMAT_VERSION = 1
 #: sanity bounds for values read from a manifest
 MAX_SAMPLES = 1 << 40
 MAX_SHARDS = 1 << 24
@@ -53,6 +56,26 @@ class ShardInfo:
 
 
 @dataclass(frozen=True)
+class PartInfo:
+    """One part of a set merged from parts (``shardload merge``): its directory and what it holds.
+
+    The part's shards are the set's shards ``first_shard .. first_shard + shards - 1``;
+    each carries the identity the part's own prepare gave it (set ``set_id``,
+    its index and first sample inside the part).
+    """
+
+    path: str
+    set_id: str
+    shards: int
+    samples: int
+    first_shard: int
+    first_sample: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Manifest:
     """Everything about a shard set except the samples themselves.
 
@@ -69,7 +92,11 @@ class Manifest:
         stats: summary length statistics (min, max, mean, quantiles).
         set_id: the id every shard of this set carries in its own metadata
             (see :mod:`shardload.identity`); empty for sets prepared before
-            shards carried one, whose shards are then not checked.
+            shards carried one, whose shards are then not checked. In a set
+            merged from parts, a digest of the parts' ids; each shard carries
+            its part's (see :meth:`identity_of`).
+        parts: the parts of a set merged from parts, in sample-id order;
+            empty for a set prepared in one run.
     """
 
     schema: Schema
@@ -84,6 +111,19 @@ class Manifest:
     created: str = ""
     shardload_version: str = ""
     set_id: str = ""
+    parts: tuple[PartInfo, ...] = ()
+
+    def identity_of(self, shard: int) -> tuple[str, int, int]:
+        """``(set id, shard index, first sample)`` that shard ``shard``'s own identity record must hold.
+
+        Those of the set itself, or, in a set merged from parts, those inside
+        the part the shard was written for.
+        """
+        info = self.shards[shard]
+        for part in self.parts:
+            if part.first_shard <= shard < part.first_shard + part.shards:
+                return part.set_id, shard - part.first_shard, info.first_sample - part.first_sample
+        return self.set_id, shard, info.first_sample
 
     @property
     def fingerprint(self) -> str:
@@ -96,7 +136,7 @@ class Manifest:
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
+            "format_version": FORMAT_VERSION if self.parts else PLAIN_FORMAT_VERSION,
             "shardload_version": self.shardload_version,
             "created": self.created,
             "shard_format": self.shard_format,
@@ -108,6 +148,7 @@ class Manifest:
             "options": dict(self.options),
             "fingerprint": self.fingerprint,
             **({"set_id": self.set_id} if self.set_id else {}),
+            **({"parts": [p.to_json() for p in self.parts]} if self.parts else {}),
             "shards": [s.to_json() for s in self.shards],
         }
 
@@ -209,6 +250,7 @@ def _parse(obj: Any, where: str) -> Manifest:
         for name, file in lengths.get("per_field", {}).items()
     }
     _check_field_indexes(schema, per_field, where)
+    parts = _parts(obj.get("parts", []), shards, where)
     return Manifest(
         schema=schema,
         shard_format=str(obj["shard_format"]),
@@ -222,7 +264,43 @@ def _parse(obj: Any, where: str) -> Manifest:
         created=str(obj.get("created", "")),
         shardload_version=str(obj.get("shardload_version", "")),
         set_id=_set_id(obj.get("set_id", ""), where),
+        parts=parts,
     )
+
+
+def _parts(raw: Any, shards: list[ShardInfo], where: str) -> tuple[PartInfo, ...]:
+    """The ``parts`` of a merged set: they must cover the shards in order, each shard inside its part's folder."""
+    if not isinstance(raw, list) or len(raw) > MAX_SHARDS:
+        raise ManifestError(f"{where}: 'parts' must be a list of at most {MAX_SHARDS} entries")
+    parts: list[PartInfo] = []
+    next_shard = next_sample = 0
+    for k, p in enumerate(raw):
+        if not isinstance(p, dict):
+            raise ManifestError(f"{where}: part {k} must be an object, got {type(p).__name__}")
+        what = f"{where}: part {k}"
+        part = PartInfo(
+            path=safe_relative_path(p["path"], where=what),
+            set_id=_set_id(p["set_id"], what) or "",
+            shards=_bounded_int(p["shards"], f"{what} shards", limit=MAX_SHARDS),
+            samples=_bounded_int(p["samples"], f"{what} samples"),
+            first_shard=_bounded_int(p["first_shard"], f"{what} first_shard", limit=MAX_SHARDS),
+            first_sample=_bounded_int(p["first_sample"], f"{what} first_sample"),
+        )
+        mine = shards[next_shard : next_shard + part.shards]
+        if (part.first_shard, part.first_sample) != (next_shard, next_sample) or len(mine) != part.shards:
+            raise ManifestError(f"{what} ({part.path}) does not follow the part before it; the manifest is damaged")
+        if sum(s.samples for s in mine) != part.samples or any(
+            not s.file.startswith(part.path.rstrip("/") + "/") for s in mine
+        ):
+            raise ManifestError(f"{what} ({part.path}) does not match its shards; the manifest is damaged")
+        next_shard += part.shards
+        next_sample += part.samples
+        parts.append(part)
+    if parts and next_shard != len(shards):
+        raise ManifestError(
+            f"{where}: the parts hold {next_shard} shards, the set {len(shards)}; the manifest is damaged"
+        )
+    return tuple(parts)
 
 
 def _check_field_indexes(schema: Schema, per_field: Mapping[str, str], where: str) -> None:

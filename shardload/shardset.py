@@ -375,9 +375,9 @@ class ShardSet:
 
     # -- where a shard belongs, and whether it changed while mapped (see shardload.identity) ---------
     def _identity_problem(self, shard: int, reader: ShardReader) -> str | None:
-        info = self.manifest.shards[shard]
         found = ShardIdentity.parse(reader.stored_identity, where=f"{shard} ({reader.path})")
-        return identity_problem(found, shard, info.first_sample, info.samples, self.manifest.set_id)
+        set_id, index, first = self.manifest.identity_of(shard)
+        return identity_problem(found, index, first, self.manifest.shards[shard].samples, set_id)
 
     def _check_identity(self, shard: int, reader: ShardReader) -> None:
         """The shard's own record must name this set and this position.

@@ -290,7 +290,8 @@ class _ShardChecker:
                 return
             try:
                 found = ShardIdentity.parse(reader.stored_identity, where=f"{k} ({path})")
-                misplaced = identity_problem(found, k, info.first_sample, info.samples, self.manifest.set_id)
+                set_id, position, first = self.manifest.identity_of(k)
+                misplaced = identity_problem(found, position, first, info.samples, set_id)
             except CorruptShardError as exc:
                 misplaced = str(exc)
             if misplaced is not None:

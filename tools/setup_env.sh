@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv with a CPU build of torch and shardload installed (editable) with its test extras.
+# Create .venv with a CPU build of torch and shardload installed (editable) with its test extras
+# (zarr, webdataset, matplotlib, ray[data] for tests/test_ray.py, ...: see [project.optional-dependencies] test).
 # Users who want a CUDA build: set TORCH_SPEC, e.g. TORCH_SPEC="torch==2.13.0" TORCH_INDEX=https://download.pytorch.org/whl/cu128
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,6 +1,7 @@
 """The ``shardload`` command line: one module per command, each a thin call into the library.
 
 Where it sits: on top of the flow. ``shardload prepare`` -> :func:`shardload.prepare`,
+``merge`` -> :func:`shardload.merge`,
 ``inspect`` -> :func:`shardload.inspect.describe`, ``verify`` ->
 :func:`shardload.verify.verify`, ``plan`` -> :func:`shardload.plan.summarize_plan`,
 ``export`` -> :func:`shardload.export.to_webdataset`.
@@ -53,6 +54,7 @@ __all__ = ["COMMANDS", "Exit", "main"]
 #: the registry: command name -> module ``shardload.cli.<name>``, in help order
 COMMANDS: tuple[str, ...] = (
     "prepare",
+    "merge",
     "inspect",
     "verify",
     "plan",

@@ -24,6 +24,7 @@ EPILOG = """examples:
   shardload prepare corpus.jsonl -o out/ --dtype tokens=int32 --balance tokens
   shardload prepare data/*.npy -o out/ --resume      # finish an interrupted run
   shardload prepare data/*.npy -o out/ --format zarr --compression zstd --compression-level 5
+  shardload prepare data/*.parquet -o out/ --part 3/8   # part 3 of 8 (one machine each), then: shardload merge out/
 
 """ + python_hint(
     "import shardload",
@@ -92,6 +93,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _add_format_arguments(p.add_argument_group("shard format"))
     run_ = p.add_argument_group("running")
     run_.add_argument("--workers", type=positive_int, metavar="N", help="parallel processes (default: 1)")
+    run_.add_argument(
+        "--part",
+        metavar="K/N",
+        help="prepare only part K (from 0) of N of the input, into OUT/parts/KKKKK-of-NNNNN; run every part "
+        "(one per machine), then `shardload merge OUT`",
+    )
     mode = run_.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", default=None, help="finish an interrupted run into OUT")
     mode.add_argument("--overwrite", action="store_true", default=None, help="replace a shard set already in OUT")
@@ -128,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         args.output,
         source_format=args.source_format,
         allow_pickle=args.allow_pickle,
+        part=args.part,
         **options,
     )
     if args.json:
@@ -145,7 +153,10 @@ def run(args: argparse.Namespace) -> int:
 
         why = "; ".join(f"{n} {SKIP_REASONS.get(k, k)}" for k, n in result.skipped.items())
         print(f"skipped {result.skipped_files:,} files of the source directories as not data: {why}")
-    print(f"load it: shardload.open({result.path!r})")
+    if args.part is not None:
+        print(f"when every part is done: shardload merge {args.output}")
+    else:
+        print(f"load it: shardload.open({result.path!r})")
     return 0
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from shardload.errors import InputError
 from shardload.prepare.options import PrepareOptions
+from shardload.prepare.parts import parse_part, part_dir, refuse_resume_of_merged
 from shardload.prepare.pipeline import PrepareResult, run_prepare
 from shardload.prepare.sources import SKIP_REASONS, SourceOptions, discover
 
@@ -32,6 +33,7 @@ def prepare(
     field: str | None = None,
     allow_pickle: bool = False,
     max_record_bytes: int | None = None,
+    part: str | tuple[int, int] | None = None,
     **options: Any,
 ) -> PrepareResult:
     """Prepare a shard set from files on disk.
@@ -47,6 +49,10 @@ def prepare(
         max_record_bytes: the most bytes one JSON line, tar member or ``.npz``
             array may have once decompressed (default 256 MiB, or the
             ``SHARDLOAD_MAX_RECORD_BYTES`` environment variable).
+        part: ``(K, N)`` or ``"K/N"``: prepare only part K (from 0) of N of the
+            input, into ``out/parts/KKKKK-of-NNNNN`` (a shard set of its own);
+            once every part is done, :func:`shardload.merge` makes ``out`` one
+            set of them (see :mod:`shardload.prepare.parts`).
         **options: see :class:`PrepareOptions` (``num_shards``, ``shuffle``, ``workers``, ...).
 
     Examples:
@@ -55,6 +61,9 @@ def prepare(
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     opts = PrepareOptions(**_tupled(options))
+    which = None if part is None else parse_part(part)
+    if which is None and opts.resume:
+        refuse_resume_of_merged(out)
     bound = {} if max_record_bytes is None else {"max_record_bytes": max_record_bytes}
     source_options = SourceOptions(field=field or "data", dtypes=dict(opts.dtypes), allow_pickle=allow_pickle, **bound)
     skipped: dict[str, list[str]] = {}
@@ -68,7 +77,10 @@ def prepare(
     for reason, files in skipped.items():
         logger.info("skipped %d %s, not data: %s", len(files), SKIP_REASONS[reason], ", ".join(files[:5]))
     describe = {"source_format": source_format, "field": field or "data", "allow_pickle": allow_pickle}
-    result = run_prepare(out, options=opts, units=units, source_options=source_options, describe=describe)
+    target = out if which is None else part_dir(out, *which)
+    result = run_prepare(
+        target, options=opts, units=units, source_options=source_options, describe=describe, part=which
+    )
     return dataclasses.replace(result, skipped={k: len(v) for k, v in skipped.items()})
 
 

@@ -48,6 +48,7 @@ from shardload.prepare.gather import gather
 from shardload.prepare.index import new_manifest, write_index
 from shardload.prepare.jobs import IngestJob, ShardJob, ShardRecord, StagedUnit
 from shardload.prepare.options import PrepareOptions
+from shardload.prepare.parts import part_record, run_id, split_units
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
 from shardload.prepare.workdir import WorkDir, output_errors
 from shardload.prepare.workers import map_in_workers
@@ -302,8 +303,16 @@ def run_prepare(
     source_options: SourceOptions | None = None,
     samples: Iterable[Mapping[str, Any]] | None = None,
     describe: Mapping[str, Any] | None = None,
+    part: tuple[int, int] | None = None,
 ) -> PrepareResult:
-    """Run the pipeline over source ``units`` or over an iterable of ``samples``."""
+    """Run the pipeline over source ``units`` or over an iterable of ``samples``.
+
+    With ``part=(K, N)``, only part K of the units (see
+    :func:`~shardload.prepare.parts.split_units`) is read, into ``out`` (the
+    part's folder); the schema still comes from the first sample of all units,
+    so that every part has the one schema a single run would, and a part with
+    no samples is a set of none (its manifest records the part for the merge).
+    """
     source_options = source_options or SourceOptions()
     started = time.perf_counter()
     guards.check_output_path(out)
@@ -311,6 +320,11 @@ def run_prepare(
     # clean up; a run killed during its commit needs no sources to finish it.
     finishing = WorkDir.was_committing(out) and not options.overwrite  # --overwrite drops the old commit
     inferred = None if finishing else _infer_schema(units, source_options, samples, options)
+    if part is not None:
+        k, num_parts = part
+        run = run_id(units, num_parts, {**options.layout_key(), **(describe or {})})
+        describe = {**(describe or {}), **part_record(k, num_parts, run)}
+        units = split_units(units, num_parts)[k]
     with WorkDir(out, resume=options.resume, overwrite=options.overwrite) as wd:
         if wd.committing:  # killed during the commit: everything is built, finish moving it in
             _finish_commit(wd)
@@ -330,12 +344,15 @@ def run_prepare(
         records = _ingest_all(wd, units, source_options, schema, options, located)
         staged = collect_staged(records, schema, wd.staging)
         n = len(staged.lengths)
-        if n == 0:
+        if n == 0 and part is None:
             raise InputError("the sources hold no samples; nothing to prepare")
         # Same options, sources and staged bytes give the same id, so --resume writes the same shards.
         set_id = set_id_of(state, staged.chunk_paths)
         in_bytes = int(staged.sample_bytes.sum())
-        order, bounds = guards.lay_out(staged.lengths, staged.field_lengths, schema, options, in_bytes)
+        if n:
+            order, bounds = guards.lay_out(staged.lengths, staged.field_lengths, schema, options, in_bytes)
+        else:  # a part with no samples: no shards
+            order, bounds = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
         shard_records = _write_all(wd, staged, schema, options, order, bounds, set_id)
         with output_errors(wd.out, "writing the lengths index and the manifest", partial=wd.work):
             files = write_index(wd.work, staged.lengths, staged.field_lengths, order)

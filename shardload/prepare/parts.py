@@ -1,0 +1,154 @@
+"""Parts of a prepare run: which source units part K of N reads, where it goes, and what ties the parts together.
+
+Where it sits: before the pipeline. ``prepare(..., part=(K, N))`` (``--part
+K/N``) runs the ordinary pipeline (:mod:`shardload.prepare.pipeline`) over
+part K of a deterministic split of the source units, into
+``OUT/parts/KKKKK-of-NNNNN``: a complete shard set of its own. Once every
+part is committed, :func:`shardload.merge.merge` makes ``OUT`` one set of
+them without copying a shard.
+
+The split depends only on the units (as :func:`~shardload.prepare.sources.discover`
+returns them) and ``N``: contiguous runs of units, balanced by input bytes,
+so parts can run on any machines, in any order, and concatenated in part
+order they hold the samples in the order one run over all units reads them.
+
+Every part records a *run id* in its manifest: a digest of every unit of the
+whole input, the options and ``N``. Parts of one run share it; a part left
+from another run (other input, options or part count) does not, and is refused
+by the merge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardload.errors import InputError, OutputExistsError, ShardloadError
+from shardload.prepare.sources import SourceUnit
+
+#: the folder of OUT that holds the parts
+PARTS_DIR = "parts"
+#: a part's folder name: ``00003-of-00008``
+PART_NAME = re.compile(r"(\d{5,})-of-(\d{5,})")
+#: the most parts one run may have (a name holds at least five digits; more are allowed)
+MAX_PARTS = 1 << 20
+
+
+def parse_part(value: str | Sequence[int]) -> tuple[int, int]:
+    """``"3/8"`` or ``(3, 8)`` -> ``(3, 8)``: part 3 (counted from 0) of 8.
+
+    Raises:
+        InputError: not two integers, ``N`` below 1 or above :data:`MAX_PARTS`, or ``K`` outside ``0..N-1``.
+    """
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", value)
+        if m is None:
+            raise InputError(
+                f"--part {value!r}: expected K/N, e.g. 3/8 for part 3 of 8 (parts are counted from 0, as "
+                "SLURM_ARRAY_TASK_ID with --array=0-7)"
+            )
+        k, n = int(m.group(1)), int(m.group(2))
+    else:
+        items = tuple(value)
+        if len(items) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in items):
+            raise InputError(f"part must be (K, N), two integers, e.g. (3, 8) for part 3 of 8; got {value!r}")
+        k, n = int(items[0]), int(items[1])
+    if not 1 <= n <= MAX_PARTS:
+        raise InputError(f"part {k}/{n}: the number of parts N must be in 1..{MAX_PARTS:,}")
+    if not 0 <= k < n:
+        raise InputError(
+            f"part {k}/{n}: K must be in 0..{n - 1} (parts are counted from 0; the last of {n} parts is {n - 1}/{n})"
+        )
+    return k, n
+
+
+def part_name(k: int, n: int) -> str:
+    """The folder of part ``k`` of ``n`` inside ``OUT/parts``."""
+    return f"{k:05d}-of-{n:05d}"
+
+
+def part_dir(out: str | os.PathLike[str], k: int, n: int) -> Path:
+    """``OUT/parts/KKKKK-of-NNNNN``: where part ``k`` of ``n`` is prepared."""
+    return Path(out) / PARTS_DIR / part_name(k, n)
+
+
+def unit_bytes(unit: SourceUnit) -> int:
+    """Input bytes of one unit (its files' sizes; 0 for a file that cannot be ``stat``-ed, read later)."""
+    total = 0
+    for path in unit.paths:
+        try:
+            total += os.stat(path).st_size
+        except OSError:
+            pass
+    return total
+
+
+def split_units(units: Sequence[SourceUnit], n: int) -> list[list[SourceUnit]]:
+    """Cut ``units`` into ``n`` contiguous runs balanced by input bytes (some empty when there are few units).
+
+    A unit goes to the part its middle byte falls in, with the input's bytes
+    cut into ``n`` equal ranges: deterministic, contiguous, and no part is more
+    than one unit above its share.
+    """
+    sizes = np.array([unit_bytes(u) for u in units], dtype=np.float64)
+    if len(units) and sizes.sum() <= 0:
+        sizes[:] = 1.0  # nothing to weigh by: by count
+    ends = np.cumsum(sizes)
+    middles = ends - sizes / 2
+    total = float(ends[-1]) if len(units) else 1.0
+    which = np.minimum((middles * n / total).astype(np.int64), n - 1)
+    parts: list[list[SourceUnit]] = [[] for _ in range(n)]
+    for unit, k in zip(units, which.tolist()):
+        parts[k].append(unit)
+    return parts
+
+
+def run_id(units: Sequence[SourceUnit], n: int, layout: Mapping[str, Any]) -> str:
+    """The id every part of one run records: all units of the input, the options and the part count."""
+    description = {"units": [u.describe() for u in units], "parts": n, "options": dict(layout)}
+    return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def refuse_resume_of_merged(out: str | os.PathLike[str]) -> None:
+    """Refuse ``prepare --resume`` into a set merged from parts: each part is resumed on its own.
+
+    Raises:
+        OutputExistsError: naming the set and the command that finishes a part.
+    """
+    from shardload.manifest import Manifest
+
+    try:
+        manifest = Manifest.load(Path(out))
+    except ShardloadError:
+        return  # not a merged set: the ordinary rules of the output apply
+    if manifest.parts:
+        n = len(manifest.parts)
+        raise OutputExistsError(
+            f"{out}: is a shard set merged from {n} parts ({PARTS_DIR}/...); there is no single run to resume. "
+            f"To redo a part, run prepare with --part K/{n} --resume (or --overwrite), then `shardload merge {out}`."
+        )
+
+
+def part_record(k: int, n: int, run: str) -> dict[str, Any]:
+    """What a part's manifest records among its options (``part``, ``run``), for the merge to check."""
+    return {"part": [k, n], "run": run}
+
+
+__all__ = [
+    "PARTS_DIR",
+    "PART_NAME",
+    "parse_part",
+    "part_dir",
+    "part_name",
+    "part_record",
+    "refuse_resume_of_merged",
+    "run_id",
+    "split_units",
+]
