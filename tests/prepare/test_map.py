@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import multiprocessing
 import sys
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,22 @@ def test_output_does_not_depend_on_workers(tmp_path: Path, jsonl_dir: Any, worke
     origin = np.load(tmp_path / "many" / "origin.npy")
     for i in range(0, len(ds), 7):
         np.testing.assert_array_equal(ds[i]["tokens"], want[origin[i]]["tokens"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_module_map_works_in_workers_not_forked(
+    tmp_path: Path, jsonl_dir: Any, monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    """Workers started afresh (the default from Python 3.14 is forkserver) import the map by its module and name."""
+    src, _ = jsonl_dir
+    forked = shardload.prepare(src, tmp_path / "fork", map=split_long, workers=2, num_shards=2)
+    real = multiprocessing.get_context
+    monkeypatch.setattr(multiprocessing, "get_context", lambda m=None: real(m or method))
+    fresh = shardload.prepare(src, tmp_path / method, map=split_long, workers=2, num_shards=2)
+    assert fresh.samples == forked.samples and fresh.dropped == forked.dropped > 0
+    for name in ("shard-000000.arrow", "shard-000001.arrow"):
+        assert (tmp_path / "fork" / "shards" / name).read_bytes() == (tmp_path / method / "shards" / name).read_bytes()
 
 
 def test_lambda_runs_in_process_and_is_refused_for_workers(tmp_path: Path, jsonl_dir: Any) -> None:
