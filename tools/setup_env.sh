@@ -17,4 +17,5 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
     .venv/bin/python -m pip install -q "$TORCH_SPEC"
   fi
 fi
+# the test extra holds every optional package the tests use (zarr, webdataset, tokenizers, ...)
 .venv/bin/python -m pip install -q -e ".[test]"

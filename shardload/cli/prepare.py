@@ -5,13 +5,16 @@ their kind is detected from the suffix (--source-format overrides it). Samples
 are checked against the schema of the first one, shuffled across shards once
 (seeded), and written in parallel. An interrupted run is finished with --resume;
 an existing shard set is replaced only with --overwrite, and only once the new
-one is complete.
+one is complete. --map applies a Python function to every sample as it is read
+(to tokenize text, filter or split records).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +25,7 @@ SUMMARY = "turn raw files into a shard set"
 EPILOG = """examples:
   shardload prepare data/*.npy -o out/ --field tokens --shard-size 256MB --workers 8
   shardload prepare corpus.jsonl -o out/ --dtype tokens=int32 --balance tokens
+  shardload prepare corpus.jsonl -o out/ --map mytok:encode --workers 8   # mytok.py in the current directory
   shardload prepare data/*.npy -o out/ --resume      # finish an interrupted run
   shardload prepare data/*.npy -o out/ --format zarr --compression zstd --compression-level 5
   shardload prepare data/*.parquet -o out/ --part 3/8   # part 3 of 8 (one machine each), then: shardload merge out/
@@ -60,6 +64,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--length-field",
         metavar="FIELD",
         help="the field whose length is the sample length (default: the longest variable field)",
+    )
+    src.add_argument(
+        "--map",
+        metavar="MODULE:FUNCTION",
+        help="apply this function to every sample as it is read, in the worker processes: it returns the sample "
+        "mapped, None to drop it, or a list of samples (e.g. mypkg.tok:encode; the current directory is importable, "
+        "as with python -m). With --workers > 1 it must be defined at the top level of its module",
     )
     src.add_argument("--reject-nonfinite", action="store_true", default=None, help="refuse NaN/inf in float fields")
     src.add_argument(
@@ -130,6 +141,12 @@ def run(args: argparse.Namespace) -> int:
     if args.field is not None:
         options["field"] = args.field  # a keyword of prepare() itself, not a PrepareOptions field
     options["progress"] = False if args.no_progress else None
+    if args.map is not None:
+        from shardload.prepare.mapping import load_map
+
+        if os.getcwd() not in sys.path:  # as `python -m` does; worker processes inherit sys.path
+            sys.path.insert(0, os.getcwd())
+        options["map"] = load_map(args.map)
     result = shardload.prepare(
         args.sources,
         args.output,
@@ -148,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
         f"{format_bytes(result.bytes)}, {result.tokens:,} tokens "
         f"({result.seconds:.1f} s, {result.input_mb_per_s:.1f} MB/s, {result.samples_per_s:,.0f} samples/s)"
     )
+    if result.dropped:
+        print(f"the map dropped {result.dropped:,} records (it returned None or an empty list for them)")
     if result.skipped_files:
         from shardload.prepare.sources import SKIP_REASONS
 

@@ -57,6 +57,7 @@ def prepare(
 
     Examples:
         >>> shardload.prepare("data/*.parquet", "out/", workers=4)  # doctest: +SKIP
+        >>> shardload.prepare("corpus/*.jsonl", "out/", map=mytok.encode, workers=4)  # doctest: +SKIP
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
@@ -89,6 +90,8 @@ def write(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike[str], **o
 
     With ``resume=True`` the iterable must yield the same samples in the same
     order as in the interrupted run: samples already staged are skipped.
+    ``map=fn`` passes every sample through ``fn`` first (it returns the sample,
+    ``None`` to drop it, or a list of samples; :mod:`shardload.prepare.mapping`).
 
     Examples:
         >>> import numpy as np

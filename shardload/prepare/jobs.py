@@ -49,12 +49,14 @@ class StagedUnit:
     """A staged source unit: its chunks in order, how many samples and payload bytes they hold.
 
     Recorded as ``staging/<unit>.done`` (JSON) once the unit is complete.
+    ``dropped`` counts the records the map function dropped (0 without one).
     """
 
     unit: str
     chunks: tuple[str, ...]
     samples: int
     bytes: int
+    dropped: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The record as written to the ``.done`` file."""
@@ -63,7 +65,10 @@ class StagedUnit:
     @classmethod
     def from_json(cls, obj: Any) -> StagedUnit:
         """The record read back from a ``.done`` file."""
-        return cls(obj["unit"], tuple(obj["chunks"]), int(obj["samples"]), int(obj["bytes"]))
+        # ``dropped`` is absent from the records of a run made before maps existed
+        return cls(
+            obj["unit"], tuple(obj["chunks"]), int(obj["samples"]), int(obj["bytes"]), int(obj.get("dropped", 0))
+        )
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ formats exist.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, cast
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from shardload.errors import InputError
 from shardload.formats import FORMATS, FormatOptions, ShardFormat, format_of
+from shardload.prepare.mapping import map_identity
 from shardload.schema import SUPPORTED_DTYPES
 
 DEFAULT_SHARD_SIZE = 256 << 20
@@ -49,6 +50,10 @@ class PrepareOptions:
         reject_nonfinite: refuse NaN/inf in float fields.
         progress: show a progress bar (``None``: when stderr is a terminal).
         chunk_bytes: size of the intermediate chunks prepare stages on disk.
+        map: a function applied to every sample as it is read, in the worker
+            processes (:mod:`shardload.prepare.mapping`): it returns the sample
+            mapped, ``None`` to drop it, or a list of samples. With more than one
+            worker it must be defined at the top level of a module.
 
     Raises:
         InputError: an invalid value; or an option of a format given here
@@ -70,6 +75,7 @@ class PrepareOptions:
     reject_nonfinite: bool = False
     progress: bool | None = None
     chunk_bytes: int = 64 << 20
+    map: Callable[[dict[str, Any]], Any] | None = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> PrepareOptions:
         # An option of a format given on its own (as in shardload 0.1.0) is refused here, before the
@@ -107,6 +113,13 @@ class PrepareOptions:
         for name, dtype in self.dtypes.items():
             if dtype not in SUPPORTED_DTYPES:
                 raise InputError(f"dtype of {name!r}: {dtype!r} is not one of {', '.join(SUPPORTED_DTYPES)}")
+        if self.map is not None and not callable(self.map):
+            hint = (
+                " (to name it as 'module:function', pass load_map(name), from shardload.prepare.mapping)"
+                if isinstance(self.map, str)
+                else ""
+            )
+            raise InputError(f"map must be a function, got {type(self.map).__name__} {self.map!r}{hint}")
         if self.chunk_bytes <= 0:
             raise InputError(f"chunk_bytes must be positive, got {self.chunk_bytes}")
         if isinstance(self.shard_format, str):
@@ -131,7 +144,9 @@ class PrepareOptions:
         The format's own options come last, with their defaults resolved: the
         manifest records what was written.
         """
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _RUN_ONLY}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in (*_RUN_ONLY, "map")}
+        if self.map is not None:  # absent without one: the record of a run made before maps existed still matches
+            d["map"] = map_identity(self.map)
         d["shard_format"] = self.format.name
         d["fixed_fields"] = list(self.fixed_fields)
         d["dtypes"] = dict(sorted(self.dtypes.items()))

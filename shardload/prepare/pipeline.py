@@ -1,6 +1,7 @@
 """The prepare pipeline: read sources -> stage chunks -> lay out shards -> write -> commit.
 
 1. **ingest**: each source unit (in parallel, one process per unit) is read,
+   passed through the map function if one is given (:mod:`shardload.prepare.mapping`),
    every sample is checked against the schema, and samples are staged as
    Arrow chunks in ``OUT/.prepare/staging`` (each renamed when complete).
 2. **layout**: with every sample's length known, choose the shard count and
@@ -26,7 +27,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from shardload.prepare.faults import crash_point
 from shardload.prepare.gather import gather
 from shardload.prepare.index import new_manifest, write_index
 from shardload.prepare.jobs import IngestJob, ShardJob, ShardRecord, StagedUnit
+from shardload.prepare.mapping import MappedSamples, check_sendable
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.parts import part_record, run_id, split_units
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
@@ -56,8 +58,6 @@ from shardload.progress import Progress
 from shardload.schema import Schema, as_array
 
 logger = logging.getLogger("shardload.prepare")
-
-Located = Iterable[tuple[str, Mapping[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,8 @@ class PrepareResult:
     skipped: Mapping[str, int] = field(default_factory=dict)
     #: what the run did other than asked, e.g. fewer shards than ``num_shards`` (each is also logged)
     warnings: tuple[str, ...] = ()
+    #: records the map function dropped (it returned None or an empty list)
+    dropped: int = 0
 
     @property
     def skipped_files(self) -> int:
@@ -141,7 +143,7 @@ def chunk_name(unit_key: str, j: int) -> str:
 
 def ingest(
     unit_key: str,
-    samples: Located,
+    samples: MappedSamples,
     check: SampleChecker,
     staging: Path,
     chunk_bytes: int,
@@ -150,7 +152,7 @@ def ingest(
     """Stage one unit's samples as Arrow chunks; resume after complete chunks.
 
     ``source`` names the input in messages (the unit's file). Returns the
-    unit's record: chunk names, sample count and bytes.
+    unit's record: chunk names, sample count, bytes and the records the map dropped.
     """
     done = staging / f"{unit_key}.done"
     if done.exists():
@@ -198,7 +200,7 @@ def ingest(
             flush()
     if pending:
         flush()
-    record = StagedUnit(unit_key, tuple(chunks), total, nbytes)
+    record = StagedUnit(unit_key, tuple(chunks), total, nbytes, samples.dropped)
     with output_errors(staging.parents[1], f"staging the samples of {source}"):
         atomic_write_text(done, json.dumps(record.to_json()))
     return record
@@ -209,7 +211,7 @@ def _ingest_unit(job: IngestJob) -> StagedUnit:
     check = SampleChecker(job.schema, job.options)
     unit = job.unit
     source = unit.paths[0] if len(unit.paths) == 1 else unit.describe()
-    samples = read_unit(unit, job.source_options)
+    samples = MappedSamples(read_unit(unit, job.source_options), job.options.map)
     return ingest(job.key, samples, check, job.staging, job.options.chunk_bytes, source)
 
 
@@ -316,6 +318,8 @@ def run_prepare(
     source_options = source_options or SourceOptions()
     started = time.perf_counter()
     guards.check_output_path(out)
+    if options.map is not None and options.workers > 1 and len(units) > 1:  # else it runs in this process
+        check_sendable(options.map, options.workers)
     # The schema is checked before anything is created on disk, so that a refused run leaves nothing to
     # clean up; a run killed during its commit needs no sources to finish it.
     finishing = WorkDir.was_committing(out) and not options.overwrite  # --overwrite drops the old commit
@@ -362,7 +366,8 @@ def run_prepare(
             crash_point("manifest")
             guards.check_new_set(wd)
             wd.commit(list(files.values()) + ["origin.npy"])
-        return _result(wd.out, time.perf_counter() - started, in_bytes)
+        dropped = sum(r.dropped for r in records)
+        return _result(wd.out, time.perf_counter() - started, in_bytes, dropped)
 
 
 def _infer_schema(
@@ -370,16 +375,16 @@ def _infer_schema(
     source_options: SourceOptions,
     samples: Iterable[Mapping[str, Any]] | None,
     options: PrepareOptions,
-) -> tuple[Schema, Iterator[tuple[str, Mapping[str, Any]]] | None]:
-    """Schema from the first sample; for an iterable, also the iterator (first sample put back)."""
+) -> tuple[Schema, MappedSamples | None]:
+    """Schema from the first (mapped) sample; for an iterable, also its mapped samples, the first one unread."""
     first: tuple[str, Mapping[str, Any]] | None = None
-    located: Iterator[tuple[str, Mapping[str, Any]]] | None = None
+    located: MappedSamples | None = None
     if samples is not None:
-        located = ((f"sample {i}", s) for i, s in enumerate(samples))
-        first = next(located, None)
+        located = MappedSamples(((f"sample {i}", s) for i, s in enumerate(samples)), options.map)
+        first = located.peek()
     else:
         for unit in units:
-            first = next(iter(read_unit(unit, source_options)), None)
+            first = MappedSamples(read_unit(unit, source_options), options.map).peek()
             if first is not None:
                 break
     if first is None:
@@ -389,8 +394,6 @@ def _infer_schema(
     sample = cast_fields(sample, options.dtypes, where) if options.dtypes else sample
     schema = Schema.infer(sample, fixed_fields=options.fixed_fields, length_field=options.length_field, where=where)
     guards.check_schema(schema, options.format, where)
-    if located is not None:
-        located = itertools.chain([first], located)
     return schema, located
 
 
@@ -400,7 +403,7 @@ def _ingest_all(
     source_options: SourceOptions,
     schema: Schema,
     options: PrepareOptions,
-    samples: Iterator[tuple[str, Mapping[str, Any]]] | None,
+    samples: MappedSamples | None,
 ) -> list[StagedUnit]:
     progress = Progress("read", enabled=options.progress, log=logger.name)
     try:
@@ -453,7 +456,7 @@ def _finish_commit(wd: WorkDir) -> None:
     wd.commit(names)
 
 
-def _result(out: Path, seconds: float, in_bytes: int) -> PrepareResult:
+def _result(out: Path, seconds: float, in_bytes: int, dropped: int = 0) -> PrepareResult:
     m = Manifest.load(out)
     size = sum(s.bytes for s in m.shards)
     dt = max(seconds, 1e-9)
@@ -476,6 +479,7 @@ def _result(out: Path, seconds: float, in_bytes: int) -> PrepareResult:
         input_mb_per_s=round(in_bytes / dt / 1e6, 1),
         samples_per_s=round(m.total_samples / dt, 1),
         warnings=tuple(warnings),
+        dropped=dropped,
     )
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 import shardload
 from shardload.cli import Exit
@@ -97,3 +100,41 @@ def test_usage_errors_are_exit_2(cli, npy_dir, tmp_path) -> None:
     r = cli("prepare", npy_dir, "-o", out, "--workers", "0")
     assert r.code == 2 and "at least 1" in r.err
     assert not out.exists()
+
+
+@pytest.fixture
+def in_map_dir(tmp_path, monkeypatch) -> Path:
+    """The current directory holds ``evens.py``, as for a user's map; the current directory is not on sys.path."""
+    (tmp_path / "evens.py").write_text(
+        "def keep(sample):\n    return sample if len(sample['tokens']) % 2 == 0 else None\n\nNOT_A_FUNCTION = 3\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "evens", raising=False)
+    return tmp_path
+
+
+def test_prepare_map_from_the_current_directory_reports_drops(cli, npy_dir, in_map_dir) -> None:
+    odd = sum(len(np.load(p)) % 2 for p in npy_dir.iterdir())
+    args = ("prepare", npy_dir, "--field", "tokens", "--map", "evens:keep", "--no-progress")
+    r = cli(*args, "-o", in_map_dir / "out")
+    assert r.code == 0, r.err
+    assert f"the map dropped {odd} records" in r.out
+    r = cli(*args, "-o", in_map_dir / "out2", "--json")
+    assert r.json()["dropped"] == odd > 0 and r.json()["samples"] == 60 - odd
+    assert all(len(shardload.open(in_map_dir / "out2")[i]["tokens"]) % 2 == 0 for i in range(60 - odd))
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("evens", "name the function as MODULE:FUNCTION"),
+        ("nowhere:keep", "no module named 'nowhere'"),
+        ("evens:kept", "evens has no attribute 'kept'"),
+        ("evens:NOT_A_FUNCTION", "is a int, not a function"),
+    ],
+)
+def test_prepare_bad_map_is_exit_3(cli, npy_dir, in_map_dir, spec, message) -> None:
+    r = cli("prepare", npy_dir, "-o", in_map_dir / "out", "--map", spec, "--no-progress")
+    assert r.code == Exit.INPUT and message in r.err and f"--map {spec!r}" in r.err
+    assert not (in_map_dir / "out").exists()
