@@ -92,6 +92,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _add_format_arguments(p.add_argument_group("shard format"))
     run_ = p.add_argument_group("running")
     run_.add_argument("--workers", type=positive_int, metavar="N", help="parallel processes (default: 1)")
+    run_.add_argument(
+        "--unit-size",
+        type=parse_size,
+        metavar="SIZE",
+        help="split files larger than this into units that workers read in parallel (default: 16MiB; JSON Lines "
+        "at line boundaries, Parquet by row groups, Arrow IPC files by record batches; not gzipped files)",
+    )
     mode = run_.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", default=None, help="finish an interrupted run into OUT")
     mode.add_argument("--overwrite", action="store_true", default=None, help="replace a shard set already in OUT")
@@ -128,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         args.output,
         source_format=args.source_format,
         allow_pickle=args.allow_pickle,
+        unit_bytes=args.unit_size,
         **options,
     )
     if args.json:

@@ -32,6 +32,7 @@ def prepare(
     field: str | None = None,
     allow_pickle: bool = False,
     max_record_bytes: int | None = None,
+    unit_bytes: int | None = None,
     **options: Any,
 ) -> PrepareResult:
     """Prepare a shard set from files on disk.
@@ -47,6 +48,11 @@ def prepare(
         max_record_bytes: the most bytes one JSON line, tar member or ``.npz``
             array may have once decompressed (default 256 MiB, or the
             ``SHARDLOAD_MAX_RECORD_BYTES`` environment variable).
+        unit_bytes: split a file larger than this into units of about this many
+            bytes that workers read in parallel (default 16 MiB; JSON Lines by
+            byte ranges at line boundaries, Parquet by row groups, Arrow IPC
+            files by record batches). The samples, their order and the shards
+            do not depend on ``workers``.
         **options: see :class:`PrepareOptions` (``num_shards``, ``shuffle``, ``workers``, ...).
 
     Examples:
@@ -55,7 +61,9 @@ def prepare(
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     opts = PrepareOptions(**_tupled(options))
-    bound = {} if max_record_bytes is None else {"max_record_bytes": max_record_bytes}
+    bound: dict[str, Any] = {} if max_record_bytes is None else {"max_record_bytes": max_record_bytes}
+    if unit_bytes is not None:
+        bound["unit_bytes"] = unit_bytes
     source_options = SourceOptions(field=field or "data", dtypes=dict(opts.dtypes), allow_pickle=allow_pickle, **bound)
     skipped: dict[str, list[str]] = {}
     units = discover(list(sources), source_format=source_format, options=source_options, skipped=skipped, output=out)
