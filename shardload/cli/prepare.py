@@ -141,10 +141,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_json())
         return 0
-    from shardload.inspect import format_bytes
+    from shardload.inspect import count_of, format_bytes
 
     print(
-        f"prepared {result.path}: {result.samples:,} samples in {result.shards:,} shards, "
+        f"prepared {result.path}: {count_of(result.samples, 'sample')} in {count_of(result.shards, 'shard')}, "
         f"{format_bytes(result.bytes)}, {result.tokens:,} tokens "
         f"({result.seconds:.1f} s, {result.input_mb_per_s:.1f} MB/s, {result.samples_per_s:,.0f} samples/s)"
     )
