@@ -330,17 +330,35 @@ def split_runs(sizes: Sequence[int], rows: Sequence[int], unit_bytes: int) -> li
     return runs
 
 
-def _parts(kind: str, path: str, runs: list[tuple[tuple[int, int], int]]) -> list[SourceUnit]:
-    if len(runs) <= 1:
-        return [SourceUnit(kind, (path,))]
-    return [SourceUnit(kind, (path,), part, first) for part, first in runs]
+def _split_files(
+    kind: str, files: Sequence[str], options: SourceOptions, pieces: Callable[[str], tuple[list[int], list[int]]]
+) -> list[SourceUnit]:
+    """One unit per file, or per run of a larger file's ``pieces`` (bytes and rows of each piece, in order).
+
+    A file whose pieces cannot be listed (damaged, not of this kind, an IPC
+    stream) is one unit: reading it reports the problem, or reads the stream.
+    """
+    units = []
+    for path in files:
+        runs: list[tuple[tuple[int, int], int]] = []
+        try:
+            if os.stat(path).st_size > options.unit_bytes:
+                runs = split_runs(*pieces(path), options.unit_bytes)
+        except (InputError, pa.ArrowException, OSError, UnicodeEncodeError):
+            runs = []
+        if len(runs) <= 1:
+            units.append(SourceUnit(kind, (path,)))
+        else:
+            units.extend(SourceUnit(kind, (path,), part, first) for part, first in runs)
+    return units
 
 
-def _file_size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0  # read as one unit, which reports the problem
+def _record_batches(path: str) -> tuple[list[int], list[int]]:
+    """Bytes and rows of each record batch of an IPC file (raises for a stream, which cannot be split)."""
+    with pa.memory_map(path, "r") as source:
+        reader = pa.ipc.open_file(source)
+        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        return [b.nbytes for b in batches], [b.num_rows for b in batches]
 
 
 # -- readers -----------------------------------------------------------------------------------------
@@ -352,20 +370,14 @@ class ParquetSource(SourceReader):
     @classmethod
     def make_units(cls, files: Sequence[str], options: SourceOptions) -> list[SourceUnit]:
         """One unit per file, or per run of row groups of a file larger than ``options.unit_bytes``."""
-        units = []
-        for path in files:
-            runs: list[tuple[tuple[int, int], int]] = []
-            if _file_size(path) > options.unit_bytes:
-                try:
-                    meta = cls._open(path).metadata
-                except InputError:
-                    meta = None  # read as one unit, which reports it
-                if meta is not None:
-                    groups = [meta.row_group(g) for g in range(meta.num_row_groups)]
-                    sizes = [sum(g.column(c).total_compressed_size for c in range(g.num_columns)) for g in groups]
-                    runs = split_runs(sizes, [g.num_rows for g in groups], options.unit_bytes)
-            units.extend(_parts(cls.kind, path, runs))
-        return units
+        return _split_files(cls.kind, files, options, cls._row_groups)
+
+    @classmethod
+    def _row_groups(cls, path: str) -> tuple[list[int], list[int]]:
+        meta = cls._open(path).metadata
+        groups = [meta.row_group(g) for g in range(meta.num_row_groups)]
+        sizes = [sum(g.column(c).total_compressed_size for c in range(g.num_columns)) for g in groups]
+        return sizes, [g.num_rows for g in groups]
 
     @staticmethod
     def _open(path: str) -> pq.ParquetFile:
@@ -414,21 +426,7 @@ class ArrowSource(SourceReader):
     @classmethod
     def make_units(cls, files: Sequence[str], options: SourceOptions) -> list[SourceUnit]:
         """One unit per file, or per run of record batches of an IPC file larger than ``options.unit_bytes``."""
-        units = []
-        for path in files:
-            runs: list[tuple[tuple[int, int], int]] = []
-            if _file_size(path) > options.unit_bytes:
-                try:
-                    with pa.memory_map(path, "r") as source:
-                        reader = pa.ipc.open_file(source)  # a stream cannot be split: one unit
-                        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-                        runs = split_runs(
-                            [b.nbytes for b in batches], [b.num_rows for b in batches], options.unit_bytes
-                        )
-                except (pa.ArrowException, OSError, UnicodeEncodeError):
-                    runs = []  # a stream, or a file read as one unit, which reports its problem
-            units.extend(_parts(cls.kind, path, runs))
-        return units
+        return _split_files(cls.kind, files, options, _record_batches)
 
     @classmethod
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
