@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -222,7 +222,7 @@ def format_description(info: Mapping[str, Any], *, width: int = 40) -> str:
         f"shard set  {info['path']}",
         f"           {info['shard_format']} shards, fingerprint {info['fingerprint']}, "
         f"written {info['created'] or '?'} by shardload {info['shardload_version'] or '?'}",
-        f"samples    {info['samples']:,} in {info['shards']:,} shards, {format_bytes(info['bytes'])}, "
+        f"samples    {info['samples']:,} in {count_of(info['shards'], 'shard')}, {format_bytes(info['bytes'])}, "
         f"{info['tokens']:,} tokens",
         "fields     " + ("\n           ".join(field_lines)),
         f"length     {by}",
@@ -230,7 +230,7 @@ def format_description(info: Mapping[str, Any], *, width: int = 40) -> str:
     if info["shards"]:
         out.append(
             f"per shard  samples {_range(bal['samples'])}, tokens {_range(bal['tokens'])}, "
-            f"bytes {format_bytes(bal['bytes']['min'])}-{format_bytes(bal['bytes']['max'])}"
+            f"bytes {_range(bal['bytes'], format_bytes)}"
         )
     if "part_balance" in info:
         pb = info["part_balance"]
@@ -318,6 +318,12 @@ def _min_max(values: Sequence[int]) -> dict[str, int | None]:
     return {"min": min(values, default=None), "max": max(values, default=None)}
 
 
-def _range(mm: Mapping[str, Any]) -> str:
-    lo, hi = mm["min"], mm["max"]
-    return f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
+def _range(mm: Mapping[str, Any], fmt: Callable[[Any], str] = "{:,}".format) -> str:
+    """``min-max`` of ``mm``, or one value when they are equal (a set of one shard)."""
+    lo, hi = fmt(mm["min"]), fmt(mm["max"])
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def count_of(n: int, noun: str) -> str:
+    """``"1 shard"``, ``"2 shards"``, ``"1,000 shards"``: a count with its noun in the right number."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"

@@ -48,6 +48,7 @@ class Progress:
         self.nbytes = 0
         self.start = time.perf_counter()
         self._last_log = self.start
+        self._logged: tuple[int, int] | None = None  # the counts of the last log line
         self._every = every
         self._bar: Any = None
         if enabled is None:
@@ -82,6 +83,7 @@ class Progress:
             self._log()
 
     def _log(self) -> None:
+        self._logged = (self.samples, self.nbytes)
         sps, mbps = self.rates()
         if self.unit == "samples":
             of = f"/{self.total}" if self.total is not None else ""
@@ -94,4 +96,5 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        self._log()
+        if self._logged != (self.samples, self.nbytes):  # not the line just logged again
+            self._log()

@@ -13,8 +13,16 @@ getting the bytes to disk:
 
 MB/s are of payload (token bytes), so every step is compared on the same work.
 
+``--big MB`` runs instead the side-by-side suite of ``docs/benchmarks.md`` ("Prepare") on one JSON Lines file
+of token lists of about MB megabytes (and the same samples as one Parquet file and as a directory of ``.npy``
+files): shardload with 1 and 2 workers against HF datasets (``load_dataset("json")`` + ``save_to_disk``),
+pyarrow's JSON parse alone, and ``pyarrow.parquet.read_table`` + writing the same Arrow IPC bytes. It reports
+input MB/s (bytes of the source files) and output MB/s (bytes written) separately, and ratios against the
+baselines of the same run. LitData and Mosaic Streaming run when installed (``pip install shardload[bench]``).
+
     python tools/bench_prepare.py                  # 50k samples, ~70 MB, ~1 min on 2 cores
     python tools/bench_prepare.py --scale 5 --workers 8
+    python tools/bench_prepare.py --big 166        # the prepare table of docs/benchmarks.md, ~3 min on 2 cores
 """
 
 from __future__ import annotations
@@ -84,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default=None, help="where to write (default: a temp dir, removed at the end)")
     p.add_argument("--keep", action="store_true", help="keep the written files")
     p.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
+    p.add_argument("--big", type=float, metavar="MB", help="run the big-file suite on a JSONL file of about MB MB")
     args = p.parse_args(argv)
+    if args.big:
+        return big_file_suite(args)
 
     n = int(args.samples * args.scale)
     t0 = time.perf_counter()
@@ -145,6 +156,144 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
         )
+    return 0
+
+
+# -- the big-file suite ------------------------------------------------------------------------------------
+def tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def make_big_inputs(root: Path, mb: float, median: float, seed: int) -> tuple[Path, Path, Path, int]:
+    """A JSONL file of token lists of about ``mb`` MB, the same samples as Parquet, and 20k of them as .npy files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    jsonl, n = root / "tokens.jsonl", 0
+    lengths_all, values_all = [], []
+    with open(jsonl, "w") as fh:
+        while fh.tell() < mb * 1e6:
+            lengths = long_tailed_lengths(4096, median=median, low=1, high=int(median * 32), seed=seed + n)
+            values = rng.integers(0, 50_000, size=int(lengths.sum()), dtype=np.int64)
+            for row in np.split(values, np.cumsum(lengths)[:-1]):
+                fh.write('{"tokens": [' + ", ".join(map(str, row.tolist())) + "]}\n")
+            lengths_all.append(lengths)
+            values_all.append(values)
+            n += len(lengths)
+    offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths_all))]).astype(np.int64)
+    flat = np.concatenate(values_all)
+    tokens = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat))
+    parquet = root / "tokens.parquet"
+    pq.write_table(pa.table({"tokens": tokens}), parquet, row_group_size=16_384)
+    npy = root / "npy"
+    npy.mkdir()
+    for i in range(min(n, 20_000)):
+        np.save(npy / f"s{i:08d}.npy", flat[offsets[i] : offsets[i + 1]].astype(np.int32))
+    return jsonl, parquet, npy, n
+
+
+def hf_datasets(src: Path, out: Path) -> None:
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    import datasets
+
+    datasets.disable_progress_bars()
+    ds = datasets.load_dataset("json", data_files=str(src), split="train", cache_dir=str(out.parent / "hf-cache"))
+    ds.save_to_disk(str(out))
+
+
+def pyarrow_json_parse(src: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    pj.read_json(src, parse_options=pj.ParseOptions(explicit_schema=pa.schema([("tokens", pa.list_(pa.int64()))])))
+
+
+def read_table_and_write(src: Path, out: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(src)
+    with pa.OSFile(str(out), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def big_file_suite(args: argparse.Namespace) -> int:
+    root = Path(tempfile.mkdtemp(prefix="bench_prepare_big-", dir=args.workdir))
+    rows: list[dict[str, Any]] = []
+    try:
+        t0 = time.perf_counter()
+        jsonl, parquet, npy, n = make_big_inputs(root, args.big, args.median, args.seed)
+        print(
+            f"{n:,} samples of int64 tokens (median {args.median:g}): {tree_bytes(jsonl) / 1e6:.1f} MB JSONL, "
+            f"{tree_bytes(parquet) / 1e6:.1f} MB Parquet, {tree_bytes(npy) / 1e6:.1f} MB in "
+            f"{len(list(npy.iterdir())):,} .npy files (made in {time.perf_counter() - t0:.0f} s)"
+        )
+        print(
+            f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
+            f"shardload {shardload.__version__}, load average {os.getloadavg()[0]:.1f} (shared machine)"
+        )
+
+        def step(name: str, src: Path, out: Path | None, fn: Callable[[], Any]) -> None:
+            secs, _ = timed(fn)
+            written = tree_bytes(out) if out is not None and out.exists() else 0
+            rows.append({"step": name, "seconds": secs, "in": tree_bytes(src), "out": written})
+            print(f"  {name}: {secs:.2f} s", flush=True)
+
+        def prep(src: Path, out: str, workers: int, **kw: Any) -> Callable[[], Any]:
+            return lambda: shardload.prepare(src, root / out, workers=workers, progress=False, **kw)
+
+        step("JSONL: shardload prepare, workers=1", jsonl, root / "j1", prep(jsonl, "j1", 1))
+        step("JSONL: shardload prepare, workers=2", jsonl, root / "j2", prep(jsonl, "j2", 2))
+        step(
+            "JSONL: HF datasets load_dataset + save_to_disk",
+            jsonl,
+            root / "hf",
+            lambda: hf_datasets(jsonl, root / "hf"),
+        )
+        step("JSONL: pyarrow.json.read_json (parse only)", jsonl, None, lambda: pyarrow_json_parse(jsonl))
+        step("Parquet: shardload prepare, workers=1", parquet, root / "p1", prep(parquet, "p1", 1))
+        step("Parquet: shardload prepare, workers=2", parquet, root / "p2", prep(parquet, "p2", 2))
+        step(
+            "Parquet: pq.read_table + write Arrow IPC",
+            parquet,
+            root / "p.arrow",
+            lambda: read_table_and_write(parquet, root / "p.arrow"),
+        )
+        step("npy dir: shardload prepare, workers=1", npy, root / "n1", prep(npy, "n1", 1, field="tokens"))
+        step("npy dir: shardload prepare, workers=2", npy, root / "n2", prep(npy, "n2", 2, field="tokens"))
+        for name in ("litdata", "streaming"):
+            try:
+                __import__(name)
+                print(f"  {name} is installed but not wired into this suite yet")
+            except ImportError:
+                print(f"  {name}: not installed, skipped (pip install shardload[bench])")
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"kept: {root}")
+    secs = {r["step"]: r["seconds"] for r in rows}
+    base = {
+        "JSONL": secs["JSONL: HF datasets load_dataset + save_to_disk"],
+        "Parquet": secs["Parquet: pq.read_table + write Arrow IPC"],
+        "npy dir": secs["npy dir: shardload prepare, workers=1"],
+    }
+    print("\n| step | seconds | input MB/s | output MB/s | vs baseline |\n|---|---:|---:|---:|---:|")
+    for r in rows:
+        kind = r["step"].split(":")[0]
+        out = f"{r['out'] / r['seconds'] / 1e6:.1f}" if r["out"] else "-"
+        ratio = base[kind] / r["seconds"]
+        print(f"| {r['step']} | {r['seconds']:.2f} | {r['in'] / r['seconds'] / 1e6:.1f} | {out} | {ratio:.2f}x |")
+    w1, w2 = secs["JSONL: shardload prepare, workers=1"], secs["JSONL: shardload prepare, workers=2"]
+    print(
+        f"\nJSONL workers=2 vs HF datasets: {base['JSONL'] / w2:.2f}x (target 2x); vs workers=1: {w1 / w2:.2f}x "
+        f"(target 1.7x). Parquet workers=2 vs read_table+write: {secs['Parquet: shardload prepare, workers=2'] / base['Parquet']:.2f}x "
+        f"the time (target at most 1.5x). Baselines: HF datasets (JSONL), read_table+write (Parquet), workers=1 "
+        f"(npy). Load average now {os.getloadavg()[0]:.1f}."
+    )
+    if args.json:
+        print(json.dumps({"samples": n, "steps": rows}))
     return 0
 
 

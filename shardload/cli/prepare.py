@@ -110,6 +110,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="prepare only part K (from 0) of N of the input, into OUT/parts/KKKKK-of-NNNNN; run every part "
         "(one per machine), then `shardload merge OUT`",
     )
+    run_.add_argument(
+        "--unit-size",
+        type=parse_size,
+        metavar="SIZE",
+        help="split files larger than this into units that workers read in parallel (default: 16MiB; JSON Lines "
+        "at line boundaries, Parquet by row groups, Arrow IPC files by record batches; not gzipped files)",
+    )
     mode = run_.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", default=None, help="finish an interrupted run into OUT")
     mode.add_argument("--overwrite", action="store_true", default=None, help="replace a shard set already in OUT")
@@ -153,15 +160,16 @@ def run(args: argparse.Namespace) -> int:
         source_format=args.source_format,
         allow_pickle=args.allow_pickle,
         part=args.part,
+        unit_bytes=args.unit_size,
         **options,
     )
     if args.json:
         print_json(result.to_json())
         return 0
-    from shardload.inspect import format_bytes
+    from shardload.inspect import count_of, format_bytes
 
     print(
-        f"prepared {result.path}: {result.samples:,} samples in {result.shards:,} shards, "
+        f"prepared {result.path}: {count_of(result.samples, 'sample')} in {count_of(result.shards, 'shard')}, "
         f"{format_bytes(result.bytes)}, {result.tokens:,} tokens "
         f"({result.seconds:.1f} s, {result.input_mb_per_s:.1f} MB/s, {result.samples_per_s:,.0f} samples/s)"
     )

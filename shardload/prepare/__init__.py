@@ -34,6 +34,7 @@ def prepare(
     allow_pickle: bool = False,
     max_record_bytes: int | None = None,
     part: str | tuple[int, int] | None = None,
+    unit_bytes: int | None = None,
     **options: Any,
 ) -> PrepareResult:
     """Prepare a shard set from files on disk.
@@ -53,6 +54,11 @@ def prepare(
             input, into ``out/parts/KKKKK-of-NNNNN`` (a shard set of its own);
             once every part is done, :func:`shardload.merge` makes ``out`` one
             set of them (see :mod:`shardload.prepare.parts`).
+        unit_bytes: split a file larger than this into units of about this many
+            bytes that workers read in parallel (default 16 MiB; JSON Lines by
+            byte ranges at line boundaries, Parquet by row groups, Arrow IPC
+            files by record batches). The samples, their order and the shards
+            do not depend on ``workers``.
         **options: see :class:`PrepareOptions` (``num_shards``, ``shuffle``, ``workers``, ...).
 
     Examples:
@@ -65,7 +71,9 @@ def prepare(
     which = None if part is None else parse_part(part)
     if which is None and opts.resume:
         refuse_resume_of_merged(out)
-    bound = {} if max_record_bytes is None else {"max_record_bytes": max_record_bytes}
+    bound: dict[str, Any] = {} if max_record_bytes is None else {"max_record_bytes": max_record_bytes}
+    if unit_bytes is not None:
+        bound["unit_bytes"] = unit_bytes
     source_options = SourceOptions(field=field or "data", dtypes=dict(opts.dtypes), allow_pickle=allow_pickle, **bound)
     skipped: dict[str, list[str]] = {}
     units = discover(list(sources), source_format=source_format, options=source_options, skipped=skipped, output=out)

@@ -80,7 +80,9 @@ def part_dir(out: str | os.PathLike[str], k: int, n: int) -> Path:
 
 
 def unit_bytes(unit: SourceUnit) -> int:
-    """Input bytes of one unit (its files' sizes; 0 for a file that cannot be ``stat``-ed, read later)."""
+    """Input bytes of one unit: a part's own bytes, else its files' sizes (0 for a file that cannot be ``stat``-ed)."""
+    if unit.part is not None:
+        return unit.nbytes
     total = 0
     for path in unit.paths:
         try:

@@ -138,3 +138,36 @@ def test_prepare_bad_map_is_exit_3(cli, npy_dir, in_map_dir, spec, message) -> N
     r = cli("prepare", npy_dir, "-o", in_map_dir / "out", "--map", spec, "--no-progress")
     assert r.code == Exit.INPUT and message in r.err and f"--map {spec!r}" in r.err
     assert not (in_map_dir / "out").exists()
+
+
+def test_one_shard_reads_in_the_singular(cli, npy_dir, tmp_path) -> None:
+    out = tmp_path / "out"
+    r = cli("prepare", npy_dir, "-o", out, "--field", "tokens", "--num-shards", "1", "--no-progress")
+    assert r.code == 0, r.err
+    assert "60 samples in 1 shard," in r.out
+    r = cli("inspect", out)
+    assert "in 1 shard," in r.out
+    per_shard = next(line for line in r.out.splitlines() if line.startswith("per shard"))
+    size = per_shard.split("bytes ")[1]
+    assert "-" not in size  # one shard: its size once, not "135.8 MB-135.8 MB"
+
+
+def test_unit_size_reaches_the_library(cli, tmp_path, monkeypatch) -> None:
+    from shardload.prepare.sources import jsonl
+
+    cuts = []
+    line_cuts = jsonl.line_cuts
+    monkeypatch.setattr(jsonl, "line_cuts", lambda *a: cuts.append(a[2]) or line_cuts(*a))
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps({"tokens": list(range(i % 9 + 1))}) + "\n" for i in range(300)))
+    r = cli("prepare", src, "-o", tmp_path / "out", "--unit-size", "1k", "--workers", "2", "--no-progress", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["samples"] == 300 and cuts == [1024]
+    r = cli("prepare", src, "-o", tmp_path / "o2", "--unit-size", "0", "--no-progress")
+    assert r.code != 0
+
+
+def test_a_shard_set_as_source_is_named(cli, shard_set, tmp_path) -> None:
+    r = cli("prepare", shard_set, "-o", tmp_path / "again", "--no-progress")
+    assert r.code == Exit.INPUT
+    assert "is already a shard set" in r.err and "shardload.open(" in r.err and "cannot tell" not in r.err

@@ -317,3 +317,18 @@ def test_cli_part_and_merge(sources: list[str], tmp_path: Path, capsys: pytest.C
     assert (result["parts"], result["changed"], result["samples"]) == (2, True, len(shardload.open(out)))
     assert main(["merge", out]) == 0
     assert "already merged, unchanged" in capsys.readouterr().out
+
+
+def test_parts_of_one_big_file_split_into_units(tmp_path: Path) -> None:
+    """One JSON Lines file split into byte-range units is spread over the parts by those units' own bytes."""
+    src = tmp_path / "big.jsonl"
+    with open(src, "w") as fh:
+        for i in range(400):
+            fh.write(json.dumps({"tokens": list(range(i % 30 + 1)), "label": i % 9}) + "\n")
+    out, single = tmp_path / "out", tmp_path / "single"
+    prepare_parts([str(src)], out, 3, shuffle=False, unit_bytes=4096)
+    sizes = [len(shardload.open(p)) for p in sorted((out / "parts").iterdir())]
+    assert all(s > 0 for s in sizes) and sum(sizes) == 400, sizes  # every part got a share of the one file
+    shardload.merge(out)
+    shardload.prepare([str(src)], single, shuffle=False, unit_bytes=4096, **OPTIONS)  # type: ignore[arg-type]
+    assert samples_of(out) == samples_of(single)

@@ -29,6 +29,7 @@ from dataclasses import field as dc_field
 from pathlib import Path
 
 from shardload.errors import InputError
+from shardload.manifest import MANIFEST_NAME
 from shardload.prepare.sources import columnar as _columnar  # noqa: F401  (registers parquet, arrow)
 from shardload.prepare.sources import jsonl as _jsonl  # noqa: F401  (registers the reader)
 from shardload.prepare.sources import npy as _npy  # noqa: F401  (registers the reader)
@@ -235,6 +236,12 @@ def _list_files(source: str, listing: _Listing) -> list[str]:
                 raise InputError(
                     f"{p}: this source is the output directory or lies inside it; prepare would read the set it "
                     "replaces. Write the shard set somewhere else."
+                )
+            if (p / MANIFEST_NAME).is_file():
+                raise InputError(
+                    f"{p}: is already a shard set (it holds {MANIFEST_NAME}), not input for prepare. Load it as it "
+                    f"is: shardload.open({str(p)!r}). To lay it out again (another shard size, format or options), "
+                    f"prepare its source files again, or run `shardload export {p} DEST` and prepare DEST's tars."
                 )
             before = sum(map(len, listing.skipped.values()))
             found = _walk(p, listing)

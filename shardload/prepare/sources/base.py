@@ -1,10 +1,15 @@
 """What every source reader provides: units of work that yield samples.
 
 A *unit* is the smallest piece of input that one worker process reads on its
-own (one Parquet file, one tar shard, a group of ``.npy`` files). Units are
-small picklable descriptions; :func:`read_unit` turns one into samples. Each
-sample comes with a *locator* naming where it came from (``"data/a.jsonl:
-line 17"``), used in every error message about it.
+own (a tar shard, a group of ``.npy`` files, or a part of one big file: a byte
+range of a JSON Lines file cut at line boundaries, a run of Parquet row groups,
+a run of Arrow IPC record batches; see :attr:`SourceOptions.unit_bytes`). Units
+are small picklable descriptions, made once from the file sizes and layout
+alone, never from the number of workers, so that the output does not depend on
+``--workers``; :func:`read_unit` turns one into samples. Each sample comes with
+a *locator* naming where it came from (``"data/a.jsonl: line 17"``; a part of a
+file knows the line or row it starts at, so locators stay exact), used in every
+error message about it.
 """
 
 from __future__ import annotations
@@ -48,6 +53,12 @@ def record_too_large(where: str, what: str, size: int | None, limit: int) -> Inp
     )
 
 
+#: the default of :attr:`SourceOptions.unit_bytes`: small enough that a file of a few hundred MB keeps two to
+#: eight workers busy to the end (a 166 MB file makes 10 units, 5 per worker of 2), large enough that a unit's
+#: fixed costs (a process hand-off, a staged chunk, an entry in the run's state) stay below 1% of its work
+DEFAULT_UNIT_BYTES = 16 << 20
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """Options that sources interpret.
@@ -58,6 +69,11 @@ class SourceOptions:
         allow_pickle: allow pickled members/arrays; off by default because
             unpickling untrusted data runs arbitrary code.
         files_per_unit: how many one-sample files (``.npy``/``.npz``) one unit reads.
+        unit_bytes: a file larger than this is split into units of about this
+            many bytes (JSON Lines by byte ranges cut at line boundaries,
+            Parquet by row groups, Arrow IPC files by record batches), so that
+            workers share one big file. Gzipped JSON Lines and Arrow IPC
+            streams cannot be split: one unit each.
         max_record_bytes: the most bytes of one line, tar member or ``.npz`` array,
             once decompressed (:data:`MAX_RECORD_BYTES`, or ``SHARDLOAD_MAX_RECORD_BYTES``).
     """
@@ -66,6 +82,7 @@ class SourceOptions:
     dtypes: Mapping[str, str] = dc_field(default_factory=dict)
     allow_pickle: bool = False
     files_per_unit: int = 1024
+    unit_bytes: int = DEFAULT_UNIT_BYTES
     max_record_bytes: int = dc_field(default_factory=max_record_bytes_from_env)
 
     def __post_init__(self) -> None:
@@ -74,14 +91,31 @@ class SourceOptions:
             raise InputError(
                 f"max_record_bytes must be a positive integer (bytes) of at most {LARGEST_RECORD_BYTES:,}, got {value!r}"
             )
+        unit = self.unit_bytes
+        if isinstance(unit, bool) or not isinstance(unit, int) or unit <= 0:
+            raise InputError(f"unit_bytes (--unit-size) must be a positive integer (bytes), got {unit!r}")
 
 
 @dataclass(frozen=True)
 class SourceUnit:
-    """One unit of input: a kind and the files it reads, in order."""
+    """One unit of input: a kind and the files it reads, in order, or a part of one file.
+
+    Attributes:
+        kind: the source kind (``--source-format`` name).
+        paths: the files, in order (one file for a part).
+        part: ``(start, stop)`` of a part of ``paths[0]``: bytes for JSON Lines,
+            row groups for Parquet, record batches for Arrow IPC; None for whole files.
+        first: the number of lines (JSON Lines) or rows (Parquet, Arrow) of the
+            file before the part, which locators count from.
+        nbytes: the input bytes of a part (what balances ``--part K/N``); 0 for whole files,
+            whose size is their files' sizes.
+    """
 
     kind: str
     paths: tuple[str, ...]
+    part: tuple[int, int] | None = None
+    first: int = 0
+    nbytes: int = 0
 
     def files(self) -> Iterator[str]:
         """The unit's paths in order, each checked by :func:`check_input_file` just before it is read."""
@@ -90,6 +124,9 @@ class SourceUnit:
             yield path
 
     def describe(self) -> str:
+        """The unit in words (in the run's state and messages): ``jsonl:a.jsonl [0:16777216]`` for a part."""
+        if self.part is not None:
+            return f"{self.kind}:{self.paths[0]} [{self.part[0]}:{self.part[1]}]"
         if len(self.paths) == 1:
             return f"{self.kind}:{self.paths[0]}"
         return f"{self.kind}:{self.paths[0]}..{self.paths[-1]} ({len(self.paths)} files)"

@@ -1,7 +1,11 @@
 """Parquet (``.parquet``, ``.pq``) and Arrow IPC / Feather v2 (``.arrow``, ``.feather``, ``.ipc``) tables.
 
 One row is one sample; each column is one field, in the table's column order.
-One file is one unit. How a column's type becomes a field:
+A file up to ``SourceOptions.unit_bytes`` is one unit; a larger one is split
+into runs of row groups (Parquet) or record batches (Arrow IPC *file* format)
+of about that many bytes, each knowing the number of its first row. An Arrow
+IPC *stream* cannot be read from the middle: one unit. How a column's type
+becomes a field:
 
 =====================================================  ============================
 column type                                            field of one row
@@ -37,15 +41,19 @@ well formed cannot be detected; Parquet with page checksums can.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
 from shardload.errors import InputError
 from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, register
+
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
 
 __all__ = ["ArrowSource", "ParquetSource", "batch_samples"]
 
@@ -181,12 +189,28 @@ class _Rows:
         return part.reshape(rows, w, *part.shape[1:])
 
 
-class _ColumnConverter:
-    """Converts one column, batch after batch (it remembers the last inner width for empty rows)."""
+#: the column's arrays of the file's batches before a unit, last first (for the inner width of empty rows)
+EarlierArrays = Callable[[str], Iterator[pa.Array]]
 
-    def __init__(self, path: str, name: str) -> None:
+
+class _ColumnConverter:
+    """Converts one column, batch after batch (it remembers the last inner width for empty rows).
+
+    A unit that does not start the file looks up that width in the batches
+    before it (``earlier``), only when an empty row comes before any non-empty
+    one: the same width a read of the whole file gives.
+    """
+
+    def __init__(self, path: str, name: str, earlier: EarlierArrays | None = None) -> None:
         self.path, self.name = path, name
-        self.last_width = 0
+        self.last_width: int | None = 0 if earlier is None else None
+        self.earlier = earlier
+
+    def _width_before(self) -> int:
+        if self.last_width is None:
+            assert self.earlier is not None
+            self.last_width = _last_width(self.earlier(self.name))
+        return self.last_width
 
     def __call__(self, arr: pa.Array, first_row: int) -> _Rows:
         if pa.types.is_dictionary(arr.type):
@@ -230,18 +254,42 @@ class _ColumnConverter:
         row_width[nonempty] = widths[off[:-1][nonempty]]
         # empty rows take the width of the previous non-empty row (of this batch, else of the file)
         last = np.maximum.accumulate(np.where(nonempty, np.arange(n), -1)) if n else np.zeros(0, np.int64)
-        row_width = np.where(last >= 0, row_width[np.maximum(last, 0)], self.last_width)
+        before = self._width_before() if n and last[0] < 0 else 0
+        row_width = np.where(last >= 0, row_width[np.maximum(last, 0)], before)
         if n and nonempty.any():
             self.last_width = int(row_width[-1])
         return _Rows(dense, inner_off[off[:-1]], inner_off[off[1:]], row_width)
 
 
-def batch_samples(batches: Iterator[pa.RecordBatch], path: str, schema: pa.Schema) -> Iterator[tuple[str, Sample]]:
-    """Yield ``(locator, sample)`` for every row of ``batches``, numbering rows from 0."""
+def _last_width(arrays: Iterator[pa.Array]) -> int:
+    """The inner width of the last non-empty row of a ``list<list<T>>`` column's ``arrays`` (last first); 0 if none."""
+    for arr in arrays:
+        if pa.types.is_dictionary(arr.type):
+            arr = arr.dictionary_decode()
+        off, child = _offsets(arr)
+        nonempty = np.flatnonzero(off[1:] > off[:-1])
+        if len(nonempty):
+            inner_off, _ = _offsets(child)
+            k = int(off[nonempty[-1]])
+            return int(inner_off[k + 1] - inner_off[k])
+    return 0
+
+
+def batch_samples(
+    batches: Iterator[pa.RecordBatch],
+    path: str,
+    schema: pa.Schema,
+    first: int = 0,
+    earlier: EarlierArrays | None = None,
+) -> Iterator[tuple[str, Sample]]:
+    """Yield ``(locator, sample)`` for every row of ``batches``, numbering rows from ``first``.
+
+    ``earlier`` gives a column's arrays before the first batch, for a unit that
+    does not start the file.
+    """
     check_schema(path, schema)
     names = schema.names
-    converters = [_ColumnConverter(path, n) for n in names]
-    first = 0
+    converters = [_ColumnConverter(path, n, earlier) for n in names]
     for batch in batches:
         cols = [conv(batch.column(j), first) for j, conv in enumerate(converters)]
         for i in range(batch.num_rows):
@@ -264,6 +312,57 @@ def _guarded(path: str, what: str, batches: Iterator[pa.RecordBatch], state: lis
         ) from None
 
 
+# -- units: runs of row groups or record batches -------------------------------------------------------
+def split_runs(sizes: Sequence[int], rows: Sequence[int], unit_bytes: int) -> list[tuple[tuple[int, int], int]]:
+    """Group consecutive pieces (row groups, record batches) of ``sizes`` bytes into runs of about ``unit_bytes``.
+
+    A run ends once it holds ``unit_bytes`` or more. Returns ``((start, stop),
+    rows before start)`` per run, covering every piece.
+    """
+    runs: list[tuple[tuple[int, int], int]] = []
+    start, acc, before = 0, 0, 0
+    for i, size in enumerate(sizes):
+        acc += size
+        if acc >= unit_bytes or i == len(sizes) - 1:
+            runs.append(((start, i + 1), before))
+            before += sum(rows[start : i + 1])
+            start, acc = i + 1, 0
+    return runs
+
+
+def _split_files(
+    kind: str, files: Sequence[str], options: SourceOptions, pieces: Callable[[str], tuple[list[int], list[int]]]
+) -> list[SourceUnit]:
+    """One unit per file, or per run of a larger file's ``pieces`` (bytes and rows of each piece, in order).
+
+    A file whose pieces cannot be listed (damaged, not of this kind, an IPC
+    stream) is one unit: reading it reports the problem, or reads the stream.
+    """
+    units = []
+    for path in files:
+        runs: list[tuple[tuple[int, int], int]] = []
+        sizes: list[int] = []
+        try:
+            if os.stat(path).st_size > options.unit_bytes:
+                sizes, rows = pieces(path)
+                runs = split_runs(sizes, rows, options.unit_bytes)
+        except (InputError, pa.ArrowException, OSError, UnicodeEncodeError):
+            runs = []
+        if len(runs) <= 1:
+            units.append(SourceUnit(kind, (path,)))
+        else:
+            units.extend(SourceUnit(kind, (path,), (a, b), first, sum(sizes[a:b])) for (a, b), first in runs)
+    return units
+
+
+def _record_batches(path: str) -> tuple[list[int], list[int]]:
+    """Bytes and rows of each record batch of an IPC file (raises for a stream, which cannot be split)."""
+    with pa.memory_map(path, "r") as source:
+        reader = pa.ipc.open_file(source)
+        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        return [b.nbytes for b in batches], [b.num_rows for b in batches]
+
+
 # -- readers -----------------------------------------------------------------------------------------
 @register
 class ParquetSource(SourceReader):
@@ -271,32 +370,65 @@ class ParquetSource(SourceReader):
     suffixes: ClassVar[tuple[str, ...]] = (".parquet", ".pq")
 
     @classmethod
-    def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+    def make_units(cls, files: Sequence[str], options: SourceOptions) -> list[SourceUnit]:
+        """One unit per file, or per run of row groups of a file larger than ``options.unit_bytes``."""
+        return _split_files(cls.kind, files, options, cls._row_groups)
+
+    @classmethod
+    def _row_groups(cls, path: str) -> tuple[list[int], list[int]]:
+        meta = cls._open(path).metadata
+        groups = [meta.row_group(g) for g in range(meta.num_row_groups)]
+        sizes = [sum(g.column(c).total_compressed_size for c in range(g.num_columns)) for g in groups]
+        return sizes, [g.num_rows for g in groups]
+
+    @staticmethod
+    def _open(path: str) -> pq.ParquetFile:
         import pyarrow.parquet as pq
 
+        _check_utf8_name(path)
+        try:
+            # Pages written with a checksum (pyarrow: write_page_checksum=True) are checked as they are read.
+            return pq.ParquetFile(path, page_checksum_verification=True)
+        except FileNotFoundError:
+            raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
+        except (pa.ArrowException, OSError) as exc:
+            raise InputError(f"{path}: not a readable Parquet file ({exc}); re-create the file") from None
+
+    @classmethod
+    def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
         for path in unit.files():
-            _check_utf8_name(path)
-            try:
-                # Pages written with a checksum (pyarrow: write_page_checksum=True) are checked as they are read.
-                pf = pq.ParquetFile(path, page_checksum_verification=True)
-                schema = pf.schema_arrow
-            except FileNotFoundError:
-                raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
-            except (pa.ArrowException, OSError) as exc:
-                raise InputError(f"{path}: not a readable Parquet file ({exc}); re-create the file") from None
+            pf = cls._open(path)
             with pf:
+                try:
+                    schema = pf.schema_arrow
+                except (pa.ArrowException, OSError) as exc:
+                    raise InputError(f"{path}: not a readable Parquet file ({exc}); re-create the file") from None
                 meta = pf.metadata
-                raw = sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
-                rows = max(1, meta.num_rows)
+                groups = range(*unit.part) if unit.part is not None else range(meta.num_row_groups)
+                raw = sum(meta.row_group(g).total_byte_size for g in groups)
+                rows = max(1, sum(meta.row_group(g).num_rows for g in groups))
                 batch_size = int(np.clip(BATCH_BYTES * rows // max(raw, 1), 1, 65536))
-                batches = pf.iter_batches(batch_size=batch_size, use_threads=False)
-                yield from batch_samples(_guarded(path, "Parquet", batches, [0]), path, schema)
+                batches = pf.iter_batches(batch_size=batch_size, row_groups=list(groups), use_threads=False)
+                earlier = None
+                if groups.start:
+
+                    def earlier(name: str, pf: pq.ParquetFile = pf, stop: int = groups.start) -> Iterator[pa.Array]:
+                        for g in reversed(range(stop)):
+                            yield pf.read_row_group(g, columns=[name], use_threads=False).column(0).combine_chunks()
+
+                guarded = _guarded(path, "Parquet", batches, [unit.first])
+                yield from batch_samples(guarded, path, schema, unit.first, earlier)
 
 
 @register
 class ArrowSource(SourceReader):
     kind: ClassVar[str] = "arrow"
     suffixes: ClassVar[tuple[str, ...]] = (".arrow", ".feather", ".ipc")
+
+    @classmethod
+    def make_units(cls, files: Sequence[str], options: SourceOptions) -> list[SourceUnit]:
+        """One unit per file, or per run of record batches of an IPC file larger than ``options.unit_bytes``."""
+        return _split_files(cls.kind, files, options, _record_batches)
 
     @classmethod
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
@@ -309,8 +441,9 @@ class ArrowSource(SourceReader):
             except (pa.ArrowException, OSError) as exc:
                 raise InputError(f"{path}: cannot open ({exc})") from None
             with source:
-                schema, batches = _open_ipc(path, source)
-                yield from batch_samples(_guarded(path, "Arrow IPC", batches, [0]), path, schema)
+                schema, batches, earlier = _open_ipc(path, source, unit.part)
+                guarded = _guarded(path, "Arrow IPC", batches, [unit.first])
+                yield from batch_samples(guarded, path, schema, unit.first, earlier)
 
 
 def _check_utf8_name(path: str) -> None:
@@ -323,17 +456,27 @@ def _check_utf8_name(path: str) -> None:
         ) from None
 
 
-def _open_ipc(path: str, source: pa.MemoryMappedFile) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-    """The schema and batches of an IPC file (random access) or stream."""
+def _open_ipc(
+    path: str, source: pa.MemoryMappedFile, part: tuple[int, int] | None = None
+) -> tuple[pa.Schema, Iterator[pa.RecordBatch], EarlierArrays | None]:
+    """The schema and batches (those of ``part`` if given) of an IPC file (random access) or stream,
+    and the column arrays before ``part``."""
     try:
         reader = pa.ipc.open_file(source)
-        return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
+        start, stop = part if part is not None else (0, reader.num_record_batches)
+
+        def earlier(name: str) -> Iterator[pa.Array]:
+            for i in reversed(range(start)):
+                yield reader.get_batch(i).column(name)
+
+        return reader.schema, (reader.get_batch(i) for i in range(start, stop)), earlier if start else None
     except (pa.ArrowException, OSError):
-        pass
+        if part is not None:
+            raise InputError(f"{path}: no longer an Arrow IPC file (did it change while prepare ran?)") from None
     try:
         source.seek(0)
         stream = pa.ipc.open_stream(source)
-        return stream.schema, iter(stream)
+        return stream.schema, iter(stream), None
     except (pa.ArrowException, OSError) as exc:
         raise InputError(
             f"{path}: not an Arrow IPC file or stream ({exc}). Feather v1 files are not supported: "

@@ -4,6 +4,12 @@ Each non-blank line is one JSON object; each of its entries is one field, in
 the order they are written. Blank lines are skipped; line numbers in messages
 count every physical line, from 1.
 
+A plain file larger than ``SourceOptions.unit_bytes`` is read as several units,
+byte ranges cut just after a newline (:func:`line_cuts`, one pass over the file
+counting newlines, so that each unit knows the number of its first line). The
+samples and their order are those of reading the file whole; a gzipped file
+cannot be cut (its bytes can only be read from the start): it is one unit.
+
 How JSON values become arrays (JSON has no dtypes):
 
 * a number becomes a 0-d array, a list of numbers a 1-D array, a list of
@@ -39,9 +45,11 @@ import gzip
 import io
 import json
 import math
+import mmap
+import os
 import re
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -63,6 +71,7 @@ __all__ = [
     "check_tiny_numbers",
     "checked_float",
     "json_to_array",
+    "line_cuts",
     "loads",
     "may_mix_bools",
 ]
@@ -300,9 +309,64 @@ class JsonlSource(SourceReader):
     suffixes: ClassVar[tuple[str, ...]] = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
 
     @classmethod
+    def make_units(cls, files: Sequence[str], options: SourceOptions) -> list[SourceUnit]:
+        """One unit per file, or per byte range of a plain file larger than ``options.unit_bytes``."""
+        units = []
+        for path in files:
+            size = os.stat(path).st_size
+            if path.lower().endswith(".gz") or size <= options.unit_bytes:
+                units.append(SourceUnit(cls.kind, (path,)))
+                continue
+            units.extend(
+                SourceUnit(cls.kind, (path,), (start, stop), lines, stop - start)
+                for start, stop, lines in line_cuts(path, size, options.unit_bytes)
+            )
+        return units
+
+    @classmethod
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
         for path in unit.files():
-            yield from _read_file(path, options)
+            yield from _read_file(path, options, unit.part, unit.first)
+
+
+#: per field, what an empty list becomes: the dtype and inner shape of the field's last non-empty list
+#: (None: there was none)
+_Seen = dict[str, tuple[np.dtype, tuple[int, ...]] | None]
+
+#: bytes scanned per step when counting newlines
+_SCAN_BYTES = 16 << 20
+
+
+def line_cuts(path: str, size: int, unit_bytes: int) -> list[tuple[int, int, int]]:
+    """Cut the file at ``path`` (``size`` bytes) into byte ranges of about ``unit_bytes``, just after newlines.
+
+    Each cut is the first line boundary at least ``unit_bytes`` after the
+    previous one (a line longer than that stays whole in one range); a last
+    range of less than a quarter of ``unit_bytes`` joins the one before. The
+    newlines are counted on the way (memchr speed, no line is decoded).
+
+    Returns:
+        ``(start, stop, lines before start)`` per range, covering the file.
+
+    Raises:
+        InputError: the file cannot be read.
+    """
+    cuts: list[tuple[int, int, int]] = []
+    start, lines = 0, 0
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            while size - start > unit_bytes + unit_bytes // 4:
+                nl = mm.find(b"\n", start + unit_bytes - 1)
+                if nl < 0 or size - (nl + 1) < unit_bytes // 4:
+                    break
+                stop = nl + 1
+                cuts.append((start, stop, lines))
+                lines += sum(mm[a : min(a + _SCAN_BYTES, stop)].count(b"\n") for a in range(start, stop, _SCAN_BYTES))
+                start = stop
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    cuts.append((start, size, lines))
+    return cuts
 
 
 def _open(path: str) -> io.BufferedIOBase:
@@ -311,18 +375,29 @@ def _open(path: str) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-def _read_file(path: str, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+def _read_file(
+    path: str, options: SourceOptions, part: tuple[int, int] | None = None, first: int = 0
+) -> Iterator[tuple[str, Sample]]:
+    """The samples of the file at ``path``, or of its byte range ``part`` (whose first line is ``first + 1``)."""
     # field -> (dtype, inner shape) of its last non-empty list, for empty lists
-    seen: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
-    lineno = 0
+    seen: _Seen = {}
+    lineno = first
     limit = options.max_record_bytes
+    start, stop = part if part is not None else (0, -1)
     try:
         with _open(path) as fh:
+            if start:
+                fh.seek(start)
+                seen = _SeenBefore(path, start, options)
+            pos = start
             # readline with a bound: one line never takes more memory than the bound, however it is padded
-            for lineno, raw in enumerate(iter(lambda: fh.readline(limit + 1), b""), 1):
+            for lineno, raw in enumerate(iter(lambda: fh.readline(limit + 1), b""), first + 1):
                 where = f"{path}: line {lineno}"
                 if len(raw) > limit and not raw.endswith(b"\n"):
                     raise record_too_large(where, "the line", None, limit)
+                pos += len(raw)
+                if stop >= 0 and pos > stop:
+                    raise InputError(f"{where}: the file changed while prepare read it; run prepare again")
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
@@ -332,9 +407,10 @@ def _read_file(path: str, options: SourceOptions) -> Iterator[tuple[str, Sample]
                     ) from None
                 if lineno == 1:
                     text = text.lstrip("\ufeff")
-                if not text.strip():
-                    continue
-                yield where, _decode_line(text, where, options, seen)
+                if text.strip():
+                    yield where, _decode_line(text, where, options, seen)
+                if pos == stop:
+                    break
     except FileNotFoundError:
         raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
@@ -347,9 +423,63 @@ def _read_file(path: str, options: SourceOptions) -> Iterator[tuple[str, Sample]
         raise InputError(f"{path}: cannot be read ({exc.strerror or exc}) after line {lineno}") from None
 
 
-def _decode_line(
-    text: str, where: str, options: SourceOptions, seen: dict[str, tuple[np.dtype, tuple[int, ...]]]
-) -> dict[str, np.ndarray]:
+class _SeenBefore(_Seen):
+    """The ``seen`` record of a byte range that does not start the file: a field missing from it is looked up
+    in the lines before the range, last line first, so that ``[]`` becomes what it would in a whole-file read.
+
+    The look-back happens only for an empty list of a field not yet seen in the range (rare: a field of
+    empty lists right after a cut), and stops at the first line with a non-empty list of that field.
+    """
+
+    def __init__(self, path: str, start: int, options: SourceOptions) -> None:
+        super().__init__()
+        self.path, self.start, self.options = path, start, options
+
+    def __missing__(self, name: str) -> tuple[np.dtype, tuple[int, ...]] | None:
+        found = _last_nonempty(self.path, self.start, name, self.options)
+        self[name] = found
+        return found
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self[name] is not None
+
+
+def _last_nonempty(path: str, end: int, name: str, options: SourceOptions) -> tuple[np.dtype, tuple[int, ...]] | None:
+    """The dtype and inner shape of field ``name``'s last non-empty list in the lines before byte ``end``."""
+    dtype = options.dtypes.get(name)
+    tail = b""
+    with open(path, "rb") as fh:
+        pos = end
+        while pos > 0:
+            step = min(pos, 1 << 20)
+            pos -= step
+            fh.seek(pos)
+            block = fh.read(step) + tail
+            lines = block.split(b"\n")
+            tail = lines[0] if pos else b""
+            for raw in reversed(lines[1:] if pos else lines):
+                found = _nonempty_list(raw, name, dtype)
+                if found is not None:
+                    return found
+    return None
+
+
+def _nonempty_list(raw: bytes, name: str, dtype: str | None) -> tuple[np.dtype, tuple[int, ...]] | None:
+    """What a non-empty list of field ``name`` on line ``raw`` sets the field's ``seen`` record to, if any."""
+    if f'"{name}"'.encode() not in raw and b"\\" not in raw:
+        return None
+    try:
+        obj = json.loads(raw.decode("utf-8").lstrip("\ufeff"))
+        value = obj.get(name) if isinstance(obj, dict) else None
+        if not isinstance(value, list) or not value:
+            return None
+        arr = json_to_array(value, dtype)
+    except (ValueError, RecursionError):  # a bad line is reported by the unit that holds it
+        return None
+    return (arr.dtype, arr.shape[1:]) if arr.ndim and arr.shape[0] else None
+
+
+def _decode_line(text: str, where: str, options: SourceOptions, seen: _Seen) -> dict[str, np.ndarray]:
     try:
         obj, checked = loads(text)
     except json.JSONDecodeError as exc:
@@ -368,8 +498,9 @@ def _decode_line(
     for name, value in obj.items():
         dtype = options.dtypes.get(name)
         if isinstance(value, list) and not value and name in seen:
-            known_dtype, inner = seen[name]
-            sample[name] = np.empty((0, *inner), dtype=known_dtype)
+            known = seen[name]
+            assert known is not None
+            sample[name] = np.empty((0, *known[1]), dtype=known[0])
             continue
         try:
             arr = json_to_array(value, dtype, may_hold_bools=bools, infinity_written=checked)
