@@ -39,7 +39,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.errors import PlanError
-from shardload.plan.ranges import range_positions
+from shardload.plan.ranges import offsets_from_lengths, range_positions
 
 __all__ = ["BestFit", "SizeRuns", "count_rows", "pack_rows", "pack_segments", "pieces_per_sample"]
 
@@ -96,6 +96,25 @@ def _stable_order(key: NDArray[np.int64], bound: int) -> NDArray[np.int64]:
         order = np.argsort((key & 0xFFFF).astype(np.uint16), kind="stable")
         return order[np.argsort((key[order] >> 16).astype(np.uint16), kind="stable")]
     return np.argsort(key, kind="stable")
+
+
+def _items_by_run(
+    item_run: NDArray[np.int64], seg: NDArray[np.int64], seg_runs: NDArray[np.int64]
+) -> NDArray[np.int64]:
+    """``(m,)`` the items sorted stably by run; ``seg_runs``: ``(K + 1,)`` each segment's first run.
+
+    Items given segment by segment (as the planner packs a group of ranks)
+    are sorted one segment at a time, each within the cache; others at once.
+    """
+    if len(seg) < 2 or not (seg[1:] >= seg[:-1]).all():
+        return _stable_order(item_run, int(seg_runs[-1]))
+    order = np.empty(len(seg), dtype=np.int64)
+    bounds = np.searchsorted(seg, np.arange(len(seg_runs))).tolist()
+    for k, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if hi > lo:
+            local = item_run[lo:hi] - seg_runs[k]
+            order[lo:hi] = lo + _stable_order(local, int(seg_runs[k + 1] - seg_runs[k]))
+    return order
 
 
 def pieces_per_sample(lengths: NDArray[np.integer], capacity: int) -> NDArray[np.int64]:
@@ -489,16 +508,17 @@ def pack_segments(
     row_seg, used = row_seg[by_seg], used[by_seg]
     number = np.empty(fit.num_rows, dtype=np.int64)  # new number of each opened row
     number[opened] = np.flatnonzero(by_seg < fit.num_rows)
-    # items in the order the steps place them: by step, then segment (items of one run in input order);
-    # the runs of empty items (the positive ones' BestFit numbers are their places among them) last
-    positive = runs.size > 0
-    place = np.full(len(count), len(fit.by_step), dtype=np.int64)  # (runs,) place of each run in step order
-    place[positive] = np.argsort(fit.by_step)[np.cumsum(positive)[positive] - 1]
-    order = _stable_order(place[item_run], len(fit.by_step) + 1)
-    row_of = np.empty(len(seg64), dtype=np.int64)
+    # the rows the steps filled, run by run (by segment, then size descending), and the items in that order
+    step_first = offsets_from_lengths(fit.r_count[fit.by_step])[:-1]  # (runs,) each run's first in `placed`
+    in_step = np.empty(len(fit.by_step), dtype=np.int64)
+    in_step[fit.by_step] = np.arange(len(fit.by_step))
     placed = np.concatenate([np.repeat(ids, counts) for ids, counts in fit.placed]) if fit.placed else _EMPTY
-    row_of[order[: len(placed)]] = number[placed]
-    empty = order[len(placed) :]
+    placed = placed[range_positions(step_first[in_step], fit.r_count)]
+    order = _items_by_run(item_run, seg64, np.searchsorted(runs.seg, np.arange(segments + 1)))
+    filled = runs.size[item_run[order]] > 0  # (m,) in that order: not an empty item (empty runs come last)
+    row_of = np.empty(len(seg64), dtype=np.int64)
+    row_of[order[filled]] = number[placed]
+    empty = order[~filled]
     row_of[empty] = np.searchsorted(row_seg, seg64[empty])  # items of size 0: their segment's first row
     return row_of, used, row_seg
 
