@@ -44,6 +44,9 @@ __all__ = ["PackBatcher", "PackedBatches", "RankRows", "refuse_long_samples"]
 COUNT_CHUNK = 1 << 22
 #: histogram bins (ranks * (pack_length + 1)) gathered at once when counting
 COUNT_BINS = 1 << 24
+#: samples whose ranks are packed in one best-fit run when building every rank (``EpochPlanner.plans``):
+#: fewer, larger runs cost less per step (about 100 bytes a sample while packing)
+BUILD_CHUNK = 1 << 24
 #: most pieces ``pack_split`` may add to one rank beyond its samples (building a rank costs ~170 bytes an entry)
 MAX_CUT_PIECES = 1 << 26
 
@@ -117,15 +120,15 @@ class PackBatcher(Batcher):
         starts = piece * cap
         return np.repeat(ids, pieces), starts, np.minimum(np.repeat(lens, pieces) - starts, cap), pieces
 
-    def rank_groups(self) -> Iterator[range]:
-        """The ranks in groups of a few million samples and a bounded number of histogram bins."""
+    def rank_groups(self, chunk: int = COUNT_CHUNK) -> Iterator[range]:
+        """The ranks in groups of about ``chunk`` samples (at least one rank) and a bounded number of histogram bins."""
         world = self.layout.world_size
         rank_items = np.cumsum(self.layout.rank_sizes)  # (W,) samples of the ranks up to each one
         max_ranks = max(1, COUNT_BINS // (self.capacity + 1))
         rank = 0
         while rank < world:
             before = int(rank_items[rank - 1]) if rank else 0
-            end = int(np.searchsorted(rank_items, before + COUNT_CHUNK, side="right"))
+            end = int(np.searchsorted(rank_items, before + chunk, side="right"))
             end = min(max(end, rank + 1), rank + max_ranks, world)
             yield range(rank, end)
             rank = end

@@ -38,6 +38,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.errors import PlanError
+from shardload.plan.ranges import offsets_from_lengths, range_positions
+
 __all__ = ["BestFit", "SizeRuns", "count_rows", "pack_rows", "pack_segments", "pieces_per_sample"]
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -56,6 +59,62 @@ def _run_starts(*keys: NDArray[np.int64]) -> NDArray[np.int64]:
 _DENSE_BINS = 1 << 24
 #: rows wait for the step that fits them rounded down to a multiple of this (see BestFit._next_use)
 WAKE_EVERY = 8
+
+
+def _key_runs(
+    key: NDArray[np.int64], bins: int, counts: NDArray[np.integer] | None = None, *, inverse: bool = False
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64] | None]:
+    """``(runs, count, item_run)``: the distinct keys (``0 <= key < bins``) in order, items of each, and with
+    ``inverse`` ``(m,)`` the run of each item.
+
+    ``counts``: how many items each entry stands for (default: one each; a
+    key whose entries count 0 in all is no run). A dense histogram (one
+    ``bincount``) when ``bins`` is small enough, else a sort of the keys.
+    """
+    if bins <= max(_DENSE_BINS, 4 * len(key)):
+        hist = np.bincount(key, weights=counts, minlength=bins).astype(np.int64)
+        runs = np.flatnonzero(hist)
+        item_run = None
+        if inverse:  # run index of every bin, gathered per item (int32 when it fits: the table has `bins` entries)
+            index = np.cumsum(hist > 0, dtype=np.int32 if len(runs) < 1 << 31 else np.int64)
+            item_run = index[key].astype(np.int64) - 1
+        return runs, hist[runs], item_run
+    runs, found = np.unique(key, return_inverse=True)
+    count = np.bincount(found, weights=counts, minlength=len(runs)).astype(np.int64)
+    some = count > 0
+    if some.all():
+        return runs, count, found.astype(np.int64) if inverse else None
+    renumber = np.cumsum(some) - 1  # only counts of 0 (weights): their entries are no items
+    return runs[some], count[some], renumber[found] if inverse else None
+
+
+def _stable_order(key: NDArray[np.int64], bound: int) -> NDArray[np.int64]:
+    """Indices that sort ``key`` (``0 <= key < bound``) stably: numpy's radix sort, 16 bits at a time."""
+    if bound <= 1 << 16:
+        return np.argsort(key.astype(np.uint16), kind="stable")
+    if bound <= 1 << 32:
+        order = np.argsort((key & 0xFFFF).astype(np.uint16), kind="stable")
+        return order[np.argsort((key[order] >> 16).astype(np.uint16), kind="stable")]
+    return np.argsort(key, kind="stable")
+
+
+def _items_by_run(
+    item_run: NDArray[np.int64], seg: NDArray[np.int64], seg_runs: NDArray[np.int64]
+) -> NDArray[np.int64]:
+    """``(m,)`` the items sorted stably by run; ``seg_runs``: ``(K + 1,)`` each segment's first run.
+
+    Items given segment by segment (as the planner packs a group of ranks)
+    are sorted one segment at a time, each within the cache; others at once.
+    """
+    if len(seg) < 2 or not (seg[1:] >= seg[:-1]).all():
+        return _stable_order(item_run, int(seg_runs[-1]))
+    order = np.empty(len(seg), dtype=np.int64)
+    bounds = np.searchsorted(seg, np.arange(len(seg_runs))).tolist()
+    for k, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if hi > lo:
+            local = item_run[lo:hi] - seg_runs[k]
+            order[lo:hi] = lo + _stable_order(local, int(seg_runs[k + 1] - seg_runs[k]))
+    return order
 
 
 def pieces_per_sample(lengths: NDArray[np.integer], capacity: int) -> NDArray[np.int64]:
@@ -101,15 +160,7 @@ class SizeRuns:
         """
         width = capacity + 1
         key = np.asarray(seg, dtype=np.int64) * width + (capacity - np.asarray(sizes, dtype=np.int64))
-        bins = segments * width
-        if bins <= max(_DENSE_BINS, 4 * len(key)):
-            hist = np.bincount(key, weights=counts, minlength=bins).astype(np.int64)
-            runs = np.flatnonzero(hist)
-            count = hist[runs]
-        else:
-            runs, inverse = np.unique(key, return_inverse=True)
-            count = np.bincount(inverse, weights=counts, minlength=len(runs)).astype(np.int64)
-            runs, count = runs[count > 0], count[count > 0]
+        runs, count, _ = _key_runs(key, segments * width, counts)
         return cls(runs // width, capacity - runs % width, count)
 
     @classmethod
@@ -196,34 +247,37 @@ class BestFit:
         self.size_of = np.zeros(segments, dtype=np.int64)  # (K,) the size being placed, 0 if none; scratch
         self.need = np.zeros(segments, dtype=np.int64)  # (K,) items of that size; scratch
         self.track = track_rows
-        # tracking rows one by one, mirroring the groups: gap and segment of each row (grown by doubling),
-        # the active rows, the waiting ones by step; (rows, items) placed at each step
+        # tracking rows one by one, mirroring the groups: gap and segment of each row (grown by doubling);
+        # rows as keys (segment, gap, row) (see _row_keys): the active ones sorted, so that each active
+        # group's rows are a slice in row order, those active from the next step on, the waiting ones by step;
+        # (rows, items) placed at each step
         self.num_rows = 0
         self.row_gap, self.row_seg = np.zeros(64, dtype=np.int64), np.zeros(64, dtype=np.int64)
-        self.active_rows = _EMPTY
+        self.row_bound = int(self.r_count.sum()) + 1  # more than the rows the items can open
+        if track_rows and segments * self.width * self.row_bound >= 1 << 63:
+            raise PlanError(
+                f"packing {segments} segments of {self.row_bound - 1} items into rows of {capacity} tokens "
+                "at once is past what the row keys hold; pack fewer segments at a time"
+            )
+        self.active_keys = _EMPTY
+        self.pending_keys: list[NDArray[np.int64]] = []
         self.waiting_rows: dict[int, list[NDArray[np.int64]]] = {}
         self.placed: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
+        self.by_step = _EMPTY  # (runs,) the runs in the order the steps place them (set by run)
 
     def run(self) -> NDArray[np.int64]:
         """Place every run; ``(K,)`` rows per segment (a segment of only empty items: one)."""
-        by_step = np.argsort(self.r_step, kind="stable")  # step by step, segments in order
+        self.by_step = by_step = np.argsort(self.r_step, kind="stable")  # step by step, segments in order
         bounds = np.searchsorted(self.r_step[by_step], np.arange(int(self.seg_runs.max(initial=0)) + 1))
         for step, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
             self._wake(step)
             self._step(step, by_step[lo:hi])
         return np.where(self.only_empty & (self.rows == 0), 1, self.rows)
 
-    def item_steps(self, sizes: NDArray[np.int64], seg: NDArray[np.int64]) -> NDArray[np.int64]:
-        """``(m,)`` the step that places each item (empty items, placed by no step: after the last)."""
-        found = np.searchsorted(
-            self.r_seg * self.width + (self.capacity - self.r_size), seg * self.width + (self.capacity - sizes)
-        )
-        return np.where(sizes > 0, found - self.seg_first[seg], len(self.r_seg))
-
     def _wake(self, step: int) -> None:
         """Make the groups waiting for this step active."""
         if self.track and step in self.waiting_rows:
-            self.active_rows = np.concatenate([self.active_rows, *self.waiting_rows.pop(step)])
+            self.pending_keys.extend(self.waiting_rows.pop(step))
         if step in self.waiting:
             parts = self.waiting.pop(step)
             self._set_active(*(np.concatenate([mine, *(p[i] for p in parts)]) for i, mine in enumerate(self._active())))
@@ -302,7 +356,8 @@ class BestFit:
         new_full = left // new_per_row
         new_part = left - new_full * new_per_row
         if self.track:
-            self._track(step, segs, sizes, (e_seg, e_gap, full, per_row, part), (new_full, new_per_row, new_part))
+            first = (np.cumsum(self.a_cnt) - self.a_cnt)[touched]  # each touched group's first active row
+            self._track(step, segs, (e_seg, e_cnt, first, full, per_row, part), (new_full, new_per_row, new_part))
         self.need[segs] = 0
         self.rows[segs] += new_full + (new_part > 0)
         a_cnt = self.a_cnt.copy()
@@ -335,48 +390,55 @@ class BestFit:
         self,
         step: int,
         segs: NDArray[np.int64],
-        sizes: NDArray[np.int64],
         groups: tuple[NDArray[np.int64], ...],
         new: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]],
     ) -> None:
         """Follow the step row by row: which rows take how many items.
 
-        ``groups`` are the step's touched groups ``(seg, gap, full, per_row,
-        part)``: in each, the first ``full`` rows (by row number) take
+        ``groups`` are the step's touched groups ``(seg, cnt, first, full,
+        per_row, part)``, ``first`` the place of the group's first row among
+        the active rows: in each, the first ``full`` rows (by row number) take
         ``per_row`` items and the next one ``part``; ``new`` is ``(full,
-        per_row, part)`` of the new rows of each segment of ``segs``.
+        per_row, part)`` of the new rows of each segment of ``segs``. Only the
+        rows that take items and the new ones are touched (and the active
+        rows' keys copied once, without them).
         """
-        e_seg, e_gap, full, per_row, part = groups
+        e_seg, e_cnt, first, full, per_row, part = groups
         new_full, new_per_row, new_part = new
-        act = self.active_rows
-        mine = self.need[self.row_seg[act]] > 0
-        fits, others = act[mine], act[~mine]
-        fits = fits[np.lexsort((fits, self.row_gap[fits], self.row_seg[fits]))]  # by segment, gap, row
-        key = self.row_seg[fits] * self.width + self.row_gap[fits]
-        group = np.searchsorted(e_seg * self.width + e_gap, key)  # each row's group (groups are sorted the same way)
-        index = np.arange(len(fits)) - np.searchsorted(key, key, side="left")  # its place in the group
-        k = full[group]
-        items = np.where(index < k, per_row[group], np.where(index == k, part[group], 0))
+        if self.pending_keys:  # a long sorted run and a few new keys: merged in about linear time
+            self.active_keys = np.sort(np.concatenate([self.active_keys, *self.pending_keys]), kind="stable")
+            self.pending_keys = []
+        keys = self.active_keys
+        some = part > 0
+        takers = full + some  # the group's first rows take items
+        at = range_positions(first, takers)  # (taking rows,) their places among the active rows
+        items = np.repeat(per_row, takers)
+        items[(np.cumsum(takers) - 1)[some]] = part[some]
         fresh = new_full + (new_part > 0)  # new rows: new_full of new_per_row items and one of new_part
-        first = self._new_rows(np.repeat(segs, fresh))
+        opened = self._new_rows(np.repeat(segs, fresh))
         new_items = np.repeat(new_per_row, fresh)
         new_items[(np.cumsum(fresh) - 1)[new_part > 0]] = new_part[new_part > 0]
-        got = items > 0
-        ids = np.concatenate([fits[got], np.arange(first, first + len(new_items))])
-        counts = np.concatenate([items[got], new_items])
+        ids = np.concatenate([keys[at] % self.row_bound, np.arange(opened, opened + len(new_items))])
+        counts = np.concatenate([items, new_items])
         by_seg = np.argsort(self.row_seg[ids], kind="stable")  # per segment: old rows, then new ones
         ids, counts = ids[by_seg], counts[by_seg]
-        self.row_gap[ids] -= counts * self.size_of[self.row_seg[ids]]
+        seg = self.row_seg[ids]
+        self.row_gap[ids] -= counts * self.size_of[seg]
         self.placed.append((ids, counts))
+        # the rows that took items leave the active ones (all rows of a segment that is done)
+        drop = np.zeros(len(keys), dtype=bool)
+        drop[at] = True
+        done = step + 1 >= self.seg_runs[e_seg]
+        if done.any():
+            drop[range_positions(first[done], e_cnt[done])] = True
+        self.active_keys = keys[~drop]
         # rows that took items or are new: active again when a size of their segment fits their gap
-        changed = np.concatenate([fits[got], np.arange(first, first + len(new_items))])
-        when = self._next_use(step, self.row_seg[changed], self.row_gap[changed])
-        keep = when < self.seg_runs[self.row_seg[changed]]
-        changed, when = changed[keep], when[keep]
-        unchanged = fits[~got]
-        unchanged = unchanged[step + 1 < self.seg_runs[self.row_seg[unchanged]]]
+        gap = self.row_gap[ids]
+        when = self._next_use(step, seg, gap)
+        keep = when < self.seg_runs[seg]
+        changed, when = self._row_keys(seg[keep], gap[keep], ids[keep]), when[keep]
         now = when == step + 1
-        self.active_rows = np.concatenate([others, unchanged, changed[now]])
+        self.pending_keys.append(changed[now])
         changed, when = changed[~now], when[~now]
         if len(changed):
             order = np.argsort(when, kind="stable")
@@ -384,6 +446,10 @@ class BestFit:
             starts = _run_starts(when).tolist()
             for lo, hi in zip(starts, [*starts[1:], len(when)]):
                 self.waiting_rows.setdefault(int(when[lo]), []).append(changed[lo:hi])
+
+    def _row_keys(self, seg: NDArray[np.int64], gap: NDArray[np.int64], row: NDArray[np.int64]) -> NDArray[np.int64]:
+        """``(n,)`` keys ordering rows by segment, gap, then row number (``key % row_bound`` is the row)."""
+        return (seg * self.width + gap) * self.row_bound + row
 
     def _new_rows(self, seg: NDArray[np.int64]) -> int:
         """Number new empty rows of segments ``seg``; the first one's number."""
@@ -428,7 +494,10 @@ def pack_segments(
     """
     sizes64: NDArray[np.int64] = np.asarray(sizes, dtype=np.int64)
     seg64: NDArray[np.int64] = np.asarray(seg, dtype=np.int64)
-    fit = BestFit(SizeRuns.of(sizes64, seg64, segments, capacity), segments, capacity, track_rows=True)
+    width = capacity + 1
+    keys, count, item_run = _key_runs(seg64 * width + (capacity - sizes64), segments * width, inverse=True)
+    runs = SizeRuns(keys // width, capacity - keys % width, count)
+    fit = BestFit(runs, segments, capacity, track_rows=True)
     rows = fit.run()
     # every segment's rows in the order they were opened; a segment of only empty items gets one
     opened = np.argsort(fit.row_seg[: fit.num_rows], kind="stable")
@@ -439,12 +508,18 @@ def pack_segments(
     row_seg, used = row_seg[by_seg], used[by_seg]
     number = np.empty(fit.num_rows, dtype=np.int64)  # new number of each opened row
     number[opened] = np.flatnonzero(by_seg < fit.num_rows)
-    # items in the order the steps place them: by step, then segment (items of one run in input order)
-    order = np.lexsort((seg64, fit.item_steps(sizes64, seg64)))
-    row_of = np.searchsorted(row_seg, seg64)  # items of size 0: their segment's first row
-    placed = [np.repeat(ids, counts) for ids, counts in fit.placed]
-    if placed:
-        row_of[order[: sum(len(p) for p in placed)]] = number[np.concatenate(placed)]
+    # the rows the steps filled, run by run (by segment, then size descending), and the items in that order
+    step_first = offsets_from_lengths(fit.r_count[fit.by_step])[:-1]  # (runs,) each run's first in `placed`
+    in_step = np.empty(len(fit.by_step), dtype=np.int64)
+    in_step[fit.by_step] = np.arange(len(fit.by_step))
+    placed = np.concatenate([np.repeat(ids, counts) for ids, counts in fit.placed]) if fit.placed else _EMPTY
+    placed = placed[range_positions(step_first[in_step], fit.r_count)]
+    order = _items_by_run(item_run, seg64, np.searchsorted(runs.seg, np.arange(segments + 1)))
+    filled = runs.size[item_run[order]] > 0  # (m,) in that order: not an empty item (empty runs come last)
+    row_of = np.empty(len(seg64), dtype=np.int64)
+    row_of[order[filled]] = number[placed]
+    empty = order[~filled]
+    row_of[empty] = np.searchsorted(row_seg, seg64[empty])  # items of size 0: their segment's first row
     return row_of, used, row_seg
 
 

@@ -34,7 +34,7 @@ from shardload.plan.equalize import equalize_batches
 from shardload.plan.mix import MixInputs
 from shardload.plan.mixbatch import MixBatcher
 from shardload.plan.options import Batching, Stage
-from shardload.plan.pack import PackBatcher, RankRows
+from shardload.plan.pack import BUILD_CHUNK, PackBatcher, RankRows
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.request import EpochSpec, PlanInputs, check_request
 from shardload.plan.resume import Rest, ResumeInputs, rest_of
@@ -266,7 +266,7 @@ class EpochPlanner:
         if self.mix is not None or not isinstance(self.batcher, PackBatcher):
             yield from (self.plan(rank) for rank in range(self.spec.world_size))
             return
-        for group in self.batcher.rank_groups():
+        for group in self.batcher.rank_groups(BUILD_CHUNK):
             for rank, rows in zip(group, self.batcher.pack_ranks(group)):
                 yield self._plan(rank, rows)
 

@@ -340,3 +340,54 @@ def test_rows_leave_the_run_once_no_size_of_their_segment_is_left() -> None:
     # Invariant: a segment's rows leave the run with its last size (else every later step of the other segments
     # pays for them), and rows that no size of their segment fits never wake
     assert len(fit.a_seg) == 0 and not fit.waiting
+
+
+def _best_fit_decreasing_rows(sizes: list[int], capacity: int) -> tuple[list[int], list[int]]:
+    """Textbook best fit decreasing with row numbers: ``(row_of, used)``.
+
+    Items largest first (equal sizes in input order), each into the row with
+    the smallest gap that fits it (equal gaps: the row opened first), else a
+    new row; rows numbered as opened; items of size 0 in row 0.
+    """
+    gaps: list[int] = []
+    row_of = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        if sizes[i] == 0:
+            continue
+        fits = [r for r, gap in enumerate(gaps) if gap >= sizes[i]]
+        if fits:
+            row = min(fits, key=lambda r: (gaps[r], r))
+        else:
+            gaps.append(capacity)
+            row = len(gaps) - 1
+        gaps[row] -= sizes[i]
+        row_of[i] = row
+    if sizes and not gaps:
+        gaps = [capacity]  # only empty items: one empty row
+    return row_of, [capacity - gap for gap in gaps]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 60), max_size=80), min_size=1, max_size=5),
+    st.integers(1, 60),
+    st.sampled_from([1 << 24, 64, 1]),
+)
+def test_each_item_goes_to_the_row_textbook_best_fit_gives_it(
+    groups: list[list[int]], capacity: int, table: int
+) -> None:
+    import shardload.plan.packrows as packrows
+
+    sizes = [[min(x, capacity) for x in g] for g in groups]
+    flat = np.array([x for g in sizes for x in g], dtype=np.int64)
+    shuffled = np.random.default_rng(len(flat)).permutation(len(flat))  # segments interleaved in the input
+    seg = np.repeat(np.arange(len(sizes)), [len(g) for g in sizes])[shuffled]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(packrows, "_DENSE_BINS", table)  # small tables: runs found by a sort, sizes by buckets
+        row_of, used, row_seg = pack_segments(flat[shuffled], seg, len(sizes), capacity)
+    for k in range(len(sizes)):
+        expected_rows, expected_used = _best_fit_decreasing_rows(flat[shuffled][seg == k].tolist(), capacity)
+        first = int(np.searchsorted(row_seg, k))
+        # Invariant: every item is in the row, and every row in the place, that one item at a time gives
+        assert (row_of[seg == k] - first).tolist() == expected_rows
+        assert used[row_seg == k].tolist() == expected_used
