@@ -33,7 +33,7 @@ from shardload.index import ShardIndex
 from shardload.manifest import MANIFEST_NAME, Manifest, resolve_inside
 from shardload.plan.request import PlanInputs
 from shardload.plan.validate import check_scalar
-from shardload.schema import Schema
+from shardload.schema import Schema, decode_text
 from shardload.setfiles import (
     ENV_MAX_OPEN_SHARDS,
     MAX_OPEN_SHARDS,
@@ -472,13 +472,16 @@ class ShardSet:
         """Indices of the shards this process has opened so far (for locality checks)."""
         return sorted(self._opened)
 
-    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
-        """Sample ``i`` as a dict of numpy arrays (zero-copy views for Arrow shards)."""
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        """Sample ``i`` as a dict of numpy arrays (zero-copy views for Arrow shards), ``str``/``bytes`` for text."""
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"sample {i} out of range for a shard set of {n} samples")
         shard, row = self.index.locate(i % n)
-        return self.shard_columns(int(shard)).sample(int(row))
+        sample: dict[str, Any] = self.shard_columns(int(shard)).sample(int(row))
+        for f in self.schema.text_fields:
+            sample[f.name] = decode_text(f, sample[f.name], f"{self.path}: sample {i % n}")
+        return sample
 
     def close(self) -> None:
         """Unmap every shard opened so far; later reads map them again."""

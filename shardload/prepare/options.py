@@ -49,6 +49,9 @@ class PrepareOptions:
         reject_nonfinite: refuse NaN/inf in float fields.
         progress: show a progress bar (``None``: when stderr is a terminal).
         chunk_bytes: size of the intermediate chunks prepare stages on disk.
+        fields: keep only these fields of the input (read time; Parquet/Arrow
+            read only these columns); a name the input lacks is refused.
+        drop_fields: leave these fields of the input out (excludes ``fields``).
 
     Raises:
         InputError: an invalid value; or an option of a format given here
@@ -70,6 +73,8 @@ class PrepareOptions:
     reject_nonfinite: bool = False
     progress: bool | None = None
     chunk_bytes: int = 64 << 20
+    fields: tuple[str, ...] | None = None
+    drop_fields: tuple[str, ...] = ()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> PrepareOptions:
         # An option of a format given on its own (as in shardload 0.1.0) is refused here, before the
@@ -107,6 +112,18 @@ class PrepareOptions:
         for name, dtype in self.dtypes.items():
             if dtype not in SUPPORTED_DTYPES:
                 raise InputError(f"dtype of {name!r}: {dtype!r} is not one of {', '.join(SUPPORTED_DTYPES)}")
+        for name in ("fields", "drop_fields"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            names = (value,) if isinstance(value, str) else value
+            if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) and n for n in names):
+                raise InputError(f"{name} must be a list of field names, got {value!r}")
+            object.__setattr__(self, name, tuple(names))
+        if self.fields is not None and self.drop_fields:
+            raise InputError("fields and drop_fields exclude each other: name the fields to keep, or those to drop")
+        if self.fields is not None and not self.fields:
+            raise InputError("fields is empty: name at least one field to keep (or leave it out to keep all)")
         if self.chunk_bytes <= 0:
             raise InputError(f"chunk_bytes must be positive, got {self.chunk_bytes}")
         if isinstance(self.shard_format, str):
@@ -134,6 +151,8 @@ class PrepareOptions:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _RUN_ONLY}
         d["shard_format"] = self.format.name
         d["fixed_fields"] = list(self.fixed_fields)
+        d["fields"] = None if self.fields is None else list(self.fields)
+        d["drop_fields"] = list(self.drop_fields)
         d["dtypes"] = dict(sorted(self.dtypes.items()))
         d.update(self.format_options.to_json())
         return d

@@ -238,10 +238,11 @@ def collect_staged(records: Sequence[StagedUnit], schema: Schema, staging: Path)
         per_sample = np.zeros(cols.num_samples, dtype=np.int64)
         for f in schema.fields:
             data = cols.fields[f.name]
-            row_bytes = f.row_size * np.dtype(f.dtype).itemsize
-            if f.variable:
+            row_bytes = f.row_size * f.value_dtype.itemsize
+            if f.has_offsets:
                 lens = data.lengths()
-                field_parts[f.name].append(lens)
+                if f.variable:
+                    field_parts[f.name].append(lens)
                 per_sample += lens * row_bytes
             else:
                 per_sample += row_bytes
@@ -304,7 +305,7 @@ def run_prepare(
     describe: Mapping[str, Any] | None = None,
 ) -> PrepareResult:
     """Run the pipeline over source ``units`` or over an iterable of ``samples``."""
-    source_options = source_options or SourceOptions()
+    source_options = source_options or SourceOptions(fields=options.fields, drop_fields=options.drop_fields)
     started = time.perf_counter()
     guards.check_output_path(out)
     # The schema is checked before anything is created on disk, so that a refused run leaves nothing to
@@ -358,7 +359,7 @@ def _infer_schema(
     first: tuple[str, Mapping[str, Any]] | None = None
     located: Iterator[tuple[str, Mapping[str, Any]]] | None = None
     if samples is not None:
-        located = ((f"sample {i}", s) for i, s in enumerate(samples))
+        located = ((f"sample {i}", source_options.selected(s, f"sample {i}")) for i, s in enumerate(samples))
         first = next(located, None)
     else:
         for unit in units:

@@ -336,5 +336,11 @@ def discover(
 
 
 def read_unit(unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
-    """Yield ``(locator, sample)`` for every sample of ``unit``."""
-    return READERS[unit.kind].read(unit, options)
+    """Yield ``(locator, sample)`` for every sample of ``unit``, with only the fields ``options`` selects.
+
+    Readers that can skip a field before converting it do (Parquet/Arrow read
+    only the selected columns, JSON Lines and WebDataset skip the others'
+    values); the selection is applied here once more for every kind.
+    """
+    for where, sample in READERS[unit.kind].read(unit, options):
+        yield where, options.selected(sample, where)
