@@ -58,6 +58,7 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
     from shardload.formats.arrow import ArrowOptions
     from shardload.formats.zarr import ZarrOptions
     from shardload.mixture import Mixture
+    from shardload.origin import SampleOrigin
     from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
     from shardload.schema import Field, Schema
     from shardload.shardset import ShardSet
@@ -118,6 +119,7 @@ __all__ = [
     "PlanMismatchError",
     "PrepareOptions",
     "PrepareResult",
+    "SampleOrigin",
     "Schema",
     "ShardDataModule",
     "ShardLoader",

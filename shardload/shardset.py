@@ -31,6 +31,7 @@ from shardload.identity import (
 )
 from shardload.index import ShardIndex
 from shardload.manifest import MANIFEST_NAME, Manifest, resolve_inside
+from shardload.origin import SampleOrigin, read_origin
 from shardload.plan.request import PlanInputs
 from shardload.plan.validate import check_scalar
 from shardload.schema import Schema, decode_text
@@ -482,6 +483,18 @@ class ShardSet:
         for f in self.schema.text_fields:
             sample[f.name] = decode_text(f, sample[f.name], f"{self.path}: sample {i % n}")
         return sample
+
+    def origin(self, sample_id: int) -> SampleOrigin:
+        """Where sample ``sample_id`` came from: its source file and the row, line or member in it.
+
+        For a set written by ``write()`` from an iterable, the sample's index in
+        the iterable (``kind == "index"``, ``file`` is ``None``).
+
+        Raises:
+            IndexError: ``sample_id`` is not in ``[0, len(self))``.
+            ShardSetError: the set records no origins (prepared by an older shardload).
+        """
+        return read_origin(self.path, sample_id, len(self))
 
     def close(self) -> None:
         """Unmap every shard opened so far; later reads map them again."""

@@ -244,3 +244,94 @@ def test_inspect_verify_and_export_handle_text(text_set: Path, tmp_path: Path) -
 
 def test_errors_are_shardload_errors() -> None:
     assert issubclass(InputError, ShardloadError)
+
+
+# -- choosing fields ------------------------------------------------------------------------------------
+def test_parquet_fields_reads_only_those_columns(tmp_path: Path) -> None:
+    # a column of an unsupported type is never converted when it is not chosen
+    table = pa.table({"ids": pa.array([[1, 2], [3]]), "when": pa.array([1, 2], pa.timestamp("s")), "y": [0, 1]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    shardload.prepare([str(tmp_path / "t.parquet")], tmp_path / "o", fields=["ids", "y"], shuffle=False)
+    assert shardload.open(tmp_path / "o").schema.names == ("ids", "y")
+    shardload.prepare([str(tmp_path / "t.parquet")], tmp_path / "p", drop_fields=["when"], shuffle=False)
+    assert shardload.open(tmp_path / "p").schema.names == ("ids", "y")
+    with pytest.raises(InputError, match=r"t.parquet: --fields names \['nope'\].*its fields: ids, when, y"):
+        shardload.prepare([str(tmp_path / "t.parquet")], tmp_path / "q", fields=["ids", "nope"])
+    with pytest.raises(InputError, match="exclude each other"):
+        shardload.prepare([str(tmp_path / "t.parquet")], tmp_path / "r", fields=["ids"], drop_fields=["y"])
+
+
+def test_jsonl_webdataset_and_write_choose_fields(tmp_path: Path) -> None:
+    src = tmp_path / "a.jsonl"
+    src.write_text('{"tokens": [1, 2], "meta": {"a": null}, "text": "hi"}\n')
+    shardload.prepare([str(src)], tmp_path / "o", drop_fields=["meta"])  # the object is never converted
+    assert shardload.open(tmp_path / "o").schema.names == ("tokens", "text")
+    with pytest.raises(InputError, match=r"line 1: --drop-fields names \['nope'\]"):
+        shardload.prepare([str(src)], tmp_path / "p", drop_fields=["nope"])
+    tar = _tar(tmp_path / "d.tar", {"k0.tokens.npy": _npy(np.arange(3)), "k0.caption.txt": b"a"})
+    shardload.prepare([str(tar)], tmp_path / "w", fields=["caption"])
+    assert shardload.open(tmp_path / "w")[0] == {"caption": "a"}
+    shardload.write(_samples(3), tmp_path / "it", fields=["tokens", "raw"])
+    assert shardload.open(tmp_path / "it").schema.names == ("tokens", "raw")
+
+
+def test_cli_fields_flags(tmp_path: Path) -> None:
+    from shardload.cli import main
+
+    pq.write_table(pa.table({"ids": pa.array([[1, 2], [3]]), "y": [0, 1]}), tmp_path / "t.parquet")
+    assert (
+        main(["prepare", str(tmp_path / "t.parquet"), "-o", str(tmp_path / "o"), "--fields", "ids", "--no-progress"])
+        == 0
+    )
+    assert shardload.open(tmp_path / "o").schema.names == ("ids",)
+    code = main(
+        ["prepare", str(tmp_path / "t.parquet"), "-o", str(tmp_path / "p"), "--drop-fields", "ids", "--no-progress"]
+    )
+    assert code == 0 and shardload.open(tmp_path / "p").schema.names == ("y",)
+
+
+# -- where a sample came from ---------------------------------------------------------------------------
+def test_origin_of_every_source_kind(tmp_path: Path) -> None:
+    from shardload import SampleOrigin
+
+    (tmp_path / "a.jsonl").write_text('{"t": [1]}\n\n{"t": [2, 3]}\n')
+    pq.write_table(pa.table({"t": pa.array([[4], [5, 6]])}), tmp_path / "b.parquet")
+    _tar(tmp_path / "c.tar", {"k7.t.npy": _npy(np.arange(7, 9))})
+    np.save(tmp_path / "d.npy", np.arange(9, 12))
+    sources = [str(tmp_path / n) for n in ("a.jsonl", "b.parquet", "c.tar")]
+    shardload.prepare(sources, tmp_path / "o", shuffle=True, seed=3)
+    ds = shardload.open(tmp_path / "o")
+    by_first = {int(ds[i]["t"][0]): ds.origin(i) for i in range(len(ds))}
+    a, b, c = sources
+    assert by_first == {
+        1: SampleOrigin(a, "line", 1),
+        2: SampleOrigin(a, "line", 3),
+        4: SampleOrigin(b, "row", 0),
+        5: SampleOrigin(b, "row", 1),
+        7: SampleOrigin(c, "member", key="k7"),
+    }
+    assert str(by_first[2]) == f"{a}: line 3"
+    shardload.prepare([str(tmp_path / "d.npy")], tmp_path / "n", field="t")
+    assert shardload.open(tmp_path / "n").origin(0) == SampleOrigin(str(tmp_path / "d.npy"), "file")
+    with pytest.raises(IndexError, match="out of range"):
+        ds.origin(len(ds))
+    with pytest.raises(IndexError, match="out of range"):
+        ds.origin(-1)
+
+
+def test_origin_of_write_is_the_index_in_the_iterable(text_set: Path) -> None:
+    ds = shardload.open(text_set)
+    for i in range(len(ds)):
+        origin = ds.origin(i)
+        assert origin.file is None and origin.kind == "index"
+        assert origin.position is not None and _samples()[origin.position]["caption"] == ds[i]["caption"]
+
+
+def test_origin_of_a_set_without_origins_is_a_clear_error(text_set: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "old"
+    shutil.copytree(text_set, copy)
+    (copy / "origins.arrow").unlink()
+    with pytest.raises(shardload.ShardSetError, match="records no sample origins.*re-run prepare"):
+        shardload.open(copy).origin(0)

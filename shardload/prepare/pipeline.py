@@ -40,6 +40,7 @@ from shardload.formats import Columns, format_of
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
 from shardload.identity import ShardIdentity, set_id_of
 from shardload.manifest import Manifest, file_checksum
+from shardload.origin import ORIGINS_NAME, write_chunk_origins, write_set_origins
 from shardload.output import atomic_file, atomic_write_text
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.prepare import guards
@@ -145,10 +146,13 @@ def ingest(
     staging: Path,
     chunk_bytes: int,
     source: str = "the iterable given to write()",
+    files: Sequence[str] = (),
 ) -> StagedUnit:
     """Stage one unit's samples as Arrow chunks; resume after complete chunks.
 
-    ``source`` names the input in messages (the unit's file). Returns the
+    ``source`` names the input in messages (the unit's file); ``files`` are the
+    unit's paths (none for an iterable), which each sample's origin names
+    (recorded next to each chunk, see :mod:`shardload.origin`). Returns the
     unit's record: chunk names, sample count and bytes.
     """
     done = staging / f"{unit_key}.done"
@@ -167,20 +171,20 @@ def ingest(
         chunks.append(path.name)
         skip += guards.skip_staged(it, ArrowShardReader(path, schema).columns(), check, source, skip)
     pending: list[dict[str, Any]] = []
+    pending_where: list[str] = []
     total, nbytes, pending_bytes = skip, 0, 0
     pending_values = 0  # bounds the values of any one field in the chunk (an Arrow array's length)
 
     def flush() -> None:
-        nonlocal pending, pending_bytes, pending_values
+        nonlocal pending, pending_where, pending_bytes, pending_values
         path = staging / chunk_name(unit_key, len(chunks))
-        with (
-            output_errors(staging.parents[1], f"staging the samples of {source}"),
-            atomic_file(path, tmp=path.with_suffix(".tmp")) as tmp,
-        ):
-            writer.write(tmp, Columns.from_samples(schema, pending))
+        with output_errors(staging.parents[1], f"staging the samples of {source}"):
+            write_chunk_origins(path, pending_where, files)  # before the chunk, whose presence means done
+            with atomic_file(path, tmp=path.with_suffix(".tmp")) as tmp:
+                writer.write(tmp, Columns.from_samples(schema, pending))
         chunks.append(path.name)
         crash_point(f"staged:{len(chunks)}")
-        pending, pending_bytes, pending_values = [], 0, 0
+        pending, pending_where, pending_bytes, pending_values = [], [], 0, 0
 
     for where, sample in it:
         checked = check(sample, where)
@@ -190,6 +194,7 @@ def ingest(
             flush()
         pending_values += values
         pending.append(checked)
+        pending_where.append(where)
         pending_bytes += size
         nbytes += size
         total += 1
@@ -209,7 +214,7 @@ def _ingest_unit(job: IngestJob) -> StagedUnit:
     unit = job.unit
     source = unit.paths[0] if len(unit.paths) == 1 else unit.describe()
     samples = read_unit(unit, job.source_options)
-    return ingest(job.key, samples, check, job.staging, job.options.chunk_bytes, source)
+    return ingest(job.key, samples, check, job.staging, job.options.chunk_bytes, source, unit.paths)
 
 
 # -- 2. layout --------------------------------------------------------------------------------------
@@ -340,12 +345,13 @@ def run_prepare(
         shard_records = _write_all(wd, staged, schema, options, order, bounds, set_id)
         with output_errors(wd.out, "writing the lengths index and the manifest", partial=wd.work):
             files = write_index(wd.work, staged.lengths, staged.field_lengths, order)
+            origins = write_set_origins(wd.work, staged.chunk_paths, order)
             crash_point("index")
             manifest = new_manifest(schema, options, shard_records, staged.lengths[order], files, describe, set_id)
             manifest.write(wd.work)
             crash_point("manifest")
             guards.check_new_set(wd)
-            wd.commit(list(files.values()) + ["origin.npy"])
+            wd.commit([*files.values(), "origin.npy", origins])
         return _result(wd.out, time.perf_counter() - started, in_bytes)
 
 
@@ -433,7 +439,7 @@ def _write_all(
 
 
 def _finish_commit(wd: WorkDir) -> None:
-    names = [p.name for p in wd.work.glob("*.npy")]
+    names = [p.name for p in wd.work.glob("*.npy")] + [p.name for p in wd.work.glob(ORIGINS_NAME)]
     wd.commit(names)
 
 

@@ -338,9 +338,13 @@ def discover(
 def read_unit(unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
     """Yield ``(locator, sample)`` for every sample of ``unit``, with only the fields ``options`` selects.
 
-    Readers that can skip a field before converting it do (Parquet/Arrow read
-    only the selected columns, JSON Lines and WebDataset skip the others'
-    values); the selection is applied here once more for every kind.
+    Parquet/Arrow read only the selected columns themselves
+    (``selects_fields``); the samples of the other kinds are filtered here
+    (JSON Lines leaves the values of the others unconverted).
     """
-    for where, sample in READERS[unit.kind].read(unit, options):
+    reader = READERS[unit.kind]
+    if reader.selects_fields:
+        yield from reader.read(unit, options)
+        return
+    for where, sample in reader.read(unit, options):
         yield where, options.selected(sample, where)

@@ -139,6 +139,9 @@ class SourceReader(ABC):
 
     #: True for kinds whose files hold one sample each: many such files make one unit
     one_sample_per_file: ClassVar[bool] = False
+    #: True for kinds that read only the fields :class:`SourceOptions` selects (column projection); the
+    #: others' samples are filtered by :func:`~shardload.prepare.sources.read_unit`
+    selects_fields: ClassVar[bool] = False
 
     @classmethod
     def make_units(cls, files: Sequence[str], options: SourceOptions) -> list[SourceUnit]:

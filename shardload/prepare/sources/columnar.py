@@ -299,6 +299,7 @@ def _guarded(path: str, what: str, batches: Iterator[pa.RecordBatch], state: lis
 class ParquetSource(SourceReader):
     kind: ClassVar[str] = "parquet"
     suffixes: ClassVar[tuple[str, ...]] = (".parquet", ".pq")
+    selects_fields: ClassVar[bool] = True
 
     @classmethod
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
@@ -328,6 +329,7 @@ class ParquetSource(SourceReader):
 class ArrowSource(SourceReader):
     kind: ClassVar[str] = "arrow"
     suffixes: ClassVar[tuple[str, ...]] = (".arrow", ".feather", ".ipc")
+    selects_fields: ClassVar[bool] = True
 
     @classmethod
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:

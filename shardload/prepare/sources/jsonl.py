@@ -363,6 +363,8 @@ def _decode_line(
             f'{where}: expected a JSON object ({{"field": [...], ...}}), found {type(obj).__name__}; '
             "each line must be one sample"
         )
+    if options.fields is not None or options.drop_fields:
+        options.select(list(obj), where)  # a named field missing is told before any value is converted
     sample: dict[str, Any] = {}
     bools = may_mix_bools(text)
     for name, value in obj.items():
