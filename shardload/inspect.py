@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.schema import TEXT_DTYPES
 from shardload.shardset import open_shard_set
 
 __all__ = [
@@ -206,6 +207,8 @@ def format_description(info: Mapping[str, Any], *, width: int = 40) -> str:
     """The human-readable report of ``shardload inspect`` for a :func:`describe` dict."""
 
     def shape(f: Mapping[str, Any]) -> str:
+        if f["dtype"] in TEXT_DTYPES:
+            return "text, one value per sample"
         return "[" + ", ".join("L" if d is None else str(d) for d in f["shape"]) + "]"
 
     fields = info["fields"]
