@@ -108,6 +108,11 @@ class PadSpec:
                     f"{', '.join(names)}); check the spelling"
                 )
             f = schema.field(name)
+            if f.text:
+                raise PlanError(
+                    f"pad_values[{name!r}]: field {name!r} is a text field ({f.dtype}); batches hold it as a list, "
+                    "never padded: remove it from pad_values"
+                )
             if not f.variable:
                 raise PlanError(
                     f"pad_values[{name!r}]: field {name!r} has a fixed shape {list(f.shape)} and is never padded; "

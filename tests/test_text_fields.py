@@ -335,3 +335,8 @@ def test_origin_of_a_set_without_origins_is_a_clear_error(text_set: Path, tmp_pa
     (copy / "origins.arrow").unlink()
     with pytest.raises(shardload.ShardSetError, match="records no sample origins.*re-run prepare"):
         shardload.open(copy).origin(0)
+
+
+def test_pad_value_for_a_text_field_is_refused(text_set: Path) -> None:
+    with pytest.raises(shardload.PlanError, match="'caption' is a text field.*never padded"):
+        make_loader(text_set, rank=0, world_size=1, batching=Batching(batch_size=4), pad_values={"caption": 0})
