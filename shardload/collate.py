@@ -35,7 +35,8 @@ from shardload.cast import CastError, cast_exact
 from shardload.errors import PlanError
 from shardload.formats import Columns
 from shardload.plan.options import padded_length
-from shardload.schema import SAMPLE_ID_KEY, WEIGHT_KEY, Schema, decode_text, lengths_key
+from shardload.schema import SAMPLE_ID_KEY, WEIGHT_KEY, Schema, lengths_key
+from shardload.text import decode_text
 
 #: ``(name, shape, dtype, zeroed)`` of each output array, in output order; ``zeroed``: it must start as zeros.
 Layout = list[tuple[str, tuple[int, ...], np.dtype, bool]]

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.schema import TEXT_DTYPES
 from shardload.shardset import open_shard_set
+from shardload.text import TEXT_DTYPES
 
 __all__ = [
     "LengthDistribution",

@@ -34,7 +34,7 @@ from shardload.manifest import MANIFEST_NAME, Manifest, resolve_inside
 from shardload.origin import SampleOrigin, read_origin
 from shardload.plan.request import PlanInputs
 from shardload.plan.validate import check_scalar
-from shardload.schema import Schema, decode_text
+from shardload.schema import Schema
 from shardload.setfiles import (
     ENV_MAX_OPEN_SHARDS,
     MAX_OPEN_SHARDS,
@@ -45,6 +45,7 @@ from shardload.setfiles import (
     reason_of,
     stat_regular,
 )
+from shardload.text import decode_text
 
 
 class ShardSet:
