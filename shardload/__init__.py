@@ -60,6 +60,7 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
     from shardload.formats.zarr import ZarrOptions
     from shardload.merging import MergeResult, merge
     from shardload.mixture import Mixture
+    from shardload.origin import SampleOrigin
     from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
     from shardload.schema import Field, Schema
     from shardload.shardset import ShardSet
@@ -122,6 +123,7 @@ __all__ = [
     "PlanMismatchError",
     "PrepareOptions",
     "PrepareResult",
+    "SampleOrigin",
     "Schema",
     "ShardDataModule",
     "ShardLoader",

@@ -6,7 +6,9 @@ The batch contract (what a training step receives, as torch tensors):
   padded with the field's pad value, and ``batch[f + "_lengths"]`` (int64 ``[B]``);
 * for each fixed field ``f``: ``batch[f]`` of shape ``[B, *shape]``;
 * ``batch["sample_id"]``: int64 ``[B]``, global sample ids;
-* ``batch["weight"]``: float32 ``[B]``, 1.0 for a real sample, 0.0 for filler.
+* ``batch["weight"]``: float32 ``[B]``, 1.0 for a real sample, 0.0 for filler;
+* for each text field ``f`` (``str``/``bytes``): ``batch[f]``, a Python list of
+  ``B`` values in the batch's sample order (not a tensor).
 
 ``L_pad`` is the longest sample of the batch, rounded up to ``pad_to_multiple_of``.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -33,6 +36,7 @@ from shardload.errors import PlanError
 from shardload.formats import Columns
 from shardload.plan.options import padded_length
 from shardload.schema import SAMPLE_ID_KEY, WEIGHT_KEY, Schema, lengths_key
+from shardload.text import decode_text
 
 #: ``(name, shape, dtype, zeroed)`` of each output array, in output order; ``zeroed``: it must start as zeros.
 Layout = list[tuple[str, tuple[int, ...], np.dtype, bool]]
@@ -105,6 +109,11 @@ class PadSpec:
                     f"{', '.join(names)}); check the spelling"
                 )
             f = schema.field(name)
+            if f.text:
+                raise PlanError(
+                    f"pad_values[{name!r}]: field {name!r} is a text field ({f.dtype}); batches hold it as a list, "
+                    "never padded: remove it from pad_values"
+                )
             if not f.variable:
                 raise PlanError(
                     f"pad_values[{name!r}]: field {name!r} has a fixed shape {list(f.shape)} and is never padded; "
@@ -236,7 +245,7 @@ def collate_batch(
     weights: NDArray[np.float32],
     pad: PadSpec,
     allocate: Allocate = allocate_separately,
-) -> dict[str, np.ndarray]:
+) -> dict[str, Any]:
     """Build one batch.
 
     Args:
@@ -248,7 +257,7 @@ def collate_batch(
         allocate: makes the output arrays (default: one ``np.empty`` each).
 
     Returns:
-        The arrays ``allocate`` made, filled, keyed by name in contract order.
+        The arrays ``allocate`` made, filled, keyed by name in contract order; then a list per text field.
     """
     b = len(sample_ids)
     groups = group_by_shard(shards)
@@ -259,6 +268,8 @@ def collate_batch(
     fill_first: dict[str, bool] = {}
     for name in names:
         f = schema.field(name)
+        if f.text:
+            continue  # a list, made after the arrays (text_lists)
         if not f.variable:
             layout.append((name, (b, *f.inner_shape), np.dtype(f.dtype), False))
             continue
@@ -279,6 +290,8 @@ def collate_batch(
 
     out = allocate(layout)
     for name in names:
+        if schema.field(name).text:
+            continue
         arr = out[name]
         if name not in bounds:
             gather_fixed(arr, cols, groups, name, rows)
@@ -294,6 +307,34 @@ def collate_batch(
             flat, cols, groups, name, bounds[name], dst, None if fill_first[name] else dst + arr.shape[1], pad_value
         )
     fill_plan_keys(out, sample_ids, weights)
+    out.update(text_lists(schema, names, cols, groups, rows))
+    return out
+
+
+def text_lists(
+    schema: Schema,
+    names: Iterable[str],
+    cols: Mapping[int, Columns],
+    groups: list[tuple[int, NDArray[np.int64] | None]],
+    rows: NDArray[np.int64],
+) -> dict[str, Any]:
+    """Each loaded text field as a list of ``str``/``bytes``, one per sample in the order of ``rows``.
+
+    The one place batches get text, for both collates (a packed batch lists
+    its documents in the order of its rows).
+    """
+    out: dict[str, Any] = {}
+    for f in (schema.field(n) for n in names):
+        if not f.text:
+            continue
+        starts, ends = sample_bounds(cols, groups, f.name, rows)
+        shard_of = np.zeros(len(rows), dtype=np.int64)
+        for s, pos in groups:
+            shard_of[slice(None) if pos is None else pos] = s
+        out[f.name] = [
+            decode_text(f, cols[s].fields[f.name].values[lo:hi], f"shard {s}, row {int(r)}")
+            for s, lo, hi, r in zip(shard_of.tolist(), starts.tolist(), ends.tolist(), rows)
+        ]
     return out
 
 

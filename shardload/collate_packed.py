@@ -26,7 +26,11 @@ The batch contract, ``R = rows_per_batch``, ``P = pack_length``, ``E`` = documen
   tails included; at most ``P``);
 * per document: ``sample_id`` int64 ``(E,)``, ``weight`` float32 ``(E,)``
   (0.0: filler), ``f + "_lengths"`` int64 ``(E,)`` (tokens of the document in
-  the batch: of the piece, for a cut sample) and each fixed field ``[E, *shape]``.
+  the batch: of the piece, for a cut sample) and each fixed field ``[E, *shape]``;
+* each text field: a Python list of ``E`` values (``str``/``bytes``), in the
+  order of the documents in the batch's rows (row 0's documents first, each
+  row's from its start); a sample cut into pieces gives its whole text to each
+  piece.
 
 A document is sample ``sample_ids[i]`` from token ``starts[i]``:
 ``[start, min(start + P, length))`` of every variable field (all variable
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -52,6 +57,7 @@ from shardload.collate import (
     group_by_shard,
     plan_layout,
     sample_bounds,
+    text_lists,
 )
 from shardload.errors import PlanError
 from shardload.formats import Columns
@@ -164,7 +170,7 @@ def collate_packed(
     pad: PadSpec,
     pack: PackSpec,
     allocate: Allocate = allocate_separately,
-) -> dict[str, np.ndarray]:
+) -> dict[str, Any]:
     """Build one packed batch (the contract is in the module docstring).
 
     Args:
@@ -179,7 +185,8 @@ def collate_packed(
         allocate: makes the output arrays.
 
     Returns:
-        The arrays ``allocate`` made, filled, keyed by name.
+        The arrays ``allocate`` made, filled, keyed by name; then, per text
+        field, a list with one value per document (``E``), in entry order.
 
     Raises:
         PlanError: the documents do not fit the spec (a row out of range or
@@ -213,6 +220,8 @@ def collate_packed(
     layout: Layout = []
     for name in names:
         f = schema.field(name)
+        if f.text:
+            continue  # a list (text_lists)
         if f.variable:
             layout.append((name, (r, p, *f.inner_shape), np.dtype(f.dtype), False))
             layout.append((lengths_key(name), (e,), np.dtype(np.int64), False))
@@ -224,8 +233,10 @@ def collate_packed(
     layout.append((MAX_SEQLEN_KEY, (), np.dtype(np.int32), False))
     layout += plan_layout(e)
 
-    out = allocate(layout)
+    out: dict[str, Any] = allocate(layout)
     for name in names:
+        if schema.field(name).text:
+            continue
         arr = out[name]
         if name not in bounds:
             gather_fixed(arr, cols, groups, name, shard_rows)
@@ -241,6 +252,7 @@ def collate_packed(
     cu[:] = np.sort(seq_starts, kind="stable")
     out[MAX_SEQLEN_KEY][...] = np.diff(cu).max()
     fill_plan_keys(out, sample_ids, weights)
+    out.update(text_lists(schema, names, cols, groups, shard_rows))
     return out
 
 

@@ -92,16 +92,24 @@ class WorkerBatch:
         self.arrays = arrays
         self.shared = shared
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The batch dict. Small tensors of a shared buffer are copied out (see :func:`own_small_tensors`)."""
+    def tensors(self) -> dict[str, Any]:
+        """The batch dict. Small tensors of a shared buffer are copied out (see :func:`own_small_tensors`).
+
+        A text field's list travels in the batch as it is (pickled with it).
+        """
         if not self.shared:
-            return {k: torch.from_numpy(v) for k, v in self.arrays.items()}
+            return as_tensors(self.arrays)
         return own_small_tensors(self.arrays)
 
-    def pin_memory(self) -> dict[str, torch.Tensor]:
-        """The batch dict in pinned memory (one pinned copy per tensor)."""
-        out = {k: torch.from_numpy(v) for k, v in self.arrays.items()} if not self.shared else self.arrays
-        return {k: t.pin_memory() for k, t in out.items()}
+    def pin_memory(self) -> dict[str, Any]:
+        """The batch dict in pinned memory (one pinned copy per tensor; text lists as they are)."""
+        out = as_tensors(self.arrays) if not self.shared else self.arrays
+        return {k: t.pin_memory() if isinstance(t, torch.Tensor) else t for k, t in out.items()}
+
+
+def as_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
+    """A batch of numpy arrays as tensors (shared memory, no copy); a text field's list stays a list."""
+    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
 
 
 class BatchArena:
@@ -138,24 +146,25 @@ class BatchArena:
             self.tensors[name] = buf[start : start + nbytes].view(torch_dtype(dtype)).view(shape)
         return self.arrays
 
-    def batch(self) -> WorkerBatch:
-        """What the worker returns."""
+    def batch(self, lists: dict[str, Any] | None = None) -> WorkerBatch:
+        """What the worker returns; ``lists``: the batch's text fields (lists), sent with it by value."""
         if self.tensors is not None:
-            return WorkerBatch(self.tensors, shared=True)
-        return WorkerBatch(self.arrays, shared=False)
+            return WorkerBatch({**self.tensors, **(lists or {})}, shared=True)
+        return WorkerBatch({**self.arrays, **(lists or {})}, shared=False)
 
 
-def own_small_tensors(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def own_small_tensors(batch: dict[str, Any]) -> dict[str, Any]:
     """Copy out of a shared batch buffer every tensor under 1/8 of its size.
 
     A tensor that is a view keeps its whole buffer alive: without this, a loop
     that keeps ``batch["sample_id"]`` of every batch would keep every padded
     batch. The copies are the per-sample vectors, a few hundred bytes each.
     """
-    if not batch:
+    tensors = [t for t in batch.values() if isinstance(t, torch.Tensor)]
+    if not tensors:
         return batch
-    size = max(t.untyped_storage().nbytes() for t in batch.values())
-    return {k: t.clone() if t.nbytes * 8 < size else t for k, t in batch.items()}
+    size = max(t.untyped_storage().nbytes() for t in tensors)
+    return {k: t.clone() if isinstance(t, torch.Tensor) and t.nbytes * 8 < size else t for k, t in batch.items()}
 
 
 class ShardBatchDataset(Dataset[Any]):
@@ -235,8 +244,8 @@ class ShardBatchDataset(Dataset[Any]):
         *,
         rows: NDArray[np.integer] | None = None,
         starts: NDArray[np.integer] | None = None,
-    ) -> dict[str, np.ndarray]:
-        """The batch as numpy arrays: padded, or packed when ``rows`` is given.
+    ) -> dict[str, Any]:
+        """The batch as numpy arrays (a list per text field): padded, or packed when ``rows`` is given.
 
         See :mod:`shardload.collate` and :mod:`shardload.collate_packed` for the
         contracts; ``rows`` and ``starts`` are those of :class:`BatchKey`.
@@ -275,7 +284,7 @@ class ShardBatchDataset(Dataset[Any]):
             out[SOURCE_KEY][:] = ss.source_of(sample_ids)
         return out
 
-    def __getitem__(self, key: BatchKey) -> dict[str, torch.Tensor] | WorkerBatch:
+    def __getitem__(self, key: BatchKey) -> dict[str, Any] | WorkerBatch:
         """The batch dict in the main process; in a worker, a :class:`WorkerBatch` that the loader unpacks."""
         if not isinstance(key, BatchKey):
             raise TypeError(
@@ -283,11 +292,10 @@ class ShardBatchDataset(Dataset[Any]):
                 f"{type(key).__name__}. Was the DataLoader's sampler replaced (e.g. by a DistributedSampler)?"
             )
         if get_worker_info() is None:  # the main process: nothing to send, plain arrays are cheapest
-            arrays = self.fetch(key.sample_ids, key.weights, rows=key.rows, starts=key.starts)
-            return {k: torch.from_numpy(v) for k, v in arrays.items()}
+            return as_tensors(self.fetch(key.sample_ids, key.weights, rows=key.rows, starts=key.starts))
         arena = BatchArena()
-        self.fetch(key.sample_ids, key.weights, arena, rows=key.rows, starts=key.starts)
-        return arena.batch()
+        out = self.fetch(key.sample_ids, key.weights, arena, rows=key.rows, starts=key.starts)
+        return arena.batch({k: v for k, v in out.items() if isinstance(v, list)})
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 from shardload.manifest import Manifest
 from shardload.shardset import open_shard_set
+from shardload.text import TEXT_DTYPES
 
 __all__ = [
     "LengthDistribution",
@@ -210,6 +211,8 @@ def format_description(info: Mapping[str, Any], *, width: int = 40) -> str:
     """The human-readable report of ``shardload inspect`` for a :func:`describe` dict."""
 
     def shape(f: Mapping[str, Any]) -> str:
+        if f["dtype"] in TEXT_DTYPES:
+            return "text, one value per sample"
         return "[" + ", ".join("L" if d is None else str(d) for d in f["shape"]) + "]"
 
     fields = info["fields"]

@@ -27,11 +27,13 @@ from shardload.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES, env_l
 MANIFEST_NAME = "manifest.json"
 LENGTHS_NAME = "lengths.npy"
 FORMAT_NAME = "shardload"
-#: bump when readers of the previous version could misread a new manifest
+#: bump when readers of the previous version could misread a new manifest: the newest version this one reads
 FORMAT_VERSION = 2
-#: the version written for a set that is not merged from parts (readable by every shardload); version 2
-#: adds ``parts`` (a set merged from parts, whose shards carry their part's identity)
-PLAIN_FORMAT_VERSION = 1
+#: the version a set is written with unless it needs a newer one (readable by every shardload)
+BASE_FORMAT_VERSION = 1
+#: version 2 holds what a version-1 reader would misread: text fields (``str``/``bytes``) in the schema, and
+#: ``parts`` (a set merged from parts, whose shards carry their part's identity)
+TEXT_FORMAT_VERSION = PARTS_FORMAT_VERSION = 2
 #: sanity bounds for values read from a manifest
 MAX_SAMPLES = 1 << 40
 MAX_SHARDS = 1 << 24
@@ -133,10 +135,17 @@ class Manifest:
             h.update(f"{s.file}:{s.samples}:{s.checksum};".encode())
         return h.hexdigest()[:16]
 
+    @property
+    def format_version(self) -> int:
+        """The manifest format version this set needs: 2 with text fields or parts, else 1."""
+        if self.parts:
+            return PARTS_FORMAT_VERSION
+        return TEXT_FORMAT_VERSION if self.schema.has_text else BASE_FORMAT_VERSION
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION if self.parts else PLAIN_FORMAT_VERSION,
+            "format_version": self.format_version,
             "shardload_version": self.shardload_version,
             "created": self.created,
             "shard_format": self.shard_format,
@@ -217,6 +226,12 @@ def _parse(obj: Any, where: str) -> Manifest:
         raise ManifestError(f"{where}: 'schema' must be an object with a list of 'fields'")
     schema = Schema.from_json(obj["schema"])
     _check_schema(schema, where)
+    if schema.has_text and version < TEXT_FORMAT_VERSION:
+        raise ManifestError(
+            f"{where}: the schema has text fields ({', '.join(f.name for f in schema.text_fields)}), which format "
+            f"version {version} cannot hold (they need version {TEXT_FORMAT_VERSION}); the manifest is damaged, "
+            "re-run prepare"
+        )
     raw_shards = obj["shards"]
     if not isinstance(raw_shards, list) or len(raw_shards) > MAX_SHARDS:
         raise ManifestError(f"{where}: 'shards' must be a list of at most {MAX_SHARDS} entries")

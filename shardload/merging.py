@@ -8,6 +8,7 @@ shards::
     OUT/manifest.json            every part's shards (paths into parts/...), in part order; written last
     OUT/lengths.npy              the parts' lengths indexes, concatenated (and lengths.FIELD.npy)
     OUT/origin.npy               source position of each sample, the parts' concatenated
+    OUT/origins.arrow            where each sample came from (ShardSet.origin), the parts' concatenated
     OUT/parts/00000-of-00008/    a complete shard set each (its own manifest, shards/, lengths.npy)
 
 Sample ids follow part order (part 0's samples first), whichever part finished
@@ -38,6 +39,7 @@ from numpy.typing import NDArray
 
 from shardload.errors import MergeError, ShardloadError, ShardSetError
 from shardload.manifest import MANIFEST_NAME, Manifest, PartInfo, ShardInfo
+from shardload.origin import write_merged_origins
 from shardload.output import OutputLock, atomic_file, withdraw_index
 from shardload.prepare.index import length_stats
 from shardload.prepare.parts import PART_NAME, PARTS_DIR, part_name
@@ -112,7 +114,7 @@ def merge(out: str | os.PathLike[str]) -> MergeResult:
         parts = [_load_part(root, name, k, n) for k, n, name in _part_names(root)]
         _check_same_run(parts)
         manifest, arrays = _merged(parts)
-        changed = _write(root, manifest, arrays)
+        changed = _write(root, manifest, arrays, [p.path for p in parts])
     finally:
         lock.release()
     return MergeResult(
@@ -308,8 +310,8 @@ def _concatenate(chunks: Sequence[NDArray[np.integer]]) -> NDArray[np.integer]:
     return joined.astype(np.int32 if top < 2**31 else np.int64, copy=False)
 
 
-def _write(root: Path, manifest: Manifest, arrays: dict[str, NDArray[np.integer]]) -> bool:
-    """Write the index files, then the manifest; nothing when ``root`` already holds exactly this set."""
+def _write(root: Path, manifest: Manifest, arrays: dict[str, NDArray[np.integer]], parts: Sequence[Path]) -> bool:
+    """Write the index files and origins, then the manifest; nothing when ``root`` already holds exactly this set."""
     try:
         current: Manifest | None = Manifest.load(root)
     except ShardSetError:
@@ -321,6 +323,7 @@ def _write(root: Path, manifest: Manifest, arrays: dict[str, NDArray[np.integer]
         path = root / file
         with atomic_file(path, tmp=path.with_name(f".{file}.tmp")) as tmp, open(tmp, "wb") as fh:
             np.save(fh, arr, allow_pickle=False)
+    write_merged_origins(root, parts)
     manifest.write(root)  # last, atomically: from here OUT is the merged set
     return True
 

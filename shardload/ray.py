@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -43,8 +44,10 @@ from shardload.prepare.parts import PART_NAME, PARTS_DIR, part_name, part_record
 from shardload.prepare.pipeline import run_prepare
 
 try:
-    from ray.data import Datasink
-    from ray.data.block import Block, BlockAccessor
+    # Importing Ray adds warning filters; the caller's stay as they were (a library sets none).
+    with warnings.catch_warnings():
+        from ray.data import Datasink
+        from ray.data.block import Block, BlockAccessor
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingDependencyError(
         f"shardload.ray needs Ray Data ({exc}): pip install 'shardload[ray]'", name="ray"

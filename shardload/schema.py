@@ -1,11 +1,15 @@
 """Schema of a shard set: the named fields of a sample, their dtypes and shapes.
 
-A sample is a ``dict[str, numpy.ndarray]``. Each field is one of:
+A sample is a ``dict[str, numpy.ndarray | str | bytes]``. Each field is one of:
 
 * **variable**: the first axis varies from sample to sample (token ids
   ``int32[L]``, a feature matrix ``float32[rows, 32]``); ``shape[0] is None``;
 * **fixed**: every sample has the same shape (a scalar label ``int64[]``, an
-  embedding declared fixed with ``fixed_fields``).
+  embedding declared fixed with ``fixed_fields``);
+* **text**: one ``str`` (dtype ``"str"``) or ``bytes`` (dtype ``"bytes"``)
+  value per sample, shape ``[]``. Shards store it as its bytes (UTF-8 for
+  ``str``) with per-sample offsets, like a variable ``uint8`` field; it never
+  defines a sample's length and is never padded (batches hold it as a list).
 
 The schema is taken from the first sample and every later sample is checked
 against it, so bad input fails on the sample that is wrong, by name.
@@ -23,8 +27,9 @@ import numpy as np
 
 from shardload.errors import InputError
 from shardload.messages import one_line
+from shardload.text import TEXT_DTYPES, TEXT_STORAGE, text_kind, text_to_array
 
-#: dtypes a field may have; anything else (object, strings, complex) is refused.
+#: numeric dtypes a field may have; besides them only :data:`TEXT_DTYPES` (object, complex ... are refused).
 SUPPORTED_DTYPES = (
     "bool",
     "int8",
@@ -69,8 +74,10 @@ class Field:
 
     Attributes:
         name: the key in the sample dict.
-        dtype: numpy dtype name, one of :data:`SUPPORTED_DTYPES`.
-        shape: the per-sample shape; ``shape[0] is None`` for a variable field.
+        dtype: numpy dtype name, one of :data:`SUPPORTED_DTYPES`, or a text
+            dtype of :data:`TEXT_DTYPES` (``"str"``, ``"bytes"``).
+        shape: the per-sample shape; ``shape[0] is None`` for a variable field,
+            ``()`` for a text field.
     """
 
     name: str
@@ -79,8 +86,23 @@ class Field:
 
     @property
     def variable(self) -> bool:
-        """Whether the first axis varies from sample to sample."""
+        """Whether the first axis varies from sample to sample (never for a text field)."""
         return len(self.shape) > 0 and self.shape[0] is None
+
+    @property
+    def text(self) -> bool:
+        """Whether the field holds one ``str`` or ``bytes`` value per sample."""
+        return self.dtype in TEXT_DTYPES
+
+    @property
+    def has_offsets(self) -> bool:
+        """Whether a shard stores the field as values plus per-sample offsets (variable and text fields)."""
+        return self.variable or self.text
+
+    @property
+    def value_dtype(self) -> np.dtype:
+        """The numpy dtype of the field's stored values (``uint8`` bytes for a text field)."""
+        return TEXT_STORAGE if self.text else np.dtype(self.dtype)
 
     @property
     def inner_shape(self) -> tuple[int, ...]:
@@ -134,6 +156,16 @@ class Schema:
         """The fields whose first axis varies, in schema order."""
         return tuple(f for f in self.fields if f.variable)
 
+    @property
+    def text_fields(self) -> tuple[Field, ...]:
+        """The text (``str``/``bytes``) fields, in schema order."""
+        return tuple(f for f in self.fields if f.text)
+
+    @property
+    def has_text(self) -> bool:
+        """Whether any field is a text field (such a set needs manifest format version 2)."""
+        return any(f.text for f in self.fields)
+
     def field(self, name: str) -> Field:
         """The field called ``name``; ``KeyError`` if there is none."""
         for f in self.fields:
@@ -178,6 +210,12 @@ class Schema:
             raise InputError(f"fixed_fields names fields the samples do not have: {sorted(unknown)}")
         fields = []
         for name, value in sample.items():
+            kind = text_kind(value)
+            if kind is not None:
+                if name in fixed:
+                    raise InputError(f"{where}: fixed_fields names {name!r}, a text field; text is never fixed-shape")
+                fields.append(Field(name=str(name), dtype=kind, shape=()))
+                continue
             arr = as_array(value, name=name, where=where)
             if arr.ndim == 0 or name in fixed:
                 shape: tuple[int | None, ...] = tuple(arr.shape)
@@ -205,7 +243,12 @@ class Schema:
             )
         out = {}
         for f in self.fields:
-            arr = as_array(sample[f.name], name=f.name, where=where)
+            value = sample[f.name]
+            kind = text_kind(value)
+            if f.text or kind is not None:
+                out[f.name] = text_to_array(f, value, kind, where)
+                continue
+            arr = as_array(value, name=f.name, where=where)
             if dtype_name(arr.dtype) != f.dtype:
                 raise InputError(
                     f"{where}: field {f.name!r} has dtype {arr.dtype.name}, but earlier samples have {f.dtype}. "
@@ -357,6 +400,10 @@ def schema_problems(schema: Schema) -> list[str]:
     if len(set(schema.names)) != len(schema.names):
         problems.append(f"the schema names a field twice ({list(schema.names)})")
     for f in schema.fields:
+        if f.text:
+            if f.shape:
+                problems.append(f"text field {f.name!r} has shape {list(f.shape)}; a text field has shape []")
+            continue
         if f.dtype not in SUPPORTED_DTYPES:
             problems.append(f"field {f.name!r} has dtype {f.dtype!r}, not one of {', '.join(SUPPORTED_DTYPES)}")
             continue
@@ -369,7 +416,14 @@ def schema_problems(schema: Schema) -> list[str]:
         elif math.prod(f.inner_shape) > MAX_ROW_ELEMENTS:
             problems.append(f"field {f.name!r} has shape {_shape_text(f.shape)}, too large for one sample")
     length = schema.length_field
-    if length is not None and length in schema.names and not schema.field(length).variable:
+    if length is not None and length in schema.names and schema.field(length).text:
+        variable = ", ".join(f.name for f in schema.variable_fields) or "none"
+        problems.append(
+            f"length_field {length!r} is a text field ({schema.field(length).dtype}), which never defines a "
+            f"sample's length; name a field whose length varies (variable fields: {variable}), or tokenize the "
+            "text into a field of token ids first"
+        )
+    elif length is not None and length in schema.names and not schema.field(length).variable:
         # the batching length is a variable field's first axis: a fixed field has none
         variable = ", ".join(f.name for f in schema.variable_fields) or "none"
         problems.append(

@@ -31,6 +31,7 @@ from shardload.identity import (
 )
 from shardload.index import ShardIndex
 from shardload.manifest import MANIFEST_NAME, Manifest, resolve_inside
+from shardload.origin import SampleOrigin, read_origin
 from shardload.plan.request import PlanInputs
 from shardload.plan.validate import check_scalar
 from shardload.schema import Schema
@@ -44,6 +45,7 @@ from shardload.setfiles import (
     reason_of,
     stat_regular,
 )
+from shardload.text import decode_text
 
 
 class ShardSet:
@@ -472,13 +474,28 @@ class ShardSet:
         """Indices of the shards this process has opened so far (for locality checks)."""
         return sorted(self._opened)
 
-    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
-        """Sample ``i`` as a dict of numpy arrays (zero-copy views for Arrow shards)."""
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        """Sample ``i`` as a dict of numpy arrays (zero-copy views for Arrow shards), ``str``/``bytes`` for text."""
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"sample {i} out of range for a shard set of {n} samples")
         shard, row = self.index.locate(i % n)
-        return self.shard_columns(int(shard)).sample(int(row))
+        sample: dict[str, Any] = self.shard_columns(int(shard)).sample(int(row))
+        for f in self.schema.text_fields:
+            sample[f.name] = decode_text(f, sample[f.name], f"{self.path}: sample {i % n}")
+        return sample
+
+    def origin(self, sample_id: int) -> SampleOrigin:
+        """Where sample ``sample_id`` came from: its source file and the row, line or member in it.
+
+        For a set written by ``write()`` from an iterable, the sample's index in
+        the iterable (``kind == "index"``, ``file`` is ``None``).
+
+        Raises:
+            IndexError: ``sample_id`` is not in ``[0, len(self))``.
+            ShardSetError: the set records no origins (prepared by an older shardload).
+        """
+        return read_origin(self.path, sample_id, len(self))
 
     def close(self) -> None:
         """Unmap every shard opened so far; later reads map them again."""

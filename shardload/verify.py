@@ -29,16 +29,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from numpy.typing import NDArray
 
 from shardload.errors import CorruptShardError, MissingDependencyError, ShardSetError
 from shardload.formats import Columns, get_format
+from shardload.formats.arrow.writer import to_arrow
 from shardload.identity import ShardIdentity, identity_problem
 from shardload.manifest import Manifest, ShardInfo, file_checksum, resolve_inside
 from shardload.messages import one_line
 from shardload.prepare.workers import map_in_workers
 from shardload.progress import Progress
-from shardload.schema import Schema
+from shardload.schema import Field, Schema
 from shardload.setfiles import check_index_values, check_path_encoding, open_index, open_regular, reason_of
 
 __all__ = ["REASONS", "Problem", "VerifyReport", "verify"]
@@ -221,6 +223,18 @@ def _chunked_sum(arr: NDArray[np.integer], chunk: int = 1 << 24) -> int:
     return sum(int(arr[i : i + chunk].sum(dtype=np.int64)) for i in range(0, len(arr), chunk))
 
 
+def utf8_problem(f: Field, cols: Columns) -> str:
+    """What is wrong with the text of ``str`` field ``f`` (a value that is not UTF-8), or ``""``."""
+    if f.dtype != "str":
+        return ""
+    data = cols.fields[f.name]
+    try:
+        to_arrow(f, data.values, data.offsets)  # checks every value is UTF-8, as when it was written
+    except pa.ArrowException as exc:
+        return f"its text is not valid UTF-8 ({one_line(exc)})"
+    return ""
+
+
 def recompute_lengths(schema: Schema, cols: Columns) -> dict[str, NDArray[np.int64]]:
     """Lengths a shard's offsets imply: ``""`` -> batching length, plus one entry per variable field.
 
@@ -306,8 +320,13 @@ class _ShardChecker:
                 return
             bad = [
                 f"field {f.name!r}: {problem}"
-                for f in self.manifest.schema.variable_fields
-                if (problem := cols.fields[f.name].offsets_problem(info.samples)) is not None
+                for f in self.manifest.schema.fields
+                if f.has_offsets and (problem := cols.fields[f.name].offsets_problem(info.samples)) is not None
+            ]
+            bad += [
+                f"field {f.name!r}: {problem}"
+                for f in self.manifest.schema.text_fields
+                if (problem := utf8_problem(f, cols))
             ]
             if bad:  # the loader refuses such a shard at its first open (the same rule)
                 report("unreadable", f"its offsets do not fit its values: {'; '.join(bad)}")

@@ -72,6 +72,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "mapped, None to drop it, or a list of samples (e.g. mypkg.tok:encode; the current directory is importable, "
         "as with python -m). With --workers > 1 it must be defined at the top level of its module",
     )
+    pick = src.add_mutually_exclusive_group()
+    pick.add_argument(
+        "--fields",
+        type=_names,
+        metavar="A,B",
+        help="keep only these fields of the input (Parquet/Arrow read only these columns)",
+    )
+    pick.add_argument("--drop-fields", type=_names, metavar="A,B", help="leave these fields of the input out")
     src.add_argument("--reject-nonfinite", action="store_true", default=None, help="refuse NaN/inf in float fields")
     src.add_argument(
         "--allow-pickle",
@@ -145,6 +153,10 @@ def run(args: argparse.Namespace) -> int:
         options["fixed_fields"] = tuple(args.fixed_field)
     if args.dtype:
         options["dtypes"] = _dtypes(args.dtype)
+    if args.fields is not None:
+        options["fields"] = args.fields
+    if args.drop_fields is not None:
+        options["drop_fields"] = args.drop_fields
     if args.field is not None:
         options["field"] = args.field  # a keyword of prepare() itself, not a PrepareOptions field
     options["progress"] = False if args.no_progress else None
@@ -249,6 +261,14 @@ def _kinds() -> str:
     from shardload.prepare.sources import READERS
 
     return ", ".join(sorted(READERS))
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """``a,b`` (``--fields``, ``--drop-fields``) as field names."""
+    names = tuple(n.strip() for n in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected field names separated by commas, e.g. tokens,label")
+    return names
 
 
 def _dtype_item(text: str) -> tuple[str, str]:

@@ -12,14 +12,16 @@ Layout of ``DEST``::
     ...
     DEST/_shardload_export.json    what was exported (schema, tars, counts, checksums); written last
 
-Inside a tar, each sample is one ``.npy`` member per field, in schema order,
-named ``<key>.<field>.npy`` where the key is the sample's global id,
+Inside a tar, each sample is one member per field, in schema order, named
+``<key>.<field>.npy`` (``.txt`` / ``.bin`` for text fields, see below) where the key is the sample's global id,
 zero-padded to 9 digits (more when the set has more samples), so that keys
 sort in id order::
 
     000000017.tokens.npy      np.save of the field's array (never pickled)
     000000017.features.npy
     000000017.label.npy       a 0-d array for a scalar field
+    000000017.caption.txt     a text field of str: its UTF-8 text
+    000000017.raw.bin         a text field of bytes: its bytes
 
 Members carry fixed metadata (mtime 0, uid/gid 0, no user or group names,
 mode 0644), so exporting the same set twice gives byte-identical tars.
@@ -174,6 +176,7 @@ def to_webdataset(
     started = time.perf_counter()
     ds = open_shard_set(set_path)
     check_field_names(ds.schema, where=str(set_path))
+    members = member_kinds(ds.schema)
     sizes = _tar_sizes(ds, samples_per_tar)
     key_digits = max(KEY_DIGITS, len(str(max(len(ds) - 1, 0))))
     tar_digits = max(TAR_DIGITS, len(str(max(len(sizes) - 1, 0))))
@@ -189,7 +192,7 @@ def to_webdataset(
                 tmp = out / f".{name}.new"
                 staged.append(tmp)
                 keys = (f"{i:0{key_digits}d}" for i in itertools.count(first))
-                _write_tar(tmp, zip(keys, itertools.islice(samples, size)), ds.schema.names, bar)
+                _write_tar(tmp, zip(keys, itertools.islice(samples, size)), members, bar)
             records = [_tar_record(name, tmp, size) for name, tmp, size in zip(names, staged, sizes)]
             prepare_options = prepare_options_for(ds.schema)
             index = _index_json(ds, records, key_digits, prepare_options)
@@ -330,20 +333,28 @@ def member_header(name: str, size: int) -> bytes:
     return head + b"%06o\x00 " % checksum + _AFTER_CHECKSUM
 
 
+def member_kinds(schema: Schema) -> list[tuple[str, str]]:
+    """``(field, member extension)`` of each field, in schema order: ``npy``, or ``txt``/``bin`` for text."""
+    return [(f.name, ("txt" if f.dtype == "str" else "bin") if f.text else "npy") for f in schema.fields]
+
+
 def _write_tar(
     path: Path,
     samples: Iterator[tuple[str, Mapping[str, np.ndarray]]],
-    fields: Sequence[str],
+    fields: Sequence[tuple[str, str]],
     bar: Progress,
 ) -> None:
-    """Write ``(key, sample)`` pairs as one tar: a ``<key>.<field>.npy`` member per field, in ``fields`` order."""
+    """Write ``(key, sample)`` pairs as one tar: a ``<key>.<field>.<ext>`` member per ``(field, ext)``, in order.
+
+    A text field's stored values are its bytes already (UTF-8 for ``str``): they are the member.
+    """
     pending_samples = pending_bytes = 0
     offset = 0
     with open(path, "wb", buffering=1 << 20) as fh:
         for key, sample in samples:
-            for name in fields:
-                data = _npy_bytes(sample[name])
-                header = member_header(f"{key}.{name}.npy", len(data))
+            for name, ext in fields:
+                data = _npy_bytes(sample[name]) if ext == "npy" else sample[name].tobytes()
+                header = member_header(f"{key}.{name}.{ext}", len(data))
                 padding = -len(data) % _BLOCK
                 fh.write(header)
                 fh.write(data)
@@ -380,7 +391,7 @@ def _index_json(ds: ShardSet, records: list[dict[str, Any]], key_digits: int, pr
         "schema": ds.schema.to_json(),
         "samples": len(ds),
         "key": f"sample id, zero-padded to {key_digits} digits",
-        "member": "<key>.<field>.npy",
+        "member": "<key>.<field>.npy" + (" (.txt / .bin for str / bytes fields)" if ds.schema.has_text else ""),
         "pattern": tar_pattern([r["file"] for r in records]),
         "prepare_options": prepare_options,
         "tars": records,

@@ -6,7 +6,9 @@ column by column. For each field, a shard has:
 * a variable field: ``values`` of shape ``(total_rows, *inner_shape)`` and
   ``offsets`` of shape ``(num_samples + 1,)``; sample ``i`` is
   ``values[offsets[i]:offsets[i + 1]]``;
-* a fixed field: ``values`` of shape ``(num_samples, *shape)`` and no offsets.
+* a fixed field: ``values`` of shape ``(num_samples, *shape)`` and no offsets;
+* a text field: ``values`` the ``uint8`` bytes of every sample end to end and
+  ``offsets`` as for a variable field (:attr:`~shardload.schema.Field.has_offsets`).
 
 Writers take :class:`Columns`; readers give the same :class:`Columns` back,
 as zero-copy views where the format allows it. Each format also has its own
@@ -114,7 +116,7 @@ def concat_columns(schema: Schema, parts: Sequence[Columns]) -> Columns:
     fields = {}
     for f in schema.fields:
         datas = [p.fields[f.name] for p in parts]
-        if not f.variable:
+        if not f.has_offsets:
             values = np.concatenate([d.values for d in datas]) if datas else _empty(f, 0)
             fields[f.name] = FieldData(values, None)
             continue
@@ -129,11 +131,11 @@ def concat_columns(schema: Schema, parts: Sequence[Columns]) -> Columns:
 
 
 def _empty(f: Field, n: int) -> np.ndarray:
-    return np.empty((n, *f.inner_shape), dtype=f.dtype)
+    return np.empty((n, *f.inner_shape), dtype=f.value_dtype)
 
 
 def _pack_field(f: Field, parts: Sequence[np.ndarray]) -> FieldData:
-    if not f.variable:
+    if not f.has_offsets:
         values = np.stack(parts) if parts else _empty(f, 0)
         return FieldData(np.ascontiguousarray(values), None)
     lens = np.fromiter((p.shape[0] for p in parts), dtype=np.int64, count=len(parts))

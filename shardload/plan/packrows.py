@@ -33,6 +33,8 @@ lengths the rows are within one of the ``ceil(tokens / capacity)`` bound.
 
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,7 +112,7 @@ def _items_by_run(
         return _stable_order(item_run, int(seg_runs[-1]))
     order = np.empty(len(seg), dtype=np.int64)
     bounds = np.searchsorted(seg, np.arange(len(seg_runs))).tolist()
-    for k, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+    for k, (lo, hi) in enumerate(itertools.pairwise(bounds)):
         if hi > lo:
             local = item_run[lo:hi] - seg_runs[k]
             order[lo:hi] = lo + _stable_order(local, int(seg_runs[k + 1] - seg_runs[k]))
@@ -496,6 +498,7 @@ def pack_segments(
     seg64: NDArray[np.int64] = np.asarray(seg, dtype=np.int64)
     width = capacity + 1
     keys, count, item_run = _key_runs(seg64 * width + (capacity - sizes64), segments * width, inverse=True)
+    assert item_run is not None  # asked for with inverse=True
     runs = SizeRuns(keys // width, capacity - keys % width, count)
     fit = BestFit(runs, segments, capacity, track_rows=True)
     rows = fit.run()

@@ -74,7 +74,14 @@ def prepare(
     bound: dict[str, Any] = {} if max_record_bytes is None else {"max_record_bytes": max_record_bytes}
     if unit_bytes is not None:
         bound["unit_bytes"] = unit_bytes
-    source_options = SourceOptions(field=field or "data", dtypes=dict(opts.dtypes), allow_pickle=allow_pickle, **bound)
+    source_options = SourceOptions(
+        field=field or "data",
+        dtypes=dict(opts.dtypes),
+        allow_pickle=allow_pickle,
+        fields=opts.fields,
+        drop_fields=opts.drop_fields,
+        **bound,
+    )
     skipped: dict[str, list[str]] = {}
     units = discover(list(sources), source_format=source_format, options=source_options, skipped=skipped, output=out)
     if field is not None and not any(u.kind == "npy" for u in units):

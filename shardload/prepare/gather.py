@@ -43,7 +43,7 @@ def gather(
     by_chunk = np.argsort(chunk_of, kind="stable")  # output slots, grouped by the chunk they come from
     cuts = np.flatnonzero(np.diff(chunk_of[by_chunk])) + 1
     groups = [(int(chunk_of[g[0]]), g) for g in np.split(by_chunk, cuts) if len(g)]
-    variable = [f for f in schema.fields if f.variable]
+    variable = [f for f in schema.fields if f.has_offsets]
     # pass 1: every sample's length, to lay the output out
     lens = {f.name: np.zeros(n, dtype=np.int64) for f in variable}
     for c, slots in groups:
@@ -55,11 +55,11 @@ def gather(
                 lens[f.name][slots] = offsets[rows + 1] - offsets[rows]
     out: dict[str, FieldData] = {}
     for f in schema.fields:
-        if f.variable:
+        if f.has_offsets:
             offsets = offsets_from_lengths(lens[f.name])
-            out[f.name] = FieldData(np.empty((int(offsets[-1]), *f.inner_shape), dtype=f.dtype), offsets)
+            out[f.name] = FieldData(np.empty((int(offsets[-1]), *f.inner_shape), dtype=f.value_dtype), offsets)
         else:
-            out[f.name] = FieldData(np.empty((n, *f.inner_shape), dtype=f.dtype), None)
+            out[f.name] = FieldData(np.empty((n, *f.inner_shape), dtype=f.value_dtype), None)
     # pass 2: copy, one chunk at a time
     for c, slots in groups:
         with _mapped(chunk_paths[c], schema) as cols:

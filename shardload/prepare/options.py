@@ -54,6 +54,9 @@ class PrepareOptions:
             processes (:mod:`shardload.prepare.mapping`): it returns the sample
             mapped, ``None`` to drop it, or a list of samples. With more than one
             worker it must be defined at the top level of a module.
+        fields: keep only these fields of the input (read time; Parquet/Arrow
+            read only these columns); a name the input lacks is refused.
+        drop_fields: leave these fields of the input out (excludes ``fields``).
 
     Raises:
         InputError: an invalid value; or an option of a format given here
@@ -76,6 +79,8 @@ class PrepareOptions:
     progress: bool | None = None
     chunk_bytes: int = 64 << 20
     map: Callable[[dict[str, Any]], Any] | None = None
+    fields: tuple[str, ...] | None = None
+    drop_fields: tuple[str, ...] = ()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> PrepareOptions:
         # An option of a format given on its own (as in shardload 0.1.0) is refused here, before the
@@ -120,6 +125,18 @@ class PrepareOptions:
                 else ""
             )
             raise InputError(f"map must be a function, got {type(self.map).__name__} {self.map!r}{hint}")
+        for name in ("fields", "drop_fields"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            names = (value,) if isinstance(value, str) else value
+            if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) and n for n in names):
+                raise InputError(f"{name} must be a list of field names, got {value!r}")
+            object.__setattr__(self, name, tuple(names))
+        if self.fields is not None and self.drop_fields:
+            raise InputError("fields and drop_fields exclude each other: name the fields to keep, or those to drop")
+        if self.fields is not None and not self.fields:
+            raise InputError("fields is empty: name at least one field to keep (or leave it out to keep all)")
         if self.chunk_bytes <= 0:
             raise InputError(f"chunk_bytes must be positive, got {self.chunk_bytes}")
         if isinstance(self.shard_format, str):
@@ -149,6 +166,12 @@ class PrepareOptions:
             d["map"] = map_identity(self.map)
         d["shard_format"] = self.format.name
         d["fixed_fields"] = list(self.fixed_fields)
+        # absent unless given, as map: the record of a run made before they existed still matches
+        del d["fields"], d["drop_fields"]
+        if self.fields is not None:
+            d["fields"] = list(self.fields)
+        if self.drop_fields:
+            d["drop_fields"] = list(self.drop_fields)
         d["dtypes"] = dict(sorted(self.dtypes.items()))
         d.update(self.format_options.to_json())
         return d

@@ -41,6 +41,7 @@ from shardload.formats import Columns, format_of
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
 from shardload.identity import ShardIdentity, set_id_of
 from shardload.manifest import Manifest, file_checksum
+from shardload.origin import ORIGINS_NAME, write_chunk_origins, write_set_origins
 from shardload.output import atomic_file, atomic_write_text
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.prepare import guards
@@ -148,10 +149,13 @@ def ingest(
     staging: Path,
     chunk_bytes: int,
     source: str = "the iterable given to write()",
+    files: Sequence[str] = (),
 ) -> StagedUnit:
     """Stage one unit's samples as Arrow chunks; resume after complete chunks.
 
-    ``source`` names the input in messages (the unit's file). Returns the
+    ``source`` names the input in messages (the unit's file); ``files`` are the
+    unit's paths (none for an iterable), which each sample's origin names
+    (recorded next to each chunk, see :mod:`shardload.origin`). Returns the
     unit's record: chunk names, sample count, bytes and the records the map dropped.
     """
     done = staging / f"{unit_key}.done"
@@ -170,20 +174,20 @@ def ingest(
         chunks.append(path.name)
         skip += guards.skip_staged(it, ArrowShardReader(path, schema).columns(), check, source, skip)
     pending: list[dict[str, Any]] = []
+    pending_where: list[str] = []
     total, nbytes, pending_bytes = skip, 0, 0
     pending_values = 0  # bounds the values of any one field in the chunk (an Arrow array's length)
 
     def flush() -> None:
-        nonlocal pending, pending_bytes, pending_values
+        nonlocal pending, pending_where, pending_bytes, pending_values
         path = staging / chunk_name(unit_key, len(chunks))
-        with (
-            output_errors(staging.parents[1], f"staging the samples of {source}"),
-            atomic_file(path, tmp=path.with_suffix(".tmp")) as tmp,
-        ):
-            writer.write(tmp, Columns.from_samples(schema, pending))
+        with output_errors(staging.parents[1], f"staging the samples of {source}"):
+            write_chunk_origins(path, pending_where, files)  # before the chunk, whose presence means done
+            with atomic_file(path, tmp=path.with_suffix(".tmp")) as tmp:
+                writer.write(tmp, Columns.from_samples(schema, pending))
         chunks.append(path.name)
         crash_point(f"staged:{len(chunks)}")
-        pending, pending_bytes, pending_values = [], 0, 0
+        pending, pending_where, pending_bytes, pending_values = [], [], 0, 0
 
     for where, sample in it:
         checked = check(sample, where)
@@ -193,6 +197,7 @@ def ingest(
             flush()
         pending_values += values
         pending.append(checked)
+        pending_where.append(where)
         pending_bytes += size
         nbytes += size
         total += 1
@@ -212,7 +217,7 @@ def _ingest_unit(job: IngestJob) -> StagedUnit:
     unit = job.unit
     source = unit.paths[0] if len(unit.paths) == 1 else unit.describe()
     samples = MappedSamples(read_unit(unit, job.source_options), job.options.map)
-    return ingest(job.key, samples, check, job.staging, job.options.chunk_bytes, source)
+    return ingest(job.key, samples, check, job.staging, job.options.chunk_bytes, source, unit.paths)
 
 
 # -- 2. layout --------------------------------------------------------------------------------------
@@ -241,10 +246,11 @@ def collect_staged(records: Sequence[StagedUnit], schema: Schema, staging: Path)
         per_sample = np.zeros(cols.num_samples, dtype=np.int64)
         for f in schema.fields:
             data = cols.fields[f.name]
-            row_bytes = f.row_size * np.dtype(f.dtype).itemsize
-            if f.variable:
+            row_bytes = f.row_size * f.value_dtype.itemsize
+            if f.has_offsets:
                 lens = data.lengths()
-                field_parts[f.name].append(lens)
+                if f.variable:
+                    field_parts[f.name].append(lens)
                 per_sample += lens * row_bytes
             else:
                 per_sample += row_bytes
@@ -315,7 +321,7 @@ def run_prepare(
     so that every part has the one schema a single run would, and a part with
     no samples is a set of none (its manifest records the part for the merge).
     """
-    source_options = source_options or SourceOptions()
+    source_options = source_options or SourceOptions(fields=options.fields, drop_fields=options.drop_fields)
     started = time.perf_counter()
     guards.check_output_path(out)
     if options.map is not None and options.workers > 1 and len(units) > 1:  # else it runs in this process
@@ -360,12 +366,13 @@ def run_prepare(
         shard_records = _write_all(wd, staged, schema, options, order, bounds, set_id)
         with output_errors(wd.out, "writing the lengths index and the manifest", partial=wd.work):
             files = write_index(wd.work, staged.lengths, staged.field_lengths, order)
+            origins = write_set_origins(wd.work, staged.chunk_paths, order)
             crash_point("index")
             manifest = new_manifest(schema, options, shard_records, staged.lengths[order], files, describe, set_id)
             manifest.write(wd.work)
             crash_point("manifest")
             guards.check_new_set(wd)
-            wd.commit(list(files.values()) + ["origin.npy"])
+            wd.commit([*files.values(), "origin.npy", origins])
         dropped = sum(r.dropped for r in records)
         return _result(wd.out, time.perf_counter() - started, in_bytes, dropped)
 
@@ -380,7 +387,9 @@ def _infer_schema(
     first: tuple[str, Mapping[str, Any]] | None = None
     located: MappedSamples | None = None
     if samples is not None:
-        located = MappedSamples(((f"sample {i}", s) for i, s in enumerate(samples)), options.map)
+        located = MappedSamples(
+            ((f"sample {i}", source_options.selected(s, f"sample {i}")) for i, s in enumerate(samples)), options.map
+        )
         first = located.peek()
     else:
         for unit in units:
@@ -452,7 +461,7 @@ def _write_all(
 
 
 def _finish_commit(wd: WorkDir) -> None:
-    names = [p.name for p in wd.work.glob("*.npy")]
+    names = [p.name for p in wd.work.glob("*.npy")] + [p.name for p in wd.work.glob(ORIGINS_NAME)]
     wd.commit(names)
 
 

@@ -40,7 +40,7 @@ RETIRED = ".prepare.done"
 #: in the work dir: the message of the bad input a run stopped on (for the next run's and open's message)
 FAILED = "FAILED"
 #: the names a shard set owns inside OUT (removed when it is overwritten)
-OWNED = ("shards", "origin.npy")
+OWNED = ("shards", "origin.npy", "origins.arrow")
 
 #: outputs whose set a run of this process committed (see WorkDir.committed)
 _COMMITTED: set[str] = set()

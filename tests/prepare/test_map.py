@@ -29,6 +29,10 @@ def split_long(sample: dict[str, Any]) -> list[dict[str, Any]] | None:
     return [{"tokens": tokens[i : i + PIECE], "n": n} for i in range(0, len(tokens), PIECE)]
 
 
+def twice(sample: dict[str, Any]) -> list[dict[str, Any]]:
+    return [sample, sample]
+
+
 def keep_even(sample: dict[str, Any]) -> dict[str, Any] | None:
     return sample if len(sample["tokens"]) % 2 == 0 else None
 
@@ -274,3 +278,14 @@ def test_resume_refuses_a_changed_map_and_finishes_with_the_same(
         json.loads((out / "manifest.json").read_text())["set_id"]
         == json.loads((tmp_path / "fresh" / "manifest.json").read_text())["set_id"]
     )
+
+
+def test_a_mapped_sample_has_the_origin_of_its_record(tmp_path: Path) -> None:
+    """Every piece of a split, and a sample mapped whole, is located at the source line it was made from."""
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps({"tokens": list(range(n))}) + "\n" for n in (2, 5, 1)))
+    out = tmp_path / "out"
+    shardload.prepare(str(src), out, map=twice, shuffle=False)
+    ds = shardload.open(out)
+    lines = [(o.file, o.kind, o.position) for o in (ds.origin(i) for i in range(len(ds)))]
+    assert lines == [(str(src), "line", 1)] * 2 + [(str(src), "line", 2)] * 2 + [(str(src), "line", 3)] * 2

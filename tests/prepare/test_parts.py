@@ -332,3 +332,14 @@ def test_parts_of_one_big_file_split_into_units(tmp_path: Path) -> None:
     shardload.merge(out)
     shardload.prepare([str(src)], single, shuffle=False, unit_bytes=4096, **OPTIONS)  # type: ignore[arg-type]
     assert samples_of(out) == samples_of(single)
+
+
+def test_a_merged_set_tells_each_samples_origin(sources: list[str], tmp_path: Path) -> None:
+    out, single = tmp_path / "out", tmp_path / "single"
+    prepare_parts(sources, out, 3, shuffle=False)
+    shardload.merge(out)
+    shardload.prepare(sources, single, shuffle=False, **OPTIONS)  # type: ignore[arg-type]
+    merged, one = shardload.open(out), shardload.open(single)
+    origins = [merged.origin(i) for i in range(len(merged))]
+    assert origins == [one.origin(i) for i in range(len(one))]
+    assert origins[0].file == sources[0] and origins[0].kind == "line" and origins[-1].file == sources[-1]

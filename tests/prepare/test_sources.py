@@ -202,7 +202,9 @@ def test_parquet_nulls_name_row_and_column(tmp_path: Path) -> None:
 
 
 def test_parquet_refuses_strings_ragged_and_odd_types(tmp_path: Path) -> None:
-    pq.write_table(pa.table({"ids": pa.array([[1]]), "text": pa.array(["hi"])}), tmp_path / "s.parquet")
+    # string columns are text fields; lists of strings are neither numbers nor text
+    words = pa.array([["hi", "there"]], pa.list_(pa.string()))
+    pq.write_table(pa.table({"ids": pa.array([[1]]), "text": words}), tmp_path / "s.parquet")
     expect_input_error(tmp_path / "s.parquet", tmp_path / "o1", "s.parquet", "'text'", "not numeric", "drop")
     ragged = pa.array([[[1.0, 2.0]], [[1.0, 2.0], [3.0]]], type=pa.list_(pa.list_(pa.float32())))
     pq.write_table(pa.table({"m": ragged}), tmp_path / "r.parquet")
@@ -297,7 +299,8 @@ def test_jsonl_empty_2d_rows_keep_width(tmp_path: Path) -> None:
     [
         ('{"x": [1]}\n{"x": [1,\n', 2, ["invalid JSON"]),
         ('{"x": [1]}\n\n[1, 2]\n', 3, ["JSON object"]),
-        ('{"x": [1]}\n{"x": "abc"}\n', 2, ["'x'", "not numeric"]),
+        ('{"x": [1]}\n{"x": "abc"}\n', 2, ["'x'", "str", "earlier samples have int64"]),
+        ('{"x": [1]}\n{"x": ["abc"]}\n', 2, ["'x'", "not numeric"]),
         ('{"x": [1]}\n{"x": [1, null]}\n', 2, ["'x'", "null"]),
         ('{"x": [[1, 2], [3]]}\n', 1, ["'x'", "ragged"]),
         ('{"x": [1]}\n{"x": {"a": 1}}\n', 2, ["'x'", "object"]),
@@ -359,7 +362,7 @@ def test_webdataset_json_txt_gz_members(tmp_path: Path) -> None:
         for i in range(1, 4)
     ]
     write_wds(tmp_path / "a.tar.gz", rows)
-    ds = prepare_and_open(tmp_path / "a.tar.gz", tmp_path / "out", dtypes={"pos": "int32"})
+    ds = prepare_and_open(tmp_path / "a.tar.gz", tmp_path / "out", dtypes={"pos": "int32", "n": "int64"})
     want = [
         {
             "ids": np.arange(i, dtype=np.int64),
@@ -449,7 +452,7 @@ def _npy(arr: np.ndarray) -> bytes:
             None,
             ["'k0.u.npy'", "adjacent"],
         ),
-        ([("k0.t.npy", _npy(np.arange(3))), ("k0.text.txt", b"hello world")], None, ["'k0.text.txt'", "text fields"]),
+        ([("k0.t.npy", _npy(np.arange(3))), ("k0.text.txt", b"\xffbad")], None, ["'k0.text.txt'", "UTF-8"]),
         ([("k0.img.jpg", b"\xff\xd8")], None, ["'k0.img.jpg'", ".jpg is not supported"]),
         ([("README", b"hi")], None, ["'README'", "no extension"]),
         ([("k0.json", b'{"x": [1, "a"]}')], None, ["'k0.json'", "'x'", "not numeric"]),
@@ -524,6 +527,10 @@ def write_shards(directory: Path, samples: Sequence[Mapping[str, object]], maxco
     return str(directory / f"data-{{000..{count - 1:03d}}}.tar")
 
 
+def _without(ds: shardload.ShardSet, name: str) -> list[dict]:
+    return [{k: v for k, v in ds[i].items() if k != name} for i in range(len(ds))]
+
+
 def test_shardwriter_member_types_grouped_by_key(tmp_path: Path) -> None:
     from shardload.cli import main
 
@@ -534,15 +541,17 @@ def test_shardwriter_member_types_grouped_by_key(tmp_path: Path) -> None:
             "tokens.npy": s["tokens"],  # -> field "tokens", dtype and shape kept
             "json": {"pos": [[i, i + 1]] * (i % 3 + 1), "score": i + 0.5},  # -> one field per entry
             "cls": i % 3,  # -> field "cls", an int64 scalar
-            "len.txt": str(len(s["tokens"])),  # -> field "len", an int64 scalar
-            "prob.txt": f"{i / 4:.2f}\n",  # -> field "prob", a float32 scalar (newline ignored)
+            "len.txt": str(len(s["tokens"])),  # with --dtype len=int64 -> field "len", an int64 scalar
+            "prob.txt": f"{i / 4:.2f}\n",  # with --dtype prob=float32 -> a float32 scalar (newline ignored)
+            "caption.txt": f"sample {i}\n",  # -> field "caption", text (str) as it is
         }
         for i, s in enumerate(samples)
     ]
     pattern = write_shards(tmp_path, rows)
     assert pattern.endswith("data-{000..002}.tar")
     out = tmp_path / "out"
-    code = main(["prepare", pattern, "-o", str(out), "--no-shuffle", "--no-progress", "--dtype", "pos=int32"])
+    dtypes = ["--dtype", "pos=int32", "--dtype", "len=int64", "--dtype", "prob=float32"]
+    code = main(["prepare", pattern, "-o", str(out), "--no-shuffle", "--no-progress", *dtypes])
     assert code == 0
     ds = shardload.open(out)
     # Invariant: one sample per key, however many members it has and across tar boundaries
@@ -558,7 +567,8 @@ def test_shardwriter_member_types_grouped_by_key(tmp_path: Path) -> None:
         }
         for i, s in enumerate(samples)
     ]
-    assert_set_equals(ds, want)
+    assert [ds[i]["caption"] for i in range(len(ds))] == [f"sample {i}\n" for i in range(5)]
+    assert_set_equals(_without(ds, "caption"), want)
 
 
 @pytest.mark.parametrize("ext", ["pyd", "pickle", "pkl"])
@@ -585,13 +595,22 @@ def test_shardwriter_pickled_npy_needs_allow_pickle(tmp_path: Path) -> None:
 
 def test_shardwriter_txt_members(tmp_path: Path) -> None:
     mixed = write_shards(tmp_path, [{"__key__": f"k{i}", "n.txt": t} for i, t in enumerate(["3", "\ufeff4", "4.5"])])
-    # integer text is int64, decimal text float32: a field that mixes them needs a dtype
-    expect_input_error(mixed, tmp_path / "o1", "data-001.tar", "'k2'", "'n'", "--dtype")
+    # a .txt member is text (the byte-order mark dropped), unless --dtype makes it one number
+    ds = prepare_and_open(mixed, tmp_path / "o1")
+    assert [ds[i]["n"] for i in range(3)] == ["3", "4", "4.5"]
     ds = prepare_and_open(mixed, tmp_path / "o2", dtypes={"n": "float32"})
     assert_set_equals(ds, [{"n": np.array(v, np.float32)} for v in (3, 4, 4.5)])
     (tmp_path / "t").mkdir()
     words = write_shards(tmp_path / "t", [{"__key__": "k0", "caption.txt": "a cat on a mat"}])
-    expect_input_error(words, tmp_path / "o3", "data-000.tar", "'k0.caption.txt'", "text fields", "tokenize")
+    expect_input_error(
+        words,
+        tmp_path / "o3",
+        "data-000.tar",
+        "'k0.caption.txt'",
+        "one number",
+        "keep it as text",
+        dtypes={"caption": "int64"},
+    )
 
 
 def test_shardwriter_sample_missing_a_field_names_tar_and_key(tmp_path: Path) -> None:

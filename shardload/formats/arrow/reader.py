@@ -107,6 +107,8 @@ class ArrowShardReader(ShardReader):
                     raise self._refuse(f"column {name!r} was copied out of the file by pyarrow instead of mapped")
 
     def _field(self, f: Field, col: pa.Array, n: int) -> FieldData:
+        if f.text:
+            return self._text_field(f, col, n)
         offsets = None
         if f.variable:
             # buffers(): [validity, offsets, ...child buffers]; offsets are int64 for large_list.
@@ -127,6 +129,22 @@ class ArrowShardReader(ShardReader):
                 raise CorruptShardError(f"shard {self.path}: offsets of column {f.name!r} are out of bounds")
         elif len(values) != n:
             raise CorruptShardError(f"shard {self.path}: column {f.name!r} has {len(values)} rows, expected {n}")
+        return FieldData(values, offsets)
+
+    def _text_field(self, f: Field, col: pa.Array, n: int) -> FieldData:
+        """A ``large_string``/``large_binary`` column as its bytes and int64 offsets (views of the mapping).
+
+        ``batch.validate()`` at open has checked the offsets against the data
+        buffer; UTF-8 of a ``str`` field is checked as each value is decoded.
+        """
+        if col.null_count:
+            raise CorruptShardError(f"shard {self.path}: column {f.name!r} holds nulls; shardload never writes them")
+        _, starts, data = col.buffers()
+        offsets = np.frombuffer(starts, dtype=np.int64, count=n + 1, offset=col.offset * 8)
+        size = 0 if data is None else data.size
+        if offsets[0] != 0 or offsets[-1] > size or np.any(np.diff(offsets) < 0):
+            raise CorruptShardError(f"shard {self.path}: offsets of column {f.name!r} are out of bounds")
+        values = np.frombuffer(data, dtype=np.uint8, count=int(offsets[-1])) if size else np.zeros(0, np.uint8)
         return FieldData(values, offsets)
 
     def _flat_view(self, f: Field, col: pa.Array) -> np.ndarray:

@@ -19,7 +19,9 @@ SCHEMA_METADATA_KEY = b"shardload.schema"
 
 
 def arrow_type(field: Field) -> pa.DataType:
-    """The Arrow type that stores ``field`` (bool is stored as uint8)."""
+    """The Arrow type that stores ``field`` (bool is stored as uint8, text as ``large_string``/``large_binary``)."""
+    if field.text:
+        return pa.large_string() if field.dtype == "str" else pa.large_binary()
     dtype = np.dtype("uint8") if field.dtype == "bool" else np.dtype(field.dtype)
     typ: pa.DataType = pa.from_numpy_dtype(dtype)
     for dim in reversed(field.inner_shape):
@@ -36,6 +38,15 @@ def arrow_schema(schema: Schema, identity: ShardIdentity | None = None) -> pa.Sc
 
 def to_arrow(field: Field, values: np.ndarray, offsets: np.ndarray | None) -> pa.Array:
     """Wrap numpy buffers as an Arrow array without a per-sample conversion."""
+    if field.text:
+        if offsets is None:
+            raise ValueError(f"text field {field.name!r} has no offsets")
+        data = pa.py_buffer(np.ascontiguousarray(values, dtype=np.uint8))
+        starts = pa.py_buffer(np.ascontiguousarray(offsets, dtype=np.int64))
+        text: pa.Array = pa.Array.from_buffers(arrow_type(field), len(offsets) - 1, [None, starts, data])
+        if field.dtype == "str":
+            text.validate(full=True)  # every value UTF-8 (the checks at prepare made it so; a chunk is re-checked)
+        return text
     flat = np.ascontiguousarray(values).reshape(-1)
     if field.dtype == "bool":
         flat = flat.view(np.uint8)

@@ -62,9 +62,14 @@ class ZarrShardWriter(ShardWriter[ZarrOptions]):
 
     @classmethod
     def check_schema(cls, schema: Schema) -> None:
-        """Refuse a field name that cannot name a Zarr group (checked by ``prepare`` on the first sample)."""
+        """Refuse a field name that cannot name a Zarr group, and text fields (checked by ``prepare`` on the first sample)."""
         for f in schema.fields:
             check_node_name(f.name)
+            if f.text:
+                raise InputError(
+                    f"field {f.name!r} holds text ({f.dtype}), which the zarr shard format does not store; "
+                    f"prepare with --format arrow, or leave the field out (--drop-fields {f.name})"
+                )
 
     def write(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> None:
         zarr = require_zarr()

@@ -343,5 +343,15 @@ def discover(
 
 
 def read_unit(unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
-    """Yield ``(locator, sample)`` for every sample of ``unit``."""
-    return READERS[unit.kind].read(unit, options)
+    """Yield ``(locator, sample)`` for every sample of ``unit``, with only the fields ``options`` selects.
+
+    Parquet/Arrow read only the selected columns themselves
+    (``selects_fields``); the samples of the other kinds are filtered here
+    (JSON Lines leaves the values of the others unconverted).
+    """
+    reader = READERS[unit.kind]
+    if reader.selects_fields:
+        yield from reader.read(unit, options)
+        return
+    for where, sample in reader.read(unit, options):
+        yield where, options.selected(sample, where)

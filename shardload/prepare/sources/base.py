@@ -76,6 +76,8 @@ class SourceOptions:
             streams cannot be split: one unit each.
         max_record_bytes: the most bytes of one line, tar member or ``.npz`` array,
             once decompressed (:data:`MAX_RECORD_BYTES`, or ``SHARDLOAD_MAX_RECORD_BYTES``).
+        fields: keep only these fields (``--fields``); ``None``: all.
+        drop_fields: leave these fields out (``--drop-fields``).
     """
 
     field: str = "data"
@@ -84,8 +86,40 @@ class SourceOptions:
     files_per_unit: int = 1024
     unit_bytes: int = DEFAULT_UNIT_BYTES
     max_record_bytes: int = dc_field(default_factory=max_record_bytes_from_env)
+    fields: tuple[str, ...] | None = None
+    drop_fields: tuple[str, ...] = ()
+
+    def keeps(self, name: str) -> bool:
+        """Whether field ``name`` is read (the rule of ``fields`` / ``drop_fields``); a reader skips it otherwise."""
+        return name not in self.drop_fields if self.fields is None else name in self.fields
+
+    def select(self, names: Sequence[str], where: str) -> list[str]:
+        """The names of ``names`` that are read, in their order; refuses a named field that is not there.
+
+        Raises:
+            InputError: naming ``where``, the missing fields and the fields that exist.
+        """
+        named = self.drop_fields if self.fields is None else self.fields
+        missing = [n for n in named if n not in names]
+        if missing:
+            option = "--fields" if self.fields is not None else "--drop-fields"
+            raise InputError(
+                f"{where}: {option} names {missing}, which the input does not have (its fields: "
+                f"{', '.join(map(str, names)) or 'none'}); check the spelling"
+            )
+        return [n for n in names if self.keeps(n)]
+
+    def selected(self, sample: Sample, where: str) -> Sample:
+        """``sample`` with only the fields that are read; the same object when every field is."""
+        if self.fields is None and not self.drop_fields:
+            return sample
+        if not isinstance(sample, Mapping):
+            return sample  # the schema check names what it is
+        return {name: sample[name] for name in self.select(list(sample), where)}
 
     def __post_init__(self) -> None:
+        if self.fields is not None and self.drop_fields:
+            raise InputError("fields and drop_fields exclude each other: name the fields to keep, or those to drop")
         value = self.max_record_bytes
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= LARGEST_RECORD_BYTES:
             raise InputError(
@@ -142,6 +176,9 @@ class SourceReader(ABC):
 
     #: True for kinds whose files hold one sample each: many such files make one unit
     one_sample_per_file: ClassVar[bool] = False
+    #: True for kinds that read only the fields :class:`SourceOptions` selects (column projection); the
+    #: others' samples are filtered by :func:`~shardload.prepare.sources.read_unit`
+    selects_fields: ClassVar[bool] = False
 
     @classmethod
     def make_units(cls, files: Sequence[str], options: SourceOptions) -> list[SourceUnit]:

@@ -16,16 +16,22 @@ int / uint / float / bool                              0-d array (a scalar)
 ``list<list<T>>``                                      ``T[rows, C]``: the inner lists
                                                        of a row must be equally long
 ``fixed_size_list<T, C>``                              ``T[C]`` (the same every row)
+``string`` / ``large_string``                          a text field: ``str``
+``binary`` / ``large_binary``                          a text field: ``bytes``
 ``dictionary<T>``                                      as ``T``
 =====================================================  ============================
+
+With ``fields`` / ``drop_fields`` (``--fields``, ``--drop-fields``) only the
+selected columns are read (column projection): the others are never decoded
+or checked.
 
 ``fixed_size_list`` may nest (``fixed_size_list<fixed_size_list<T, 3>, 2>`` is
 ``T[2, 3]``). A row of a ``list<list<T>>`` column with no inner lists is
 ``T[0, C]`` with the ``C`` of the previous non-empty row of the file (0 if none).
 
 Refused with an :class:`~shardload.errors.InputError` naming the file, the
-row and the column: nulls at any level, string/binary columns (not numeric:
-drop them), and other types (timestamps, decimals, structs, maps, deeper
+row and the column: nulls at any level, lists of strings or binaries (not
+numeric: drop them), and other types (timestamps, decimals, structs, maps, deeper
 list nesting).
 
 Each record batch is converted with a few vectorised numpy calls (flat values
@@ -81,12 +87,24 @@ def _leaf(t: pa.DataType) -> pa.DataType:
     return t
 
 
+def _is_text(t: pa.DataType) -> bool:
+    """A column type whose values become a text field (``str`` or ``bytes``)."""
+    return bool(
+        pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+    )
+
+
 def check_column_type(path: str, name: str, t: pa.DataType) -> None:
-    """Raise if column ``name`` of type ``t`` cannot become a numeric field."""
+    """Raise if column ``name`` of type ``t`` cannot become a numeric or text field."""
     if pa.types.is_dictionary(t):
         t = t.value_type
-    ok = _element_ok(t) or (
-        _is_list(t) and (_element_ok(t.value_type) or (_is_list(t.value_type) and _element_ok(t.value_type.value_type)))
+    ok = (
+        _is_text(t)
+        or _element_ok(t)
+        or (
+            _is_list(t)
+            and (_element_ok(t.value_type) or (_is_list(t.value_type) and _element_ok(t.value_type.value_type)))
+        )
     )
     if ok:
         return
@@ -177,8 +195,12 @@ class _Rows:
     ends: np.ndarray | None = None
     # widths: (num_rows,) inner width of each row (list<list<T>> only): values are split into [-1, width]
     widths: np.ndarray | None = None
+    # text: the rows of a string/binary column (then values is unused)
+    text: list[str] | list[bytes] | None = None
 
-    def row(self, i: int) -> np.ndarray:
+    def row(self, i: int) -> np.ndarray | str | bytes:
+        if self.text is not None:
+            return self.text[i]
         if self.starts is None or self.ends is None:
             return self.values[i, ...]
         part = self.values[self.starts[i] : self.ends[i]]
@@ -224,6 +246,9 @@ class _ColumnConverter:
             ) from None
 
     def _convert(self, arr: pa.Array, first_row: int) -> _Rows:
+        if _is_text(arr.type):
+            _check_nulls(arr, _top)
+            return _Rows(np.zeros(0), text=arr.to_pylist())  # one str/bytes per row, as the field holds them
         if not _is_list(arr.type):
             return _Rows(_dense(arr, _top))
         _check_nulls(arr, _top)
@@ -281,17 +306,19 @@ def batch_samples(
     schema: pa.Schema,
     first: int = 0,
     earlier: EarlierArrays | None = None,
+    names: list[str] | None = None,
 ) -> Iterator[tuple[str, Sample]]:
     """Yield ``(locator, sample)`` for every row of ``batches``, numbering rows from ``first``.
 
     ``earlier`` gives a column's arrays before the first batch, for a unit that
-    does not start the file.
+    does not start the file; ``names``: the columns to read (see
+    :meth:`SourceOptions.select`), default all.
     """
-    check_schema(path, schema)
-    names = schema.names
+    names = schema.names if names is None else names
+    check_schema(path, pa.schema([schema.field(n) for n in names]))
     converters = [_ColumnConverter(path, n, earlier) for n in names]
     for batch in batches:
-        cols = [conv(batch.column(j), first) for j, conv in enumerate(converters)]
+        cols = [conv(batch.column(n), first) for n, conv in zip(names, converters)]
         for i in range(batch.num_rows):
             yield f"{path}: row {first + i}", {name: col.row(i) for name, col in zip(names, cols)}
         first += batch.num_rows
@@ -368,6 +395,7 @@ def _record_batches(path: str) -> tuple[list[int], list[int]]:
 class ParquetSource(SourceReader):
     kind: ClassVar[str] = "parquet"
     suffixes: ClassVar[tuple[str, ...]] = (".parquet", ".pq")
+    selects_fields: ClassVar[bool] = True
 
     @classmethod
     def make_units(cls, files: Sequence[str], options: SourceOptions) -> list[SourceUnit]:
@@ -408,7 +436,10 @@ class ParquetSource(SourceReader):
                 raw = sum(meta.row_group(g).total_byte_size for g in groups)
                 rows = max(1, sum(meta.row_group(g).num_rows for g in groups))
                 batch_size = int(np.clip(BATCH_BYTES * rows // max(raw, 1), 1, 65536))
-                batches = pf.iter_batches(batch_size=batch_size, row_groups=list(groups), use_threads=False)
+                names = options.select(schema.names, path)
+                batches = pf.iter_batches(
+                    batch_size=batch_size, row_groups=list(groups), columns=names, use_threads=False
+                )
                 earlier = None
                 if groups.start:
 
@@ -417,13 +448,14 @@ class ParquetSource(SourceReader):
                             yield pf.read_row_group(g, columns=[name], use_threads=False).column(0).combine_chunks()
 
                 guarded = _guarded(path, "Parquet", batches, [unit.first])
-                yield from batch_samples(guarded, path, schema, unit.first, earlier)
+                yield from batch_samples(guarded, path, schema, unit.first, earlier, names)
 
 
 @register
 class ArrowSource(SourceReader):
     kind: ClassVar[str] = "arrow"
     suffixes: ClassVar[tuple[str, ...]] = (".arrow", ".feather", ".ipc")
+    selects_fields: ClassVar[bool] = True
 
     @classmethod
     def make_units(cls, files: Sequence[str], options: SourceOptions) -> list[SourceUnit]:
@@ -442,8 +474,9 @@ class ArrowSource(SourceReader):
                 raise InputError(f"{path}: cannot open ({exc})") from None
             with source:
                 schema, batches, earlier = _open_ipc(path, source, unit.part)
+                names = options.select(schema.names, path)
                 guarded = _guarded(path, "Arrow IPC", batches, [unit.first])
-                yield from batch_samples(guarded, path, schema, unit.first, earlier)
+                yield from batch_samples(guarded, path, schema, unit.first, earlier, names)
 
 
 def _check_utf8_name(path: str) -> None:

@@ -493,9 +493,17 @@ def _decode_line(text: str, where: str, options: SourceOptions, seen: _Seen) -> 
             f'{where}: expected a JSON object ({{"field": [...], ...}}), found {type(obj).__name__}; '
             "each line must be one sample"
         )
-    sample: dict[str, np.ndarray] = {}
+    if options.fields is not None or options.drop_fields:
+        options.select(list(obj), where)  # a named field missing is told before any value is converted
+    sample: dict[str, Any] = {}
     bools = may_mix_bools(text)
     for name, value in obj.items():
+        if not options.keeps(name):
+            sample[name] = None  # left out by read_unit; kept here so that an absent named field is told apart
+            continue
+        if isinstance(value, str):
+            sample[name] = value  # a text field
+            continue
         dtype = options.dtypes.get(name)
         if isinstance(value, list) and not value and name in seen:
             known = seen[name]
@@ -511,7 +519,7 @@ def _decode_line(text: str, where: str, options: SourceOptions, seen: _Seen) -> 
         sample[name] = arr
     if not checked:
         try:
-            check_tiny_numbers(text, sample.values())
+            check_tiny_numbers(text, (v for v in sample.values() if isinstance(v, np.ndarray)))
         except NumberRangeError as exc:
             raise InputError(f"{where}: the JSON object {exc}") from None
     return sample

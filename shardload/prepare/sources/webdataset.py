@@ -27,10 +27,10 @@ extension                            field(s)
                                      (:mod:`~shardload.prepare.sources.jsonl`)
 ``cls``, ``cls2``, ``class``,        an integer label: a 0-d int64 array
 ``count``, ``index``, ``inx``, ``id``
-``txt``, ``text``                    one number: a 0-d array, int64 for an integer,
-                                     float32 otherwise (a field that mixes both
-                                     needs ``--dtype FIELD=float32``); any other
-                                     text is refused (text fields are not supported)
+``txt``, ``text``                    a text field: the member's text as a ``str``
+                                     (UTF-8, as WebDataset decodes it); with
+                                     ``--dtype FIELD=DTYPE`` one number of that dtype
+``bin``                              a text field: the member's bytes as ``bytes``
 ``pyd``, ``pickle``, ``pkl``         refused unless ``allow_pickle``; then the
                                      object is used like a decoded JSON value (an
                                      ndarray as it is; a dict gives one field per key)
@@ -90,7 +90,9 @@ JSON_EXTS = frozenset({"json", "jsn"})
 CLASS_EXTS = frozenset({"cls", "cls2", "class", "count", "index", "inx", "id"})
 TEXT_EXTS = frozenset({"txt", "text"})
 PICKLE_EXTS = frozenset({"pyd", "pickle", "pkl"})
-KNOWN_EXTS = NPY_EXTS | NPZ_EXTS | JSON_EXTS | CLASS_EXTS | TEXT_EXTS | PICKLE_EXTS
+#: members whose bytes are the field's value as they are (a ``bytes`` text field)
+BYTES_EXTS = frozenset({"bin"})
+KNOWN_EXTS = NPY_EXTS | NPZ_EXTS | JSON_EXTS | CLASS_EXTS | TEXT_EXTS | PICKLE_EXTS | BYTES_EXTS
 
 # WebDataset's own patterns: key = up to the first dot of the base name; __x__ names are metadata
 _KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -145,7 +147,7 @@ def _read_tar(path: str, options: SourceOptions) -> Iterator[tuple[str, Sample]]
     last = "the start"  # where reading got to, for errors about the tar itself
     done: set[str] = set()  # keys of finished samples, to catch members that are not adjacent
     key: str | None = None
-    sample: dict[str, np.ndarray] = {}
+    sample: dict[str, Any] = {}
     stop: tarfile.HeaderError | None = None  # why tarfile stopped: must be the end-of-archive marker
     limit = options.max_record_bytes
     try:
@@ -268,7 +270,7 @@ def _check_member(member: tarfile.TarInfo, where: str) -> None:
         raise InputError(f"{where}: is a device or FIFO, not a file; refusing to read the shard")
 
 
-def _decode(data: bytes, field: str, ext: str, where: str, options: SourceOptions) -> list[tuple[str, np.ndarray]]:
+def _decode(data: bytes, field: str, ext: str, where: str, options: SourceOptions) -> list[tuple[str, Any]]:
     """The fields one member contributes to its sample."""
     if ext in NPY_EXTS:
         return [(field, load_npy(io.BytesIO(data), len(data), where, ".npy member", allow_pickle=options.allow_pickle))]
@@ -301,7 +303,11 @@ def _decode(data: bytes, field: str, ext: str, where: str, options: SourceOption
         except ValueError:
             raise InputError(f"{where}: a .{ext} member must hold one integer, found {text[:40]!r}") from None
         return [(field, _convert(label, field, where, options))]
+    if ext in BYTES_EXTS:
+        return [(field, data)]
     if ext in TEXT_EXTS:
+        if field not in options.dtypes:
+            return [(field, _text(data, where))]
         text = _text(data, where).strip()
         try:
             number: int | float = int(text)
@@ -312,8 +318,8 @@ def _decode(data: bytes, field: str, ext: str, where: str, options: SourceOption
                 raise InputError(f"{where}: field {field!r} {exc}") from None
             except ValueError:
                 raise InputError(
-                    f"{where}: text fields are not supported (a .{ext} member may only hold one number, "
-                    f"found {text[:40]!r}); tokenize the text into an .npy member, or remove it"
+                    f"{where}: --dtype {field}={options.dtypes[field]} makes the .{ext} member one number, found "
+                    f"{text[:40]!r}; leave the field out of --dtype to keep it as text"
                 ) from None
         return [(field, _convert(number, field, where, options))]
     if ext in PICKLE_EXTS:

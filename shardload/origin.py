@@ -1,0 +1,188 @@
+"""Where each sample of a shard set came from: the source file and the row, line or member in it.
+
+Where it sits: ``prepare`` records, while it stages a unit's samples
+(:func:`shardload.prepare.pipeline.ingest`), each sample's *locator* (the
+text its error messages name, ``"data/a.jsonl: line 17"``) next to each staged
+chunk (:func:`write_chunk_origins`); once the shard order is known it writes
+them in that order as the set's ``origins.arrow`` (:func:`write_set_origins`).
+:meth:`shardload.ShardSet.origin` reads one entry back
+(:func:`read_origin`) as a :class:`SampleOrigin`.
+
+``origins.arrow`` is an Arrow IPC file with one row per sample, in sample-id
+order: ``file`` (dictionary-encoded string, ``""`` for samples given to
+``write()``), ``kind`` (dictionary-encoded string), ``position`` (int64, -1
+when none) and ``key`` (string, ``""`` when none).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+
+from shardload.errors import ShardSetError
+from shardload.output import atomic_file
+
+ORIGINS_NAME = "origins.arrow"
+#: what a :class:`SampleOrigin`'s ``position`` / ``key`` is
+OriginKind = Literal["row", "line", "member", "file", "index", "other"]
+
+_ROW_OR_LINE = re.compile(r"^(?P<file>.*): (?P<kind>row|line) (?P<n>\d+)$", re.S)
+_MEMBER = re.compile(r"^(?P<file>.*): sample (?P<key>'.*'|\".*\")$", re.S)
+_INDEX = re.compile(r"^sample (?P<n>\d+)$")
+#: what the map step adds to a locator (shardload.prepare.mapping): a piece of a split, and the function
+_MAPPED = re.compile(r"^(?P<locator>.*?)(?:, piece \d+ of \d+)? \(mapped by [^()]*\)$", re.S)
+
+
+@dataclass(frozen=True)
+class SampleOrigin:
+    """Where one sample came from (what :meth:`shardload.ShardSet.origin` returns).
+
+    Attributes:
+        file: the source file as prepare was given it (found by listing), or
+            ``None`` for a sample of an iterable given to ``write()``.
+        kind: what ``position`` / ``key`` count: ``"row"`` (Parquet/Arrow row,
+            from 0), ``"line"`` (JSON Lines line, from 1), ``"member"``
+            (WebDataset sample: ``key`` is its key, the member names without
+            their extensions), ``"file"`` (a one-sample file, ``.npy``/``.npz``),
+            ``"index"`` (the position in ``write()``'s iterable, from 0) or
+            ``"other"`` (``key`` holds the locator text as prepare wrote it).
+        position: the row, line or index; ``None`` for the other kinds.
+        key: the WebDataset key, or the locator text of kind ``"other"``; else ``None``.
+    """
+
+    file: str | None
+    kind: OriginKind
+    position: int | None = None
+    key: str | None = None
+
+    def __str__(self) -> str:
+        at = {"row": f"row {self.position}", "line": f"line {self.position}", "member": f"sample {self.key!r}"}
+        if self.kind == "index":
+            return f"sample {self.position} of the iterable given to write()"
+        if self.kind == "other":
+            return str(self.key)
+        return f"{self.file}: {at[self.kind]}" if self.kind in at else str(self.file)
+
+
+def parse_locator(locator: str, files: Sequence[str]) -> SampleOrigin:
+    """The :class:`SampleOrigin` a reader's locator text names (``files``: the paths of its unit).
+
+    A sample made by the map step has the origin of the record it was made
+    from (every piece of a split the same).
+    """
+    mapped = _MAPPED.match(locator)
+    if mapped:
+        locator = mapped["locator"]
+    if locator in files:
+        return SampleOrigin(locator, "file")
+    found = _ROW_OR_LINE.match(locator)
+    if found and found["file"] in files:
+        kind: OriginKind = "row" if found["kind"] == "row" else "line"
+        return SampleOrigin(found["file"], kind, int(found["n"]))
+    found = _MEMBER.match(locator)
+    if found and found["file"] in files:
+        return SampleOrigin(found["file"], "member", key=str(ast.literal_eval(found["key"])))
+    found = _INDEX.match(locator)
+    if found and not files:
+        return SampleOrigin(None, "index", int(found["n"]))
+    return SampleOrigin(None, "other", key=locator)
+
+
+def _table(origins: Sequence[SampleOrigin]) -> pa.Table:
+    return pa.table(
+        {
+            "file": pa.array([o.file or "" for o in origins], pa.large_string()).dictionary_encode(),
+            "kind": pa.array([o.kind for o in origins], pa.string()).dictionary_encode(),
+            "position": pa.array([-1 if o.position is None else o.position for o in origins], pa.int64()),
+            "key": pa.array([o.key or "" for o in origins], pa.large_string()),
+        }
+    )
+
+
+def _write(path: Path, table: pa.Table) -> None:
+    with (
+        atomic_file(path, tmp=path.with_name(path.name + ".tmp")) as tmp,
+        pa.OSFile(str(tmp), "wb") as sink,
+        pa.ipc.new_file(sink, table.schema) as writer,
+    ):
+        writer.write_table(table)
+
+
+def chunk_origins_path(chunk: Path) -> Path:
+    """The file that holds the origins of staged chunk ``chunk`` (written before the chunk)."""
+    return chunk.with_name(chunk.name + ".origins")
+
+
+def write_chunk_origins(chunk: Path, locators: Sequence[str], files: Sequence[str]) -> None:
+    """Record the origins of the samples of staged chunk ``chunk``, from their locators."""
+    _write(chunk_origins_path(chunk), _table([parse_locator(w, files) for w in locators]))
+
+
+def write_set_origins(work: Path, chunks: Sequence[Path], order: np.ndarray) -> str:
+    """Write ``origins.arrow`` into ``work``: the staged chunks' origins (in source order) taken in shard ``order``."""
+    tables = []
+    for chunk in chunks:
+        if not chunk_origins_path(chunk).exists():  # staged by a run of an older shardload, now resumed
+            with pa.memory_map(str(chunk), "r") as source:
+                rows = pa.ipc.open_file(source).get_batch(0).num_rows
+            unknown = SampleOrigin(None, "other", key=f"not recorded (staged by an older shardload: {chunk.name})")
+            tables.append(_table([unknown] * rows))
+            continue
+        with pa.memory_map(str(chunk_origins_path(chunk)), "r") as source:
+            tables.append(pa.ipc.open_file(source).read_all())
+    if not tables:  # a set of no samples (a part with no units)
+        tables.append(_table([]))
+    whole = pa.concat_tables(tables).unify_dictionaries().combine_chunks()
+    _write(work / ORIGINS_NAME, whole.take(pa.array(order, pa.int64())))
+    return ORIGINS_NAME
+
+
+def write_merged_origins(root: Path, parts: Sequence[Path]) -> bool:
+    """Write ``root/origins.arrow``: the ``parts``' origins, in part order; False (nothing written) if one has none."""
+    if not all((part / ORIGINS_NAME).is_file() for part in parts):
+        return False
+    tables = []
+    for part in parts:
+        with pa.memory_map(str(part / ORIGINS_NAME), "r") as source:
+            tables.append(pa.ipc.open_file(source).read_all())
+    _write(root / ORIGINS_NAME, pa.concat_tables(tables).unify_dictionaries().combine_chunks())
+    return True
+
+
+def read_origin(root: Path, sample_id: int, total: int) -> SampleOrigin:
+    """Entry ``sample_id`` of the set's ``origins.arrow``.
+
+    Raises:
+        IndexError: ``sample_id`` is not in ``[0, total)``.
+        ShardSetError: the set has no origins (prepared by an older shardload) or they are damaged.
+    """
+    if isinstance(sample_id, bool) or not isinstance(sample_id, (int, np.integer)) or not 0 <= sample_id < total:
+        raise IndexError(f"sample id {sample_id!r} is out of range for a shard set of {total} samples (0..{total - 1})")
+    path = root / ORIGINS_NAME
+    if not path.is_file():
+        raise ShardSetError(
+            f"{root} records no sample origins (no {ORIGINS_NAME}: prepared by an older shardload); "
+            "re-run prepare to record them"
+        )
+    try:
+        with pa.memory_map(str(path), "r") as source:
+            table = pa.ipc.open_file(source).read_all()
+            if table.num_rows != total:
+                raise ShardSetError(f"{path}: {table.num_rows} entries for {total} samples; re-run prepare")
+            row = table.slice(int(sample_id), 1).to_pylist()[0]
+    except (pa.ArrowException, OSError, KeyError) as exc:
+        raise ShardSetError(f"{path}: cannot be read ({exc}); re-run prepare") from None
+    kind: OriginKind = row["kind"]
+    return SampleOrigin(
+        file=row["file"] or None,
+        kind=kind,
+        position=None if row["position"] < 0 else int(row["position"]),
+        key=row["key"] or None,
+    )
