@@ -34,7 +34,6 @@ lengths the rows are within one of the ``ceil(tokens / capacity)`` bound.
 from __future__ import annotations
 
 import itertools
-
 from dataclasses import dataclass
 
 import numpy as np
