@@ -48,7 +48,7 @@ from shardload.prepare.faults import crash_point
 from shardload.prepare.gather import gather
 from shardload.prepare.index import new_manifest, write_index
 from shardload.prepare.jobs import IngestJob, ShardJob, ShardRecord, StagedUnit
-from shardload.prepare.mapping import MappedSamples, check_sendable
+from shardload.prepare.mapping import MappedSamples, check_sendable, map_name
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.parts import part_record, run_id, split_units
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
@@ -379,14 +379,24 @@ def _infer_schema(
     """Schema from the first (mapped) sample; for an iterable, also its mapped samples, the first one unread."""
     first: tuple[str, Mapping[str, Any]] | None = None
     located: MappedSamples | None = None
+    dropped = 0
     if samples is not None:
         located = MappedSamples(((f"sample {i}", s) for i, s in enumerate(samples)), options.map)
         first = located.peek()
+        dropped = located.dropped
     else:
         for unit in units:
-            first = MappedSamples(read_unit(unit, source_options), options.map).peek()
+            mapped = MappedSamples(read_unit(unit, source_options), options.map)
+            first = mapped.peek()
+            dropped += mapped.dropped
             if first is not None:
                 break
+    if first is None and dropped and options.map is not None:
+        raise InputError(
+            f"the sources hold no samples after the map: the map function {map_name(options.map)} dropped all "
+            f"{dropped:,} records (it returned None or an empty list for each); nothing to prepare: check the map "
+            "on a few records"
+        )
     if first is None:
         raise InputError("the sources hold no samples; nothing to prepare")
     where, sample = first
