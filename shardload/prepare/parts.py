@@ -91,22 +91,31 @@ def unit_bytes(unit: SourceUnit) -> int:
 
 
 def split_units(units: Sequence[SourceUnit], n: int) -> list[list[SourceUnit]]:
-    """Cut ``units`` into ``n`` contiguous runs balanced by input bytes (some empty when there are few units).
+    """Cut ``units`` into ``n`` contiguous runs balanced by input bytes (``n - len(units)`` empty when fewer units).
 
     A unit goes to the part its middle byte falls in, with the input's bytes
-    cut into ``n`` equal ranges: deterministic, contiguous, and no part is more
-    than one unit above its share.
+    cut into ``n`` equal ranges: deterministic and contiguous. That alone can leave a part empty next to
+    one of several small units (a big unit's middle in the part before): each
+    unit is then moved to the nearest part that keeps every part filled (with
+    at least ``n`` units; with fewer, one unit per part), so no machine of a
+    run idles while another reads two files.
     """
+    m = len(units)
     sizes = np.array([unit_bytes(u) for u in units], dtype=np.float64)
-    if len(units) and sizes.sum() <= 0:
+    if m and sizes.sum() <= 0:
         sizes[:] = 1.0  # nothing to weigh by: by count
     ends = np.cumsum(sizes)
     middles = ends - sizes / 2
-    total = float(ends[-1]) if len(units) else 1.0
-    which = np.minimum((middles * n / total).astype(np.int64), n - 1)
+    total = float(ends[-1]) if m else 1.0
+    which = np.minimum((middles * n / total).astype(np.int64), n - 1).tolist()
     parts: list[list[SourceUnit]] = [[] for _ in range(n)]
-    for unit, k in zip(units, which.tolist()):
-        parts[k].append(unit)
+    prev = -1
+    for i, (unit, k) in enumerate(zip(units, which)):
+        # bounds that leave enough units for the parts after this one, and no part skipped (m >= n)
+        # or shared (m <= n)
+        lo, hi = (prev + 1, n - m + i) if m <= n else (max(prev, n - m + i), prev + 1)
+        prev = min(max(k, lo), hi)
+        parts[prev].append(unit)
     return parts
 
 
@@ -136,6 +145,27 @@ def refuse_resume_of_merged(out: str | os.PathLike[str]) -> None:
         )
 
 
+def finished_part(out: str | os.PathLike[str], k: int, n: int, run: str) -> bool:
+    """Whether ``out`` holds part ``k`` of ``n`` of run ``run``, committed, with no interrupted work.
+
+    ``--resume`` of such a part has nothing to do: a scheduler reruns a task
+    that had finished (a requeued SLURM array task, a retried Spark or Dask
+    task), and it must succeed, not stop the merge that waits for it. A part
+    of another run (other sources, options or N) is left to the ordinary
+    rules of the output (refused).
+    """
+    from shardload.manifest import Manifest
+    from shardload.prepare.workdir import WORK
+
+    if (Path(out) / WORK).exists():
+        return False  # interrupted work (or a run under way): the ordinary resume decides
+    try:
+        manifest = Manifest.load(Path(out))
+    except ShardloadError:
+        return False
+    return manifest.options.get("run") == run and manifest.options.get("part") == [k, n]
+
+
 def part_record(k: int, n: int, run: str) -> dict[str, Any]:
     """What a part's manifest records among its options (``part``, ``run``), for the merge to check."""
     return {"part": [k, n], "run": run}
@@ -144,6 +174,7 @@ def part_record(k: int, n: int, run: str) -> dict[str, Any]:
 __all__ = [
     "PARTS_DIR",
     "PART_NAME",
+    "finished_part",
     "parse_part",
     "part_dir",
     "part_name",

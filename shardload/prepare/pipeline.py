@@ -50,7 +50,7 @@ from shardload.prepare.index import new_manifest, write_index
 from shardload.prepare.jobs import IngestJob, ShardJob, ShardRecord, StagedUnit
 from shardload.prepare.mapping import MappedSamples, check_sendable, map_name
 from shardload.prepare.options import PrepareOptions
-from shardload.prepare.parts import part_record, run_id, split_units
+from shardload.prepare.parts import finished_part, part_record, run_id, split_units
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
 from shardload.prepare.workdir import WorkDir, output_errors
 from shardload.prepare.workers import map_in_workers
@@ -329,6 +329,9 @@ def run_prepare(
         run = run_id(units, num_parts, {**options.layout_key(), **(describe or {})})
         describe = {**(describe or {}), **part_record(k, num_parts, run)}
         units = split_units(units, num_parts)[k]
+        if options.resume and finished_part(out, k, num_parts, run):
+            logger.info("%s: this part was complete already; nothing to resume", out)
+            return _result(Path(out), 0.0, 0)
     with WorkDir(out, resume=options.resume, overwrite=options.overwrite) as wd:
         if wd.committing:  # killed during the commit: everything is built, finish moving it in
             _finish_commit(wd)
