@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import shardload
-from shardload.errors import OutputExistsError
+from shardload.errors import InputError, MergeError, OutputExistsError
 from shardload.prepare.parts import part_dir, split_units
 from shardload.prepare.sources import SourceUnit
 
@@ -73,3 +74,27 @@ def test_resume_of_a_finished_part_of_another_run_is_still_refused(tmp_path: Pat
         shardload.prepare(sources, out, part=(1, 2), resume=True, seed=5, progress=False)
     with pytest.raises(OutputExistsError, match=r"already holds a shard set"):
         shardload.prepare(sources, out, part=(1, 2), progress=False)  # without --resume: as before
+
+
+def test_merge_says_a_part_stopped_on_bad_input_not_that_it_was_interrupted(tmp_path: Path) -> None:
+    sources, out = write_sources(tmp_path), tmp_path / "out"
+    bad = Path(sources[2])
+    bad.write_text(bad.read_text() + '{"tokens": "not numbers"}\n')
+    for k in (0, 1):
+        shardload.prepare(sources, out, part=(k, 3), progress=False)
+    with pytest.raises(InputError):
+        shardload.prepare(sources, out, part=(2, 3), progress=False)
+    with pytest.raises(MergeError, match=r"parts/00002-of-00003: stopped on bad input \(.*d2\.jsonl: line 21.*\)"):
+        shardload.merge(out)
+
+
+def test_a_copied_part_is_replaced_as_the_merge_says(tmp_path: Path) -> None:
+    sources, out = write_sources(tmp_path), tmp_path / "out"
+    shardload.prepare(sources, out, part=(0, 2), progress=False)
+    shutil.copytree(part_dir(out, 0, 2), part_dir(out, 1, 2))
+    with pytest.raises(MergeError, match=r"copied or renamed") as info:
+        shardload.merge(out)
+    # the merge's advice, followed, works (--resume of the copy was refused: it holds a finished set)
+    assert "--part 1/2 --overwrite`" in str(info.value)
+    shardload.prepare(sources, out, part=(1, 2), overwrite=True, progress=False)
+    assert shardload.merge(out).samples == 45
