@@ -26,12 +26,15 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardload.errors import InputError, OutputExistsError, ShardloadError
 from shardload.prepare.sources import SourceUnit
+
+if TYPE_CHECKING:
+    from shardload.manifest import Manifest
 
 #: the folder of OUT that holds the parts
 PARTS_DIR = "parts"
@@ -125,19 +128,41 @@ def run_id(units: Sequence[SourceUnit], n: int, layout: Mapping[str, Any]) -> st
     return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def _set_at(out: str | os.PathLike[str]) -> Manifest | None:
+    """The manifest of the set in ``out``, or None where there is none (or none that can be read)."""
+    from shardload.manifest import Manifest
+
+    try:
+        return Manifest.load(Path(out))
+    except ShardloadError:
+        return None
+
+
+def refuse_part_into_single_set(out: str | os.PathLike[str], k: int, n: int) -> None:
+    """Refuse ``prepare --part K/N`` into an ``out`` that holds a set prepared in one run.
+
+    The part would be written into ``out/parts/`` of that set, and the merge
+    refuses such an ``out``: the whole part's work would be lost.
+
+    Raises:
+        OutputExistsError: naming the set and what to do.
+    """
+    manifest = _set_at(out)
+    if manifest is not None and not manifest.parts:
+        raise OutputExistsError(
+            f"{out}: already holds a shard set prepared in one run (not parts), so part {k}/{n} could never be "
+            f"merged there; give the parts another output directory, or remove this set first"
+        )
+
+
 def refuse_resume_of_merged(out: str | os.PathLike[str]) -> None:
     """Refuse ``prepare --resume`` into a set merged from parts: each part is resumed on its own.
 
     Raises:
         OutputExistsError: naming the set and the command that finishes a part.
     """
-    from shardload.manifest import Manifest
-
-    try:
-        manifest = Manifest.load(Path(out))
-    except ShardloadError:
-        return  # not a merged set: the ordinary rules of the output apply
-    if manifest.parts:
+    manifest = _set_at(out)
+    if manifest is not None and manifest.parts:
         n = len(manifest.parts)
         raise OutputExistsError(
             f"{out}: is a shard set merged from {n} parts ({PARTS_DIR}/...); there is no single run to resume. "
@@ -154,16 +179,12 @@ def finished_part(out: str | os.PathLike[str], k: int, n: int, run: str) -> bool
     of another run (other sources, options or N) is left to the ordinary
     rules of the output (refused).
     """
-    from shardload.manifest import Manifest
     from shardload.prepare.workdir import WORK
 
     if (Path(out) / WORK).exists():
         return False  # interrupted work (or a run under way): the ordinary resume decides
-    try:
-        manifest = Manifest.load(Path(out))
-    except ShardloadError:
-        return False
-    return manifest.options.get("run") == run and manifest.options.get("part") == [k, n]
+    manifest = _set_at(out)
+    return manifest is not None and manifest.options.get("run") == run and manifest.options.get("part") == [k, n]
 
 
 def part_record(k: int, n: int, run: str) -> dict[str, Any]:
@@ -179,6 +200,7 @@ __all__ = [
     "part_dir",
     "part_name",
     "part_record",
+    "refuse_part_into_single_set",
     "refuse_resume_of_merged",
     "run_id",
     "split_units",

@@ -98,3 +98,14 @@ def test_a_copied_part_is_replaced_as_the_merge_says(tmp_path: Path) -> None:
     assert "--part 1/2 --overwrite`" in str(info.value)
     shardload.prepare(sources, out, part=(1, 2), overwrite=True, progress=False)
     assert shardload.merge(out).samples == 45
+
+
+def test_a_part_into_a_set_of_one_run_is_refused_before_it_is_prepared(tmp_path: Path) -> None:
+    sources, out = write_sources(tmp_path), tmp_path / "out"
+    shardload.prepare(sources, out, progress=False)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    # it once prepared the part into out/parts/ of that set, for a merge that refuses such an out
+    with pytest.raises(OutputExistsError, match=r"holds a shard set prepared in one run .* part 0/2 could never"):
+        shardload.prepare(sources, out, part=(0, 2), progress=False)
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert len(shardload.open(out)) == 45
