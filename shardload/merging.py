@@ -43,7 +43,7 @@ from shardload.origin import write_merged_origins
 from shardload.output import OutputLock, atomic_file, withdraw_index
 from shardload.prepare.index import length_stats
 from shardload.prepare.parts import PART_NAME, PARTS_DIR, part_name
-from shardload.prepare.workdir import LOCK, WORK
+from shardload.prepare.workdir import LOCK, WORK, recorded_failure
 from shardload.setfiles import open_index
 
 __all__ = ["MergeResult", "merge"]
@@ -197,6 +197,9 @@ def _load_part(root: Path, name: str, k: int, n: int) -> _Part:
     if OutputLock.held_by_another(path / LOCK):
         raise MergeError(f"{where}: is being written by a prepare right now; wait for it, then merge again")
     if not (path / MANIFEST_NAME).exists():
+        failure = recorded_failure(path / WORK)
+        if failure:
+            raise MergeError(f"{where}: stopped on bad input ({failure}); fix the input, then {redo}, then merge again")
         what = "was interrupted (not committed)" if (path / WORK).exists() else "holds no shard set"
         raise MergeError(f"{where}: {what}; {redo} to finish it, then merge again")
     try:
@@ -209,7 +212,8 @@ def _load_part(root: Path, name: str, k: int, n: int) -> _Part:
     if record != [k, n]:
         raise MergeError(
             f"{where}: holds {'no part' if record is None else f'part {record[0]}/{record[1]}'} according to its "
-            f"manifest, not part {k}/{n}: it was copied or renamed. Put the right part there ({redo})."
+            f"manifest, not part {k}/{n}: it was copied or renamed. Put the right part there "
+            f"({redo.replace('--resume', '--overwrite')}: it replaces the copy)."
         )
     return _Part(name, path, manifest)
 

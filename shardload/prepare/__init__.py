@@ -16,7 +16,7 @@ from typing import Any
 
 from shardload.errors import InputError
 from shardload.prepare.options import PrepareOptions
-from shardload.prepare.parts import parse_part, part_dir, refuse_resume_of_merged
+from shardload.prepare.parts import parse_part, part_dir, refuse_part_into_single_set, refuse_resume_of_merged
 from shardload.prepare.pipeline import PrepareResult, run_prepare
 from shardload.prepare.sources import SKIP_REASONS, SourceOptions, discover
 
@@ -71,6 +71,8 @@ def prepare(
     which = None if part is None else parse_part(part)
     if which is None and opts.resume:
         refuse_resume_of_merged(out)
+    if which is not None:
+        refuse_part_into_single_set(out, *which)
     bound: dict[str, Any] = {} if max_record_bytes is None else {"max_record_bytes": max_record_bytes}
     if unit_bytes is not None:
         bound["unit_bytes"] = unit_bytes

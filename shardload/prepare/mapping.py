@@ -72,6 +72,18 @@ def map_identity(fn: Callable[..., Any]) -> dict[str, Any]:
     return {"function": map_name(fn), "code": digest}
 
 
+def raised(exc: BaseException) -> str:
+    """What the user's code did, for an error message: ``raised KeyError: 'x'``, or ``called sys.exit(0)``.
+
+    A ``SystemExit`` is an error like any other here: left to propagate, it
+    would end prepare with the map's exit status and no message (status 0: a
+    run that wrote nothing would look successful).
+    """
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r}) (a map returns or raises; it must not exit)"
+    return f"raised {type(exc).__name__}: {exc}"
+
+
 def load_map(spec: str) -> MapFunction:
     """The function named by ``spec``, ``module:attr`` (``mypkg.tok:encode``; ``attr`` may be dotted).
 
@@ -97,8 +109,9 @@ def load_map(spec: str) -> MapFunction:
                 "packages); run from the directory that holds it, or install its package"
             ) from exc
         raise InputError(f"--map {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
-    except Exception as exc:  # any error of the user's module is reported as its import failing
-        raise InputError(f"--map {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # any error of the user's module is reported as its import failing
+        detail = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"
+        raise InputError(f"--map {spec!r}: importing {module_name!r} failed: {detail}") from exc
     fn: Any = module
     for i, part in enumerate(attr.split(".")):
         try:
@@ -169,8 +182,8 @@ class MappedSamples:
         name = self._name
         try:
             out = self._fn(sample if isinstance(sample, dict) else dict(sample))
-        except Exception as exc:  # any error of the user's function, named with the sample
-            raise InputError(f"{where}: the map function {name} raised {type(exc).__name__}: {exc}") from exc
+        except (Exception, SystemExit) as exc:  # any error of the user's function, named with the sample
+            raise InputError(f"{where}: the map function {name} {raised(exc)}") from exc
         if out is None:
             self.dropped += 1
             return []

@@ -26,12 +26,15 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardload.errors import InputError, OutputExistsError, ShardloadError
 from shardload.prepare.sources import SourceUnit
+
+if TYPE_CHECKING:
+    from shardload.manifest import Manifest
 
 #: the folder of OUT that holds the parts
 PARTS_DIR = "parts"
@@ -93,22 +96,31 @@ def unit_bytes(unit: SourceUnit) -> int:
 
 
 def split_units(units: Sequence[SourceUnit], n: int) -> list[list[SourceUnit]]:
-    """Cut ``units`` into ``n`` contiguous runs balanced by input bytes (some empty when there are few units).
+    """Cut ``units`` into ``n`` contiguous runs balanced by input bytes (``n - len(units)`` empty when fewer units).
 
     A unit goes to the part its middle byte falls in, with the input's bytes
-    cut into ``n`` equal ranges: deterministic, contiguous, and no part is more
-    than one unit above its share.
+    cut into ``n`` equal ranges: deterministic and contiguous. That alone can leave a part empty next to
+    one of several small units (a big unit's middle in the part before): each
+    unit is then moved to the nearest part that keeps every part filled (with
+    at least ``n`` units; with fewer, one unit per part), so no machine of a
+    run idles while another reads two files.
     """
+    m = len(units)
     sizes = np.array([unit_bytes(u) for u in units], dtype=np.float64)
-    if len(units) and sizes.sum() <= 0:
+    if m and sizes.sum() <= 0:
         sizes[:] = 1.0  # nothing to weigh by: by count
     ends = np.cumsum(sizes)
     middles = ends - sizes / 2
-    total = float(ends[-1]) if len(units) else 1.0
-    which = np.minimum((middles * n / total).astype(np.int64), n - 1)
+    total = float(ends[-1]) if m else 1.0
+    which = np.minimum((middles * n / total).astype(np.int64), n - 1).tolist()
     parts: list[list[SourceUnit]] = [[] for _ in range(n)]
-    for unit, k in zip(units, which.tolist()):
-        parts[k].append(unit)
+    prev = -1
+    for i, (unit, k) in enumerate(zip(units, which)):
+        # bounds that leave enough units for the parts after this one, and no part skipped (m >= n)
+        # or shared (m <= n)
+        lo, hi = (prev + 1, n - m + i) if m <= n else (max(prev, n - m + i), prev + 1)
+        prev = min(max(k, lo), hi)
+        parts[prev].append(unit)
     return parts
 
 
@@ -118,24 +130,63 @@ def run_id(units: Sequence[SourceUnit], n: int, layout: Mapping[str, Any]) -> st
     return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def _set_at(out: str | os.PathLike[str]) -> Manifest | None:
+    """The manifest of the set in ``out``, or None where there is none (or none that can be read)."""
+    from shardload.manifest import Manifest
+
+    try:
+        return Manifest.load(Path(out))
+    except ShardloadError:
+        return None
+
+
+def refuse_part_into_single_set(out: str | os.PathLike[str], k: int, n: int) -> None:
+    """Refuse ``prepare --part K/N`` into an ``out`` that holds a set prepared in one run.
+
+    The part would be written into ``out/parts/`` of that set, and the merge
+    refuses such an ``out``: the whole part's work would be lost.
+
+    Raises:
+        OutputExistsError: naming the set and what to do.
+    """
+    manifest = _set_at(out)
+    if manifest is not None and not manifest.parts:
+        raise OutputExistsError(
+            f"{out}: already holds a shard set prepared in one run (not parts), so part {k}/{n} could never be "
+            f"merged there; give the parts another output directory, or remove this set first"
+        )
+
+
 def refuse_resume_of_merged(out: str | os.PathLike[str]) -> None:
     """Refuse ``prepare --resume`` into a set merged from parts: each part is resumed on its own.
 
     Raises:
         OutputExistsError: naming the set and the command that finishes a part.
     """
-    from shardload.manifest import Manifest
-
-    try:
-        manifest = Manifest.load(Path(out))
-    except ShardloadError:
-        return  # not a merged set: the ordinary rules of the output apply
-    if manifest.parts:
+    manifest = _set_at(out)
+    if manifest is not None and manifest.parts:
         n = len(manifest.parts)
         raise OutputExistsError(
             f"{out}: is a shard set merged from {n} parts ({PARTS_DIR}/...); there is no single run to resume. "
             f"To redo a part, run prepare with --part K/{n} --resume (or --overwrite), then `shardload merge {out}`."
         )
+
+
+def finished_part(out: str | os.PathLike[str], k: int, n: int, run: str) -> bool:
+    """Whether ``out`` holds part ``k`` of ``n`` of run ``run``, committed, with no interrupted work.
+
+    ``--resume`` of such a part has nothing to do: a scheduler reruns a task
+    that had finished (a requeued SLURM array task, a retried Spark or Dask
+    task), and it must succeed, not stop the merge that waits for it. A part
+    of another run (other sources, options or N) is left to the ordinary
+    rules of the output (refused).
+    """
+    from shardload.prepare.workdir import WORK
+
+    if (Path(out) / WORK).exists():
+        return False  # interrupted work (or a run under way): the ordinary resume decides
+    manifest = _set_at(out)
+    return manifest is not None and manifest.options.get("run") == run and manifest.options.get("part") == [k, n]
 
 
 def part_record(k: int, n: int, run: str) -> dict[str, Any]:
@@ -146,10 +197,12 @@ def part_record(k: int, n: int, run: str) -> dict[str, Any]:
 __all__ = [
     "PARTS_DIR",
     "PART_NAME",
+    "finished_part",
     "parse_part",
     "part_dir",
     "part_name",
     "part_record",
+    "refuse_part_into_single_set",
     "refuse_resume_of_merged",
     "run_id",
     "split_units",

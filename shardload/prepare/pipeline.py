@@ -49,9 +49,9 @@ from shardload.prepare.faults import crash_point
 from shardload.prepare.gather import gather
 from shardload.prepare.index import new_manifest, write_index
 from shardload.prepare.jobs import IngestJob, ShardJob, ShardRecord, StagedUnit
-from shardload.prepare.mapping import MappedSamples, check_sendable
+from shardload.prepare.mapping import MappedSamples, check_sendable, map_name
 from shardload.prepare.options import PrepareOptions
-from shardload.prepare.parts import part_record, run_id, split_units
+from shardload.prepare.parts import finished_part, part_record, run_id, split_units
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
 from shardload.prepare.workdir import WorkDir, output_errors
 from shardload.prepare.workers import map_in_workers
@@ -335,6 +335,9 @@ def run_prepare(
         run = run_id(units, num_parts, {**options.layout_key(), **(describe or {})})
         describe = {**(describe or {}), **part_record(k, num_parts, run)}
         units = split_units(units, num_parts)[k]
+        if options.resume and finished_part(out, k, num_parts, run):
+            logger.info("%s: this part was complete already; nothing to resume", out)
+            return _result(Path(out), 0.0, 0)
     with WorkDir(out, resume=options.resume, overwrite=options.overwrite) as wd:
         if wd.committing:  # killed during the commit: everything is built, finish moving it in
             _finish_commit(wd)
@@ -386,16 +389,26 @@ def _infer_schema(
     """Schema from the first (mapped) sample; for an iterable, also its mapped samples, the first one unread."""
     first: tuple[str, Mapping[str, Any]] | None = None
     located: MappedSamples | None = None
+    dropped = 0
     if samples is not None:
         located = MappedSamples(
             ((f"sample {i}", source_options.selected(s, f"sample {i}")) for i, s in enumerate(samples)), options.map
         )
         first = located.peek()
+        dropped = located.dropped
     else:
         for unit in units:
-            first = MappedSamples(read_unit(unit, source_options), options.map).peek()
+            mapped = MappedSamples(read_unit(unit, source_options), options.map)
+            first = mapped.peek()
+            dropped += mapped.dropped
             if first is not None:
                 break
+    if first is None and dropped and options.map is not None:
+        raise InputError(
+            f"the sources hold no samples after the map: the map function {map_name(options.map)} dropped all "
+            f"{dropped:,} records (it returned None or an empty list for each); nothing to prepare: check the map "
+            "on a few records"
+        )
     if first is None:
         raise InputError("the sources hold no samples; nothing to prepare")
     where, sample = first

@@ -325,13 +325,18 @@ def _busy_message(out: Path) -> str:
     )
 
 
-def interrupted_hint(work: Path) -> str:
-    """What to say about an interrupted run whose work dir is ``work``: how it ended, and what to do."""
+def recorded_failure(work: Path) -> str:
+    """The bad input an interrupted run whose work dir is ``work`` stopped on (one line), or ``""``."""
     try:
         with open(work / FAILED, encoding="utf-8", errors="replace") as fh:
-            failure = " ".join(fh.read(2000).split())
+            return " ".join(fh.read(2000).split())
     except OSError:
-        failure = ""
+        return ""
+
+
+def interrupted_hint(work: Path) -> str:
+    """What to say about an interrupted run whose work dir is ``work``: how it ended, and what to do."""
+    failure = recorded_failure(work)
     if failure:
         return (
             f"an earlier prepare into this directory stopped on bad input ({failure}). Fix the input, then rerun "

@@ -107,7 +107,8 @@ def worker_died(procs: Sequence[BaseProcess], out: Path | None, what: str) -> Ou
     """The error for a pool whose worker died; names its pid and signal when they can be told."""
     for p in procs:  # the pool reaps them in its own thread: wait for their exit statuses
         p.join(1.0)
-    codes = [(p.pid, p.exitcode) for p in procs if p.exitcode not in (None, 0)]
+    # a pool worker never exits on its own while the pool runs: status 0 is a death too (os._exit(0))
+    codes = [(p.pid, p.exitcode) for p in procs if p.exitcode is not None]
     # Once one died, the pool SIGTERMs the others: a code that is not that is the first death.
     first = [pc for pc in codes if pc[1] != -signal.SIGTERM] or codes
     if first:
@@ -116,6 +117,8 @@ def worker_died(procs: Sequence[BaseProcess], out: Path | None, what: str) -> Ou
         how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
         if code == -signal.SIGKILL:
             how += " (what the out-of-memory killer sends)"
+        elif code >= 0:
+            how += " before its work was done (did code it runs, such as a map function, call os._exit?)"
         # with several alike, which one died first cannot be told
         who = (
             f"a worker process of prepare (pid {pid}) {how}"

@@ -242,7 +242,9 @@ def test_stray_folder_is_refused(three_parts: Path) -> None:
 def test_merge_never_replaces_a_set_of_one_run(sources: list[str], tmp_path: Path) -> None:
     out = tmp_path / "out"
     shardload.prepare(sources, out, **OPTIONS)  # type: ignore[arg-type]
-    shardload.prepare(sources, out, part=(0, 1), **OPTIONS)  # type: ignore[arg-type]
+    # prepare --part into such an out is refused (test_parts_misuse.py): parts copied in by hand
+    shardload.prepare(sources, tmp_path / "other", part=(0, 1), **OPTIONS)  # type: ignore[arg-type]
+    shutil.copytree(tmp_path / "other" / "parts", out / "parts")
     before = (out / "manifest.json").read_bytes()
     with pytest.raises(MergeError, match="already holds a shard set prepared in one run"):
         shardload.merge(out)
