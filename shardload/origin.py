@@ -160,10 +160,13 @@ def read_origin(root: Path, sample_id: int, total: int) -> SampleOrigin:
     """Entry ``sample_id`` of the set's ``origins.arrow``.
 
     Raises:
+        TypeError: ``sample_id`` is not an integer (a bool, float or str).
         IndexError: ``sample_id`` is not in ``[0, total)``.
         ShardSetError: the set has no origins (prepared by an older shardload) or they are damaged.
     """
-    if isinstance(sample_id, bool) or not isinstance(sample_id, (int, np.integer)) or not 0 <= sample_id < total:
+    if isinstance(sample_id, bool) or not isinstance(sample_id, (int, np.integer)):
+        raise TypeError(f"sample id must be an integer, got {type(sample_id).__name__} {sample_id!r}")
+    if not 0 <= sample_id < total:
         raise IndexError(f"sample id {sample_id!r} is out of range for a shard set of {total} samples (0..{total - 1})")
     path = root / ORIGINS_NAME
     if not path.is_file():
