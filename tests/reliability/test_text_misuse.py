@@ -146,3 +146,28 @@ def test_origin_of_a_non_integer_is_a_type_error(tmp_path: Path, bad: object) ->
     assert ds.origin(np.int64(4)).position in range(5)
     with pytest.raises(IndexError, match="out of range"):
         ds.origin(5)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "too-few-rows", "unknown-kind"])
+def test_verify_reports_damaged_sample_origins(tmp_path: Path, damage: str) -> None:
+    from shardload.verify import verify
+
+    shardload.write([{"x": np.arange(3), "t": "a"} for _ in range(5)], tmp_path / "out")
+    path = tmp_path / "out" / "origins.arrow"
+    assert verify(tmp_path / "out").ok
+    if damage == "garbage":
+        path.write_bytes(b"garbage")
+    else:
+        table = pa.ipc.open_file(pa.py_buffer(path.read_bytes())).read_all()
+        if damage == "too-few-rows":
+            table = table.slice(0, 4)
+        else:
+            kinds = pa.array(["index"] * 4 + ["bogus"]).dictionary_encode()
+            table = table.set_column(1, "kind", kinds)
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    report = verify(tmp_path / "out")
+    assert [(p.file, p.reason) for p in report.problems] == [("origins.arrow", "unreadable")], report.problems
+    want = {"garbage": "cannot be read", "too-few-rows": "4 entries for 5 samples", "unknown-kind": "'bogus'"}[damage]
+    assert want in report.problems[0].detail
+    assert shardload.open(tmp_path / "out")[0]["t"] == "a"  # the samples are not affected
