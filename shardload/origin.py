@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -156,29 +156,49 @@ def write_merged_origins(root: Path, parts: Sequence[Path]) -> bool:
     return True
 
 
+def read_origins(root: Path, total: int, *, every_row: bool = False) -> pa.Table:
+    """The set's ``origins.arrow`` (memory-mapped), checked: ``total`` rows, the columns :func:`_table` writes.
+
+    ``every_row`` (for ``verify``) also checks every row's kind, one pass over the file.
+
+    Raises:
+        ShardSetError: it is missing, unreadable or not what prepare writes.
+    """
+    path = root / ORIGINS_NAME
+    try:
+        with pa.memory_map(str(path), "r") as source:
+            table = pa.ipc.open_file(source).read_all()
+    except (pa.ArrowException, OSError) as exc:
+        raise ShardSetError(f"{path}: cannot be read ({exc}); re-run prepare") from None
+    if table.num_rows != total:
+        raise ShardSetError(f"{path}: {table.num_rows} entries for {total} samples; re-run prepare")
+    if table.column_names != ["file", "kind", "position", "key"]:
+        raise ShardSetError(f"{path}: has the columns {table.column_names}, not those prepare writes; re-run prepare")
+    kinds = set(table.column("kind").unique().cast(pa.string()).to_pylist()) if every_row else set()
+    kinds -= set(get_args(OriginKind))
+    if kinds:
+        raise ShardSetError(f"{path}: holds the unknown origin kinds {sorted(map(str, kinds))}; re-run prepare")
+    return table
+
+
 def read_origin(root: Path, sample_id: int, total: int) -> SampleOrigin:
     """Entry ``sample_id`` of the set's ``origins.arrow``.
 
     Raises:
+        TypeError: ``sample_id`` is not an integer (a bool, float or str).
         IndexError: ``sample_id`` is not in ``[0, total)``.
         ShardSetError: the set has no origins (prepared by an older shardload) or they are damaged.
     """
-    if isinstance(sample_id, bool) or not isinstance(sample_id, (int, np.integer)) or not 0 <= sample_id < total:
+    if isinstance(sample_id, bool) or not isinstance(sample_id, (int, np.integer)):
+        raise TypeError(f"sample id must be an integer, got {type(sample_id).__name__} {sample_id!r}")
+    if not 0 <= sample_id < total:
         raise IndexError(f"sample id {sample_id!r} is out of range for a shard set of {total} samples (0..{total - 1})")
-    path = root / ORIGINS_NAME
-    if not path.is_file():
+    if not (root / ORIGINS_NAME).is_file():
         raise ShardSetError(
             f"{root} records no sample origins (no {ORIGINS_NAME}: prepared by an older shardload); "
             "re-run prepare to record them"
         )
-    try:
-        with pa.memory_map(str(path), "r") as source:
-            table = pa.ipc.open_file(source).read_all()
-            if table.num_rows != total:
-                raise ShardSetError(f"{path}: {table.num_rows} entries for {total} samples; re-run prepare")
-            row = table.slice(int(sample_id), 1).to_pylist()[0]
-    except (pa.ArrowException, OSError, KeyError) as exc:
-        raise ShardSetError(f"{path}: cannot be read ({exc}); re-run prepare") from None
+    row = read_origins(root, total).slice(int(sample_id), 1).to_pylist()[0]
     kind: OriginKind = row["kind"]
     return SampleOrigin(
         file=row["file"] or None,

@@ -492,6 +492,7 @@ class ShardSet:
         the iterable (``kind == "index"``, ``file`` is ``None``).
 
         Raises:
+            TypeError: ``sample_id`` is not an integer (a bool, float or str).
             IndexError: ``sample_id`` is not in ``[0, len(self))``.
             ShardSetError: the set records no origins (prepared by an older shardload).
         """

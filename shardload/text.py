@@ -43,7 +43,7 @@ def text_to_array(f: Field, value: Any, kind: str | None, where: str) -> np.ndar
             the reverse), a ``str`` that cannot be UTF-8 (a lone surrogate).
     """
     if kind != f.dtype:
-        found = f"{kind} ({type(value).__name__})" if kind is not None else f"a {type(value).__name__}"
+        found = f"{kind} ({type(value).__name__})" if kind is not None else _describe(value)
         was = "text" if f.text else "arrays"
         raise InputError(
             f"{where}: field {f.name!r} holds {found}, but earlier samples have {f.dtype} ({was}); a field holds "
@@ -60,6 +60,18 @@ def text_to_array(f: Field, value: Any, kind: str | None, where: str) -> np.ndar
     else:
         raw = bytes(value)
     return np.frombuffer(raw, dtype=TEXT_STORAGE)
+
+
+def _describe(value: Any) -> str:
+    """What a non-text value is, in the words of a message: ``a number (int64)``, ``None (no value)``."""
+    if value is None:
+        return "None (no value)"
+    if isinstance(value, (np.ndarray, np.generic)):
+        arr = np.asarray(value)
+        if arr.ndim == 0:
+            return f"a number ({arr.dtype})"
+        return f"an array ({arr.dtype}, shape {list(arr.shape)})"
+    return f"a {type(value).__name__}"
 
 
 def decode_text(f: Field, values: np.ndarray, where: str) -> str | bytes:

@@ -38,6 +38,7 @@ from shardload.formats.arrow.writer import to_arrow
 from shardload.identity import ShardIdentity, identity_problem
 from shardload.manifest import Manifest, ShardInfo, file_checksum, resolve_inside
 from shardload.messages import one_line
+from shardload.origin import ORIGINS_NAME, read_origins
 from shardload.prepare.workers import map_in_workers
 from shardload.progress import Progress
 from shardload.schema import Field, Schema
@@ -185,6 +186,11 @@ def verify(path: str | os.PathLike[str], *, workers: int = 1, progress: bool | N
     finally:
         bar.close()
     problems.extend(index_problems)
+    if (root / ORIGINS_NAME).exists():  # a set of an older shardload has none
+        try:
+            read_origins(root, manifest.total_samples, every_row=True)
+        except ShardSetError as exc:
+            problems.append(Problem(None, ORIGINS_NAME, "unreadable", str(exc)))
     report = VerifyReport(
         path=str(root),
         shards=len(manifest.shards),

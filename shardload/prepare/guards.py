@@ -36,6 +36,7 @@ from shardload.prepare.sources import SourceUnit
 from shardload.prepare.workdir import WorkDir, fd_limit_hint, fd_limit_reached
 from shardload.schema import Schema, name_problem, prepare_problems
 from shardload.setfiles import os_level
+from shardload.text import text_kind
 
 #: most values (scalar elements) of one field in one staged chunk or Arrow shard: Arrow IPC cannot write
 #: a longer array. A test lowers it to try the limit on small data.
@@ -61,9 +62,16 @@ def check_output_path(out: str | os.PathLike[str]) -> None:
 
 
 def check_dtype_fields(sample: Any, dtypes: Mapping[str, str], where: str) -> None:
-    """Refuse ``dtypes`` (``--dtype``) naming a field the first sample does not have, listing the real ones."""
+    """Refuse ``dtypes`` (``--dtype``) naming a text field, or a field the first sample does not have."""
     if not isinstance(sample, Mapping) or not dtypes:
         return  # Schema.infer reports a sample that is not a dict
+    for name, dtype in dtypes.items():
+        kind = text_kind(sample.get(name))
+        if kind is not None:
+            raise InputError(
+                f"{where}: --dtype {name}={dtype} names a text field ({kind}), which is stored as it is: leave "
+                f"--dtype out for {name!r}, or turn the text into numbers with --map"
+            )
     unknown = sorted(set(dtypes) - {str(k) for k in sample})
     if unknown:
         raise InputError(

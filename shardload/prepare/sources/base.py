@@ -107,7 +107,13 @@ class SourceOptions:
                 f"{where}: {option} names {missing}, which the input does not have (its fields: "
                 f"{', '.join(map(str, names)) or 'none'}); check the spelling"
             )
-        return [n for n in names if self.keeps(n)]
+        kept = [n for n in names if self.keeps(n)]
+        if names and not kept:
+            raise InputError(
+                f"{where}: --drop-fields leaves no field (its fields: {', '.join(map(str, names))}); "
+                "keep at least one field"
+            )
+        return kept
 
     def selected(self, sample: Sample, where: str) -> Sample:
         """``sample`` with only the fields that are read; the same object when every field is."""

@@ -16,8 +16,9 @@ int / uint / float / bool                              0-d array (a scalar)
 ``list<list<T>>``                                      ``T[rows, C]``: the inner lists
                                                        of a row must be equally long
 ``fixed_size_list<T, C>``                              ``T[C]`` (the same every row)
-``string`` / ``large_string``                          a text field: ``str``
-``binary`` / ``large_binary``                          a text field: ``bytes``
+``string`` / ``large_string`` / ``string_view``        a text field: ``str``
+``binary`` / ``large_binary`` / ``binary_view`` /      a text field: ``bytes``
+``fixed_size_binary``
 ``dictionary<T>``                                      as ``T``
 =====================================================  ============================
 
@@ -30,8 +31,8 @@ or checked.
 ``T[0, C]`` with the ``C`` of the previous non-empty row of the file (0 if none).
 
 Refused with an :class:`~shardload.errors.InputError` naming the file, the
-row and the column: nulls at any level, lists of strings or binaries (not
-numeric: drop them), and other types (timestamps, decimals, structs, maps, deeper
+row and the column: nulls at any level, lists of strings or binaries (a text
+field is one string per row: drop them), and other types (timestamps, decimals, structs, maps, deeper
 list nesting).
 
 Each record batch is converted with a few vectorised numpy calls (flat values
@@ -88,9 +89,16 @@ def _leaf(t: pa.DataType) -> pa.DataType:
 
 
 def _is_text(t: pa.DataType) -> bool:
-    """A column type whose values become a text field (``str`` or ``bytes``)."""
+    """A column type whose values become a text field (``str`` or ``bytes``: ``to_pylist`` gives them)."""
     return bool(
-        pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        # view types exist from pyarrow 16 on
+        or getattr(pa.types, "is_string_view", lambda _: False)(t)
+        or getattr(pa.types, "is_binary_view", lambda _: False)(t)
     )
 
 
@@ -109,18 +117,11 @@ def check_column_type(path: str, name: str, t: pa.DataType) -> None:
     if ok:
         return
     leaf = _leaf(t)
-    if (
-        pa.types.is_string(leaf)
-        or pa.types.is_large_string(leaf)
-        or pa.types.is_binary(leaf)
-        or pa.types.is_large_binary(leaf)
-        or pa.types.is_fixed_size_binary(leaf)
-        or getattr(pa.types, "is_string_view", lambda _: False)(leaf)
-        or getattr(pa.types, "is_binary_view", lambda _: False)(leaf)
-    ):
+    if _is_text(leaf):
         raise InputError(
-            f"{path}: column {name!r} ({t}) is not numeric; every field must hold numbers. "
-            f"Drop the column before prepare (pyarrow: table.drop_columns([{name!r}]))."
+            f"{path}: column {name!r} ({t}) holds lists of text, which is not numeric, and a text field is one "
+            f"string per row. Drop the column (--drop-fields {name}, or pyarrow: "
+            f"table.drop_columns([{name!r}])), or join each row's strings into one."
         )
     if pa.types.is_null(leaf):
         raise InputError(f"{path}: column {name!r} ({t}) holds only nulls; drop the column or fill in values")

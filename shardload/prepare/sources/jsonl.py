@@ -281,14 +281,17 @@ def _holds_bool(value: list[Any]) -> bool:
 
 def _describe_object(value: Any) -> str:
     """Why numpy could not make ``value`` into a numeric array, and what to do."""
-    not_numeric = "; every field must be numbers: remove the field or encode it as numbers"
+    not_numeric = (
+        "; a field holds numbers, or one string per sample (a text field): remove the field or encode it as numbers"
+    )
     stack = [value]
     while stack:
         v = stack.pop()
         if v is None:
             return ("is null" if v is value else "holds a null") + "; fill in a value or drop the sample"
         if isinstance(v, (str, bytes)):
-            return f"holds text ({_short(v)}), which is not numeric" + not_numeric
+            inside = " inside a list" if v is not value else ""
+            return f"holds text ({_short(v)}){inside}, which is not numeric" + not_numeric
         if isinstance(v, Mapping):
             return "holds a JSON object, not a number or a list of numbers" + not_numeric
         if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**64:
@@ -396,7 +399,7 @@ def _read_file(
                 if len(raw) > limit and not raw.endswith(b"\n"):
                     raise record_too_large(where, "the line", None, limit)
                 pos += len(raw)
-                if stop >= 0 and pos > stop:
+                if stop >= 0 and (pos > stop or (pos < stop and not raw.endswith(b"\n"))):
                     raise InputError(f"{where}: the file changed while prepare read it; run prepare again")
                 try:
                     text = raw.decode("utf-8")
@@ -411,6 +414,8 @@ def _read_file(
                     yield where, _decode_line(text, where, options, seen)
                 if pos == stop:
                     break
+            if stop >= 0 and pos < stop:  # the range ends early: the file shrank since it was cut
+                raise InputError(f"{path}: line {lineno}: the file changed while prepare read it; run prepare again")
     except FileNotFoundError:
         raise InputError(f"{path}: file not found (was it deleted while prepare ran?)") from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:

@@ -343,7 +343,10 @@ def _text(data: bytes, where: str) -> str:
     try:
         return data.decode("utf-8-sig")  # a byte-order mark (editors on Windows write one) is not text
     except UnicodeDecodeError as exc:
-        raise InputError(f"{where}: not valid UTF-8 (byte {exc.start + 1})") from None
+        raise InputError(
+            f"{where}: not valid UTF-8 (byte {exc.start + 1}); a .txt/.text member is text: fix its encoding, "
+            "or name the member .bin to keep its bytes as they are"
+        ) from None
 
 
 def _from_value(
