@@ -17,6 +17,7 @@ when none) and ``key`` (string, ``""`` when none).
 from __future__ import annotations
 
 import ast
+import mmap
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -109,10 +110,25 @@ def _table(origins: Sequence[SampleOrigin]) -> pa.Table:
 def _write(path: Path, table: pa.Table) -> None:
     with (
         atomic_file(path, tmp=path.with_name(path.name + ".tmp")) as tmp,
-        pa.OSFile(str(tmp), "wb") as sink,
+        open(tmp, "wb") as sink,  # Python opens any path; pyarrow's own files take UTF-8 paths only
         pa.ipc.new_file(sink, table.schema) as writer,
     ):
         writer.write_table(table)
+
+
+def _read(path: Path) -> pa.RecordBatchFileReader:
+    """An Arrow IPC file's reader over a memory map of ``path`` (any path: pyarrow's own maps take UTF-8 only).
+
+    Raises:
+        OSError: it cannot be opened or mapped (an empty file cannot be mapped).
+        pyarrow.ArrowException: it is not an Arrow IPC file.
+    """
+    with open(path, "rb") as fh:
+        try:
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError as exc:  # an empty file
+            raise OSError(f"cannot be mapped: {exc}") from None
+    return pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped)))
 
 
 def chunk_origins_path(chunk: Path) -> Path:
@@ -130,13 +146,11 @@ def write_set_origins(work: Path, chunks: Sequence[Path], order: np.ndarray) -> 
     tables = []
     for chunk in chunks:
         if not chunk_origins_path(chunk).exists():  # staged by a run of an older shardload, now resumed
-            with pa.memory_map(str(chunk), "r") as source:
-                rows = pa.ipc.open_file(source).get_batch(0).num_rows
+            rows = _read(chunk).get_batch(0).num_rows
             unknown = SampleOrigin(None, "other", key=f"not recorded (staged by an older shardload: {chunk.name})")
             tables.append(_table([unknown] * rows))
             continue
-        with pa.memory_map(str(chunk_origins_path(chunk)), "r") as source:
-            tables.append(pa.ipc.open_file(source).read_all())
+        tables.append(_read(chunk_origins_path(chunk)).read_all())
     if not tables:  # a set of no samples (a part with no units)
         tables.append(_table([]))
     whole = pa.concat_tables(tables).unify_dictionaries().combine_chunks()
@@ -150,8 +164,7 @@ def write_merged_origins(root: Path, parts: Sequence[Path]) -> bool:
         return False
     tables = []
     for part in parts:
-        with pa.memory_map(str(part / ORIGINS_NAME), "r") as source:
-            tables.append(pa.ipc.open_file(source).read_all())
+        tables.append(_read(part / ORIGINS_NAME).read_all())
     _write(root / ORIGINS_NAME, pa.concat_tables(tables).unify_dictionaries().combine_chunks())
     return True
 
@@ -166,8 +179,7 @@ def read_origins(root: Path, total: int, *, every_row: bool = False) -> pa.Table
     """
     path = root / ORIGINS_NAME
     try:
-        with pa.memory_map(str(path), "r") as source:
-            table = pa.ipc.open_file(source).read_all()
+        table = _read(path).read_all()
     except (pa.ArrowException, OSError) as exc:
         raise ShardSetError(f"{path}: cannot be read ({exc}); re-run prepare") from None
     if table.num_rows != total:
