@@ -40,7 +40,8 @@ from numpy.typing import NDArray
 
 from shardload.plan import Batching, EpochPlanner, EpochSpec, PlanInputs, digest_lengths, summarize_plan
 from shardload.plan.pack import PackBatcher
-from shardload.plan.packrows import count_rows, pack_rows
+from shardload.plan.packrows import count_rows
+from shardload.plan.packtrack import pack_rows
 
 DATASETS = ("long-tailed", "text-like")
 

@@ -34,7 +34,8 @@ from numpy.typing import NDArray
 from shardload.errors import PlanError
 from shardload.plan.batcher import Batcher, Batches
 from shardload.plan.options import Batching
-from shardload.plan.packrows import SizeRuns, count_rows, pack_segments, pieces_per_sample
+from shardload.plan.packrows import SizeRuns, count_rows, pieces_per_sample
+from shardload.plan.packtrack import pack_segments
 from shardload.plan.ranges import offsets_from_lengths, range_positions
 from shardload.plan.shuffle import position_rng
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from shardload.errors import PlanError
 from shardload.plan import Batching, EpochSpec, PlanInputs, RankPlan
 from shardload.plan.options import EVAL_STAGES
-from shardload.plan.packrows import SizeRuns, count_rows, pack_rows, pack_segments
+from shardload.plan.packrows import SizeRuns, count_rows
+from shardload.plan.packtrack import pack_rows, pack_segments
 from shardload.plan.planner import EpochPlanner
 
 from .strategies import STAGES, long_tailed, partition
