@@ -21,8 +21,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.errors import PlanError
-from shardload.plan.packrows import _EMPTY, BestFit, SizeRuns, _key_runs, _run_starts
-from shardload.plan.ranges import offsets_from_lengths, range_positions
+from shardload.plan.packrows import _EMPTY, BestFit, SizeRuns, _run_starts
+from shardload.plan.ranges import range_positions
 
 __all__ = ["TrackedBestFit", "pack_rows", "pack_segments"]
 
@@ -147,25 +147,6 @@ def _stable_order(key: NDArray[np.int64], bound: int) -> NDArray[np.int64]:
     return np.argsort(key, kind="stable")
 
 
-def _items_by_run(
-    item_run: NDArray[np.int64], seg: NDArray[np.int64], seg_runs: NDArray[np.int64]
-) -> NDArray[np.int64]:
-    """``(m,)`` the items sorted stably by run; ``seg_runs``: ``(K + 1,)`` each segment's first run.
-
-    Items given segment by segment (as the planner packs a group of ranks)
-    are sorted one segment at a time, each within the cache; others at once.
-    """
-    if len(seg) < 2 or not (seg[1:] >= seg[:-1]).all():
-        return _stable_order(item_run, int(seg_runs[-1]))
-    order = np.empty(len(seg), dtype=np.int64)
-    bounds = np.searchsorted(seg, np.arange(len(seg_runs))).tolist()
-    for k, (lo, hi) in enumerate(itertools.pairwise(bounds)):
-        if hi > lo:
-            local = item_run[lo:hi] - seg_runs[k]
-            order[lo:hi] = lo + _stable_order(local, int(seg_runs[k + 1] - seg_runs[k]))
-    return order
-
-
 def pack_segments(
     sizes: NDArray[np.integer], seg: NDArray[np.integer], segments: int, capacity: int
 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
@@ -186,10 +167,14 @@ def pack_segments(
     """
     sizes64: NDArray[np.int64] = np.asarray(sizes, dtype=np.int64)
     seg64: NDArray[np.int64] = np.asarray(seg, dtype=np.int64)
-    width = capacity + 1
-    keys, count, item_run = _key_runs(seg64 * width + (capacity - sizes64), segments * width, inverse=True)
-    assert item_run is not None
-    runs = SizeRuns(keys // width, capacity - keys % width, count)
+    if len(seg64) > 1 and not (seg64[1:] >= seg64[:-1]).all():  # items segment by segment, then back
+        by_seg = _stable_order(seg64, segments)
+        row_of, used, row_seg = pack_segments(sizes64[by_seg], seg64[by_seg], segments, capacity)
+        back = np.empty_like(row_of)
+        back[by_seg] = row_of
+        return back, used, row_seg
+    bounds = np.searchsorted(seg64, np.arange(segments + 1)).tolist()  # (K + 1,) each segment's first item
+    order, runs = _runs_by_segment(sizes64, bounds, capacity)
     fit = TrackedBestFit(runs, segments, capacity)
     rows = fit.run()
     # every segment's rows in the order they were opened; a segment of only empty items gets one
@@ -201,19 +186,44 @@ def pack_segments(
     row_seg, used = row_seg[by_seg], used[by_seg]
     number = np.empty(fit.num_rows, dtype=np.int64)  # new number of each opened row
     number[opened] = np.flatnonzero(by_seg < fit.num_rows)
-    # the rows the steps filled, run by run (by segment, then size descending), and the items in that order
-    step_first = offsets_from_lengths(fit.r_count[fit.by_step])[:-1]  # (runs,) each run's first in `placed`
-    in_step = np.empty(len(fit.by_step), dtype=np.int64)
-    in_step[fit.by_step] = np.arange(len(fit.by_step))
-    placed = np.concatenate([np.repeat(ids, counts) for ids, counts in fit.placed]) if fit.placed else _EMPTY
-    placed = placed[range_positions(step_first[in_step], fit.r_count)]
-    order = _items_by_run(item_run, seg64, np.searchsorted(runs.seg, np.arange(segments + 1)))
-    filled = runs.size[item_run[order]] > 0  # (m,) in that order: not an empty item (empty runs come last)
+    # (row, items) the steps placed, segment by segment: a segment's steps in order place its runs in order
+    ids = np.concatenate([ids for ids, _ in fit.placed]) if fit.placed else _EMPTY
+    counts = np.concatenate([counts for _, counts in fit.placed]) if fit.placed else _EMPTY
+    pair_seg = fit.row_seg[ids]
+    pairs = _stable_order(pair_seg, segments)
+    ids, counts = number[ids[pairs]], counts[pairs]
+    pair_bounds = np.searchsorted(pair_seg[pairs], np.arange(segments + 1)).tolist()
+    first_row = np.searchsorted(row_seg, np.arange(segments)).tolist()  # items of size 0: the segment's first row
     row_of = np.empty(len(seg64), dtype=np.int64)
-    row_of[order[filled]] = number[placed]
-    empty = order[~filled]
-    row_of[empty] = np.searchsorted(row_seg, seg64[empty])  # items of size 0: their segment's first row
+    for k in range(segments):  # in cache: a segment's items, its runs' rows
+        lo, hi = bounds[k], bounds[k + 1]
+        if hi > lo:
+            placed = np.repeat(ids[pair_bounds[k] : pair_bounds[k + 1]], counts[pair_bounds[k] : pair_bounds[k + 1]])
+            mine = row_of[lo:hi]
+            mine[order[lo : lo + len(placed)]] = placed
+            mine[order[lo + len(placed) : hi]] = first_row[k]
     return row_of, used, row_seg
+
+
+def _runs_by_segment(sizes: NDArray[np.int64], bounds: list[int], capacity: int) -> tuple[NDArray[np.int64], SizeRuns]:
+    """``(order, runs)``: each segment's items largest first (stably, ``(m,)`` indices within the segment) and
+    its size runs; ``bounds``: ``(K + 1,)`` each segment's first item (items given segment by segment).
+
+    One segment at a time, each within the cache.
+    """
+    order = np.empty(len(sizes), dtype=np.int64)
+    seg, size, count = [], [], []
+    for k, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+        if hi > lo:
+            key = capacity - sizes[lo:hi]  # largest first
+            mine = _stable_order(key, capacity + 1)
+            order[lo:hi] = mine
+            key = key[mine]
+            starts = _run_starts(key)
+            seg.append(np.full(len(starts), k, dtype=np.int64))
+            size.append(capacity - key[starts])
+            count.append(np.diff(starts, append=hi - lo))
+    return order, SizeRuns.concat([SizeRuns(*parts) for parts in zip(seg, size, count)])
 
 
 def pack_rows(sizes: NDArray[np.integer], capacity: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
