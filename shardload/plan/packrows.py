@@ -34,6 +34,7 @@ lengths the rows are within one of the ``ceil(tokens / capacity)`` bound.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -196,9 +197,15 @@ class BestFit:
         self.only_empty[runs.seg[~positive]] = True
         self.r_seg, self.r_size, self.r_count = runs.seg[positive], runs.size[positive], runs.count[positive]
         self.seg_first = np.searchsorted(self.r_seg, np.arange(segments))  # (K,) each segment's first run
-        #: (runs,) step at which each run is placed: its index within its segment
-        self.r_step = np.arange(len(self.r_seg)) - self.seg_first[self.r_seg]
-        self.seg_runs = np.bincount(self.r_seg, minlength=segments)  # (K,)
+        seg_runs = np.bincount(self.r_seg, minlength=segments)  # (K,)
+        # step 0 opens a row for every item larger than half a row (no row ever has room for one: BFD opens
+        # them one by one, largest first); each later step places one run of every segment. A segment's run
+        # `i` is placed at step max(i - lead, 0), `lead` (K,): its runs of such items, less one
+        big = np.bincount(self.r_seg[self.r_size * 2 > capacity], minlength=segments)
+        self.lead = big - 1
+        #: (runs,) step at which each run is placed
+        self.r_step = np.maximum(np.arange(len(self.r_seg)) - self.seg_first[self.r_seg] - self.lead[self.r_seg], 0)
+        self.seg_steps = seg_runs - self.lead  # (K,) a segment's steps are 0 .. seg_steps - 1
         # (K * buckets,) runs of each segment whose size is in a higher bucket of 2**shift gaps than each
         # bucket: the first step that can fit a gap, or an earlier one (see _next_use)
         self.shift, limit = 0, min(_DENSE_BINS, max(4 * len(self.r_seg), 1 << 16))
@@ -218,11 +225,19 @@ class BestFit:
     def run(self) -> NDArray[np.int64]:
         """Place every run; ``(K,)`` rows per segment (a segment of only empty items: one)."""
         self.by_step = by_step = np.argsort(self.r_step, kind="stable")  # step by step, segments in order
-        bounds = np.searchsorted(self.r_step[by_step], np.arange(int(self.seg_runs.max(initial=0)) + 1))
-        for step, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
+        bounds = np.searchsorted(self.r_step[by_step], np.arange(int(self.seg_steps.max(initial=0)) + 1)).tolist()
+        self._open(by_step[bounds[0] : bounds[1]] if len(bounds) > 1 else _EMPTY)
+        for step, (lo, hi) in enumerate(itertools.pairwise(bounds[1:]), start=1):
             self._wake(step)
             self._step(step, by_step[lo:hi])
         return np.where(self.only_empty & (self.rows == 0), 1, self.rows)
+
+    def _open(self, runs: NDArray[np.int64]) -> None:
+        """Step 0: the runs ``runs`` of items larger than half a row (by segment, largest first), a row each."""
+        segs, sizes, n = self.r_seg[runs], self.r_size[runs], self.r_count[runs]
+        self.rows += np.bincount(segs, weights=n, minlength=self.segments).astype(np.int64)
+        self._opened(segs, sizes, n)
+        self._set_active(*self._file(0, segs, self.capacity - sizes, n))
 
     def _wake(self, step: int) -> None:
         """Make the groups waiting for this step active."""
@@ -256,8 +271,9 @@ class BestFit:
         multiple of :data:`WAKE_EVERY`. Waking early costs a row a few steps
         in which it takes nothing; it files far fewer groups.
         """
-        fits = self.runs_above[seg * self.buckets + (self.buckets - 1 - (gap >> self.shift))]
-        never = self.seg_runs[seg]  # no size of the segment fits: never wake (rounding down would)
+        fits = self.runs_above[seg * self.buckets + (self.buckets - 1 - (gap >> self.shift))]  # (n,) a run
+        fits = np.maximum(fits - self.lead[seg], 0)  # its step
+        never = self.seg_steps[seg]  # no size of the segment fits: never wake (rounding down would)
         return np.where(fits < never, np.maximum(fits // WAKE_EVERY * WAKE_EVERY, step + 1), never)
 
     def _file(
@@ -268,7 +284,7 @@ class BestFit:
         Returns the groups that wake at the next step.
         """
         when = self._next_use(step, seg, gap)
-        keep = (cnt > 0) & (when < self.seg_runs[seg])
+        keep = (cnt > 0) & (when < self.seg_steps[seg])
         seg, gap, cnt, when = seg[keep], gap[keep], cnt[keep], when[keep]
         now = when == step + 1
         later = ~now
@@ -308,7 +324,7 @@ class BestFit:
         self.rows[segs] += new_full + (new_part > 0)
         a_cnt = self.a_cnt.copy()
         # rows that took nothing stay active, their gaps fit what comes next; none once their segment is done
-        a_cnt[touched] = np.where(step + 1 < self.seg_runs[e_seg], e_cnt - full - (part > 0), 0)
+        a_cnt[touched] = np.where(step + 1 < self.seg_steps[e_seg], e_cnt - full - (part > 0), 0)
         some, fresh, moved = part > 0, new_part > 0, full > 0  # most touched groups take nothing: not filed
         now = self._file(  # rows that took items, new rows: active again when a size of their segment fits
             step,
@@ -331,6 +347,9 @@ class BestFit:
             ),
         )
         self._set_active(*(np.concatenate([a, b]) for a, b in zip((self.a_seg, self.a_gap, a_cnt), now)))
+
+    def _opened(self, segs: NDArray[np.int64], sizes: NDArray[np.int64], n: NDArray[np.int64]) -> None:
+        """Called by step 0: ``n`` rows of one item of ``sizes`` open in segments ``segs``, in that order."""
 
     def _follow(
         self,

@@ -102,14 +102,24 @@ class TrackedBestFit(BestFit):
         # the rows that took items leave the active ones (all rows of a segment that is done)
         drop = np.zeros(len(keys), dtype=bool)
         drop[at] = True
-        done = step + 1 >= self.seg_runs[e_seg]
+        done = step + 1 >= self.seg_steps[e_seg]
         if done.any():
             drop[range_positions(first[done], e_cnt[done])] = True
         self.active_keys = keys[~drop]
-        # rows that took items or are new: active again when a size of their segment fits their gap
-        gap = self.row_gap[ids]
+        self._file_rows(step, ids)
+
+    def _opened(self, segs: NDArray[np.int64], sizes: NDArray[np.int64], n: NDArray[np.int64]) -> None:
+        first = self._new_rows(np.repeat(segs, n))
+        ids = np.arange(first, self.num_rows)
+        self.row_gap[ids] -= np.repeat(sizes, n)
+        self.placed.append((ids, np.ones(len(ids), dtype=np.int64)))
+        self._file_rows(0, ids)
+
+    def _file_rows(self, step: int, ids: NDArray[np.int64]) -> None:
+        """File rows that took items or are new: active again when a size of their segment fits their gap."""
+        seg, gap = self.row_seg[ids], self.row_gap[ids]
         when = self._next_use(step, seg, gap)
-        keep = when < self.seg_runs[seg]
+        keep = when < self.seg_steps[seg]
         changed, when = self._row_keys(seg[keep], gap[keep], ids[keep]), when[keep]
         now = when == step + 1
         self.pending_keys.append(changed[now])
