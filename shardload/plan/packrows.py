@@ -174,6 +174,37 @@ class SizeRuns:
         return cls(seg, size, count)
 
 
+@dataclass(frozen=True)
+class Placement:
+    """What one best-fit step (1 and later) places, group by group: what :meth:`BestFit._follow` is given.
+
+    Attributes:
+        step: The step.
+        segs: ``(s,)`` the segments placing items, increasing.
+        touched: ``(g,)`` indices of their active groups (the groups before the step).
+        seg: ``(g,)`` segment of each touched group.
+        cnt: ``(g,)`` its rows.
+        full: ``(g,)`` its first ``full`` rows (by row number) take ``per_row`` items each...
+        per_row: ``(g,)`` ...
+        part: ``(g,)`` ... and the next one ``part`` (0: none).
+        new_full: ``(s,)`` new rows of each segment of ``segs``: ``new_full`` of ``new_per_row`` items...
+        new_per_row: ``(s,)`` ...
+        new_part: ``(s,)`` ... and one of ``new_part`` (0: none).
+    """
+
+    step: int
+    segs: NDArray[np.int64]
+    touched: NDArray[np.int64]
+    seg: NDArray[np.int64]
+    cnt: NDArray[np.int64]
+    full: NDArray[np.int64]
+    per_row: NDArray[np.int64]
+    part: NDArray[np.int64]
+    new_full: NDArray[np.int64]
+    new_per_row: NDArray[np.int64]
+    new_part: NDArray[np.int64]
+
+
 class BestFit:
     """One BFD run over the runs of many segments (see the module docstring).
 
@@ -319,7 +350,7 @@ class BestFit:
         new_per_row = self.capacity // sizes
         new_full = left // new_per_row
         new_part = left - new_full * new_per_row
-        self._follow(step, segs, touched, (e_seg, e_cnt, full, per_row, part), (new_full, new_per_row, new_part))
+        self._follow(Placement(step, segs, touched, e_seg, e_cnt, full, per_row, part, new_full, new_per_row, new_part))
         self.need[segs] = 0
         self.rows[segs] += new_full + (new_part > 0)
         a_cnt = self.a_cnt.copy()
@@ -351,22 +382,8 @@ class BestFit:
     def _opened(self, segs: NDArray[np.int64], sizes: NDArray[np.int64], n: NDArray[np.int64]) -> None:
         """Called by step 0: ``n`` rows of one item of ``sizes`` open in segments ``segs``, in that order."""
 
-    def _follow(
-        self,
-        step: int,
-        segs: NDArray[np.int64],
-        touched: NDArray[np.int64],
-        groups: tuple[NDArray[np.int64], ...],
-        new: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]],
-    ) -> None:
-        """Called by each step before the groups change (rows followed one by one: ``packtrack.TrackedBestFit``).
-
-        ``touched`` are the indices of the active groups of the segments ``segs``
-        placing items; ``groups`` are ``(seg, cnt, full, per_row, part)`` of
-        each: its first ``full`` rows take ``per_row`` items and the next one
-        ``part``; ``new`` is ``(full, per_row, part)`` of the new rows of each
-        segment of ``segs``.
-        """
+    def _follow(self, placed: Placement) -> None:
+        """Called by each step before the groups change (rows followed one by one: ``packtrack.TrackedBestFit``)."""
 
 
 def count_rows(runs: SizeRuns, segments: int, capacity: int) -> NDArray[np.int64]:

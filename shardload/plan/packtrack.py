@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.errors import PlanError
-from shardload.plan.packrows import _EMPTY, BestFit, SizeRuns, _run_starts
+from shardload.plan.packrows import _EMPTY, BestFit, Placement, SizeRuns, _run_starts
 from shardload.plan.ranges import range_positions
 
 __all__ = ["TrackedBestFit", "pack_rows", "pack_segments"]
@@ -61,14 +61,7 @@ class TrackedBestFit(BestFit):
             self.pending_keys.extend(self.waiting_rows.pop(step))
         super()._wake(step)
 
-    def _follow(
-        self,
-        step: int,
-        segs: NDArray[np.int64],
-        touched: NDArray[np.int64],
-        groups: tuple[NDArray[np.int64], ...],
-        new: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]],
-    ) -> None:
+    def _follow(self, placed: Placement) -> None:
         """Follow the step row by row: which rows take how many items.
 
         In each touched group the first ``full`` rows (by row number) take
@@ -76,9 +69,17 @@ class TrackedBestFit(BestFit):
         items and the new ones are touched (and the active rows' keys copied
         once, without them).
         """
-        e_seg, e_cnt, full, per_row, part = groups
-        first = (np.cumsum(self.a_cnt) - self.a_cnt)[touched]  # each touched group's first active row
-        new_full, new_per_row, new_part = new
+        step, segs, e_seg, e_cnt, full, per_row, part = (
+            placed.step,
+            placed.segs,
+            placed.seg,
+            placed.cnt,
+            placed.full,
+            placed.per_row,
+            placed.part,
+        )
+        new_full, new_per_row, new_part = placed.new_full, placed.new_per_row, placed.new_part
+        first = (np.cumsum(self.a_cnt) - self.a_cnt)[placed.touched]  # each touched group's first active row
         if self.pending_keys:  # a long sorted run and a few new keys: merged in about linear time
             self.active_keys = np.sort(np.concatenate([self.active_keys, *self.pending_keys]), kind="stable")
             self.pending_keys = []
