@@ -40,6 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload.plan.ranges import range_positions
+
 __all__ = ["BestFit", "SizeRuns", "count_rows", "pieces_per_sample"]
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -181,9 +183,7 @@ class Placement:
     Attributes:
         step: The step.
         segs: ``(s,)`` the segments placing items, increasing.
-        touched: ``(g,)`` indices of their active groups (the groups before the step).
-        seg: ``(g,)`` segment of each touched group.
-        cnt: ``(g,)`` its rows.
+        touched: ``(g,)`` indices of their active groups that can take items (before the step), by segment.
         full: ``(g,)`` its first ``full`` rows (by row number) take ``per_row`` items each...
         per_row: ``(g,)`` ...
         part: ``(g,)`` ... and the next one ``part`` (0: none).
@@ -195,8 +195,6 @@ class Placement:
     step: int
     segs: NDArray[np.int64]
     touched: NDArray[np.int64]
-    seg: NDArray[np.int64]
-    cnt: NDArray[np.int64]
     full: NDArray[np.int64]
     per_row: NDArray[np.int64]
     part: NDArray[np.int64]
@@ -248,6 +246,7 @@ class BestFit:
         self.runs_above = above - np.repeat(self.seg_first, self.buckets)
         self.rows = np.zeros(segments, dtype=np.int64)  # (K,) rows opened
         self.a_seg, self.a_gap, self.a_cnt = _EMPTY, _EMPTY, _EMPTY
+        self.a_key = _EMPTY  # (groups,) segment * width + gap of each active group, increasing
         self.waiting: dict[int, list[tuple[NDArray[np.int64], ...]]] = {}
         self.size_of = np.zeros(segments, dtype=np.int64)  # (K,) the size being placed, 0 if none; scratch
         self.need = np.zeros(segments, dtype=np.int64)  # (K,) items of that size; scratch
@@ -268,30 +267,52 @@ class BestFit:
         segs, sizes, n = self.r_seg[runs], self.r_size[runs], self.r_count[runs]
         self.rows += np.bincount(segs, weights=n, minlength=self.segments).astype(np.int64)
         self._opened(segs, sizes, n)
-        self._set_active(*self._file(0, segs, self.capacity - sizes, n))
+        self._merge(*self._file(0, segs, self.capacity - sizes, n))
 
     def _wake(self, step: int) -> None:
         """Make the groups waiting for this step active."""
         if step in self.waiting:
             parts = self.waiting.pop(step)
-            self._set_active(*(np.concatenate([mine, *(p[i] for p in parts)]) for i, mine in enumerate(self._active())))
+            self._merge(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
 
-    def _active(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-        return self.a_seg, self.a_gap, self.a_cnt
+    def _merge(self, seg: NDArray[np.int64], gap: NDArray[np.int64], cnt: NDArray[np.int64]) -> None:
+        """Add groups to the active ones (kept sorted by ``(segment, gap)``, one group per key; empty ones ignored).
 
-    def _set_active(self, seg: NDArray[np.int64], gap: NDArray[np.int64], cnt: NDArray[np.int64]) -> None:
-        """Keep the non-empty groups, sorted by ``(segment, gap)``, equal ones merged."""
+        The new groups are few: they are sorted and inserted (an existing key
+        gets their rows), not the active groups re-sorted.
+        """
         keep = cnt > 0
         seg, gap, cnt = seg[keep], gap[keep], cnt[keep]
+        if not len(seg):
+            return
+        key = seg * self.width + gap
         if len(seg) > 1:
-            key = seg * self.width + gap
-            order = np.argsort(key, kind="stable")  # a few sorted runs: merged in linear time
+            order = np.argsort(key, kind="stable")
             seg, gap, cnt, key = seg[order], gap[order], cnt[order], key[order]
             starts = _run_starts(key)
             if len(starts) < len(seg):  # sums of equal groups (a cumsum: faster than reduceat)
                 total = np.cumsum(cnt)[np.append(starts[1:], len(cnt)) - 1]
-                seg, gap, cnt = seg[starts], gap[starts], np.diff(total, prepend=0)
-        self.a_seg, self.a_gap, self.a_cnt = seg, gap, cnt
+                seg, gap, key, cnt = seg[starts], gap[starts], key[starts], np.diff(total, prepend=0)
+        at = np.searchsorted(self.a_key, key)
+        hit = at < len(self.a_key)
+        hit[hit] = self.a_key[at[hit]] == key[hit]
+        if hit.any():
+            self.a_cnt[at[hit]] += cnt[hit]
+        new = ~hit
+        if new.any():
+            at = at[new]
+            self.a_key = np.insert(self.a_key, at, key[new])
+            self.a_seg = np.insert(self.a_seg, at, seg[new])
+            self.a_gap = np.insert(self.a_gap, at, gap[new])
+            self.a_cnt = np.insert(self.a_cnt, at, cnt[new])
+
+    def _active(self) -> tuple[NDArray[np.int64], ...]:
+        return self.a_key, self.a_seg, self.a_gap, self.a_cnt
+
+    def _segment_groups(self, keys: NDArray[np.int64], segs: NDArray[np.int64], scale: int = 1) -> NDArray[np.int64]:
+        """Indices of the entries of sorted ``keys`` (``(segment * width + gap) * scale + ...``) of segments ``segs``."""
+        lo = np.searchsorted(keys, segs * self.width * scale)
+        return range_positions(lo, np.searchsorted(keys, (segs + 1) * self.width * scale) - lo)
 
     def _next_use(self, step: int, seg: NDArray[np.int64], gap: NDArray[np.int64]) -> NDArray[np.int64]:
         """``(n,)`` the step at which rows of gap ``gap`` in segment ``seg`` wake (past the last: never).
@@ -332,7 +353,11 @@ class BestFit:
         """Place the runs ``runs`` (one per segment, segments increasing): each segment's next size."""
         segs, sizes, n = self.r_seg[runs], self.r_size[runs], self.r_count[runs]
         self.size_of[segs], self.need[segs] = sizes, n
-        touched = np.flatnonzero(self.need[self.a_seg] > 0)  # groups of the segments placing items now
+        # each segment's groups that can take items: from its first gap that fits the size, one item at least each
+        first_fit = np.searchsorted(self.a_key, segs * self.width + sizes)
+        touched = range_positions(
+            first_fit, np.minimum(n, np.searchsorted(self.a_key, (segs + 1) * self.width) - first_fit)
+        )
         e_seg, e_gap, e_cnt = self.a_seg[touched], self.a_gap[touched], self.a_cnt[touched]
         s = self.size_of[e_seg]  # (g,) the size each group's segment places
         per_row = e_gap // s  # 0 for a gap below it
@@ -350,12 +375,18 @@ class BestFit:
         new_per_row = self.capacity // sizes
         new_full = left // new_per_row
         new_part = left - new_full * new_per_row
-        self._follow(Placement(step, segs, touched, e_seg, e_cnt, full, per_row, part, new_full, new_per_row, new_part))
+        self._follow(Placement(step, segs, touched, full, per_row, part, new_full, new_per_row, new_part))
         self.need[segs] = 0
         self.rows[segs] += new_full + (new_part > 0)
-        a_cnt = self.a_cnt.copy()
         # rows that took nothing stay active, their gaps fit what comes next; none once their segment is done
-        a_cnt[touched] = np.where(step + 1 < self.seg_steps[e_seg], e_cnt - full - (part > 0), 0)
+        left_rows = e_cnt - full - (part > 0)
+        self.a_cnt[touched] = left_rows
+        done = segs[step + 1 >= self.seg_steps[segs]]
+        drop = np.concatenate([touched[left_rows == 0], self._segment_groups(self.a_key, done)])
+        if len(drop):
+            keep = np.ones(len(self.a_key), dtype=bool)
+            keep[drop] = False
+            self.a_key, self.a_seg, self.a_gap, self.a_cnt = (x[keep] for x in self._active())
         some, fresh, moved = part > 0, new_part > 0, full > 0  # most touched groups take nothing: not filed
         now = self._file(  # rows that took items, new rows: active again when a size of their segment fits
             step,
@@ -377,7 +408,7 @@ class BestFit:
                 ]
             ),
         )
-        self._set_active(*(np.concatenate([a, b]) for a, b in zip((self.a_seg, self.a_gap, a_cnt), now)))
+        self._merge(*now)
 
     def _opened(self, segs: NDArray[np.int64], sizes: NDArray[np.int64], n: NDArray[np.int64]) -> None:
         """Called by step 0: ``n`` rows of one item of ``sizes`` open in segments ``segs``, in that order."""

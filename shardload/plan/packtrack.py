@@ -69,15 +69,7 @@ class TrackedBestFit(BestFit):
         items and the new ones are touched (and the active rows' keys copied
         once, without them).
         """
-        step, segs, e_seg, e_cnt, full, per_row, part = (
-            placed.step,
-            placed.segs,
-            placed.seg,
-            placed.cnt,
-            placed.full,
-            placed.per_row,
-            placed.part,
-        )
+        step, segs, full, per_row, part = placed.step, placed.segs, placed.full, placed.per_row, placed.part
         new_full, new_per_row, new_part = placed.new_full, placed.new_per_row, placed.new_part
         first = (np.cumsum(self.a_cnt) - self.a_cnt)[placed.touched]  # each touched group's first active row
         if self.pending_keys:  # a long sorted run and a few new keys: merged in about linear time
@@ -103,9 +95,7 @@ class TrackedBestFit(BestFit):
         # the rows that took items leave the active ones (all rows of a segment that is done)
         drop = np.zeros(len(keys), dtype=bool)
         drop[at] = True
-        done = step + 1 >= self.seg_steps[e_seg]
-        if done.any():
-            drop[range_positions(first[done], e_cnt[done])] = True
+        drop[self._segment_groups(keys, segs[step + 1 >= self.seg_steps[segs]], self.row_bound)] = True
         self.active_keys = keys[~drop]
         self._file_rows(step, ids)
 
