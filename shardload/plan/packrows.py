@@ -13,14 +13,16 @@ only a few thousand distinct sizes:
   kept as groups ``(gap, count)``, not one by one.
 
 One :class:`BestFit` run packs many segments (the ranks of an epoch) at once,
-each as if it were alone; step ``j`` places the ``j``-th largest size of
+each as if it were alone; after step 0, step ``j`` places the next size of
 every segment, so the run takes as many vectorised steps as the most distinct
-sizes one segment has (at most ``capacity``)::
+sizes one segment has at most ``capacity / 2`` of (at most ``capacity / 2 + 1`` steps)::
 
     sizes of every segment  --SizeRuns.of-->  (segment, size, count), by segment, largest size first
+       |  step 0: every item larger than capacity / 2 opens a row of its own (no row can ever take one)
        |  step j (all segments at once):
        |    wake the row groups waiting for this step (filed by the step whose size first fits their gap)
-       |    each segment: its groups, smallest gap first, take g // s items a row (s: its j-th size)
+       |    each segment: its groups, smallest gap first from the first that fits, take g // s items a row
+       |      (s: its next size; only the groups that take items are read)
        |    what is left opens new rows of capacity // s items
        v
     rows per segment (counting), or, with rows followed one by one, the row of every item (building)
