@@ -14,8 +14,8 @@ only a few thousand distinct sizes:
 
 One :class:`BestFit` run packs many segments (the ranks of an epoch) at once,
 each as if it were alone; after step 0, step ``j`` places the next size of
-every segment, so the run takes as many vectorised steps as the most distinct
-sizes one segment has at most ``capacity / 2`` of (at most ``capacity / 2 + 1`` steps)::
+every segment, so the run takes one step plus as many vectorised steps as the
+most distinct sizes up to ``capacity / 2`` one segment has::
 
     sizes of every segment  --SizeRuns.of-->  (segment, size, count), by segment, largest size first
        |  step 0: every item larger than capacity / 2 opens a row of its own (no row can ever take one)
