@@ -24,6 +24,7 @@ Examples::
     python tools/bench_pack.py --quick                        # about a minute
     python tools/bench_pack.py                                # 10M samples, 8 and 1024 ranks
     python tools/bench_pack.py --parts time --timing-samples 10000000 100000000 --profile
+    python tools/bench_pack.py --parts time --timing-lengths uniform --pack-lengths 131072 --timing-world-size 1000
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from numpy.typing import NDArray
 
 from shardload.plan import Batching, EpochPlanner, EpochSpec, PlanInputs, digest_lengths, summarize_plan
 from shardload.plan.pack import PackBatcher
-from shardload.plan.packrows import count_rows, pack_rows
+from shardload.plan.packrows import count_rows
+from shardload.plan.packtrack import pack_rows
 
 DATASETS = ("long-tailed", "text-like")
 
@@ -161,7 +163,7 @@ def timing_table(args: argparse.Namespace) -> None:
     world = args.timing_world_size
     print(
         f"\n## Planning time: packing L={length} R={rows}, {world} ranks, rank {args.rank}, "
-        f"long-tailed lengths, int32 memmap, one process ({os.cpu_count()} cpus, numpy {np.__version__})\n"
+        f"{args.timing_lengths} lengths, int32 memmap, one process ({os.cpu_count()} cpus, numpy {np.__version__})\n"
     )
     header = "| samples | EpochPlanner (all ranks counted) | plan(rank) | total | batches/rank (before equalising) |"
     if args.profile:
@@ -169,7 +171,10 @@ def timing_table(args: argparse.Namespace) -> None:
     print(header)
     print("|---:" * (header.count("|") - 1) + "|")
     for num in args.timing_samples:
-        lengths_mem = synthetic_lengths(num, args.seed)
+        if args.timing_lengths == "uniform":  # the worst case: every size up to L about equally often
+            lengths_mem = np.random.default_rng(args.seed).integers(1, length, num, endpoint=True, dtype=np.int32)
+        else:
+            lengths_mem = synthetic_lengths(num, args.seed)
         shards = synthetic_shards(num, args.shard_size, args.seed)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "lengths.npy"
@@ -222,6 +227,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--items", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--timing-samples", type=int, nargs="+", default=[10_000_000])
     parser.add_argument("--timing-world-size", type=int, default=1024)
+    parser.add_argument(
+        "--timing-lengths",
+        choices=("long-tailed", "uniform"),
+        default="long-tailed",
+        help="lengths of the timing table (uniform: in [1, L], the packer's worst case)",
+    )
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="split the planning time (adds a second count pass)")
     parser.add_argument("--quick", action="store_true", help="1M samples, items up to 100k, timing on 1M")

@@ -34,7 +34,8 @@ from numpy.typing import NDArray
 from shardload.errors import PlanError
 from shardload.plan.batcher import Batcher, Batches
 from shardload.plan.options import Batching
-from shardload.plan.packrows import SizeRuns, count_rows, pack_segments, pieces_per_sample
+from shardload.plan.packrows import SizeRuns, count_rows, pieces_per_sample
+from shardload.plan.packtrack import pack_segments
 from shardload.plan.ranges import offsets_from_lengths, range_positions
 from shardload.plan.shuffle import position_rng
 
@@ -231,11 +232,7 @@ class PackBatcher(Batcher):
         planned = -(-rows // self.rows_per_batch)
         if target is None:
             target = planned
-        # rows heaviest first; ties (mostly full rows) in random order when training
-        tie = rng.permutation(rows) if rng is not None else np.arange(rows)
-        ranked = tie[np.argsort(-used[tie], kind="stable")]  # (rows,) old row at each new position
-        new_row = np.empty(rows, dtype=np.int64)
-        new_row[ranked] = np.arange(rows)
+        new_row = self._rank_rows(used, rng)
         e_row = new_row[row_of] if len(row_of) else row_of  # (E,)
         order = np.argsort(e_row, kind="stable")
         e_ids, e_starts, e_row = e_ids[order], e_starts[order], e_row[order]
@@ -249,10 +246,7 @@ class PackBatcher(Batcher):
         e_starts = np.concatenate([e_starts, np.zeros(filler, dtype=np.int64)])
         e_row = np.concatenate([e_row, np.full(filler, -1, dtype=np.int64)])
         weights = np.concatenate([np.ones(len(e_ids) - filler, np.float32), np.zeros(filler, np.float32)])
-        # position of each batch in the epoch: heaviest first; training permutes positions, the same on every rank
-        position = np.arange(target)
-        if self.shuffle and target:
-            position = position_rng(self.seed, self.epoch).permutation(target)
+        position = self._positions(target)
         order = np.lexsort((e_row, position[e_batch]))  # by batch position, then row
         e_ids, e_starts, e_row, weights = e_ids[order], e_starts[order], e_row[order], weights[order]
         e_batch = position[e_batch][order]
@@ -266,6 +260,64 @@ class PackBatcher(Batcher):
         row_in_batch = row_index - row_index[first_of_batch] if len(e_row) else row_index
         return PackedBatches(e_ids, weights, offsets, row_in_batch.astype(np.int32), e_starts, planned)
 
+    def _row_batches(self, rows: int, target: int) -> tuple[NDArray[np.int64], int] | None:
+        """Rows (heaviest first) -> batches without cutting a row: ``(batch_of_row, real_batches)``, dropped rows -1.
+
+        ``None`` when the rank must cut rows (``"split"``, fewer rows than ``target``: :meth:`_equalize`).
+        """
+        per = self.rows_per_batch
+        have = -(-rows // per)
+        if have >= target:  # equal, or "drop": the lightest rows past target batches go
+            batch_of_row = np.arange(rows, dtype=np.int64) // per
+            batch_of_row[batch_of_row >= target] = -1
+            return batch_of_row, min(have, target)
+        if self.batching.uneven == "pad":
+            return np.arange(rows, dtype=np.int64) // per, have
+        if rows < target:
+            return None
+        # spread the rows over `target` batches: sizes q or q + 1, heaviest batches first
+        sizes = np.full(target, rows // target, dtype=np.int64)
+        sizes[: rows % target] += 1
+        return np.repeat(np.arange(target, dtype=np.int64), sizes), target
+
+    def _rank_rows(self, used: NDArray[np.int64], rng: np.random.Generator | None) -> NDArray[np.int64]:
+        """``(rows,)`` the place of each row, heaviest first; ties (mostly full rows) in random order when training."""
+        rows = len(used)
+        tie = rng.permutation(rows) if rng is not None else np.arange(rows)
+        ranked = tie[np.argsort(-used[tie], kind="stable")]  # (rows,) old row at each new position
+        new_row = np.empty(rows, dtype=np.int64)
+        new_row[ranked] = np.arange(rows)
+        return new_row
+
+    def _positions(self, target: int) -> NDArray[np.int64]:
+        """``(target,)`` the position in the epoch of each batch (heaviest first); training permutes them alike on
+        every rank."""
+        if self.shuffle and target:
+            return position_rng(self.seed, self.epoch).permutation(target)
+        return np.arange(target)
+
+    def consumed(
+        self, rank: int, *, target: int, batches: int, packed: RankRows
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """``(ids, starts)`` of the real entries in the first ``batches`` batches of :meth:`build_packed`'s plan.
+
+        The same entries as slicing the built plan (in another order), without
+        sorting the rank's entries: rows -> batches -> positions, and each
+        entry through its row. A rank that must cut rows is built.
+        """
+        rows = len(packed.used)
+        uncut = self._row_batches(rows, target)
+        if uncut is None:
+            built = self.build_packed(rank, target=target, filler_id=0, packed=packed)
+            end = int(built.batch_offsets[batches])
+            real = built.weights[:end] > 0
+            return built.sample_ids[:end][real], built.starts[:end][real]
+        batch_of_row = uncut[0][self._rank_rows(packed.used, packed.rng)]  # (rows,) by old row number
+        position = np.append(self._positions(target), target)  # a dropped row (-1): never consumed
+        taken = position[batch_of_row] < batches
+        mine = taken[packed.row_of]
+        return packed.ids[mine], packed.starts[mine]
+
     def _equalize(
         self, e_row: NDArray[np.int64], rows: int, target: int
     ) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
@@ -273,27 +325,18 @@ class PackBatcher(Batcher):
 
         ``e_row`` comes back renumbered when rows are cut (a cut document gets a row of its own).
         """
-        per = self.rows_per_batch
-        have = -(-rows // per)
-        if have >= target:  # equal, or "drop": the lightest rows past target batches go
-            batch_of_row = np.arange(rows, dtype=np.int64) // per
-            batch_of_row[batch_of_row >= target] = -1
-            return batch_of_row, e_row, min(have, target)
-        if self.batching.uneven == "pad":
-            return np.arange(rows, dtype=np.int64) // per, e_row, have
-        if rows < target:  # too few rows: cut documents off rows that hold several, each into a row of its own
-            spare = np.bincount(e_row, minlength=rows) - 1  # (rows,) entries a row can give up
-            budget = np.minimum(np.cumsum(spare), target - rows)
-            take = np.diff(np.r_[0, budget])  # (rows,) entries each row gives up, first rows first
-            moved = _position_from_end(e_row) < take[e_row]  # the last `take` entries of each row
-            e_row = e_row.copy()
-            e_row[moved] = rows + np.arange(int(moved.sum()))
-            rows += int(moved.sum())  # <= target: one row per batch, filler batches for the rest
-            return np.arange(rows, dtype=np.int64), e_row, rows
-        # spread the rows over `target` batches: sizes q or q + 1, heaviest batches first
-        sizes = np.full(target, rows // target, dtype=np.int64)
-        sizes[: rows % target] += 1
-        return np.repeat(np.arange(target, dtype=np.int64), sizes), e_row, target
+        uncut = self._row_batches(rows, target)
+        if uncut is not None:
+            return uncut[0], e_row, uncut[1]
+        # too few rows: cut documents off rows that hold several, each into a row of its own
+        spare = np.bincount(e_row, minlength=rows) - 1  # (rows,) entries a row can give up
+        budget = np.minimum(np.cumsum(spare), target - rows)
+        take = np.diff(np.r_[0, budget])  # (rows,) entries each row gives up, first rows first
+        moved = _position_from_end(e_row) < take[e_row]  # the last `take` entries of each row
+        e_row = e_row.copy()
+        e_row[moved] = rows + np.arange(int(moved.sum()))
+        rows += int(moved.sum())  # <= target: one row per batch, filler batches for the rest
+        return np.arange(rows, dtype=np.int64), e_row, rows
 
 
 def refuse_long_samples(lengths: NDArray[np.integer], max_length: int, batching: Batching) -> None:

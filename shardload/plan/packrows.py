@@ -13,19 +13,22 @@ only a few thousand distinct sizes:
   kept as groups ``(gap, count)``, not one by one.
 
 One :class:`BestFit` run packs many segments (the ranks of an epoch) at once,
-each as if it were alone; step ``j`` places the ``j``-th largest size of
-every segment, so the run takes as many vectorised steps as the most distinct
-sizes one segment has (at most ``capacity``)::
+each as if it were alone; after step 0, step ``j`` places the next size of
+every segment, so the run takes one step plus as many vectorised steps as the
+most distinct sizes up to ``capacity / 2`` one segment has::
 
     sizes of every segment  --SizeRuns.of-->  (segment, size, count), by segment, largest size first
+       |  step 0: every item larger than capacity / 2 opens a row of its own (no row can ever take one)
        |  step j (all segments at once):
        |    wake the row groups waiting for this step (filed by the step whose size first fits their gap)
-       |    each segment: its groups, smallest gap first, take g // s items a row (s: its j-th size)
+       |    each segment: its groups, smallest gap first from the first that fits, take g // s items a row
+       |      (s: its next size; only the groups that take items are read)
        |    what is left opens new rows of capacity // s items
        v
     rows per segment (counting), or, with rows followed one by one, the row of every item (building)
 
-Counting every rank and building one (or a group of) ranks run the same
+Counting (:func:`count_rows`, here) and building one or a group of ranks
+(``plan/packtrack.py``: the same run, following every row) take the same
 steps, so they agree exactly, and both are textbook BFD
 (tests/plan/test_pack.py). On the planner's long-tailed and text-like
 lengths the rows are within one of the ``ceil(tokens / capacity)`` bound.
@@ -39,10 +42,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.errors import PlanError
-from shardload.plan.ranges import offsets_from_lengths, range_positions
+from shardload.plan.ranges import range_positions
 
-__all__ = ["BestFit", "SizeRuns", "count_rows", "pack_rows", "pack_segments", "pieces_per_sample"]
+__all__ = ["BestFit", "SizeRuns", "count_rows", "pieces_per_sample"]
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _TRUE = np.ones(1, dtype=bool)
@@ -87,35 +89,6 @@ def _key_runs(
         return runs, count, found.astype(np.int64) if inverse else None
     renumber = np.cumsum(some) - 1  # only counts of 0 (weights): their entries are no items
     return runs[some], count[some], renumber[found] if inverse else None
-
-
-def _stable_order(key: NDArray[np.int64], bound: int) -> NDArray[np.int64]:
-    """Indices that sort ``key`` (``0 <= key < bound``) stably: numpy's radix sort, 16 bits at a time."""
-    if bound <= 1 << 16:
-        return np.argsort(key.astype(np.uint16), kind="stable")
-    if bound <= 1 << 32:
-        order = np.argsort((key & 0xFFFF).astype(np.uint16), kind="stable")
-        return order[np.argsort((key[order] >> 16).astype(np.uint16), kind="stable")]
-    return np.argsort(key, kind="stable")
-
-
-def _items_by_run(
-    item_run: NDArray[np.int64], seg: NDArray[np.int64], seg_runs: NDArray[np.int64]
-) -> NDArray[np.int64]:
-    """``(m,)`` the items sorted stably by run; ``seg_runs``: ``(K + 1,)`` each segment's first run.
-
-    Items given segment by segment (as the planner packs a group of ranks)
-    are sorted one segment at a time, each within the cache; others at once.
-    """
-    if len(seg) < 2 or not (seg[1:] >= seg[:-1]).all():
-        return _stable_order(item_run, int(seg_runs[-1]))
-    order = np.empty(len(seg), dtype=np.int64)
-    bounds = np.searchsorted(seg, np.arange(len(seg_runs))).tolist()
-    for k, (lo, hi) in enumerate(itertools.pairwise(bounds)):
-        if hi > lo:
-            local = item_run[lo:hi] - seg_runs[k]
-            order[lo:hi] = lo + _stable_order(local, int(seg_runs[k + 1] - seg_runs[k]))
-    return order
 
 
 def pieces_per_sample(lengths: NDArray[np.integer], capacity: int) -> NDArray[np.int64]:
@@ -205,6 +178,33 @@ class SizeRuns:
         return cls(seg, size, count)
 
 
+@dataclass(frozen=True)
+class Placement:
+    """What one best-fit step (1 and later) places, group by group: what :meth:`BestFit._follow` is given.
+
+    Attributes:
+        step: The step.
+        segs: ``(s,)`` the segments placing items, increasing.
+        touched: ``(g,)`` indices of their active groups that can take items (before the step), by segment.
+        full: ``(g,)`` its first ``full`` rows (by row number) take ``per_row`` items each...
+        per_row: ``(g,)`` ...
+        part: ``(g,)`` ... and the next one ``part`` (0: none).
+        new_full: ``(s,)`` new rows of each segment of ``segs``: ``new_full`` of ``new_per_row`` items...
+        new_per_row: ``(s,)`` ...
+        new_part: ``(s,)`` ... and one of ``new_part`` (0: none).
+    """
+
+    step: int
+    segs: NDArray[np.int64]
+    touched: NDArray[np.int64]
+    full: NDArray[np.int64]
+    per_row: NDArray[np.int64]
+    part: NDArray[np.int64]
+    new_full: NDArray[np.int64]
+    new_per_row: NDArray[np.int64]
+    new_part: NDArray[np.int64]
+
+
 class BestFit:
     """One BFD run over the runs of many segments (see the module docstring).
 
@@ -219,20 +219,24 @@ class BestFit:
         runs: Every segment's items (:meth:`SizeRuns.of`); sizes ``<= capacity``.
         segments: Number of segments ``K``.
         capacity: Tokens per row, ``>= 1``.
-        track_rows: Also follow every row one by one, to give each item its
-            row (:func:`pack_segments`).
     """
 
-    def __init__(self, runs: SizeRuns, segments: int, capacity: int, *, track_rows: bool = False) -> None:
+    def __init__(self, runs: SizeRuns, segments: int, capacity: int) -> None:
         self.segments, self.capacity, self.width = segments, capacity, capacity + 1
         positive = runs.size > 0
         self.only_empty = np.zeros(segments, dtype=bool)
         self.only_empty[runs.seg[~positive]] = True
         self.r_seg, self.r_size, self.r_count = runs.seg[positive], runs.size[positive], runs.count[positive]
         self.seg_first = np.searchsorted(self.r_seg, np.arange(segments))  # (K,) each segment's first run
-        #: (runs,) step at which each run is placed: its index within its segment
-        self.r_step = np.arange(len(self.r_seg)) - self.seg_first[self.r_seg]
-        self.seg_runs = np.bincount(self.r_seg, minlength=segments)  # (K,)
+        seg_runs = np.bincount(self.r_seg, minlength=segments)  # (K,)
+        # step 0 opens a row for every item larger than half a row (no row ever has room for one: BFD opens
+        # them one by one, largest first); each later step places one run of every segment. A segment's run
+        # `i` is placed at step max(i - lead, 0), `lead` (K,): its runs of such items, less one
+        big = np.bincount(self.r_seg[self.r_size * 2 > capacity], minlength=segments)
+        self.lead = big - 1
+        #: (runs,) step at which each run is placed
+        self.r_step = np.maximum(np.arange(len(self.r_seg)) - self.seg_first[self.r_seg] - self.lead[self.r_seg], 0)
+        self.seg_steps = seg_runs - self.lead  # (K,) a segment's steps are 0 .. seg_steps - 1
         # (K * buckets,) runs of each segment whose size is in a higher bucket of 2**shift gaps than each
         # bucket: the first step that can fit a gap, or an earlier one (see _next_use)
         self.shift, limit = 0, min(_DENSE_BINS, max(4 * len(self.r_seg), 1 << 16))
@@ -244,61 +248,73 @@ class BestFit:
         self.runs_above = above - np.repeat(self.seg_first, self.buckets)
         self.rows = np.zeros(segments, dtype=np.int64)  # (K,) rows opened
         self.a_seg, self.a_gap, self.a_cnt = _EMPTY, _EMPTY, _EMPTY
+        self.a_key = _EMPTY  # (groups,) segment * width + gap of each active group, increasing
         self.waiting: dict[int, list[tuple[NDArray[np.int64], ...]]] = {}
         self.size_of = np.zeros(segments, dtype=np.int64)  # (K,) the size being placed, 0 if none; scratch
         self.need = np.zeros(segments, dtype=np.int64)  # (K,) items of that size; scratch
-        self.track = track_rows
-        # tracking rows one by one, mirroring the groups: gap and segment of each row (grown by doubling);
-        # rows as keys (segment, gap, row) (see _row_keys): the active ones sorted, so that each active
-        # group's rows are a slice in row order, those active from the next step on, the waiting ones by step;
-        # (rows, items) placed at each step
-        self.num_rows = 0
-        self.row_gap, self.row_seg = np.zeros(64, dtype=np.int64), np.zeros(64, dtype=np.int64)
-        self.row_bound = int(self.r_count.sum()) + 1  # more than the rows the items can open
-        if track_rows and segments * self.width * self.row_bound >= 1 << 63:
-            raise PlanError(
-                f"packing {segments} segments of {self.row_bound - 1} items into rows of {capacity} tokens "
-                "at once is past what the row keys hold; pack fewer segments at a time"
-            )
-        self.active_keys = _EMPTY
-        self.pending_keys: list[NDArray[np.int64]] = []
-        self.waiting_rows: dict[int, list[NDArray[np.int64]]] = {}
-        self.placed: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
         self.by_step = _EMPTY  # (runs,) the runs in the order the steps place them (set by run)
 
     def run(self) -> NDArray[np.int64]:
         """Place every run; ``(K,)`` rows per segment (a segment of only empty items: one)."""
         self.by_step = by_step = np.argsort(self.r_step, kind="stable")  # step by step, segments in order
-        bounds = np.searchsorted(self.r_step[by_step], np.arange(int(self.seg_runs.max(initial=0)) + 1))
-        for step, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
+        bounds = np.searchsorted(self.r_step[by_step], np.arange(int(self.seg_steps.max(initial=0)) + 1)).tolist()
+        self._open(by_step[bounds[0] : bounds[1]] if len(bounds) > 1 else _EMPTY)
+        for step, (lo, hi) in enumerate(itertools.pairwise(bounds[1:]), start=1):
             self._wake(step)
             self._step(step, by_step[lo:hi])
         return np.where(self.only_empty & (self.rows == 0), 1, self.rows)
 
+    def _open(self, runs: NDArray[np.int64]) -> None:
+        """Step 0: the runs ``runs`` of items larger than half a row (by segment, largest first), a row each."""
+        segs, sizes, n = self.r_seg[runs], self.r_size[runs], self.r_count[runs]
+        self.rows += np.bincount(segs, weights=n, minlength=self.segments).astype(np.int64)
+        self._opened(segs, sizes, n)
+        self._merge(*self._file(0, segs, self.capacity - sizes, n))
+
     def _wake(self, step: int) -> None:
         """Make the groups waiting for this step active."""
-        if self.track and step in self.waiting_rows:
-            self.pending_keys.extend(self.waiting_rows.pop(step))
         if step in self.waiting:
             parts = self.waiting.pop(step)
-            self._set_active(*(np.concatenate([mine, *(p[i] for p in parts)]) for i, mine in enumerate(self._active())))
+            self._merge(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
 
-    def _active(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-        return self.a_seg, self.a_gap, self.a_cnt
+    def _merge(self, seg: NDArray[np.int64], gap: NDArray[np.int64], cnt: NDArray[np.int64]) -> None:
+        """Add groups to the active ones (kept sorted by ``(segment, gap)``, one group per key; empty ones ignored).
 
-    def _set_active(self, seg: NDArray[np.int64], gap: NDArray[np.int64], cnt: NDArray[np.int64]) -> None:
-        """Keep the non-empty groups, sorted by ``(segment, gap)``, equal ones merged."""
+        The new groups are few: they are sorted and inserted (an existing key
+        gets their rows), not the active groups re-sorted.
+        """
         keep = cnt > 0
         seg, gap, cnt = seg[keep], gap[keep], cnt[keep]
+        if not len(seg):
+            return
+        key = seg * self.width + gap
         if len(seg) > 1:
-            key = seg * self.width + gap
-            order = np.argsort(key, kind="stable")  # a few sorted runs: merged in linear time
+            order = np.argsort(key, kind="stable")
             seg, gap, cnt, key = seg[order], gap[order], cnt[order], key[order]
             starts = _run_starts(key)
             if len(starts) < len(seg):  # sums of equal groups (a cumsum: faster than reduceat)
                 total = np.cumsum(cnt)[np.append(starts[1:], len(cnt)) - 1]
-                seg, gap, cnt = seg[starts], gap[starts], np.diff(total, prepend=0)
-        self.a_seg, self.a_gap, self.a_cnt = seg, gap, cnt
+                seg, gap, key, cnt = seg[starts], gap[starts], key[starts], np.diff(total, prepend=0)
+        at = np.searchsorted(self.a_key, key)
+        hit = at < len(self.a_key)
+        hit[hit] = self.a_key[at[hit]] == key[hit]
+        if hit.any():
+            self.a_cnt[at[hit]] += cnt[hit]
+        new = ~hit
+        if new.any():
+            at = at[new]
+            self.a_key = np.insert(self.a_key, at, key[new])
+            self.a_seg = np.insert(self.a_seg, at, seg[new])
+            self.a_gap = np.insert(self.a_gap, at, gap[new])
+            self.a_cnt = np.insert(self.a_cnt, at, cnt[new])
+
+    def _active(self) -> tuple[NDArray[np.int64], ...]:
+        return self.a_key, self.a_seg, self.a_gap, self.a_cnt
+
+    def _segment_groups(self, keys: NDArray[np.int64], segs: NDArray[np.int64], scale: int = 1) -> NDArray[np.int64]:
+        """Indices of the entries of sorted ``keys`` (``(segment * width + gap) * scale + ...``) of segments ``segs``."""
+        lo = np.searchsorted(keys, segs * self.width * scale)
+        return range_positions(lo, np.searchsorted(keys, (segs + 1) * self.width * scale) - lo)
 
     def _next_use(self, step: int, seg: NDArray[np.int64], gap: NDArray[np.int64]) -> NDArray[np.int64]:
         """``(n,)`` the step at which rows of gap ``gap`` in segment ``seg`` wake (past the last: never).
@@ -309,8 +325,9 @@ class BestFit:
         multiple of :data:`WAKE_EVERY`. Waking early costs a row a few steps
         in which it takes nothing; it files far fewer groups.
         """
-        fits = self.runs_above[seg * self.buckets + (self.buckets - 1 - (gap >> self.shift))]
-        never = self.seg_runs[seg]  # no size of the segment fits: never wake (rounding down would)
+        fits = self.runs_above[seg * self.buckets + (self.buckets - 1 - (gap >> self.shift))]  # (n,) a run
+        fits = np.maximum(fits - self.lead[seg], 0)  # its step
+        never = self.seg_steps[seg]  # no size of the segment fits: never wake (rounding down would)
         return np.where(fits < never, np.maximum(fits // WAKE_EVERY * WAKE_EVERY, step + 1), never)
 
     def _file(
@@ -321,7 +338,7 @@ class BestFit:
         Returns the groups that wake at the next step.
         """
         when = self._next_use(step, seg, gap)
-        keep = (cnt > 0) & (when < self.seg_runs[seg])
+        keep = (cnt > 0) & (when < self.seg_steps[seg])
         seg, gap, cnt, when = seg[keep], gap[keep], cnt[keep], when[keep]
         now = when == step + 1
         later = ~now
@@ -338,7 +355,11 @@ class BestFit:
         """Place the runs ``runs`` (one per segment, segments increasing): each segment's next size."""
         segs, sizes, n = self.r_seg[runs], self.r_size[runs], self.r_count[runs]
         self.size_of[segs], self.need[segs] = sizes, n
-        touched = np.flatnonzero(self.need[self.a_seg] > 0)  # groups of the segments placing items now
+        # each segment's groups that can take items: from its first gap that fits the size, one item at least each
+        first_fit = np.searchsorted(self.a_key, segs * self.width + sizes)
+        touched = range_positions(
+            first_fit, np.minimum(n, np.searchsorted(self.a_key, (segs + 1) * self.width) - first_fit)
+        )
         e_seg, e_gap, e_cnt = self.a_seg[touched], self.a_gap[touched], self.a_cnt[touched]
         s = self.size_of[e_seg]  # (g,) the size each group's segment places
         per_row = e_gap // s  # 0 for a gap below it
@@ -356,14 +377,18 @@ class BestFit:
         new_per_row = self.capacity // sizes
         new_full = left // new_per_row
         new_part = left - new_full * new_per_row
-        if self.track:
-            first = (np.cumsum(self.a_cnt) - self.a_cnt)[touched]  # each touched group's first active row
-            self._track(step, segs, (e_seg, e_cnt, first, full, per_row, part), (new_full, new_per_row, new_part))
+        self._follow(Placement(step, segs, touched, full, per_row, part, new_full, new_per_row, new_part))
         self.need[segs] = 0
         self.rows[segs] += new_full + (new_part > 0)
-        a_cnt = self.a_cnt.copy()
         # rows that took nothing stay active, their gaps fit what comes next; none once their segment is done
-        a_cnt[touched] = np.where(step + 1 < self.seg_runs[e_seg], e_cnt - full - (part > 0), 0)
+        left_rows = e_cnt - full - (part > 0)
+        self.a_cnt[touched] = left_rows
+        done = segs[step + 1 >= self.seg_steps[segs]]
+        drop = np.concatenate([touched[left_rows == 0], self._segment_groups(self.a_key, done)])
+        if len(drop):
+            keep = np.ones(len(self.a_key), dtype=bool)
+            keep[drop] = False
+            self.a_key, self.a_seg, self.a_gap, self.a_cnt = (x[keep] for x in self._active())
         some, fresh, moved = part > 0, new_part > 0, full > 0  # most touched groups take nothing: not filed
         now = self._file(  # rows that took items, new rows: active again when a size of their segment fits
             step,
@@ -385,83 +410,13 @@ class BestFit:
                 ]
             ),
         )
-        self._set_active(*(np.concatenate([a, b]) for a, b in zip((self.a_seg, self.a_gap, a_cnt), now)))
+        self._merge(*now)
 
-    def _track(
-        self,
-        step: int,
-        segs: NDArray[np.int64],
-        groups: tuple[NDArray[np.int64], ...],
-        new: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]],
-    ) -> None:
-        """Follow the step row by row: which rows take how many items.
+    def _opened(self, segs: NDArray[np.int64], sizes: NDArray[np.int64], n: NDArray[np.int64]) -> None:
+        """Called by step 0: ``n`` rows of one item of ``sizes`` open in segments ``segs``, in that order."""
 
-        ``groups`` are the step's touched groups ``(seg, cnt, first, full,
-        per_row, part)``, ``first`` the place of the group's first row among
-        the active rows: in each, the first ``full`` rows (by row number) take
-        ``per_row`` items and the next one ``part``; ``new`` is ``(full,
-        per_row, part)`` of the new rows of each segment of ``segs``. Only the
-        rows that take items and the new ones are touched (and the active
-        rows' keys copied once, without them).
-        """
-        e_seg, e_cnt, first, full, per_row, part = groups
-        new_full, new_per_row, new_part = new
-        if self.pending_keys:  # a long sorted run and a few new keys: merged in about linear time
-            self.active_keys = np.sort(np.concatenate([self.active_keys, *self.pending_keys]), kind="stable")
-            self.pending_keys = []
-        keys = self.active_keys
-        some = part > 0
-        takers = full + some  # the group's first rows take items
-        at = range_positions(first, takers)  # (taking rows,) their places among the active rows
-        items = np.repeat(per_row, takers)
-        items[(np.cumsum(takers) - 1)[some]] = part[some]
-        fresh = new_full + (new_part > 0)  # new rows: new_full of new_per_row items and one of new_part
-        opened = self._new_rows(np.repeat(segs, fresh))
-        new_items = np.repeat(new_per_row, fresh)
-        new_items[(np.cumsum(fresh) - 1)[new_part > 0]] = new_part[new_part > 0]
-        ids = np.concatenate([keys[at] % self.row_bound, np.arange(opened, opened + len(new_items))])
-        counts = np.concatenate([items, new_items])
-        by_seg = np.argsort(self.row_seg[ids], kind="stable")  # per segment: old rows, then new ones
-        ids, counts = ids[by_seg], counts[by_seg]
-        seg = self.row_seg[ids]
-        self.row_gap[ids] -= counts * self.size_of[seg]
-        self.placed.append((ids, counts))
-        # the rows that took items leave the active ones (all rows of a segment that is done)
-        drop = np.zeros(len(keys), dtype=bool)
-        drop[at] = True
-        done = step + 1 >= self.seg_runs[e_seg]
-        if done.any():
-            drop[range_positions(first[done], e_cnt[done])] = True
-        self.active_keys = keys[~drop]
-        # rows that took items or are new: active again when a size of their segment fits their gap
-        gap = self.row_gap[ids]
-        when = self._next_use(step, seg, gap)
-        keep = when < self.seg_runs[seg]
-        changed, when = self._row_keys(seg[keep], gap[keep], ids[keep]), when[keep]
-        now = when == step + 1
-        self.pending_keys.append(changed[now])
-        changed, when = changed[~now], when[~now]
-        if len(changed):
-            order = np.argsort(when, kind="stable")
-            changed, when = changed[order], when[order]
-            starts = _run_starts(when).tolist()
-            for lo, hi in zip(starts, [*starts[1:], len(when)]):
-                self.waiting_rows.setdefault(int(when[lo]), []).append(changed[lo:hi])
-
-    def _row_keys(self, seg: NDArray[np.int64], gap: NDArray[np.int64], row: NDArray[np.int64]) -> NDArray[np.int64]:
-        """``(n,)`` keys ordering rows by segment, gap, then row number (``key % row_bound`` is the row)."""
-        return (seg * self.width + gap) * self.row_bound + row
-
-    def _new_rows(self, seg: NDArray[np.int64]) -> int:
-        """Number new empty rows of segments ``seg``; the first one's number."""
-        first, self.num_rows = self.num_rows, self.num_rows + len(seg)
-        if self.num_rows > len(self.row_gap):
-            size = max(self.num_rows, 2 * len(self.row_gap))
-            self.row_gap = np.resize(self.row_gap, size)
-            self.row_seg = np.resize(self.row_seg, size)
-        self.row_gap[first : self.num_rows] = self.capacity
-        self.row_seg[first : self.num_rows] = seg
-        return first
+    def _follow(self, placed: Placement) -> None:
+        """Called by each step before the groups change (rows followed one by one: ``packtrack.TrackedBestFit``)."""
 
 
 def count_rows(runs: SizeRuns, segments: int, capacity: int) -> NDArray[np.int64]:
@@ -473,73 +428,3 @@ def count_rows(runs: SizeRuns, segments: int, capacity: int) -> NDArray[np.int64
         capacity: Tokens per row, ``>= 1``.
     """
     return BestFit(runs, segments, capacity).run()
-
-
-def pack_segments(
-    sizes: NDArray[np.integer], seg: NDArray[np.integer], segments: int, capacity: int
-) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-    """Pack the items of each segment into rows of at most ``capacity`` tokens, each segment as if alone.
-
-    Args:
-        sizes: ``(m,)`` item sizes, ``0 <= size <= capacity``.
-        seg: ``(m,)`` segment of each item, ``0 <= seg < segments`` (any order).
-        segments: Number of segments ``K``.
-        capacity: Tokens per row, ``>= 1``.
-
-    Returns:
-        ``(row_of, used, row_seg)``: ``(m,)`` the row of each item, ``(rows,)``
-        the tokens each row holds and ``(rows,)`` its segment; rows are
-        numbered segment by segment, each segment's in the order they were
-        opened, so a segment's rows and items are exactly :func:`pack_rows`'s
-        of that segment alone.
-    """
-    sizes64: NDArray[np.int64] = np.asarray(sizes, dtype=np.int64)
-    seg64: NDArray[np.int64] = np.asarray(seg, dtype=np.int64)
-    width = capacity + 1
-    keys, count, item_run = _key_runs(seg64 * width + (capacity - sizes64), segments * width, inverse=True)
-    assert item_run is not None  # asked for with inverse=True
-    runs = SizeRuns(keys // width, capacity - keys % width, count)
-    fit = BestFit(runs, segments, capacity, track_rows=True)
-    rows = fit.run()
-    # every segment's rows in the order they were opened; a segment of only empty items gets one
-    opened = np.argsort(fit.row_seg[: fit.num_rows], kind="stable")
-    empty_only = np.flatnonzero(rows > np.bincount(fit.row_seg[: fit.num_rows], minlength=segments))
-    row_seg = np.concatenate([fit.row_seg[opened], empty_only])
-    used = np.concatenate([capacity - fit.row_gap[opened], np.zeros(len(empty_only), dtype=np.int64)])
-    by_seg = np.argsort(row_seg, kind="stable")
-    row_seg, used = row_seg[by_seg], used[by_seg]
-    number = np.empty(fit.num_rows, dtype=np.int64)  # new number of each opened row
-    number[opened] = np.flatnonzero(by_seg < fit.num_rows)
-    # the rows the steps filled, run by run (by segment, then size descending), and the items in that order
-    step_first = offsets_from_lengths(fit.r_count[fit.by_step])[:-1]  # (runs,) each run's first in `placed`
-    in_step = np.empty(len(fit.by_step), dtype=np.int64)
-    in_step[fit.by_step] = np.arange(len(fit.by_step))
-    placed = np.concatenate([np.repeat(ids, counts) for ids, counts in fit.placed]) if fit.placed else _EMPTY
-    placed = placed[range_positions(step_first[in_step], fit.r_count)]
-    order = _items_by_run(item_run, seg64, np.searchsorted(runs.seg, np.arange(segments + 1)))
-    filled = runs.size[item_run[order]] > 0  # (m,) in that order: not an empty item (empty runs come last)
-    row_of = np.empty(len(seg64), dtype=np.int64)
-    row_of[order[filled]] = number[placed]
-    empty = order[~filled]
-    row_of[empty] = np.searchsorted(row_seg, seg64[empty])  # items of size 0: their segment's first row
-    return row_of, used, row_seg
-
-
-def pack_rows(sizes: NDArray[np.integer], capacity: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Pack items into rows of at most ``capacity`` tokens, best-fit decreasing (one segment of :func:`pack_segments`).
-
-    Guarantees: no row holds more than ``capacity`` tokens; every item is in
-    exactly one row; every row holds at least one item (items of size 0 go
-    to the first row; only such items: one row); the result depends only on
-    the sizes in their order, and its row count is :func:`count_rows`'s.
-
-    Returns:
-        ``(row_of, used)``: ``(m,)`` the row of each item and ``(rows,)`` the
-        tokens each row holds.
-
-    >>> row_of, used = pack_rows(np.array([6, 3, 5, 2, 4]), 10)
-    >>> used.tolist(), sorted(row_of.tolist())
-    ([10, 10], [0, 0, 1, 1, 1])
-    """
-    row_of, used, _ = pack_segments(sizes, np.zeros(len(sizes), dtype=np.int64), 1, capacity)
-    return row_of, used

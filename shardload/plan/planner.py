@@ -270,6 +270,27 @@ class EpochPlanner:
             for rank, rows in zip(group, self.batcher.pack_ranks(group)):
                 yield self._plan(rank, rows)
 
+    def consumed(self, batches: int) -> Iterator[tuple[NDArray[np.int64], NDArray[np.int64] | None]]:
+        """Every rank's ``(sample_ids, starts)`` of the real entries of its first ``batches`` batches, in rank order.
+
+        The entries of :meth:`plans` cut at ``batches`` (a rank's in another
+        order when packed: rows are followed to their batch without sorting
+        the rank's entries); ``starts`` is ``None`` unless packed.
+        """
+        if self.mix is not None or not isinstance(self.batcher, PackBatcher):
+            for plan in self.plans():
+                end = int(plan.batch_offsets[batches])
+                real = plan.weights[:end] > 0
+                yield plan.sample_ids[:end][real], None if plan.starts is None else plan.starts[:end][real]
+            return
+        for group in self.batcher.rank_groups(BUILD_CHUNK):
+            for rank, rows in zip(group, self.batcher.pack_ranks(group)):
+                # a rank with more rows than counted would drop some in equalising: never, whatever the policy
+                planned = -(-len(rows.used) // self.batcher.rows_per_batch)
+                assert planned == self.rank_batch_counts[rank], "count and build disagree"
+                ids, starts = self.batcher.consumed(rank, target=self.num_batches, batches=batches, packed=rows)
+                yield (ids, starts) if self.rest is None else self.rest.globalise(ids, starts)
+
     def plan(self, rank: int) -> RankPlan:
         """The plan of one rank (``0 <= rank < world_size``)."""
         return self._plan(check_rank(rank, self.spec.world_size), None)

@@ -178,12 +178,10 @@ def _selection(base: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching
 def _consumed(planner: EpochPlanner, batches: int) -> tuple[NDArray[np.int64], NDArray[np.int64] | None]:
     """``(ids, starts)`` of the real entries of the first ``batches`` batches of every rank of ``planner``."""
     ids, starts = [], []
-    for plan in planner.plans():
-        end = int(plan.batch_offsets[batches])
-        real = plan.weights[:end] > 0
-        ids.append(plan.sample_ids[:end][real])
-        if plan.starts is not None:
-            starts.append(plan.starts[:end][real])
+    for got, got_starts in planner.consumed(batches):
+        ids.append(got)
+        if got_starts is not None:
+            starts.append(got_starts)
     all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
     return all_ids, (np.concatenate(starts) if starts else None)
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from shardload.errors import PlanError
 from shardload.plan import Batching, EpochSpec, PlanInputs, RankPlan
 from shardload.plan.options import EVAL_STAGES
-from shardload.plan.packrows import SizeRuns, count_rows, pack_rows, pack_segments
+from shardload.plan.packrows import SizeRuns, count_rows
+from shardload.plan.packtrack import pack_rows, pack_segments
 from shardload.plan.planner import EpochPlanner
 
 from .strategies import STAGES, long_tailed, partition
@@ -391,3 +392,21 @@ def test_each_item_goes_to_the_row_textbook_best_fit_gives_it(
         # Invariant: every item is in the row, and every row in the place, that one item at a time gives
         assert (row_of[seg == k] - first).tolist() == expected_rows
         assert used[row_seg == k].tolist() == expected_used
+
+
+@settings(max_examples=150, deadline=None)
+@given(packed_cases(), st.floats(0, 1))
+def test_consumed_entries_are_the_plans_cut_after_k_batches(
+    case: tuple[PlanInputs, EpochSpec, Batching], fraction: float
+) -> None:
+    inputs, spec, batching = case
+    planner = EpochPlanner(inputs, spec, batching)
+    k = int(fraction * planner.num_batches)
+    for plan, (ids, starts) in zip(planner.plans(), planner.consumed(k), strict=True):
+        end = int(plan.batch_offsets[k])
+        real = plan.weights[:end] > 0
+        assert plan.starts is not None and starts is not None
+        expected = sorted(zip(plan.sample_ids[:end][real].tolist(), plan.starts[:end][real].tolist()))
+        # Invariant: the consumed entries of a rank (found without sorting its plan) are its plan's first k
+        # batches' real entries, whatever the policy (rows cut, padded, dropped)
+        assert sorted(zip(ids.tolist(), starts.tolist())) == expected

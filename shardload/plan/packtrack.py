@@ -1,0 +1,247 @@
+"""Row tracking: the best-fit run of ``packrows.py`` followed row by row, to give every item its row.
+
+Counting (:func:`~shardload.plan.packrows.count_rows`) needs only the rows
+each rank opens; building one rank or a group of ranks (``PackBatcher``,
+between the rank's sample order and its rows becoming batches) needs the row
+of every item. :class:`TrackedBestFit` runs the same steps as
+:class:`~shardload.plan.packrows.BestFit` and follows the rows one by one, so
+the rows built are exactly the rows counted::
+
+    items (sizes, segment)  --pack_segments-->  size runs  --TrackedBestFit.run-->  rows each step fills
+       |  each step: the touched groups' first rows (by row number) take the items; new rows open
+       v
+    items run by run (a radix sort per segment)  ->  (row of each item, tokens of each row, segment of each row)
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.errors import PlanError
+from shardload.plan.packrows import _EMPTY, BestFit, Placement, SizeRuns, _run_starts
+from shardload.plan.ranges import range_positions
+
+__all__ = ["TrackedBestFit", "pack_rows", "pack_segments"]
+
+
+class TrackedBestFit(BestFit):
+    """A :class:`~shardload.plan.packrows.BestFit` run that also follows every row one by one.
+
+    Rows mirror the groups: the gap and segment of each row (grown by
+    doubling), and the rows as keys ``(segment, gap, row)`` (see
+    :meth:`_row_keys`): the active ones sorted, so that each active group's
+    rows are a slice in row order; those active from the next step on; the
+    waiting ones filed by step. ``placed`` holds the ``(rows, items)`` each
+    step placed.
+
+    Raises:
+        PlanError: when ``segments * (capacity + 1) * (items + 1)`` does not fit a row key (``2**63``).
+    """
+
+    def __init__(self, runs: SizeRuns, segments: int, capacity: int) -> None:
+        super().__init__(runs, segments, capacity)
+        self.num_rows = 0
+        self.row_gap, self.row_seg = np.zeros(64, dtype=np.int64), np.zeros(64, dtype=np.int64)
+        self.row_bound = int(self.r_count.sum()) + 1  # more than the rows the items can open
+        if segments * self.width * self.row_bound >= 1 << 63:
+            raise PlanError(
+                f"packing {segments} segments of {self.row_bound - 1} items into rows of {capacity} tokens "
+                "at once is past what the row keys hold; pack fewer segments at a time"
+            )
+        self.active_keys = _EMPTY
+        self.pending_keys: list[NDArray[np.int64]] = []
+        self.waiting_rows: dict[int, list[NDArray[np.int64]]] = {}
+        self.placed: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
+
+    def _wake(self, step: int) -> None:
+        if step in self.waiting_rows:
+            self.pending_keys.extend(self.waiting_rows.pop(step))
+        super()._wake(step)
+
+    def _follow(self, placed: Placement) -> None:
+        """Follow the step row by row: which rows take how many items.
+
+        In each touched group the first ``full`` rows (by row number) take
+        ``per_row`` items and the next one ``part``. Only the rows that take
+        items and the new ones are touched (and the active rows' keys copied
+        once, without them).
+        """
+        step, segs, full, per_row, part = placed.step, placed.segs, placed.full, placed.per_row, placed.part
+        new_full, new_per_row, new_part = placed.new_full, placed.new_per_row, placed.new_part
+        first = (np.cumsum(self.a_cnt) - self.a_cnt)[placed.touched]  # each touched group's first active row
+        if self.pending_keys:  # a long sorted run and a few new keys: merged in about linear time
+            self.active_keys = np.sort(np.concatenate([self.active_keys, *self.pending_keys]), kind="stable")
+            self.pending_keys = []
+        keys = self.active_keys
+        some = part > 0
+        takers = full + some  # the group's first rows take items
+        at = range_positions(first, takers)  # (taking rows,) their places among the active rows
+        items = np.repeat(per_row, takers)
+        items[(np.cumsum(takers) - 1)[some]] = part[some]
+        fresh = new_full + (new_part > 0)  # new rows: new_full of new_per_row items and one of new_part
+        opened = self._new_rows(np.repeat(segs, fresh))
+        new_items = np.repeat(new_per_row, fresh)
+        new_items[(np.cumsum(fresh) - 1)[new_part > 0]] = new_part[new_part > 0]
+        ids = np.concatenate([keys[at] % self.row_bound, np.arange(opened, opened + len(new_items))])
+        counts = np.concatenate([items, new_items])
+        by_seg = np.argsort(self.row_seg[ids], kind="stable")  # per segment: old rows, then new ones
+        ids, counts = ids[by_seg], counts[by_seg]
+        seg = self.row_seg[ids]
+        self.row_gap[ids] -= counts * self.size_of[seg]
+        self.placed.append((ids, counts))
+        # the rows that took items leave the active ones (all rows of a segment that is done)
+        drop = np.zeros(len(keys), dtype=bool)
+        drop[at] = True
+        drop[self._segment_groups(keys, segs[step + 1 >= self.seg_steps[segs]], self.row_bound)] = True
+        self.active_keys = keys[~drop]
+        self._file_rows(step, ids)
+
+    def _opened(self, segs: NDArray[np.int64], sizes: NDArray[np.int64], n: NDArray[np.int64]) -> None:
+        first = self._new_rows(np.repeat(segs, n))
+        ids = np.arange(first, self.num_rows)
+        self.row_gap[ids] -= np.repeat(sizes, n)
+        self.placed.append((ids, np.ones(len(ids), dtype=np.int64)))
+        self._file_rows(0, ids)
+
+    def _file_rows(self, step: int, ids: NDArray[np.int64]) -> None:
+        """File rows that took items or are new: active again when a size of their segment fits their gap."""
+        seg, gap = self.row_seg[ids], self.row_gap[ids]
+        when = self._next_use(step, seg, gap)
+        keep = when < self.seg_steps[seg]
+        changed, when = self._row_keys(seg[keep], gap[keep], ids[keep]), when[keep]
+        now = when == step + 1
+        self.pending_keys.append(changed[now])
+        changed, when = changed[~now], when[~now]
+        if len(changed):
+            order = np.argsort(when, kind="stable")
+            changed, when = changed[order], when[order]
+            starts = _run_starts(when).tolist()
+            for lo, hi in zip(starts, [*starts[1:], len(when)]):
+                self.waiting_rows.setdefault(int(when[lo]), []).append(changed[lo:hi])
+
+    def _row_keys(self, seg: NDArray[np.int64], gap: NDArray[np.int64], row: NDArray[np.int64]) -> NDArray[np.int64]:
+        """``(n,)`` keys ordering rows by segment, gap, then row number (``key % row_bound`` is the row)."""
+        return (seg * self.width + gap) * self.row_bound + row
+
+    def _new_rows(self, seg: NDArray[np.int64]) -> int:
+        """Number new empty rows of segments ``seg``; the first one's number."""
+        first, self.num_rows = self.num_rows, self.num_rows + len(seg)
+        if self.num_rows > len(self.row_gap):
+            size = max(self.num_rows, 2 * len(self.row_gap))
+            self.row_gap = np.resize(self.row_gap, size)
+            self.row_seg = np.resize(self.row_seg, size)
+        self.row_gap[first : self.num_rows] = self.capacity
+        self.row_seg[first : self.num_rows] = seg
+        return first
+
+
+def _stable_order(key: NDArray[np.int64], bound: int) -> NDArray[np.int64]:
+    """Indices that sort ``key`` (``0 <= key < bound``) stably: numpy's radix sort, 16 bits at a time."""
+    if bound <= 1 << 16:
+        return np.argsort(key.astype(np.uint16), kind="stable")
+    if bound <= 1 << 32:
+        order = np.argsort((key & 0xFFFF).astype(np.uint16), kind="stable")
+        return order[np.argsort((key[order] >> 16).astype(np.uint16), kind="stable")]
+    return np.argsort(key, kind="stable")
+
+
+def pack_segments(
+    sizes: NDArray[np.integer], seg: NDArray[np.integer], segments: int, capacity: int
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """Pack the items of each segment into rows of at most ``capacity`` tokens, each segment as if alone.
+
+    Args:
+        sizes: ``(m,)`` item sizes, ``0 <= size <= capacity``.
+        seg: ``(m,)`` segment of each item, ``0 <= seg < segments`` (any order).
+        segments: Number of segments ``K``.
+        capacity: Tokens per row, ``>= 1``.
+
+    Returns:
+        ``(row_of, used, row_seg)``: ``(m,)`` the row of each item, ``(rows,)``
+        the tokens each row holds and ``(rows,)`` its segment; rows are
+        numbered segment by segment, each segment's in the order they were
+        opened, so a segment's rows and items are exactly :func:`pack_rows`'s
+        of that segment alone.
+    """
+    sizes64: NDArray[np.int64] = np.asarray(sizes, dtype=np.int64)
+    seg64: NDArray[np.int64] = np.asarray(seg, dtype=np.int64)
+    if len(seg64) > 1 and not (seg64[1:] >= seg64[:-1]).all():  # items segment by segment, then back
+        by_seg = _stable_order(seg64, segments)
+        row_of, used, row_seg = pack_segments(sizes64[by_seg], seg64[by_seg], segments, capacity)
+        back = np.empty_like(row_of)
+        back[by_seg] = row_of
+        return back, used, row_seg
+    bounds = np.searchsorted(seg64, np.arange(segments + 1)).tolist()  # (K + 1,) each segment's first item
+    order, runs = _runs_by_segment(sizes64, bounds, capacity)
+    fit = TrackedBestFit(runs, segments, capacity)
+    rows = fit.run()
+    # every segment's rows in the order they were opened; a segment of only empty items gets one
+    opened = np.argsort(fit.row_seg[: fit.num_rows], kind="stable")
+    empty_only = np.flatnonzero(rows > np.bincount(fit.row_seg[: fit.num_rows], minlength=segments))
+    row_seg = np.concatenate([fit.row_seg[opened], empty_only])
+    used = np.concatenate([capacity - fit.row_gap[opened], np.zeros(len(empty_only), dtype=np.int64)])
+    by_seg = np.argsort(row_seg, kind="stable")
+    row_seg, used = row_seg[by_seg], used[by_seg]
+    number = np.empty(fit.num_rows, dtype=np.int64)  # new number of each opened row
+    number[opened] = np.flatnonzero(by_seg < fit.num_rows)
+    # (row, items) the steps placed, segment by segment: a segment's steps in order place its runs in order
+    ids = np.concatenate([ids for ids, _ in fit.placed]) if fit.placed else _EMPTY
+    counts = np.concatenate([counts for _, counts in fit.placed]) if fit.placed else _EMPTY
+    pair_seg = fit.row_seg[ids]
+    pairs = _stable_order(pair_seg, segments)
+    ids, counts = number[ids[pairs]], counts[pairs]
+    pair_bounds = np.searchsorted(pair_seg[pairs], np.arange(segments + 1)).tolist()
+    first_row = np.searchsorted(row_seg, np.arange(segments)).tolist()  # items of size 0: the segment's first row
+    row_of = np.empty(len(seg64), dtype=np.int64)
+    for k in range(segments):  # in cache: a segment's items, its runs' rows
+        lo, hi = bounds[k], bounds[k + 1]
+        if hi > lo:
+            placed = np.repeat(ids[pair_bounds[k] : pair_bounds[k + 1]], counts[pair_bounds[k] : pair_bounds[k + 1]])
+            mine = row_of[lo:hi]
+            mine[order[lo : lo + len(placed)]] = placed
+            mine[order[lo + len(placed) : hi]] = first_row[k]
+    return row_of, used, row_seg
+
+
+def _runs_by_segment(sizes: NDArray[np.int64], bounds: list[int], capacity: int) -> tuple[NDArray[np.int64], SizeRuns]:
+    """``(order, runs)``: each segment's items largest first (stably, ``(m,)`` indices within the segment) and
+    its size runs; ``bounds``: ``(K + 1,)`` each segment's first item (items given segment by segment).
+
+    One segment at a time, each within the cache.
+    """
+    order = np.empty(len(sizes), dtype=np.int64)
+    seg, size, count = [], [], []
+    for k, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+        if hi > lo:
+            key = capacity - sizes[lo:hi]  # largest first
+            mine = _stable_order(key, capacity + 1)
+            order[lo:hi] = mine
+            key = key[mine]
+            starts = _run_starts(key)
+            seg.append(np.full(len(starts), k, dtype=np.int64))
+            size.append(capacity - key[starts])
+            count.append(np.diff(starts, append=hi - lo))
+    return order, SizeRuns.concat([SizeRuns(*parts) for parts in zip(seg, size, count)])
+
+
+def pack_rows(sizes: NDArray[np.integer], capacity: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Pack items into rows of at most ``capacity`` tokens, best-fit decreasing (one segment of :func:`pack_segments`).
+
+    Guarantees: no row holds more than ``capacity`` tokens; every item is in
+    exactly one row; every row holds at least one item (items of size 0 go
+    to the first row; only such items: one row); the result depends only on
+    the sizes in their order, and its row count is :func:`count_rows`'s.
+
+    Returns:
+        ``(row_of, used)``: ``(m,)`` the row of each item and ``(rows,)`` the
+        tokens each row holds.
+
+    >>> row_of, used = pack_rows(np.array([6, 3, 5, 2, 4]), 10)
+    >>> used.tolist(), sorted(row_of.tolist())
+    ([10, 10], [0, 0, 1, 1, 1])
+    """
+    row_of, used, _ = pack_segments(sizes, np.zeros(len(sizes), dtype=np.int64), 1, capacity)
+    return row_of, used
