@@ -38,13 +38,26 @@ from shardload.prepare.sources import webdataset as _webdataset  # noqa: F401  (
 from shardload.prepare.sources.base import (
     READERS,
     Sample,
+    SampleBatch,
     SourceOptions,
     SourceReader,
     SourceUnit,
     check_input_file,
 )
+from shardload.schema import Schema
 
-__all__ = ["READERS", "Sample", "SourceOptions", "SourceReader", "SourceUnit", "discover", "not_data", "read_unit"]
+__all__ = [
+    "READERS",
+    "Sample",
+    "SampleBatch",
+    "SourceOptions",
+    "SourceReader",
+    "SourceUnit",
+    "discover",
+    "not_data",
+    "read_unit",
+    "read_unit_batches",
+]
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -345,3 +358,8 @@ def discover(
 def read_unit(unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
     """Yield ``(locator, sample)`` for every sample of ``unit``."""
     return READERS[unit.kind].read(unit, options)
+
+
+def read_unit_batches(unit: SourceUnit, options: SourceOptions, schema: Schema) -> Iterator[SampleBatch] | None:
+    """The samples of ``unit`` as column batches (see :class:`SampleBatch`), or None if its kind reads per sample."""
+    return READERS[unit.kind].read_batches(unit, options, schema)
