@@ -9,6 +9,9 @@ byte ranges cut just after a newline (:func:`line_cuts`, one pass over the file
 counting newlines, so that each unit knows the number of its first line). The
 samples and their order are those of reading the file whole; a gzipped file
 cannot be cut (its bytes can only be read from the start): it is one unit.
+Prepare's ingest reads a plain file's blocks of lines with pyarrow's JSON
+reader where that provably gives what the rules below give
+(:mod:`~shardload.prepare.sources.jsonblocks`), and line by line otherwise.
 
 How JSON values become arrays (JSON has no dtypes):
 
