@@ -94,6 +94,8 @@ ODD_LINES = {
     "huge float": ['{"tokens": [1e400], "label": 1}'],
     "infinity": ['{"tokens": [Infinity], "label": 1}'],
     "duplicate key": ['{"tokens": [1], "label": 1, "label": 2}'],
+    "duplicate key, one escaped": ['{"tokens": [1], "label": 1, "\\u006cabel": 2}'],
+    "duplicate list key": ['{"tokens": [1], "tokens": [2], "label": 1}'],
     "missing field": ['{"tokens": [1]}'],
     "extra field": ['{"tokens": [1], "label": 1, "x": 2}'],
     "null in list": ['{"tokens": [1, null], "label": 1}'],
@@ -123,6 +125,24 @@ def test_jsonl_blocks_end_as_the_exact_reader(case: str, tmp_path: Path, monkeyp
     src = write_lines(tmp_path / "a.jsonl", lines)
     monkeypatch.setattr(jsonblocks, "BLOCK_BYTES", 2000)  # many blocks, one of them holds the odd lines
     compare(monkeypatch, tmp_path, src, unit_bytes=8000, chunk_bytes=3000)
+
+
+@pytest.mark.slow
+def test_jsonl_damaged_bytes_end_as_the_exact_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random bytes of a clean file replaced by bytes that matter to JSON: the same outcome either way."""
+    clean = write_lines(tmp_path / "clean.jsonl", jsonl_lines(60)).read_bytes()
+    rng = np.random.default_rng(7)
+    monkeypatch.setattr(jsonblocks, "BLOCK_BYTES", 700)
+    errors = 0
+    for k in range(40):
+        data = bytearray(clean)
+        for pos in rng.integers(0, len(data), int(rng.integers(1, 4))):
+            data[pos] = rng.choice(list(b'{}[],":.e-+ \n\r0tn\\\xef'))
+        src = tmp_path / f"m{k}.jsonl"
+        src.write_bytes(bytes(data))
+        got = compare(monkeypatch, tmp_path / f"o{k}", src, unit_bytes=2000, chunk_bytes=1500)
+        errors += isinstance(got, str)
+    assert 0 < errors < 40  # both kinds of outcome were compared
 
 
 @pytest.mark.parametrize(
