@@ -2,8 +2,10 @@
 
 Where it sits: ``prepare`` records, while it stages a unit's samples
 (:func:`shardload.prepare.pipeline.ingest`), each sample's *locator* (the
-text its error messages name, ``"data/a.jsonl: line 17"``) next to each staged
-chunk (:func:`write_chunk_origins`); once the shard order is known it writes
+text its error messages name, ``"data/a.jsonl: line 17"``;
+:func:`locator_origins`), or for a column batch its file and row or line
+numbers (:func:`run_origins`), next to each staged chunk
+(:func:`write_chunk_origins`); once the shard order is known it writes
 them in that order as the set's ``origins.arrow`` (:func:`write_set_origins`).
 :meth:`shardload.ShardSet.origin` reads one entry back
 (:func:`read_origin`) as a :class:`SampleOrigin`.
@@ -26,6 +28,7 @@ from typing import Literal, get_args
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
 
 from shardload.errors import ShardSetError
 from shardload.output import atomic_file
@@ -136,9 +139,36 @@ def chunk_origins_path(chunk: Path) -> Path:
     return chunk.with_name(chunk.name + ".origins")
 
 
-def write_chunk_origins(chunk: Path, locators: Sequence[str], files: Sequence[str]) -> None:
-    """Record the origins of the samples of staged chunk ``chunk``, from their locators."""
-    _write(chunk_origins_path(chunk), _table([parse_locator(w, files) for w in locators]))
+def locator_origins(locators: Sequence[str], files: Sequence[str]) -> pa.Table:
+    """The origins of samples read one by one, from their locators (``files``: the paths of their unit)."""
+    return _table([parse_locator(w, files) for w in locators])
+
+
+def run_origins(file: str, kind: OriginKind, positions: NDArray[np.int64]) -> pa.Table:
+    """The origins of samples read as a column batch: rows or lines ``positions`` of ``file``.
+
+    The same rows :func:`locator_origins` makes of their locators
+    (``"{file}: row {position}"``), built from the numbers directly.
+    """
+    n = len(positions)
+    zeros = pa.array(np.zeros(n, dtype=np.int32))
+    return pa.table(
+        {
+            "file": pa.DictionaryArray.from_arrays(zeros, pa.array([file], pa.large_string())),
+            "kind": pa.DictionaryArray.from_arrays(zeros, pa.array([kind], pa.string())),
+            "position": pa.array(np.asarray(positions, dtype=np.int64)),
+            "key": pa.LargeStringArray.from_buffers(
+                n, pa.py_buffer(np.zeros(n + 1, dtype=np.int64)), pa.py_buffer(b"")
+            ),
+        }
+    )
+
+
+def write_chunk_origins(chunk: Path, origins: Sequence[pa.Table]) -> None:
+    """Record the origins of the samples of staged chunk ``chunk``: ``origins`` (those of :func:`locator_origins`
+    and :func:`run_origins`), in sample order."""
+    whole = pa.concat_tables(origins).unify_dictionaries().combine_chunks() if len(origins) > 1 else origins[0]
+    _write(chunk_origins_path(chunk), whole)
 
 
 def write_set_origins(work: Path, chunks: Sequence[Path], order: np.ndarray) -> str:

@@ -17,8 +17,9 @@ MB/s are of payload (token bytes), so every step is compared on the same work.
 of token lists of about MB megabytes (and the same samples as one Parquet file and as a directory of ``.npy``
 files): shardload with 1 and 2 workers against HF datasets (``load_dataset("json")`` + ``save_to_disk``),
 pyarrow's JSON parse alone, and ``pyarrow.parquet.read_table`` + writing the same Arrow IPC bytes. It reports
-input MB/s (bytes of the source files) and output MB/s (bytes written) separately, and ratios against the
-baselines of the same run. LitData and Mosaic Streaming run when installed (``pip install shardload[bench]``).
+input MB/s (bytes of the source files) and output MB/s (bytes written) separately, the CPU seconds of each
+step (this process and its worker processes: the work done, which the load of a shared machine does not
+inflate as it does wall time), and ratios against the baselines of the same run. LitData and Mosaic Streaming run when installed (``pip install shardload[bench]``).
 
     python tools/bench_prepare.py                  # 50k samples, ~70 MB, ~1 min on 2 cores
     python tools/bench_prepare.py --scale 5 --workers 8
@@ -31,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import sys
 import tempfile
@@ -55,6 +57,13 @@ def make_samples(n: int, median: float, seed: int) -> list[dict[str, np.ndarray]
     cuts = np.cumsum(lengths)[:-1]
     # own buffers, like real decoded samples
     return [{"tokens": a.copy()} for a in np.split(values, cuts)]
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and its finished children (worker processes): on a machine
+    shared with other jobs, the work a step did, where its wall time also counts the others' load."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -235,10 +244,12 @@ def big_file_suite(args: argparse.Namespace) -> int:
         )
 
         def step(name: str, src: Path, out: Path | None, fn: Callable[[], Any]) -> None:
+            cpu0 = cpu_seconds()
             secs, _ = timed(fn)
+            cpu = cpu_seconds() - cpu0
             written = tree_bytes(out) if out is not None and out.exists() else 0
-            rows.append({"step": name, "seconds": secs, "in": tree_bytes(src), "out": written})
-            print(f"  {name}: {secs:.2f} s", flush=True)
+            rows.append({"step": name, "seconds": secs, "cpu": cpu, "in": tree_bytes(src), "out": written})
+            print(f"  {name}: {secs:.2f} s ({cpu:.2f} CPU s)", flush=True)
 
         def prep(src: Path, out: str, workers: int, **kw: Any) -> Callable[[], Any]:
             return lambda: shardload.prepare(src, root / out, workers=workers, progress=False, **kw)
@@ -279,12 +290,13 @@ def big_file_suite(args: argparse.Namespace) -> int:
         "Parquet": secs["Parquet: pq.read_table + write Arrow IPC"],
         "npy dir": secs["npy dir: shardload prepare, workers=1"],
     }
-    print("\n| step | seconds | input MB/s | output MB/s | vs baseline |\n|---|---:|---:|---:|---:|")
+    print("\n| step | seconds | CPU seconds | input MB/s | output MB/s | vs baseline |\n|---|---:|---:|---:|---:|---:|")
     for r in rows:
         kind = r["step"].split(":")[0]
         out = f"{r['out'] / r['seconds'] / 1e6:.1f}" if r["out"] else "-"
         ratio = base[kind] / r["seconds"]
-        print(f"| {r['step']} | {r['seconds']:.2f} | {r['in'] / r['seconds'] / 1e6:.1f} | {out} | {ratio:.2f}x |")
+        mb_in = r["in"] / r["seconds"] / 1e6
+        print(f"| {r['step']} | {r['seconds']:.2f} | {r['cpu']:.2f} | {mb_in:.1f} | {out} | {ratio:.2f}x |")
     w1, w2 = secs["JSONL: shardload prepare, workers=1"], secs["JSONL: shardload prepare, workers=2"]
     print(
         f"\nJSONL workers=2 vs HF datasets: {base['JSONL'] / w2:.2f}x (target 2x); vs workers=1: {w1 / w2:.2f}x "

@@ -27,10 +27,10 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -41,7 +41,7 @@ from shardload.formats import Columns, format_of
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
 from shardload.identity import ShardIdentity, set_id_of
 from shardload.manifest import Manifest, file_checksum
-from shardload.origin import ORIGINS_NAME, write_chunk_origins, write_set_origins
+from shardload.origin import ORIGINS_NAME, run_origins, write_chunk_origins, write_set_origins
 from shardload.output import atomic_file, atomic_write_text
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.prepare import guards
@@ -52,11 +52,15 @@ from shardload.prepare.jobs import IngestJob, ShardJob, ShardRecord, StagedUnit
 from shardload.prepare.mapping import MappedSamples, check_sendable, map_name
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.parts import finished_part, part_record, run_id, split_units
-from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
+from shardload.prepare.sources import SampleBatch, SourceOptions, SourceUnit, read_unit, read_unit_batches
+from shardload.prepare.staging import ChunkStager, check_batch
 from shardload.prepare.workdir import WorkDir, output_errors
 from shardload.prepare.workers import map_in_workers
 from shardload.progress import Progress
 from shardload.schema import Schema, as_array
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 logger = logging.getLogger("shardload.prepare")
 
@@ -150,74 +154,71 @@ def ingest(
     chunk_bytes: int,
     source: str = "the iterable given to write()",
     files: Sequence[str] = (),
+    batches: Iterator[SampleBatch] | None = None,
 ) -> StagedUnit:
     """Stage one unit's samples as Arrow chunks; resume after complete chunks.
 
     ``source`` names the input in messages (the unit's file); ``files`` are the
     unit's paths (none for an iterable), which each sample's origin names
-    (recorded next to each chunk, see :mod:`shardload.origin`). Returns the
-    unit's record: chunk names, sample count, bytes and the records the map dropped.
+    (recorded next to each chunk, see :mod:`shardload.origin`). With
+    ``batches`` (the same samples as column batches, see
+    :func:`~shardload.prepare.sources.read_unit_batches`), a batch is checked
+    and staged whole where :func:`~shardload.prepare.staging.check_batch`
+    accepts it, else sample by sample; ``samples`` is then not read. Returns
+    the unit's record: chunk names, sample count, bytes and the records the map dropped.
     """
     done = staging / f"{unit_key}.done"
     if done.exists():
         return StagedUnit.from_json(json.loads(done.read_text()))
     schema = check.schema
     writer = ArrowShardWriter(schema, ArrowOptions())
-    # Chunks finished by an interrupted run are kept; their samples are skipped.
+    # Chunks finished by an interrupted run are kept; their samples are skipped (one by one).
     chunks: list[str] = []
     skip = 0
-    it = iter(samples)
+    it: Iterator[tuple[str, Mapping[str, Any]]] = iter(samples)
+    if batches is not None and (staging / chunk_name(unit_key, 0)).exists():
+        it, batches = itertools.chain.from_iterable(b.samples() for b in batches), None
     for j in itertools.count():
         path = staging / chunk_name(unit_key, j)
         if not path.exists():
             break
         chunks.append(path.name)
         skip += guards.skip_staged(it, ArrowShardReader(path, schema).columns(), check, source, skip)
-    pending: list[dict[str, Any]] = []
-    pending_where: list[str] = []
-    total, nbytes, pending_bytes = skip, 0, 0
-    pending_values = 0  # bounds the values of any one field in the chunk (an Arrow array's length)
 
-    def flush() -> None:
-        nonlocal pending, pending_where, pending_bytes, pending_values
+    def write(cols: Columns, origins: list[pa.Table]) -> None:
         path = staging / chunk_name(unit_key, len(chunks))
         with output_errors(staging.parents[1], f"staging the samples of {source}"):
-            write_chunk_origins(path, pending_where, files)  # before the chunk, whose presence means done
+            write_chunk_origins(path, origins)  # before the chunk, whose presence means done
             with atomic_file(path, tmp=path.with_suffix(".tmp")) as tmp:
-                writer.write(tmp, Columns.from_samples(schema, pending))
+                writer.write(tmp, cols)
         chunks.append(path.name)
         crash_point(f"staged:{len(chunks)}")
-        pending, pending_where, pending_bytes, pending_values = [], [], 0, 0
 
-    for where, sample in it:
-        checked = check(sample, where)
-        size = sum(a.nbytes for a in checked.values())
-        values = max(a.size for a in checked.values())
-        if pending and pending_values + values > guards.MAX_FIELD_VALUES:
-            flush()
-        pending_values += values
-        pending.append(checked)
-        pending_where.append(where)
-        pending_bytes += size
-        nbytes += size
-        total += 1
-        if pending_bytes >= chunk_bytes:
-            flush()
-    if pending:
-        flush()
-    record = StagedUnit(unit_key, tuple(chunks), total, nbytes, samples.dropped)
+    stager = ChunkStager(schema, chunk_bytes, files, write)
+    for batch in batches if batches is not None else [SampleBatch(None, lambda: it)]:
+        if batch.columns is not None and batch.where is not None:
+            checked = check_batch(batch.columns, schema, check.dtypes, check.reject_nonfinite)
+            if checked is not None:
+                stager.add_batch(checked, run_origins(*batch.where))
+                continue
+        for where, sample in batch.samples():
+            stager.add_sample(check(sample, where), where)
+    stager.flush()
+    record = StagedUnit(unit_key, tuple(chunks), skip + stager.samples, stager.nbytes, samples.dropped)
     with output_errors(staging.parents[1], f"staging the samples of {source}"):
         atomic_write_text(done, json.dumps(record.to_json()))
     return record
 
 
 def _ingest_unit(job: IngestJob) -> StagedUnit:
-    """Stage one source unit (in a worker process)."""
+    """Stage one source unit (in a worker process); a unit is read as column batches where its reader can
+    and no map applies (a map works on one sample at a time)."""
     check = SampleChecker(job.schema, job.options)
     unit = job.unit
     source = unit.paths[0] if len(unit.paths) == 1 else unit.describe()
     samples = MappedSamples(read_unit(unit, job.source_options), job.options.map)
-    return ingest(job.key, samples, check, job.staging, job.options.chunk_bytes, source, unit.paths)
+    batches = None if job.options.map is not None else read_unit_batches(unit, job.source_options, job.schema)
+    return ingest(job.key, samples, check, job.staging, job.options.chunk_bytes, source, unit.paths, batches)
 
 
 # -- 2. layout --------------------------------------------------------------------------------------

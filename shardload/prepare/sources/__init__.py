@@ -38,13 +38,26 @@ from shardload.prepare.sources import webdataset as _webdataset  # noqa: F401  (
 from shardload.prepare.sources.base import (
     READERS,
     Sample,
+    SampleBatch,
     SourceOptions,
     SourceReader,
     SourceUnit,
     check_input_file,
 )
+from shardload.schema import Schema
 
-__all__ = ["READERS", "Sample", "SourceOptions", "SourceReader", "SourceUnit", "discover", "not_data", "read_unit"]
+__all__ = [
+    "READERS",
+    "Sample",
+    "SampleBatch",
+    "SourceOptions",
+    "SourceReader",
+    "SourceUnit",
+    "discover",
+    "not_data",
+    "read_unit",
+    "read_unit_batches",
+]
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -355,3 +368,16 @@ def read_unit(unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, S
         return
     for where, sample in reader.read(unit, options):
         yield where, options.selected(sample, where)
+
+
+def read_unit_batches(unit: SourceUnit, options: SourceOptions, schema: Schema) -> Iterator[SampleBatch] | None:
+    """The samples of ``unit`` as column batches (see :class:`SampleBatch`), or None if it is read per sample.
+
+    With a field choice (``fields`` / ``drop_fields``) only a kind that reads
+    just the selected fields itself (``selects_fields``) gives batches: the
+    others' samples are filtered by :func:`read_unit`.
+    """
+    reader = READERS[unit.kind]
+    if not reader.selects_fields and (options.fields is not None or options.drop_fields):
+        return None
+    return reader.read_batches(unit, options, schema)

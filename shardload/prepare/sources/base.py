@@ -17,14 +17,22 @@ from __future__ import annotations
 import os
 import stat
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dc_field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from shardload.envvars import env_int
 from shardload.errors import InputError
 from shardload.setfiles import file_kind
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    from shardload.formats.base import Columns
+    from shardload.origin import OriginKind
+    from shardload.schema import Schema
 
 Sample = Mapping[str, Any]
 
@@ -172,6 +180,35 @@ class SourceUnit:
         return f"{self.kind}:{self.paths[0]}..{self.paths[-1]} ({len(self.paths)} files)"
 
 
+@dataclass(frozen=True)
+class SampleBatch:
+    """A run of consecutive samples of a unit, whole columns at once (the columnar ingest path).
+
+    Readers that can (:meth:`SourceReader.read_batches`) hand ingest a record
+    batch's columns instead of one dict per sample; ingest checks and stages
+    them whole (:mod:`shardload.prepare.staging`). ``samples`` gives the same
+    samples one by one, exactly as :meth:`SourceReader.read` would: ingest reads
+    them so whenever the columns are in any doubt (a null, a value to cast that
+    does not fit, a line the column reader cannot prove it read as the exact
+    reader does), so that what is staged and every message stay those of the
+    per-sample path.
+
+    Attributes:
+        columns: the samples' fields, or None where only ``samples`` can read
+            them. A field with offsets holds sample ``i`` in
+            ``values[offsets[i]:offsets[i + 1]]``; one without holds it in ``values[i]``.
+        samples: the ``(locator, sample)`` pairs of the same samples.
+        where: with ``columns``, where the samples are, for their origins
+            (:func:`shardload.origin.run_origins`): the file, ``"row"`` or
+            ``"line"``, and each sample's row or line number in it, the numbers
+            its locator names.
+    """
+
+    columns: Columns | None
+    samples: Callable[[], Iterator[tuple[str, Sample]]]
+    where: tuple[str, OriginKind, NDArray[np.int64]] | None = None
+
+
 class SourceReader(ABC):
     """Reads the units of one source kind. Subclasses register in ``READERS``."""
 
@@ -201,6 +238,12 @@ class SourceReader(ABC):
             InputError: naming the file and the sample, for unreadable or
                 malformed input.
         """
+
+    @classmethod
+    def read_batches(cls, unit: SourceUnit, options: SourceOptions, schema: Schema) -> Iterator[SampleBatch] | None:
+        """The samples of ``unit`` as :class:`SampleBatch` runs, in :meth:`read`'s order; None for a kind
+        (or a unit) that is read sample by sample only. ``schema`` is the one the samples are checked against."""
+        return None
 
 
 class OneSamplePerFileReader(SourceReader):

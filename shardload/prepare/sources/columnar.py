@@ -49,6 +49,7 @@ well formed cannot be detected; Parquet with page checksums can.
 from __future__ import annotations
 
 import os
+from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -57,12 +58,15 @@ import numpy as np
 import pyarrow as pa
 
 from shardload.errors import InputError
-from shardload.prepare.sources.base import Sample, SourceOptions, SourceReader, SourceUnit, register
+from shardload.formats.base import Columns, FieldData
+from shardload.prepare.sources.base import Sample, SampleBatch, SourceOptions, SourceReader, SourceUnit, register
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
-__all__ = ["ArrowSource", "ParquetSource", "batch_samples"]
+    from shardload.schema import Schema
+
+__all__ = ["ArrowSource", "ParquetSource", "batch_samples", "column_batches"]
 
 #: rows per Parquet read batch aim at about this many uncompressed bytes
 BATCH_BYTES = 64 << 20
@@ -214,6 +218,8 @@ class _Rows:
 
 #: the column's arrays of the file's batches before a unit, last first (for the inner width of empty rows)
 EarlierArrays = Callable[[str], Iterator[pa.Array]]
+#: one file of a unit: its path, table schema, (checked) record batches and the column arrays before them
+_Table = tuple[str, pa.Schema, Iterator[pa.RecordBatch], EarlierArrays | None]
 
 
 class _ColumnConverter:
@@ -307,21 +313,60 @@ def batch_samples(
     schema: pa.Schema,
     first: int = 0,
     earlier: EarlierArrays | None = None,
-    names: list[str] | None = None,
 ) -> Iterator[tuple[str, Sample]]:
     """Yield ``(locator, sample)`` for every row of ``batches``, numbering rows from ``first``.
 
     ``earlier`` gives a column's arrays before the first batch, for a unit that
-    does not start the file; ``names``: the columns to read (see
-    :meth:`SourceOptions.select`), default all.
+    does not start the file.
     """
-    names = schema.names if names is None else names
-    check_schema(path, pa.schema([schema.field(n) for n in names]))
+    names = schema.names
+    check_schema(path, schema)
     converters = [_ColumnConverter(path, n, earlier) for n in names]
     for batch in batches:
         cols = [conv(batch.column(n), first) for n, conv in zip(names, converters)]
         for i in range(batch.num_rows):
             yield f"{path}: row {first + i}", {name: col.row(i) for name, col in zip(names, cols)}
+        first += batch.num_rows
+
+
+def _columnar(t: pa.DataType) -> bool:
+    """A column type whose batches go whole through the columnar ingest path (no text, whose values are
+    Python ``str``/``bytes`` per row, no ``list<list<T>>``, whose empty rows take a width from earlier rows,
+    and no dictionary)."""
+    return _element_ok(t) or (_is_list(t) and _element_ok(t.value_type))
+
+
+def column_batches(
+    batches: Iterator[pa.RecordBatch],
+    path: str,
+    schema: pa.Schema,
+    first: int = 0,
+    earlier: EarlierArrays | None = None,
+) -> Iterator[SampleBatch]:
+    """The rows of ``batches`` as :class:`SampleBatch` runs, one per record batch, numbering rows from ``first``.
+
+    The columns are the flat arrays :func:`batch_samples` slices its rows from
+    (a null raises the same error); a table with a column of another type is
+    one run read row by row (``earlier`` as for :func:`batch_samples`).
+    """
+    check_schema(path, schema)
+    if not all(_columnar(t) for t in schema.types):
+        yield SampleBatch(None, lambda: batch_samples(batches, path, schema, first, earlier))
+        return
+    converters = [_ColumnConverter(path, n) for n in schema.names]
+    for batch in batches:
+        fields = {}
+        for j, conv in enumerate(converters):
+            rows = conv(batch.column(j), first)
+            offsets = None
+            if rows.starts is not None and rows.ends is not None:
+                offsets = np.append(rows.starts, rows.ends[-1:]) if batch.num_rows else np.zeros(1, np.int64)
+            fields[schema.names[j]] = FieldData(rows.values, offsets)
+        yield SampleBatch(
+            Columns(batch.num_rows, fields),
+            lambda batch=batch, first=first: batch_samples(iter([batch]), path, schema, first),  # type: ignore[misc]
+            (path, "row", np.arange(first, first + batch.num_rows, dtype=np.int64)),
+        )
         first += batch.num_rows
 
 
@@ -392,8 +437,36 @@ def _record_batches(path: str) -> tuple[list[int], list[int]]:
 
 
 # -- readers -----------------------------------------------------------------------------------------
+class _TableSource(SourceReader):
+    """A kind whose files are tables read as Arrow record batches: row by row, or batch by batch."""
+
+    @classmethod
+    def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+        for path, schema, batches, earlier in cls._tables(unit, options):
+            yield from batch_samples(batches, path, schema, unit.first, earlier)
+
+    @classmethod
+    def read_batches(cls, unit: SourceUnit, options: SourceOptions, schema: Schema) -> Iterator[SampleBatch]:
+        for path, table_schema, batches, earlier in cls._tables(unit, options):
+            yield from column_batches(batches, path, table_schema, unit.first, earlier)
+
+    @classmethod
+    @abstractmethod
+    def _tables(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[_Table]:
+        """Per file of ``unit``: its path, schema, the record batches of the unit and the arrays before them,
+        with only the columns ``options`` selects (:func:`_project`)."""
+
+
+def _project(
+    path: str, schema: pa.Schema, batches: Iterator[pa.RecordBatch], earlier: EarlierArrays | None, names: list[str]
+) -> _Table:
+    """A file's table with only the columns ``names`` (see :meth:`SourceOptions.select`), in that order."""
+    projected = pa.schema([schema.field(n) for n in names])
+    return path, projected, (batch.select(names) for batch in batches), earlier
+
+
 @register
-class ParquetSource(SourceReader):
+class ParquetSource(_TableSource):
     kind: ClassVar[str] = "parquet"
     suffixes: ClassVar[tuple[str, ...]] = (".parquet", ".pq")
     selects_fields: ClassVar[bool] = True
@@ -424,7 +497,7 @@ class ParquetSource(SourceReader):
             raise InputError(f"{path}: not a readable Parquet file ({exc}); re-create the file") from None
 
     @classmethod
-    def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+    def _tables(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[_Table]:
         for path in unit.files():
             pf = cls._open(path)
             with pf:
@@ -449,11 +522,11 @@ class ParquetSource(SourceReader):
                             yield pf.read_row_group(g, columns=[name], use_threads=False).column(0).combine_chunks()
 
                 guarded = _guarded(path, "Parquet", batches, [unit.first])
-                yield from batch_samples(guarded, path, schema, unit.first, earlier, names)
+                yield _project(path, schema, guarded, earlier, names)
 
 
 @register
-class ArrowSource(SourceReader):
+class ArrowSource(_TableSource):
     kind: ClassVar[str] = "arrow"
     suffixes: ClassVar[tuple[str, ...]] = (".arrow", ".feather", ".ipc")
     selects_fields: ClassVar[bool] = True
@@ -464,7 +537,7 @@ class ArrowSource(SourceReader):
         return _split_files(cls.kind, files, options, _record_batches)
 
     @classmethod
-    def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
+    def _tables(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[_Table]:
         for path in unit.files():
             _check_utf8_name(path)
             try:
@@ -477,7 +550,7 @@ class ArrowSource(SourceReader):
                 schema, batches, earlier = _open_ipc(path, source, unit.part)
                 names = options.select(schema.names, path)
                 guarded = _guarded(path, "Arrow IPC", batches, [unit.first])
-                yield from batch_samples(guarded, path, schema, unit.first, earlier, names)
+                yield _project(path, schema, guarded, earlier, names)
 
 
 def _check_utf8_name(path: str) -> None:

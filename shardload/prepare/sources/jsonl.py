@@ -9,6 +9,9 @@ byte ranges cut just after a newline (:func:`line_cuts`, one pass over the file
 counting newlines, so that each unit knows the number of its first line). The
 samples and their order are those of reading the file whole; a gzipped file
 cannot be cut (its bytes can only be read from the start): it is one unit.
+Prepare's ingest reads a plain file's blocks of lines with pyarrow's JSON
+reader where that provably gives what the rules below give
+(:mod:`~shardload.prepare.sources.jsonblocks`), and line by line otherwise.
 
 How JSON values become arrays (JSON has no dtypes):
 
@@ -58,12 +61,15 @@ from shardload.cast import CastError, cast_exact
 from shardload.errors import InputError
 from shardload.prepare.sources.base import (
     Sample,
+    SampleBatch,
     SourceOptions,
     SourceReader,
     SourceUnit,
     record_too_large,
     register,
 )
+from shardload.prepare.sources.jsonblocks import json_batches
+from shardload.schema import Schema
 
 __all__ = [
     "JsonlSource",
@@ -330,6 +336,21 @@ class JsonlSource(SourceReader):
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
         for path in unit.files():
             yield from _read_file(path, options, unit.part, unit.first)
+
+    @classmethod
+    def read_batches(cls, unit: SourceUnit, options: SourceOptions, schema: Schema) -> Iterator[SampleBatch]:
+        """Blocks of lines parsed by pyarrow where provably exact (:mod:`~shardload.prepare.sources.jsonblocks`);
+        a gzipped file line by line."""
+        for path in unit.files():
+
+            def exact(part: tuple[int, int] | None, first: int, path: str = path) -> Iterator[tuple[str, Sample]]:
+                return _read_file(path, options, part, first)
+
+            if path.lower().endswith(".gz"):
+                yield SampleBatch(None, lambda exact=exact: exact(unit.part, unit.first))  # type: ignore[misc]
+            else:
+                span = unit.part or (0, os.stat(path).st_size)
+                yield from json_batches(path, span, unit.first, schema, options, exact)
 
 
 #: per field, what an empty list becomes: the dtype and inner shape of the field's last non-empty list
