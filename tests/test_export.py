@@ -103,6 +103,13 @@ def test_prepare_reads_the_export_back(shard_set: Path, tmp_path: Path, capsys: 
     np.testing.assert_array_equal(after.lengths, before.lengths)
 
 
+def test_prepare_of_the_export_directory_reads_its_tars(shard_set: Path, tmp_path: Path) -> None:
+    """The export's own index beside the tars is not data: preparing the directory reads the tars only."""
+    result = to_webdataset(shard_set, tmp_path / "wds", progress=False)
+    again = shardload.prepare(tmp_path / "wds", tmp_path / "again", shuffle=False, progress=False)
+    assert again.samples == len(shardload.open(shard_set)) and again.skipped == {"marker": 1}, result
+
+
 def test_without_the_options_samples_survive_but_emb_becomes_variable(shard_set: Path, tmp_path: Path) -> None:
     result = to_webdataset(shard_set, tmp_path / "wds", progress=False)
     shardload.prepare(result.pattern, tmp_path / "again", shuffle=False)

@@ -61,6 +61,7 @@ from shardload.errors import InputError, OutputError, OutputExistsError, OutputL
 from shardload.manifest import file_checksum
 from shardload.output import OutputLock, fsync_file, publish_index, withdraw_index
 from shardload.plan.ranges import offsets_from_lengths
+from shardload.prepare.sources import EXPORT_INDEX_NAME
 from shardload.prepare.sources.webdataset import split_member_name
 from shardload.progress import Progress
 from shardload.schema import Schema
@@ -69,7 +70,7 @@ from shardload.shardset import ShardSet, open_shard_set
 __all__ = ["INDEX_NAME", "WebDatasetExport", "to_webdataset"]
 
 #: the file describing an export; its leading underscore keeps it out of `shardload prepare DEST/`
-INDEX_NAME = "_shardload_export.json"
+INDEX_NAME = EXPORT_INDEX_NAME
 INDEX_FORMAT = "shardload-webdataset-export"
 INDEX_VERSION = 1
 #: minimum widths of the zero-padded sample key and tar number

@@ -84,8 +84,11 @@ def _detect(path: str) -> str | None:
     return None
 
 
-#: file names that are never data: markers that Spark, Hadoop and Parquet tools write next to the data
-MARKER_FILES = frozenset({"_SUCCESS", "_metadata", "_common_metadata"})
+#: what ``shardload export`` writes beside its tars (schema, tars, counts, checksums)
+EXPORT_INDEX_NAME = "_shardload_export.json"
+#: file names that are never data: markers that Spark, Hadoop and Parquet tools write next to the data, and
+#: the index of an export (so that ``prepare EXPORT_DIR`` reads the exported tars)
+MARKER_FILES = frozenset({"_SUCCESS", "_metadata", "_common_metadata", EXPORT_INDEX_NAME})
 
 
 def not_data(path: Path, root: Path) -> str | None:
