@@ -18,6 +18,7 @@ import numpy as np
 from shardload.errors import InputError
 from shardload.formats import FORMATS, FormatOptions, ShardFormat, format_of
 from shardload.prepare.mapping import map_identity
+from shardload.prepare.sources.base import field_kept
 from shardload.schema import SUPPORTED_DTYPES
 
 DEFAULT_SHARD_SIZE = 256 << 20
@@ -137,15 +138,16 @@ class PrepareOptions:
             raise InputError("fields and drop_fields exclude each other: name the fields to keep, or those to drop")
         if self.fields is not None and not self.fields:
             raise InputError("fields is empty: name at least one field to keep (or leave it out to keep all)")
-        if self.length_field is not None and self.map is None:  # a map may make the field itself
-            kept = (
-                self.length_field not in self.drop_fields if self.fields is None else self.length_field in self.fields
+        # a map may make the length field itself
+        if (
+            self.length_field is not None
+            and self.map is None
+            and not field_kept(self.length_field, self.fields, self.drop_fields)
+        ):
+            option = "--drop-fields" if self.fields is None else "--fields"
+            raise InputError(
+                f"length_field {self.length_field!r} is left out by {option}: keep it, or name another length field"
             )
-            if not kept:
-                option = "--drop-fields" if self.fields is None else "--fields"
-                raise InputError(
-                    f"length_field {self.length_field!r} is left out by {option}: keep it, or name another length field"
-                )
         if self.chunk_bytes <= 0:
             raise InputError(f"chunk_bytes must be positive, got {self.chunk_bytes}")
         if isinstance(self.shard_format, str):

@@ -67,6 +67,11 @@ def record_too_large(where: str, what: str, size: int | None, limit: int) -> Inp
 DEFAULT_UNIT_BYTES = 16 << 20
 
 
+def field_kept(name: str, fields: Sequence[str] | None, drop_fields: Sequence[str]) -> bool:
+    """The rule of ``fields`` / ``drop_fields``: whether field ``name`` is read."""
+    return name not in drop_fields if fields is None else name in fields
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """Options that sources interpret.
@@ -99,7 +104,7 @@ class SourceOptions:
 
     def keeps(self, name: str) -> bool:
         """Whether field ``name`` is read (the rule of ``fields`` / ``drop_fields``); a reader skips it otherwise."""
-        return name not in self.drop_fields if self.fields is None else name in self.fields
+        return field_kept(name, self.fields, self.drop_fields)
 
     def select(self, names: Sequence[str], where: str) -> list[str]:
         """The names of ``names`` that are read, in their order; refuses a named field that is not there.

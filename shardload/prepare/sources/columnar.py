@@ -478,7 +478,8 @@ class ParquetSource(_TableSource):
 
     @classmethod
     def _row_groups(cls, path: str) -> tuple[list[int], list[int]]:
-        meta = cls._open(path).metadata
+        with cls._open(path) as pf:  # closed at once: discovery may list many large files
+            meta = pf.metadata
         groups = [meta.row_group(g) for g in range(meta.num_row_groups)]
         sizes = [sum(g.column(c).total_compressed_size for c in range(g.num_columns)) for g in groups]
         return sizes, [g.num_rows for g in groups]

@@ -322,7 +322,10 @@ class JsonlSource(SourceReader):
         """One unit per file, or per byte range of a plain file larger than ``options.unit_bytes``."""
         units = []
         for path in files:
-            size = os.stat(path).st_size
+            try:
+                size = os.stat(path).st_size
+            except OSError:  # gone since it was listed: one unit, whose read reports it
+                size = 0
             if path.lower().endswith(".gz") or size <= options.unit_bytes:
                 units.append(SourceUnit(cls.kind, (path,)))
                 continue
