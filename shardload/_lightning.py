@@ -22,7 +22,7 @@ loader would (not a public API, stable since 2.0). Lightning reads a training lo
 loader up, and ends every later epoch when that many batches are ready; but a
 plan's batch count may change from epoch to epoch (token budgets), and after
 an elastic resume the resumed epoch's count differs from the next one's.
-Only with ``limit_train_batches`` at its default (every batch).
+Only with ``limit_train_batches`` at its default (``1.0``: every batch; the int ``1`` is one batch).
 
 The trainer is duck-typed: this module does not import Lightning.
 """
@@ -70,7 +70,8 @@ def train_link(trainer: Any) -> TrainerLink:
     def tell(steps: int) -> None:
         loop = trainer.fit_loop
         combined = getattr(loop, "_combined_loader", None)  # what Lightning would compute on a reload of the loader
-        if trainer.limit_train_batches == 1.0 and isinstance(loop.max_batches, int) and combined is not None:
+        limit = trainer.limit_train_batches  # 1.0 (a float) is every batch; the int 1 is one batch per epoch
+        if isinstance(limit, float) and limit == 1.0 and isinstance(loop.max_batches, int) and combined is not None:
             combined.limits = [steps] * len(combined.flattened)
             loop.max_batches = steps
 

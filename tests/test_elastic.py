@@ -303,3 +303,6 @@ def test_set_epoch_tells_the_trainer_the_new_epochs_length(data: Path) -> None:
     trainer.limit_train_batches = 0.5  # a limit the user set: left to Lightning
     loader.set_epoch(2)
     assert trainer.fit_loop.max_batches == fresh
+    trainer.limit_train_batches = trainer.fit_loop.max_batches = 1  # the int 1: one batch per epoch, the user's
+    loader.set_epoch(3)
+    assert trainer.fit_loop.max_batches == 1
