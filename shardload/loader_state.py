@@ -133,25 +133,33 @@ def check_identity(saved: Mapping[str, Any], now: Mapping[str, Any]) -> None:
             batching option differs.
     """
     changed = []
-    for key in sorted(set(saved) | set(now)):
+    for key in sorted(set(saved) | set(now), key=str):  # an edited state may hold keys of other types
         before, after = saved.get(key), now.get(key)
         if key == "batching" and isinstance(before, Mapping) and isinstance(after, Mapping):
             changed += [
                 f"batching option {name} ({before.get(name)!r} in the checkpoint, {after.get(name)!r} now)"
-                for name in sorted(set(before) | set(after))
-                if before.get(name) != after.get(name)
+                for name in sorted(set(before) | set(after), key=str)
+                if _differs(before.get(name), after.get(name))
             ]
-        elif key == "shard set" and before != after:
+        elif key == "shard set" and _differs(before, after):
             changed.append(
                 "the shard set or mixture (another set, a re-prepared one, or a mixture's sources, names or weights)"
             )
-        elif before != after:
+        elif _differs(before, after):
             changed.append(f"{key} ({before!r} in the checkpoint, {after!r} now)")
     if changed:
         raise PlanMismatchError(
             f"the checkpoint's loader state belongs to another run: {'; '.join(changed)}. Resume with the "
             "options the checkpoint was saved with (only the world size, num_workers and pin_memory may change)"
         )
+
+
+def _differs(before: Any, after: Any) -> bool:
+    """Whether a saved identity value differs from this run's (a value no ``!=`` can compare, an array: it does)."""
+    try:
+        return bool(before != after)
+    except Exception:  # noqa: BLE001  numpy and torch raise their own kinds for an array's truth
+        return True
 
 
 def resume_point(

@@ -54,6 +54,22 @@ def test_a_version_2_state_without_history_or_identity_is_refused_naming_the_key
         assert not isinstance(caught.value, PlanMismatchError)  # nothing about the run changed: the state is broken
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda identity: {**identity, 7: "x"},  # a key that is not a string
+        lambda identity: {**identity, "seed": torch.arange(3)},  # a value no != can compare to an int
+        lambda identity: {**identity, "batching": {**identity["batching"], 3: torch.arange(2)}},
+    ],
+)
+def test_an_edited_identity_is_a_named_mismatch(data: Path, edit: Any) -> None:
+    state = state_after(data, 2, 1)
+    state["identity"] = edit(state["identity"])
+    loader = make_loader(data, rank=0, world_size=2, batch_size=BATCH)
+    with pytest.raises(PlanMismatchError, match="belongs to another run"):
+        loader.load_state_dict(state)
+
+
 def test_an_edited_history_is_not_blamed_on_changed_options(data: Path) -> None:
     state = state_after(data, 4, 1)
     resumed = make_loader(data, rank=0, world_size=2, batch_size=BATCH)
