@@ -210,8 +210,9 @@ def _load_part(root: Path, name: str, k: int, n: int) -> _Part:
         raise MergeError(f"{where}: is itself a merged set; a part is the output of one prepare --part")
     record = manifest.options.get("part")
     if record != [k, n]:
+        held = f"part {record[0]}/{record[1]}" if isinstance(record, list) and len(record) == 2 else f"part {record!r}"
         raise MergeError(
-            f"{where}: holds {'no part' if record is None else f'part {record[0]}/{record[1]}'} according to its "
+            f"{where}: holds {'no part' if record is None else held} according to its "
             f"manifest, not part {k}/{n}: it was copied or renamed. Put the right part there "
             f"({redo.replace('--resume', '--overwrite')}: it replaces the copy)."
         )
