@@ -239,7 +239,7 @@ def format_description(info: Mapping[str, Any], *, width: int = 40) -> str:
         pb = info["part_balance"]
         out.append(
             f"per part   {pb['parts']:,} parts: shards {_range(pb['shards'])}, samples {_range(pb['samples'])}, "
-            f"bytes {format_bytes(pb['bytes']['min'])}-{format_bytes(pb['bytes']['max'])}"
+            f"bytes {_range(pb['bytes'], format_bytes)}"
         )
     if info["lengths"]:
         q = info["lengths"]

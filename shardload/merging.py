@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 
 from shardload.errors import MergeError, ShardloadError, ShardSetError
 from shardload.manifest import MANIFEST_NAME, Manifest, PartInfo, ShardInfo
-from shardload.origin import write_merged_origins
+from shardload.origin import ORIGINS_NAME, read_origins, write_merged_origins
 from shardload.output import OutputLock, atomic_file, withdraw_index
 from shardload.prepare.index import length_stats
 from shardload.prepare.parts import PART_NAME, PARTS_DIR, part_name
@@ -210,8 +210,9 @@ def _load_part(root: Path, name: str, k: int, n: int) -> _Part:
         raise MergeError(f"{where}: is itself a merged set; a part is the output of one prepare --part")
     record = manifest.options.get("part")
     if record != [k, n]:
+        held = f"part {record[0]}/{record[1]}" if isinstance(record, list) and len(record) == 2 else f"part {record!r}"
         raise MergeError(
-            f"{where}: holds {'no part' if record is None else f'part {record[0]}/{record[1]}'} according to its "
+            f"{where}: holds {'no part' if record is None else held} according to its "
             f"manifest, not part {k}/{n}: it was copied or renamed. Put the right part there "
             f"({redo.replace('--resume', '--overwrite')}: it replaces the copy)."
         )
@@ -272,6 +273,7 @@ def _merged(parts: Sequence[_Part]) -> tuple[Manifest, dict[str, NDArray[np.inte
         for key, file in index_files.items():
             own = m.lengths_file if key == "" else m.field_lengths.get(key, "")
             pieces[file].append(_index(part, own, m.total_samples))
+        _check_origins(part)
         origin = _index(part, "origin.npy", m.total_samples)
         pieces["origin.npy"].append(origin.astype(np.int64) + sample)
         sample += m.total_samples
@@ -306,6 +308,16 @@ def _index(part: _Part, file: str, samples: int) -> NDArray[np.integer]:
         return open_index(part.path / file, what=f"{file} of {PARTS_DIR}/{part.name}", samples=samples)
     except ShardSetError as exc:
         raise MergeError(f"{exc}; prepare that part again (--overwrite), then merge again") from None
+
+
+def _check_origins(part: _Part) -> None:
+    """A part's ``origins.arrow``, if it has one, must be readable before anything of the merge is written."""
+    if not (part.path / ORIGINS_NAME).is_file():
+        return  # a part without origins: the merged set records none (see write_merged_origins)
+    try:
+        read_origins(part.path, part.manifest.total_samples)
+    except ShardSetError as exc:
+        raise MergeError(f"{exc} for that part (--overwrite), then merge again") from None
 
 
 def _concatenate(chunks: Sequence[NDArray[np.integer]]) -> NDArray[np.integer]:

@@ -29,6 +29,7 @@ inflate as it does wall time), and ratios against the baselines of the same run.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -251,11 +252,14 @@ def big_file_suite(args: argparse.Namespace) -> int:
             rows.append({"step": name, "seconds": secs, "cpu": cpu, "in": tree_bytes(src), "out": written})
             print(f"  {name}: {secs:.2f} s ({cpu:.2f} CPU s)", flush=True)
 
-        def prep(src: Path, out: str, workers: int, **kw: Any) -> Callable[[], Any]:
-            return lambda: shardload.prepare(src, root / out, workers=workers, progress=False, **kw)
+        def ours(kind: str, src: Path, tag: str, **kw: Any) -> None:
+            """Time ``shardload.prepare`` of ``src`` with 1 and with 2 workers."""
+            for w in (1, 2):
+                out = root / f"{tag}{w}"
+                run = functools.partial(shardload.prepare, src, out, workers=w, progress=False, **kw)
+                step(f"{kind}: shardload prepare, workers={w}", src, out, run)
 
-        step("JSONL: shardload prepare, workers=1", jsonl, root / "j1", prep(jsonl, "j1", 1))
-        step("JSONL: shardload prepare, workers=2", jsonl, root / "j2", prep(jsonl, "j2", 2))
+        ours("JSONL", jsonl, "j")
         step(
             "JSONL: HF datasets load_dataset + save_to_disk",
             jsonl,
@@ -263,16 +267,14 @@ def big_file_suite(args: argparse.Namespace) -> int:
             lambda: hf_datasets(jsonl, root / "hf"),
         )
         step("JSONL: pyarrow.json.read_json (parse only)", jsonl, None, lambda: pyarrow_json_parse(jsonl))
-        step("Parquet: shardload prepare, workers=1", parquet, root / "p1", prep(parquet, "p1", 1))
-        step("Parquet: shardload prepare, workers=2", parquet, root / "p2", prep(parquet, "p2", 2))
+        ours("Parquet", parquet, "p")
         step(
             "Parquet: pq.read_table + write Arrow IPC",
             parquet,
             root / "p.arrow",
             lambda: read_table_and_write(parquet, root / "p.arrow"),
         )
-        step("npy dir: shardload prepare, workers=1", npy, root / "n1", prep(npy, "n1", 1, field="tokens"))
-        step("npy dir: shardload prepare, workers=2", npy, root / "n2", prep(npy, "n2", 2, field="tokens"))
+        ours("npy dir", npy, "n", field="tokens")
         for name in ("litdata", "streaming"):
             try:
                 __import__(name)

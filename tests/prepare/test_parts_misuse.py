@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -109,3 +110,26 @@ def test_a_part_into_a_set_of_one_run_is_refused_before_it_is_prepared(tmp_path:
         shardload.prepare(sources, out, part=(0, 2), progress=False)
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
     assert len(shardload.open(out)) == 45
+
+
+def test_a_part_with_damaged_origins_is_refused_before_out_is_touched(tmp_path: Path) -> None:
+    sources, out = write_sources(tmp_path), tmp_path / "out"
+    for k in range(2):
+        shardload.prepare(sources, out, part=(k, 2), progress=False)
+    (part_dir(out, 1, 2) / "origins.arrow").write_bytes(b"not an arrow file")
+    with pytest.raises(MergeError, match=r"00001-of-00002.*origins\.arrow.*--overwrite"):
+        shardload.merge(out)
+    assert sorted(p.name for p in out.iterdir()) == ["parts"]  # nothing of the merge written
+
+
+@pytest.mark.parametrize("record", [5, [1], "1/2"])
+def test_a_part_whose_manifest_records_a_malformed_part_is_refused_by_name(tmp_path: Path, record: object) -> None:
+    sources, out = write_sources(tmp_path), tmp_path / "out"
+    for k in range(2):
+        shardload.prepare(sources, out, part=(k, 2), progress=False)
+    path = part_dir(out, 1, 2) / "manifest.json"
+    obj = json.loads(path.read_text())
+    obj["options"]["part"] = record
+    path.write_text(json.dumps(obj))
+    with pytest.raises(MergeError, match=rf"00001-of-00002: holds part {re.escape(repr(record))} .*copied or renamed"):
+        shardload.merge(out)
