@@ -17,6 +17,7 @@ caller can catch them all with one clause, or one branch of the tree::
      |    +-- PlanMismatchError           ranks disagree: batch counts or plan fingerprints differ
      |    +-- MixtureError                a mixture's weights, sources or fields do not fit together
      +-- WorkerError (RuntimeError)       a DataLoader worker died or sent no batch within the timeout
+     +-- RemoteError (OSError)            object storage kept failing after every retry; names the URL
      +-- MissingDependencyError (ImportError)  an optional package a format needs (zarr) is not installed
 
 A name in parentheses is a second, built-in base class: ``except ValueError``
@@ -43,6 +44,7 @@ __all__ = [
     "OutputLockedError",
     "PlanError",
     "PlanMismatchError",
+    "RemoteError",
     "ShardSetChangedError",
     "ShardSetError",
     "ShardloadError",
@@ -119,6 +121,23 @@ class WorkerError(ShardloadError, RuntimeError):
 
     The message names the worker, the signal or state, and the likely cause.
     """
+
+
+class RemoteError(ShardloadError, OSError):
+    """Object storage (S3, GCS, Azure, HTTP) kept failing after every retry.
+
+    Raised only for failures that may pass (HTTP 5xx, throttling, timeouts,
+    dropped connections) once the retries are spent; the message names the URL,
+    the number of tries and the last error. A missing object or a refused
+    credential is not retried and is reported as what it is.
+
+    Attributes:
+        url: the object (or prefix) that could not be read or written.
+    """
+
+    def __init__(self, message: str, url: str = "") -> None:
+        super().__init__(message)
+        self.url = url
 
 
 class MissingDependencyError(ShardloadError, ImportError):

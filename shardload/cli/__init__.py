@@ -44,6 +44,7 @@ from shardload.errors import (
     MissingDependencyError,
     OutputError,
     PlanError,
+    RemoteError,
     ShardloadError,
     ShardSetError,
     WorkerError,
@@ -69,6 +70,7 @@ ERROR_CODES: tuple[tuple[type[BaseException], Exit], ...] = (
     (ShardSetError, Exit.SHARD_SET),
     (PlanError, Exit.PLAN),
     (WorkerError, Exit.LOADER),
+    (RemoteError, Exit.REMOTE),
     (MissingDependencyError, Exit.USAGE),
 )
 

@@ -1,0 +1,20 @@
+"""Shard sets in object storage (S3, GCS, Azure, HTTP): the storage layer below the shard set.
+
+A remote set is read through `fsspec <https://filesystem-spec.readthedocs.io>`_
+and the field's filesystem packages (``s3fs``, ``gcsfs``, ``adlfs``, HTTP), an
+optional extra: ``pip install "shardload[remote]"``. Nothing above this layer
+changes: a shard is downloaded whole into a node-local cache, checked against
+the manifest's sha256, renamed into place, then memory-mapped exactly as a
+shard of a local set.
+
+Modules:
+    url: telling a URL from a local path, and opening its filesystem.
+    retry: which errors may pass, and retrying them with backoff and jitter.
+"""
+
+from __future__ import annotations
+
+from shardload.remote.retry import RetryPolicy, is_transient, with_retries
+from shardload.remote.url import is_remote, join_url, open_filesystem
+
+__all__ = ["RetryPolicy", "is_remote", "is_transient", "join_url", "open_filesystem", "with_retries"]

@@ -1,0 +1,205 @@
+"""Retrying object-storage calls that may pass: backoff with jitter, then one clear error.
+
+Object stores fail in two ways. Some failures pass if one waits: HTTP 5xx,
+throttling (S3's ``503 SlowDown``, HTTP 429), timeouts, a connection reset or
+dropped mid-body. Others never pass: a missing object, a refused credential, a
+bad request. :func:`is_transient` tells them apart by walking the exception and
+its causes (fsspec backends wrap botocore and aiohttp errors in ``OSError``);
+:func:`with_retries` retries the first kind with exponential backoff and full
+jitter and, once the tries are spent, raises
+:class:`~shardload.errors.RemoteError` naming the URL, the tries and the last
+error. The second kind is raised at once, as it is.
+
+Every remote call of shardload (manifest, lengths index, shard downloads,
+uploads of ``prepare -o s3://...``) goes through :func:`with_retries`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from shardload.errors import RemoteError
+
+__all__ = ["RetryPolicy", "is_transient", "with_retries"]
+
+T = TypeVar("T")
+
+#: HTTP statuses worth another try: timeouts, throttling and server-side failures
+TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+#: error codes of S3-like services that mean "try again later"
+TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "RequestTimeTooSkewed",
+        "InternalError",
+        "ServiceUnavailable",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+    }
+)
+#: class names (of botocore, aiohttp, urllib3, requests, fsspec) whose errors are network trouble
+_TRANSIENT_NAMES = frozenset(
+    {
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "IncompleteReadError",
+        "IncompleteRead",
+        "ResponseStreamingError",
+        "HTTPClientError",
+        "ProtocolError",
+        "ResponseParserError",
+        "ServerDisconnectedError",
+        "ClientConnectionError",
+        "ClientConnectorError",
+        "ClientOSError",
+        "ClientPayloadError",
+        "ServerTimeoutError",
+        "ContentLengthError",
+        "TransferEncodingError",
+        "FSTimeoutError",
+        "ChunkedEncodingError",
+    }
+)
+_TRANSIENT_ERRNOS = frozenset(
+    {errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EPIPE, errno.EHOSTUNREACH}
+)
+#: errors that never pass by waiting, even when a transient one is among their causes
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently a remote call is retried.
+
+    Attributes:
+        tries: calls in all, the first included (1 = no retry).
+        base_delay: seconds before the second try; each later wait doubles, up to ``max_delay``.
+        max_delay: longest single wait, in seconds.
+        jitter: each wait is drawn uniformly from ``[(1 - jitter) * d, d]`` ("full jitter" at 1.0), so
+            that the processes of a node that failed together do not retry together.
+    """
+
+    tries: int = 6
+    base_delay: float = 0.5
+    max_delay: float = 20.0
+    jitter: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.tries < 1:
+            raise ValueError(f"RetryPolicy.tries must be at least 1, got {self.tries}")
+        if self.base_delay < 0 or self.max_delay < 0:
+            raise ValueError("RetryPolicy delays must not be negative")
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ValueError(f"RetryPolicy.jitter must be in [0, 1], got {self.jitter}")
+
+    def delays(self, rng: random.Random | None = None) -> Iterator[float]:
+        """The ``tries - 1`` waits between tries, in seconds."""
+        rng = rng or random.Random()
+        for k in range(self.tries - 1):
+            d = min(self.max_delay, self.base_delay * (2**k))
+            yield rng.uniform((1.0 - self.jitter) * d, d)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _status(e: BaseException) -> tuple[int | None, str | None]:
+    """HTTP status and service error code an exception carries, if any (botocore, aiohttp, requests)."""
+    response: Any = getattr(e, "response", None)
+    if isinstance(response, dict):  # botocore.exceptions.ClientError
+        meta = response.get("ResponseMetadata") or {}
+        code = (response.get("Error") or {}).get("Code")
+        status = meta.get("HTTPStatusCode")
+        return (int(status) if isinstance(status, int) else None, str(code) if code is not None else None)
+    status = getattr(e, "status", None)  # aiohttp.ClientResponseError
+    if isinstance(status, int):
+        return status, None
+    status = getattr(response, "status_code", None)  # requests.HTTPError
+    return (status if isinstance(status, int) else None), None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it wraps) is a failure that may pass on another try.
+
+    >>> is_transient(TimeoutError()), is_transient(FileNotFoundError("s3://b/x"))
+    (True, False)
+    """
+    if isinstance(exc, _PERMANENT):
+        return False
+    for e in _chain(exc):
+        status, code = _status(e)
+        if code is not None and code in TRANSIENT_CODES:
+            return True
+        if status is not None:
+            return status in TRANSIENT_STATUSES
+        if isinstance(e, (TimeoutError, asyncio.TimeoutError, ConnectionError)):
+            return True
+        if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
+            return True
+        if type(e).__name__ in _TRANSIENT_NAMES or any(c.__name__ in _TRANSIENT_NAMES for c in type(e).__mro__):
+            return True
+        # s3fs turns a throttled or failed call into OSError(errno, "SlowDown ...") or similar
+        text = str(e)
+        if any(code in text for code in ("SlowDown", "Service Unavailable", "ServiceUnavailable", "Throttl")):
+            return True
+    return False
+
+
+def with_retries(
+    call: Callable[[], T],
+    *,
+    url: str,
+    what: str,
+    policy: RetryPolicy | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    rng: random.Random | None = None,
+) -> T:
+    """``call()``, retried on transient errors with backoff and jitter.
+
+    Args:
+        call: one attempt (a download, an upload, a listing).
+        url: the object or prefix, for the message.
+        what: what the call does, for the message (``"downloading shard 3"``).
+        policy: tries and waits (default :class:`RetryPolicy`).
+        sleep, rng: injected by tests.
+
+    Raises:
+        RemoteError: every try failed with a transient error; names ``url``, the tries and the last error.
+        Exception: the first non-transient error, as it is (a missing object, a refused credential).
+    """
+    policy = policy or RetryPolicy()
+    delays = policy.delays(rng)
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            return call()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            delay = next(delays, None)
+            if delay is None:
+                raise RemoteError(
+                    f"{what} ({url}) failed {tries} time{'s' if tries > 1 else ''}; the last error: "
+                    f"{type(exc).__name__}: {exc}. The storage service is unreachable, throttling or failing: "
+                    "check the endpoint and the network, then rerun (a prepare upload resumes with --resume).",
+                    url,
+                ) from exc
+            sleep(delay)

@@ -1,0 +1,114 @@
+"""Which storage errors are retried, how long the waits are, and the error after the last try."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from shardload.errors import RemoteError
+from shardload.remote import RetryPolicy, is_transient, with_retries
+
+
+class _ClientError(Exception):
+    """Shaped like botocore's ClientError: a response dict with a code and a status."""
+
+    def __init__(self, code: str, status: int) -> None:
+        super().__init__(f"An error occurred ({code})")
+        self.response = {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}
+
+
+class _ResponseError(Exception):
+    """Shaped like aiohttp's ClientResponseError: a ``status`` attribute."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"status {status}")
+        self.status = status
+
+
+def _wrapped(inner: BaseException) -> OSError:
+    try:
+        raise inner
+    except BaseException as exc:  # noqa: BLE001
+        try:
+            raise OSError("wrapped by the filesystem") from exc
+        except OSError as outer:
+            return outer
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (TimeoutError(), True),
+        (ConnectionResetError(), True),
+        (_ClientError("SlowDown", 503), True),
+        (_ClientError("InternalError", 500), True),
+        (_ClientError("NoSuchKey", 404), False),
+        (_ClientError("AccessDenied", 403), False),
+        (_ResponseError(503), True),
+        (_ResponseError(429), True),
+        (_ResponseError(404), False),
+        (_wrapped(_ClientError("SlowDown", 503)), True),
+        (_wrapped(ValueError("bad")), False),
+        (FileNotFoundError("s3://bucket/x"), False),
+        (PermissionError("denied"), False),
+        (ValueError("a bug"), False),
+    ],
+)
+def test_transient_or_not(exc: BaseException, expected: bool) -> None:
+    assert is_transient(exc) is expected
+
+
+def test_retries_until_success_with_growing_waits() -> None:
+    waits: list[float] = []
+    calls = iter([TimeoutError(), _ClientError("SlowDown", 503), "ok"])
+
+    def call() -> str:
+        item = next(calls)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    policy = RetryPolicy(tries=5, base_delay=1.0, max_delay=100.0, jitter=0.0)
+    assert with_retries(call, url="s3://b/k", what="reading k", policy=policy, sleep=waits.append) == "ok"
+    assert waits == [1.0, 2.0]
+
+
+def test_last_error_names_url_and_tries() -> None:
+    waits: list[float] = []
+
+    def call() -> None:
+        raise _ResponseError(503)
+
+    with pytest.raises(RemoteError, match=r"reading k \(s3://b/k\) failed 3 times.*503") as info:
+        with_retries(call, url="s3://b/k", what="reading k", policy=RetryPolicy(tries=3), sleep=waits.append)
+    assert info.value.url == "s3://b/k"
+    assert len(waits) == 2
+    assert isinstance(info.value, OSError)
+
+
+def test_permanent_error_is_not_retried() -> None:
+    calls = []
+
+    def call() -> None:
+        calls.append(1)
+        raise FileNotFoundError("s3://b/missing")
+
+    with pytest.raises(FileNotFoundError):
+        with_retries(call, url="s3://b/missing", what="reading", sleep=lambda s: None)
+    assert calls == [1]
+
+
+def test_jitter_stays_in_bounds_and_caps() -> None:
+    policy = RetryPolicy(tries=12, base_delay=0.5, max_delay=4.0, jitter=0.5)
+    waits = list(policy.delays(random.Random(0)))
+    assert len(waits) == 11
+    for k, w in enumerate(waits):
+        cap = min(4.0, 0.5 * 2**k)
+        assert cap / 2 <= w <= cap
+
+
+@pytest.mark.parametrize("bad", [{"tries": 0}, {"jitter": 1.5}, {"base_delay": -1.0}])
+def test_policy_refuses_nonsense(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        RetryPolicy(**bad)  # type: ignore[arg-type]
