@@ -1,0 +1,214 @@
+"""A fault-injecting HTTP proxy on 127.0.0.1, in front of the test S3 or HTTP server.
+
+Requests pass through unchanged (the ``Host`` header included, so S3 signatures
+stay valid) unless a fault was injected for them; each injected fault hits the
+next ``times`` matching requests, then the proxy is transparent again::
+
+    with FaultProxy(s3.endpoint) as proxy:
+        proxy.inject("503", path=r"shards/", times=2)   # two S3 SlowDown answers
+        proxy.inject("corrupt", method="GET", path=r"\\.arrow$")
+        ...  # point the client at proxy.url
+        assert proxy.hits("503") == 2
+
+Faults:
+    ``"503"``: an S3 ``SlowDown`` error (status 503, XML body), upstream not asked.
+    ``"500"``: an S3 ``InternalError`` (status 500).
+    ``"stall"``: wait ``stall_s`` seconds, then answer normally (a client timeout shorter than that fires).
+    ``"drop"``: close the connection without any answer.
+    ``"truncate"``: send the headers with the full length, half the body, then close.
+    ``"corrupt"``: answer normally with one byte of the body changed (same length).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import http.server
+import re
+import socket
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from types import TracebackType
+
+FAULTS = ("503", "500", "stall", "drop", "truncate", "corrupt")
+_ERROR_BODIES = {
+    "503": (503, "SlowDown", "Please reduce your request rate."),
+    "500": (500, "InternalError", "We encountered an internal error. Please try again."),
+}
+# hop-by-hop headers and those the proxy recomputes
+_SKIP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection"}
+
+
+@dataclass
+class _Fault:
+    kind: str
+    method: str | None
+    path: re.Pattern[str]
+    times: int
+    stall_s: float
+    hits: int = 0
+
+
+@dataclass
+class Request:
+    """One request the proxy saw, and the fault it got (``None``: passed through)."""
+
+    method: str
+    path: str
+    fault: str | None
+
+
+@dataclass
+class _State:
+    upstream: tuple[str, int]
+    faults: list[_Fault] = field(default_factory=list)
+    log: list[Request] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, method: str, path: str) -> _Fault | None:
+        with self.lock:
+            for f in self.faults:
+                if f.hits < f.times and (f.method is None or f.method == method) and f.path.search(path):
+                    f.hits += 1
+                    self.log.append(Request(method, path, f.kind))
+                    return f
+            self.log.append(Request(method, path, None))
+            return None
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    state: _State  # set on the subclass made per proxy
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = bytearray()
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return bytes(out)
+                out += self.rfile.read(size)
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _forward(self) -> None:
+        body = self._body()
+        fault = self.state.take(self.command, urllib.parse.urlsplit(self.path).path)
+        kind = fault.kind if fault else None
+        if kind == "drop":
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if kind in _ERROR_BODIES:
+            status, code, text = _ERROR_BODIES[kind]
+            xml = (
+                f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{text}</Message>'
+                f"<Resource>{self.path}</Resource></Error>"
+            ).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(xml) if self.command != "HEAD" else 0))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(xml)
+            return
+        if kind == "stall" and fault is not None:
+            time.sleep(fault.stall_s)
+        status, headers, payload = self._upstream(body)
+        if kind == "corrupt" and payload:
+            i = len(payload) // 2
+            payload = payload[:i] + bytes([payload[i] ^ 0xFF]) + payload[i + 1 :]
+        self.send_response(status)
+        for name, value in headers:
+            if name.lower() not in _SKIP_HEADERS:
+                self.send_header(name, value)
+        length = int(dict((k.lower(), v) for k, v in headers).get("content-length", len(payload)))
+        self.send_header("Content-Length", str(length if self.command == "HEAD" else len(payload)))
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        if kind == "truncate":
+            self.wfile.write(payload[: len(payload) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.wfile.write(payload)
+
+    def _upstream(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        host, port = self.state.upstream
+        conn = http.client.HTTPConnection(host, port, timeout=60)
+        try:
+            conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+            for name, value in self.headers.items():
+                if name.lower() not in _SKIP_HEADERS:
+                    conn.putheader(name, value)
+            conn.putheader("Content-Length", str(len(body)))
+            conn.endheaders(body)
+            resp = conn.getresponse()
+            payload = resp.read()
+            return resp.status, resp.getheaders(), payload
+        finally:
+            conn.close()
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+
+class FaultProxy:
+    """A proxy on 127.0.0.1 in front of ``upstream`` (``http://127.0.0.1:PORT``), faults on demand."""
+
+    def __init__(self, upstream: str) -> None:
+        parts = urllib.parse.urlsplit(upstream)
+        if parts.hostname not in ("127.0.0.1", "localhost") or parts.port is None:
+            raise ValueError(f"the fault proxy only fronts servers on 127.0.0.1, got {upstream}")
+        self._state = _State(("127.0.0.1", parts.port))
+        handler = type("Handler", (_Handler,), {"state": self._state})
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def inject(
+        self, kind: str, *, method: str | None = None, path: str = "", times: int = 1, stall_s: float = 5.0
+    ) -> None:
+        """Make the next ``times`` requests whose path matches ``path`` (a regex) get fault ``kind``."""
+        if kind not in FAULTS:
+            raise ValueError(f"unknown fault {kind!r}; one of {FAULTS}")
+        with self._state.lock:
+            self._state.faults.append(_Fault(kind, method, re.compile(path), times, stall_s))
+
+    def clear(self) -> None:
+        """Forget the faults not yet used, and the request log."""
+        with self._state.lock:
+            self._state.faults.clear()
+            self._state.log.clear()
+
+    @property
+    def requests(self) -> list[Request]:
+        """Every request seen so far, in order."""
+        with self._state.lock:
+            return list(self._state.log)
+
+    def hits(self, kind: str | None = None) -> int:
+        """Requests that got fault ``kind`` (any fault if ``None``)."""
+        return sum(1 for r in self.requests if r.fault is not None and (kind is None or r.fault == kind))
+
+    def __enter__(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._server.shutdown()
+        self._server.server_close()
