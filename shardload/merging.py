@@ -43,7 +43,9 @@ from shardload.origin import ORIGINS_NAME, read_origins, write_merged_origins
 from shardload.output import OutputLock, atomic_file, withdraw_index
 from shardload.prepare.index import length_stats
 from shardload.prepare.parts import PART_NAME, PARTS_DIR, part_name
+from shardload.prepare.remote import refuse_remote_parts
 from shardload.prepare.workdir import LOCK, WORK, recorded_failure
+from shardload.remote.url import is_remote
 from shardload.setfiles import open_index
 
 __all__ = ["MergeResult", "merge"]
@@ -94,8 +96,11 @@ def merge(out: str | os.PathLike[str]) -> MergeResult:
             of another, or differs in schema or options (naming it); or ``out``
             holds something a merge would replace (a set prepared in one run).
         OutputLockedError: a prepare or another merge is writing into ``out``.
+        OutputError: ``out`` is a URL (parts are merged on a file system; see :mod:`shardload.prepare.remote`).
     """
     started = time.perf_counter()
+    if is_remote(out):
+        refuse_remote_parts(os.fsdecode(out))
     root = Path(out)
     if not (root / PARTS_DIR).is_dir():
         raise MergeError(

@@ -42,6 +42,8 @@ from shardload.output import withdraw_index
 from shardload.prepare import PrepareOptions
 from shardload.prepare.parts import PART_NAME, PARTS_DIR, part_name, part_record
 from shardload.prepare.pipeline import run_prepare
+from shardload.prepare.remote import refuse_remote_parts
+from shardload.remote.url import is_remote
 
 try:
     # Importing Ray adds warning filters; the caller's stay as they were (a library sets none).
@@ -75,6 +77,7 @@ class ShardSink(Datasink["dict[str, Any] | None"]):
     Raises:
         InputError: an invalid option (when the sink is made, on the driver).
         OutputExistsError: ``out`` already holds a set or parts, without ``overwrite`` (when the write starts).
+        OutputError: ``out`` is a URL: a sink writes parts, which are merged on a shared file system.
     """
 
     def __init__(self, out: str | os.PathLike[str], *, overwrite: bool = False, **options: Any) -> None:
@@ -85,6 +88,8 @@ class ShardSink(Datasink["dict[str, Any] | None"]):
                 "(pass overwrite=True to replace one)"
             )
         PrepareOptions(**options)  # invalid options are refused here, on the driver, before any task runs
+        if is_remote(out):
+            refuse_remote_parts(os.fsdecode(out), "ShardSink (one part per task, merged on the driver)")
         self.out = Path(out)
         self.overwrite = overwrite
         self.options = dict(options)

@@ -6,7 +6,9 @@ are checked against the schema of the first one, shuffled across shards once
 (seeded), and written in parallel. An interrupted run is finished with --resume;
 an existing shard set is replaced only with --overwrite, and only once the new
 one is complete. --map applies a Python function to every sample as it is read
-(to tokenize text, filter or split records).
+(to tokenize text, filter or split records). With a URL as OUT (s3://bucket/prefix/set),
+the set is prepared in a local staging directory and uploaded, manifest.json last
+(credentials and endpoint from the environment: AWS_* variables, config files).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ EPILOG = """examples:
   shardload prepare data/*.npy -o out/ --resume      # finish an interrupted run
   shardload prepare data/*.npy -o out/ --format zarr --compression zstd --compression-level 5
   shardload prepare data/*.parquet -o out/ --part 3/8   # part 3 of 8 (one machine each), then: shardload merge out/
+  shardload prepare data/*.parquet -o s3://bucket/sets/v1 --staging /scratch/stage   # staged, then uploaded
 
 """ + python_hint(
     "import shardload",
@@ -39,7 +42,13 @@ EPILOG = """examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("sources", nargs="+", metavar="SOURCE", help="input files, directories, globs or brace patterns")
-    p.add_argument("-o", "--output", required=True, metavar="OUT", help="the shard set directory to create")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUT",
+        help="the shard set directory to create, or a URL (s3://bucket/prefix/set): staged locally, then uploaded",
+    )
     src = p.add_argument_group("reading the sources")
     src.add_argument("--source-format", metavar="KIND", help=f"source kind instead of detecting it ({_kinds()})")
     src.add_argument(
@@ -128,6 +137,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode = run_.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", default=None, help="finish an interrupted run into OUT")
     mode.add_argument("--overwrite", action="store_true", default=None, help="replace a shard set already in OUT")
+    run_.add_argument(
+        "--staging",
+        metavar="DIR",
+        help="with a URL as OUT: prepare in DIR, then upload (default: $SHARDLOAD_CACHE_DIR/staging/..., "
+        "~/.cache/shardload/staging/...); it needs room for the whole set",
+    )
+    run_.add_argument(
+        "--keep-staging", action="store_true", help="with a URL as OUT: keep the staged set after the upload"
+    )
     run_.add_argument("--no-progress", action="store_true", help="no progress bar (log lines instead)")
     run_.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
 
@@ -173,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
         allow_pickle=args.allow_pickle,
         part=args.part,
         unit_bytes=args.unit_size,
+        staging=args.staging,
+        keep_staging=args.keep_staging,
         **options,
     )
     if args.json:
@@ -185,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
         f"{format_bytes(result.bytes)}, {result.tokens:,} tokens "
         f"({result.seconds:.1f} s, {result.input_mb_per_s:.1f} MB/s, {result.samples_per_s:,.0f} samples/s)"
     )
+    if result.uploaded_bytes:
+        print(f"uploaded {format_bytes(result.uploaded_bytes)} to {result.path}")
     if result.dropped:
         print(f"the map dropped {result.dropped:,} records (it returned None or an empty list for them)")
     if result.skipped_files:

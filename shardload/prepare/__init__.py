@@ -3,7 +3,8 @@
 ``prepare(sources, out)`` reads files (``.npy``, ``.npz``, Parquet, Arrow,
 JSON Lines, WebDataset tars); ``write(samples, out)`` takes any Python
 iterable of sample dicts. Both run the same resumable pipeline
-(:mod:`shardload.prepare.pipeline`).
+(:mod:`shardload.prepare.pipeline`); with a URL as ``out`` (``s3://...``), into a
+local staging directory first, then uploaded (:mod:`shardload.prepare.remote`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shardload.errors import InputError
+from shardload.prepare.fingerprint import fingerprint_units
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.parts import parse_part, part_dir, refuse_part_into_single_set, refuse_resume_of_merged
 from shardload.prepare.pipeline import PrepareResult, run_prepare
+from shardload.prepare.remote import prepare_to_url, refuse_remote_parts, staging_dir
 from shardload.prepare.sources import SKIP_REASONS, SourceOptions, discover
+from shardload.remote.retry import RetryPolicy
+from shardload.remote.url import is_remote
 
 logger = logging.getLogger("shardload.prepare")
 
@@ -35,13 +40,19 @@ def prepare(
     max_record_bytes: int | None = None,
     part: str | tuple[int, int] | None = None,
     unit_bytes: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    staging: str | os.PathLike[str] | None = None,
+    keep_staging: bool = False,
+    retry: RetryPolicy | None = None,
     **options: Any,
 ) -> PrepareResult:
     """Prepare a shard set from files on disk.
 
     Args:
         sources: files, directories, globs or brace patterns (``data-{000..009}.tar``).
-        out: the shard set directory to create.
+        out: the shard set directory to create, or a URL (``s3://bucket/prefix/set``, any fsspec URL): the
+            set is then prepared in a local staging directory and uploaded, ``manifest.json`` last
+            (:mod:`shardload.prepare.remote`).
         source_format: force a source kind instead of detecting it by suffix.
         field: field name for ``.npy`` files (one unnamed array per file;
             default ``data``). Refused when no source is a ``.npy`` file: other
@@ -59,19 +70,30 @@ def prepare(
             byte ranges at line boundaries, Parquet by row groups, Arrow IPC
             files by record batches). The samples, their order and the shards
             do not depend on ``workers``.
+        storage_options: with a URL ``out``: fsspec's options (credentials, ``client_kwargs={"endpoint_url":
+            ...}``); default: the environment's (``AWS_*`` variables, config files).
+        staging: with a URL ``out``: the local directory to prepare in (default
+            ``$SHARDLOAD_CACHE_DIR/staging/<sha256(url)[:16]>``, ``~/.cache/shardload`` without the variable);
+            it needs room for the whole set.
+        keep_staging: with a URL ``out``: keep the staged set once the upload is complete.
+        retry: with a URL ``out``: retries of every call to the store (default :class:`RetryPolicy`).
         **options: see :class:`PrepareOptions` (``num_shards``, ``shuffle``, ``workers``, ...).
 
     Examples:
         >>> shardload.prepare("data/*.parquet", "out/", workers=4)  # doctest: +SKIP
+        >>> shardload.prepare("data/*.parquet", "s3://bucket/sets/v1", workers=4)  # doctest: +SKIP
         >>> shardload.prepare("corpus/*.jsonl", "out/", map=mytok.encode, workers=4)  # doctest: +SKIP
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     opts = PrepareOptions(**_tupled(options))
     which = None if part is None else parse_part(part)
-    if which is None and opts.resume:
+    remote = is_remote(out)
+    if remote and which is not None:
+        refuse_remote_parts(os.fsdecode(out))
+    if not remote and which is None and opts.resume:
         refuse_resume_of_merged(out)
-    if which is not None:
+    if not remote and which is not None:
         refuse_part_into_single_set(out, *which)
     bound: dict[str, Any] = {} if max_record_bytes is None else {"max_record_bytes": max_record_bytes}
     if unit_bytes is not None:
@@ -85,7 +107,8 @@ def prepare(
         **bound,
     )
     skipped: dict[str, list[str]] = {}
-    units = discover(list(sources), source_format=source_format, options=source_options, skipped=skipped, output=out)
+    local = staging_dir(os.fsdecode(out), staging) / "set" if remote else out
+    units = discover(list(sources), source_format=source_format, options=source_options, skipped=skipped, output=local)
     if field is not None and not any(u.kind == "npy" for u in units):
         kinds = ", ".join(sorted({u.kind for u in units}))
         raise InputError(
@@ -95,15 +118,41 @@ def prepare(
     for reason, files in skipped.items():
         logger.info("skipped %d %s, not data: %s", len(files), SKIP_REASONS[reason], ", ".join(files[:5]))
     describe = {"source_format": source_format, "field": field or "data", "allow_pickle": allow_pickle}
-    target = out if which is None else part_dir(out, *which)
-    result = run_prepare(
-        target, options=opts, units=units, source_options=source_options, describe=describe, part=which
-    )
+    if remote:
+        result = prepare_to_url(
+            os.fsdecode(out),
+            lambda target: run_prepare(
+                target, options=opts, units=units, source_options=source_options, describe=describe
+            ),
+            opts,
+            sources={"units": [u.describe() for u in units], "inputs": fingerprint_units(units), **describe},
+            storage_options=storage_options,
+            staging=staging,
+            keep_staging=keep_staging,
+            retry=retry,
+        )
+    else:
+        target = out if which is None else part_dir(out, *which)
+        result = run_prepare(
+            target, options=opts, units=units, source_options=source_options, describe=describe, part=which
+        )
     return dataclasses.replace(result, skipped={k: len(v) for k, v in skipped.items()})
 
 
-def write(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike[str], **options: Any) -> PrepareResult:
+def write(
+    samples: Iterable[Mapping[str, Any]],
+    out: str | os.PathLike[str],
+    *,
+    storage_options: dict[str, Any] | None = None,
+    staging: str | os.PathLike[str] | None = None,
+    keep_staging: bool = False,
+    retry: RetryPolicy | None = None,
+    **options: Any,
+) -> PrepareResult:
     """Write a shard set from an iterable of samples (dicts of numpy arrays).
+
+    ``out`` may be a URL, as for :func:`prepare` (with ``storage_options``,
+    ``staging``, ``keep_staging`` and ``retry`` as there).
 
     With ``resume=True`` the iterable must yield the same samples in the same
     order as in the interrupted run: samples already staged are skipped.
@@ -133,6 +182,17 @@ def write(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike[str], **o
             "pass a list or generator of samples, e.g. write([{'tokens': array}], out)"
         ) from None
     opts = PrepareOptions(**_tupled(options))
+    if is_remote(out):
+        return prepare_to_url(
+            os.fsdecode(out),
+            lambda target: run_prepare(target, options=opts, samples=samples),
+            opts,
+            sources="the samples given to write()",
+            storage_options=storage_options,
+            staging=staging,
+            keep_staging=keep_staging,
+            retry=retry,
+        )
     return run_prepare(out, options=opts, samples=samples)
 
 

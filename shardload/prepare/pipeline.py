@@ -69,6 +69,7 @@ logger = logging.getLogger("shardload.prepare")
 class PrepareResult:
     """What a prepare run produced (also the CLI's ``--json`` summary)."""
 
+    #: the set: its directory, or its URL when the output is object storage
     path: str
     samples: int
     shards: int
@@ -84,6 +85,8 @@ class PrepareResult:
     warnings: tuple[str, ...] = ()
     #: records the map function dropped (it returned None or an empty list)
     dropped: int = 0
+    #: bytes this run uploaded, when the output is a URL (a resumed upload counts only what it put)
+    uploaded_bytes: int = 0
 
     @property
     def skipped_files(self) -> int:
@@ -338,11 +341,11 @@ def run_prepare(
         units = split_units(units, num_parts)[k]
         if options.resume and finished_part(out, k, num_parts, run):
             logger.info("%s: this part was complete already; nothing to resume", out)
-            return _result(Path(out), 0.0, 0)
+            return result_of(Path(out), 0.0, 0)
     with WorkDir(out, resume=options.resume, overwrite=options.overwrite) as wd:
         if wd.committing:  # killed during the commit: everything is built, finish moving it in
             _finish_commit(wd)
-            return _result(wd.out, 0.0, 0)
+            return result_of(wd.out, 0.0, 0)
         if inferred is None:  # another run finished that commit while this one waited for the lock
             raise OutputError(f"{wd.out}: another prepare changed this directory meanwhile; run this one again")
         schema, located = inferred
@@ -378,7 +381,7 @@ def run_prepare(
             guards.check_new_set(wd)
             wd.commit([*files.values(), "origin.npy", origins])
         dropped = sum(r.dropped for r in records)
-        return _result(wd.out, time.perf_counter() - started, in_bytes, dropped)
+        return result_of(wd.out, time.perf_counter() - started, in_bytes, dropped)
 
 
 def _infer_schema(
@@ -479,7 +482,8 @@ def _finish_commit(wd: WorkDir) -> None:
     wd.commit(names)
 
 
-def _result(out: Path, seconds: float, in_bytes: int, dropped: int = 0) -> PrepareResult:
+def result_of(out: Path, seconds: float, in_bytes: int, dropped: int = 0) -> PrepareResult:
+    """The result of a run that committed the set in ``out`` (read from its manifest)."""
     m = Manifest.load(out)
     size = sum(s.bytes for s in m.shards)
     dt = max(seconds, 1e-9)
@@ -506,4 +510,4 @@ def _result(out: Path, seconds: float, in_bytes: int, dropped: int = 0) -> Prepa
     )
 
 
-__all__ = ["PrepareResult", "run_prepare"]
+__all__ = ["PrepareResult", "result_of", "run_prepare"]

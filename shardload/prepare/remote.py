@@ -1,0 +1,190 @@
+"""``prepare``/``write`` into object storage: prepare in a local staging directory, then upload.
+
+Where it sits: around the pipeline (:mod:`shardload.prepare.pipeline`), when
+the output is a URL (``s3://bucket/prefix/set``, any fsspec URL). The run:
+
+1. **check the URL** before anything else, so that a wrong bucket, a refused
+   credential or a set already there is reported before hours of work: the
+   objects under the URL are listed (:meth:`~shardload.remote.upload.SetUploader.check_target`).
+2. **stage**: the ordinary pipeline prepares and commits the set in
+   ``STAGING/set`` (its own lock, ``--resume`` and ``--overwrite``), where
+   ``STAGING`` is ``--staging DIR`` or ``$SHARDLOAD_CACHE_DIR/staging/<sha256(url)[:16]>``
+   (``~/.cache/shardload`` when the variable is unset). It must have room for the whole set.
+3. **upload** (:meth:`~shardload.remote.upload.SetUploader.upload_set`): shards,
+   then the lengths indexes and origins, then ``manifest.json`` last.
+4. **clean up**: ``STAGING`` is removed once the upload is complete (kept with ``keep_staging``).
+
+``STAGING`` also holds ``run.json`` (the URL, options and sources of the run,
+to tell on ``--resume`` that a finished staged set is of the same run),
+``uploaded.log`` (:class:`~shardload.remote.upload.UploadRecord`) and
+``.upload.lock`` (one run per staging directory at a time).
+
+``--resume`` after a run killed while staging resumes the staging as a local
+``--resume`` does; after a run killed while uploading, it finds the staged set
+complete and uploads what the record does not show as uploaded, manifest last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from shardload.errors import OutputError, OutputExistsError
+from shardload.manifest import MANIFEST_NAME
+from shardload.output import OutputLock, atomic_write_text
+from shardload.prepare.options import PrepareOptions
+from shardload.prepare.pipeline import PrepareResult, result_of
+from shardload.prepare.workdir import WORK
+from shardload.remote.retry import RetryPolicy
+from shardload.remote.upload import SetUploader, UploadRecord
+
+__all__ = ["prepare_to_url", "refuse_remote_parts", "staging_dir"]
+
+#: the environment variable naming shardload's cache directory (default ``~/.cache/shardload``)
+CACHE_DIR_VAR = "SHARDLOAD_CACHE_DIR"
+_RUN, _RECORD, _LOCK, _SET = "run.json", "uploaded.log", ".upload.lock", "set"
+
+
+def staging_dir(url: str, staging: str | os.PathLike[str] | None = None) -> Path:
+    """Where a run into ``url`` stages its set: ``staging`` if given, else one folder per URL in the cache."""
+    if staging is not None:
+        return Path(staging)
+    cache = os.environ.get(CACHE_DIR_VAR) or os.path.join(os.path.expanduser("~"), ".cache", "shardload")
+    return Path(cache) / "staging" / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+
+
+def refuse_remote_parts(url: str, what: str = "parts (--part K/N, shardload merge)") -> None:
+    """Refuse ``--part K/N``, a merge or a Ray sink (whatever writes parts) with a URL as the output.
+
+    Parts are merged by writing a manifest that names every part's shards, which
+    needs the parts' files where the merge runs; that is not done over a URL.
+
+    Raises:
+        OutputError: naming the URL and what to do instead.
+    """
+    raise OutputError(
+        f"{url}: {what} need an output directory every machine can write, not a URL: "
+        "prepare the parts into a shared file system and merge them there, or prepare the whole set in one run "
+        f"with -o {url}"
+    )
+
+
+def prepare_to_url(
+    url: str,
+    stage: Callable[[Path], PrepareResult],
+    options: PrepareOptions,
+    *,
+    sources: Any,
+    storage_options: Mapping[str, Any] | None = None,
+    staging: str | os.PathLike[str] | None = None,
+    keep_staging: bool = False,
+    retry: RetryPolicy | None = None,
+) -> PrepareResult:
+    """Prepare into a staging directory with ``stage(local_out)``, then upload the set to ``url``.
+
+    Args:
+        url: where the set goes (``s3://bucket/prefix/set``).
+        stage: runs the pipeline into the given local directory (with ``options``).
+        options: the run's options (``resume``, ``overwrite`` and ``progress`` apply to the upload too).
+        sources: what the run reads, as JSON (compared on ``--resume`` with the staged set's).
+        storage_options: fsspec's options (credentials, endpoint); default: the environment's.
+        staging: the staging directory (see :func:`staging_dir`).
+        keep_staging: keep the staged set after the upload.
+        retry: retries of every call to the store.
+
+    Returns:
+        the staged run's result, with ``path`` the URL and ``uploaded_bytes`` what this run uploaded.
+
+    Raises:
+        OutputExistsError: the URL holds a set (without ``overwrite``), an unfinished upload (without
+            ``resume`` or ``overwrite``) or objects of something else.
+        OutputError: the store refused the credentials, has no such bucket, or the staged set is of another run.
+        RemoteError: a call kept failing after every retry (a rerun with ``resume`` goes on).
+    """
+    url = url.rstrip("/")
+    uploader = SetUploader(url, storage_options=storage_options, policy=retry, progress=options.progress)
+    root = staging_dir(url, staging)
+    local = root / _SET
+    # a run into this URL was staged (whole or in part): --resume finishes it, even over an old set that an
+    # interrupted --overwrite had not yet replaced
+    staged = _staged_url(root) == url and ((local / WORK).exists() or (local / MANIFEST_NAME).exists())
+    objects = uploader.listing()
+    if MANIFEST_NAME in objects and options.resume and not staged:
+        raise OutputExistsError(
+            f"{url}: already holds a shard set and no staged run to resume in {root}: the run finished. Pass "
+            "--overwrite to replace it, or choose another URL."
+        )
+    uploader.check_target(objects, resume=options.resume, overwrite=options.overwrite)
+    _make_dir(root, url)
+    lock = OutputLock(
+        root / _LOCK,
+        busy=f"{root}: another prepare is staging or uploading a set here right now; wait for it, or pass another --staging",
+    )
+    lock.acquire()
+    try:
+        identity = json.loads(
+            json.dumps({"url": url, "options": options.layout_key(), "sources": sources}, default=str)
+        )
+        if options.resume and (local / MANIFEST_NAME).exists() and not (local / WORK).exists():
+            _check_same_run(root, identity)
+            result = result_of(local, 0.0, 0)
+        else:
+            atomic_write_text(root / _RUN, json.dumps(identity, sort_keys=True))
+            result = stage(local)
+        record = UploadRecord(root / _RECORD, local / MANIFEST_NAME, fresh=options.overwrite)
+        uploaded = uploader.upload_set(local, record)
+    finally:
+        lock.release(remove=False)
+    if not keep_staging:
+        _remove_staging(root, local)
+    return dataclasses.replace(result, path=url, uploaded_bytes=uploaded)
+
+
+def _make_dir(root: Path, url: str) -> None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(
+            f"{root}: cannot create the staging directory of {url} ({exc.strerror or exc}); pass --staging DIR "
+            "(staging=) on a disk with room for the whole set"
+        ) from None
+
+
+def _staged_url(root: Path) -> str | None:
+    """The URL of the run staged in ``root`` (None if none is recorded)."""
+    try:
+        url = json.loads((root / _RUN).read_text(encoding="utf-8")).get("url")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return url if isinstance(url, str) else None
+
+
+def _check_same_run(root: Path, identity: dict[str, Any]) -> None:
+    """Refuse to upload a finished staged set that another run (other URL, options or sources) made."""
+    try:
+        old = json.loads((root / _RUN).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        old = None
+    if old != identity:
+        diff = sorted(k for k in identity if not isinstance(old, dict) or old.get(k) != identity[k])
+        raise OutputError(
+            f"{root / _SET}: the staged set was prepared by another run ({', '.join(diff) or 'its record'} "
+            "differ); rerun it exactly as before with --resume, or use --overwrite to start over"
+        )
+
+
+def _remove_staging(root: Path, local: Path) -> None:
+    """Remove what the run staged (best effort: a leftover staging directory never blocks a later run)."""
+    shutil.rmtree(local, ignore_errors=True)
+    for name in (_RUN, _RECORD, _LOCK):
+        (root / name).unlink(missing_ok=True)
+    try:
+        root.rmdir()  # only if empty: what else is in a --staging directory stays
+    except OSError:
+        pass

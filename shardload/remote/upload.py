@@ -1,0 +1,315 @@
+"""Uploading a finished local shard set to object storage: shards first, ``manifest.json`` last.
+
+Where it sits: the last step of ``prepare -o s3://...`` (see
+:mod:`shardload.prepare.remote`), after the set was prepared and committed in
+a local staging directory. The rules of :mod:`shardload.output` carried over to
+a store that has no rename:
+
+* **The index last.** A reader opens a remote set by reading its
+  ``manifest.json`` first, so the manifest is put only once every shard, the
+  lengths indexes and the origins are in place; an interrupted upload never
+  looks like a set. Over an old set (``overwrite``), the old manifest is
+  deleted *before* the first new object is put, so that no reader opens a mix;
+  the old set's objects that the new one does not have are deleted *after* the
+  new manifest is in place (no manifest names them then; until then they are
+  just unnamed objects, so removing them earlier would gain nothing).
+* **Whole objects only.** A PUT either creates the whole object or none
+  (S3, GCS and Azure alike), so an object that is there with the size the
+  staged file has is complete.
+* **Resumable.** Each finished upload is appended to a record in the staging
+  directory (:class:`UploadRecord`), tied to the staged manifest's digest. A
+  resumed upload skips an object only when the record names it *and* the store
+  has it with the right size (and, where the store's ETag is a plain MD5, the
+  right MD5). The record is what makes size enough: without it, an object left
+  by an interrupted ``--overwrite`` could be a shard of the *old* set with the
+  same name and, by chance, the same size.
+
+Every call to the store goes through :func:`~shardload.remote.retry.with_retries`;
+an error that retrying cannot help (a refused credential, a missing bucket) becomes
+an :class:`~shardload.errors.OutputError` naming the URL and what to check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from shardload.errors import OutputError, OutputExistsError, ShardloadError
+from shardload.manifest import MANIFEST_NAME
+from shardload.origin import ORIGINS_NAME
+from shardload.prepare.faults import crash_point
+from shardload.progress import Progress
+from shardload.remote.retry import RetryPolicy, with_retries
+from shardload.remote.url import join_url, open_filesystem
+
+__all__ = ["RemoteObject", "SetUploader", "UploadRecord", "is_owned"]
+
+logger = logging.getLogger("shardload.prepare")
+
+T = TypeVar("T")
+
+#: uploads in flight at once
+UPLOAD_THREADS = 4
+_MD5 = re.compile(r"^[0-9a-f]{32}$")
+_LENGTHS = re.compile(r"^lengths(\.[^/]+)?\.npy$")
+
+
+def is_owned(name: str) -> bool:
+    """Whether ``name`` (relative to a set's root) is an object a shard set owns and an overwrite replaces."""
+    return (
+        name == MANIFEST_NAME
+        or name.startswith("shards/")
+        or name in ("origin.npy", ORIGINS_NAME)
+        or bool(_LENGTHS.match(name))
+    )
+
+
+@dataclass(frozen=True)
+class RemoteObject:
+    """One object under the set's URL, as the store lists it."""
+
+    size: int
+    #: the plain MD5 of the content where the store's ETag is one (not for multipart uploads), else None
+    md5: str | None = None
+
+
+def _hint(exc: BaseException) -> str:
+    if isinstance(exc, PermissionError) or type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+        return (
+            "the store refused the credentials: check them (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile, "
+            "or storage_options=), the endpoint (AWS_ENDPOINT_URL) and that they may write under this prefix"
+        )
+    if isinstance(exc, FileNotFoundError):
+        return "the bucket (or container) does not exist: check its name and the endpoint (AWS_ENDPOINT_URL)"
+    return "check the URL, the credentials and the endpoint"
+
+
+class SetUploader:
+    """Lists, uploads and deletes the objects of one shard set at ``url``.
+
+    Args:
+        url: the set's URL (``s3://bucket/prefix/set``).
+        storage_options: passed to fsspec (credentials, ``client_kwargs={"endpoint_url": ...}``).
+        policy: retries of every call (default :class:`~shardload.remote.retry.RetryPolicy`).
+        progress: show an upload bar (``None``: when stderr is a terminal).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        policy: RetryPolicy | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.policy = policy
+        self.progress = progress
+        self.fs, path = open_filesystem(self.url, dict(storage_options or {}))
+        self.path = str(path).rstrip("/")
+
+    # -- calls ------------------------------------------------------------------------------------
+    def call(self, fn: Callable[[], T], name: str, what: str) -> T:
+        """``fn()`` (one call to the store about object ``name``), retried; a permanent failure as OutputError."""
+        url = join_url(self.url, name) if name else self.url
+        with self._errors(url, what):
+            return with_retries(fn, url=url, what=what, policy=self.policy)
+
+    @contextmanager
+    def _errors(self, url: str, what: str) -> Iterator[None]:
+        try:
+            yield
+        except ShardloadError:
+            raise
+        except Exception as exc:
+            raise OutputError(f"{url}: {what} failed ({type(exc).__name__}: {exc}); {_hint(exc)}") from exc
+
+    def listing(self) -> dict[str, RemoteObject]:
+        """Every object under the set's URL, by name relative to it (``shards/shard-000000.arrow``)."""
+
+        def find() -> dict[str, Any]:
+            self.fs.invalidate_cache(self.path)
+            return dict(self.fs.find(self.path, detail=True))
+
+        found = self.call(find, "", "listing the objects")
+        out = {}
+        prefix = self.path + "/"
+        for key, info in found.items():
+            if not key.startswith(prefix) or info.get("type", "file") != "file":
+                continue
+            etag = str(info.get("ETag") or info.get("etag") or "").strip('"').lower()
+            out[key[len(prefix) :]] = RemoteObject(int(info.get("size") or 0), etag if _MD5.match(etag) else None)
+        return out
+
+    def read_manifest(self) -> bytes:
+        """The bytes of the set's ``manifest.json``."""
+        data = self.call(lambda: self.fs.cat_file(self._key(MANIFEST_NAME)), MANIFEST_NAME, "reading the manifest")
+        return bytes(data)
+
+    def put(self, local: Path, name: str) -> None:
+        """Upload the file ``local`` as object ``name``."""
+        self.call(lambda: self.fs.put_file(str(local), self._key(name)), name, f"uploading {local.name}")
+
+    def delete(self, name: str) -> None:
+        """Delete object ``name`` (gone already is fine)."""
+
+        def rm() -> None:
+            try:
+                self.fs.rm_file(self._key(name))
+            except FileNotFoundError:
+                pass
+
+        self.call(rm, name, "deleting an object of the old set")
+
+    def _key(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    # -- checks -----------------------------------------------------------------------------------
+    def check_target(self, objects: Mapping[str, RemoteObject], *, resume: bool, overwrite: bool) -> None:
+        """Refuse a URL that holds a set or an unfinished upload (as the options say), or other objects.
+
+        With ``resume``, a set there is one an interrupted ``--overwrite`` had not yet replaced, or the one
+        the interrupted upload finished (the caller checks that a run into this URL was staged).
+
+        Raises:
+            OutputExistsError: naming the URL and the option that goes on.
+        """
+        if MANIFEST_NAME in objects:
+            if not (overwrite or resume):
+                raise OutputExistsError(
+                    f"{self.url}: already holds a shard set. Pass --overwrite to replace it (its manifest is "
+                    "deleted when the new upload starts), or choose another URL."
+                )
+            return
+        others = sorted(n for n in objects if not is_owned(n))
+        if others:
+            raise OutputExistsError(
+                f"{self.url}: holds objects that are not a shard set ({', '.join(others[:5])}...); refusing to "
+                "write among them. Choose an empty prefix."
+            )
+        if objects and not (resume or overwrite):
+            raise OutputExistsError(
+                f"{self.url}: holds the objects of an upload that did not finish (no {MANIFEST_NAME}): pass --resume "
+                "to finish it, or --overwrite to start over."
+            )
+
+    # -- the upload -------------------------------------------------------------------------------
+    def upload_set(self, local: Path, record: UploadRecord) -> int:
+        """Upload the finished set in ``local``; ``manifest.json`` last. Returns the bytes uploaded.
+
+        Objects that ``record`` names and the store holds whole are skipped. A
+        manifest already there (of an old set being replaced) is deleted first,
+        unless it is this set's own (an upload stopped after its manifest); the
+        objects of an old set that the new one lacks are deleted once the new
+        manifest is in place.
+        """
+        objects = self.listing()
+        if MANIFEST_NAME in objects and self.read_manifest() != (local / MANIFEST_NAME).read_bytes():
+            self.delete(MANIFEST_NAME)  # from here no reader opens the old set
+            crash_point("upload:old-invalidated")
+        files = _set_files(local)
+        todo = [(name, path) for name, path in files if not record.has(name, path, objects.get(name))]
+        total = sum(path.stat().st_size for _, path in todo)
+        bar = Progress("upload", total=total, unit="bytes", enabled=self.progress, log=logger.name)
+        lock = threading.Lock()
+        done = [0]
+
+        def one(item: tuple[str, Path]) -> int:
+            name, path = item
+            self.put(path, name)
+            size = path.stat().st_size
+            with lock:
+                record.add(name, size)
+                bar.update(0, size)
+                if name.startswith("shards/"):
+                    done[0] += 1
+                    crash_point(f"upload:{done[0]}")
+            return size
+
+        shards = [t for t in todo if t[0].startswith("shards/")]
+        rest = [t for t in todo if not t[0].startswith("shards/") and t[0] != MANIFEST_NAME]
+        try:
+            with ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="shardload-upload") as pool:
+                uploaded = sum(pool.map(one, shards))  # the first failure ends the upload (after those in flight)
+            uploaded += sum(one(t) for t in rest)
+            # The manifest goes last, and always: it is what makes the objects a set.
+            uploaded += one((MANIFEST_NAME, local / MANIFEST_NAME))
+        finally:
+            bar.close()
+        new = {name for name, _ in files}
+        for name in sorted(n for n in objects if is_owned(n) and n not in new):
+            self.delete(name)
+        return uploaded
+
+
+def _set_files(local: Path) -> list[tuple[str, Path]]:
+    """The files of the set in ``local`` as (object name, path): shards in order, then the rest, manifest last."""
+    files = []
+    for path in sorted(local.rglob("*")):
+        name = path.relative_to(local).as_posix()
+        if path.is_file() and not any(part.startswith(".") for part in name.split("/")) and name != MANIFEST_NAME:
+            files.append((name, path))
+    return [*files, (MANIFEST_NAME, local / MANIFEST_NAME)]
+
+
+class UploadRecord:
+    """The objects an upload of one staged set has finished, kept beside the staging for a resume.
+
+    A text file: a header line with the digest of the staged ``manifest.json``,
+    then one ``name size`` line per finished object, appended as each upload
+    finishes (a line cut by a kill is ignored). A record of another staged set
+    (its header differs) counts as empty.
+    """
+
+    def __init__(self, path: Path, manifest: Path, *, fresh: bool = False) -> None:
+        self.path = path
+        self.header = f"shardload-upload {hashlib.sha256(manifest.read_bytes()).hexdigest()}"
+        self.sizes: dict[str, int] = {} if fresh else self._read()
+        with open(self.path, "w", encoding="utf-8") as fh:
+            fh.write(self.header + "\n" + "".join(f"{n} {s}\n" for n, s in self.sizes.items()))
+
+    def _read(self) -> dict[str, int]:
+        try:
+            lines = self.path.read_text(encoding="utf-8").split("\n")
+        except (OSError, ValueError):
+            return {}
+        if not lines or lines[0] != self.header:
+            return {}
+        sizes = {}
+        for line in lines[1:-1]:  # the last one is "" after a whole line, or a line cut short
+            name, _, size = line.rpartition(" ")
+            if name and size.isdigit():
+                sizes[name] = int(size)
+        return sizes
+
+    def has(self, name: str, local: Path, remote: RemoteObject | None) -> bool:
+        """Whether object ``name`` was uploaded whole from ``local`` and is still there (no need to put it again)."""
+        size = local.stat().st_size
+        if name == MANIFEST_NAME or remote is None or self.sizes.get(name) != size or remote.size != size:
+            return False
+        return remote.md5 is None or remote.md5 == _md5(local)
+
+    def add(self, name: str, size: int) -> None:
+        """Record object ``name`` as uploaded whole."""
+        self.sizes[name] = size
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(f"{name} {size}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def _md5(path: Path) -> str:
+    h = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
