@@ -35,9 +35,7 @@ import hashlib
 import logging
 import os
 import re
-import threading
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,9 +153,15 @@ class SetUploader:
         data = self.call(lambda: self.fs.cat_file(self._key(MANIFEST_NAME)), MANIFEST_NAME, "reading the manifest")
         return bytes(data)
 
-    def put(self, local: Path, name: str) -> None:
-        """Upload the file ``local`` as object ``name``."""
-        self.call(lambda: self.fs.put_file(str(local), self._key(name)), name, f"uploading {local.name}")
+    def put_many(self, files: list[tuple[str, Path]]) -> None:
+        """Upload each ``(name, local file)`` of ``files`` as object ``name``, concurrently (one retried call)."""
+        names = [name for name, _ in files]
+        what = f"uploading {', '.join(Path(n).name for n in names)}"
+        self.call(
+            lambda: self.fs.put([str(p) for _, p in files], [self._key(n) for n in names], batch_size=len(files)),
+            names[0],
+            what,
+        )
 
     def delete(self, name: str) -> None:
         """Delete object ``name`` (gone already is fine)."""
@@ -220,29 +224,22 @@ class SetUploader:
         todo = [(name, path) for name, path in files if not record.has(name, path, objects.get(name))]
         total = sum(path.stat().st_size for _, path in todo)
         bar = Progress("upload", total=total, unit="bytes", enabled=self.progress, log=logger.name)
-        lock = threading.Lock()
-        done = [0]
-
-        def one(item: tuple[str, Path]) -> int:
-            name, path = item
-            self.put(path, name)
-            size = path.stat().st_size
-            with lock:
-                record.add(name, size)
-                bar.update(0, size)
-                if name.startswith("shards/"):
-                    done[0] += 1
-                    crash_point(f"upload:{done[0]}")
-            return size
-
         shards = [t for t in todo if t[0].startswith("shards/")]
         rest = [t for t in todo if not t[0].startswith("shards/") and t[0] != MANIFEST_NAME]
+        uploaded = 0
         try:
-            with ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="shardload-upload") as pool:
-                uploaded = sum(pool.map(one, shards))  # the first failure ends the upload (after those in flight)
-            uploaded += sum(one(t) for t in rest)
-            # The manifest goes last, and always: it is what makes the objects a set.
-            uploaded += one((MANIFEST_NAME, local / MANIFEST_NAME))
+            # Shards go UPLOAD_THREADS at a time, concurrently inside the filesystem's own event loop (one
+            # call, retried whole); the rest one by one; the manifest last, and always: it makes them a set.
+            batches = [shards[i : i + UPLOAD_THREADS] for i in range(0, len(shards), UPLOAD_THREADS)]
+            for batch in [*batches, *([t] for t in rest), [(MANIFEST_NAME, local / MANIFEST_NAME)]]:
+                self.put_many(batch)
+                for name, path in batch:
+                    size = path.stat().st_size
+                    record.add(name, size)
+                    bar.update(0, size)
+                    uploaded += size
+                    if name.startswith("shards/"):
+                        crash_point(f"upload:{len(record.sizes)}")
         finally:
             bar.close()
         new = {name for name, _ in files}
