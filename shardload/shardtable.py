@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import pyarrow as pa
@@ -89,7 +89,30 @@ class NameRule:
         return asdict(self)
 
 
-class ShardFiles(Sequence[str]):
+T = TypeVar("T")
+
+
+class _Lazy(Sequence[T]):
+    """A sequence whose items are made on access by :meth:`item` (from an index already in range)."""
+
+    def item(self, k: int) -> T:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, k: int) -> T: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[T]: ...
+    def __getitem__(self, k: int | slice) -> T | list[T]:
+        n = len(self)
+        if isinstance(k, slice):
+            return [self.item(i) for i in range(*k.indices(n))]
+        i = int(k) + n if int(k) < 0 else int(k)
+        if not 0 <= i < n:
+            raise IndexError(f"shard {k} out of range for {n} shards")
+        return self.item(i)
+
+
+class ShardFiles(_Lazy[str]):
     """The shards' file names, made from a :class:`NameRule` on access (no string per shard is held).
 
     Args:
@@ -109,21 +132,14 @@ class ShardFiles(Sequence[str]):
     def __len__(self) -> int:
         return self.n
 
-    @overload
-    def __getitem__(self, k: int) -> str: ...
-    @overload
-    def __getitem__(self, k: slice) -> list[str]: ...
-    def __getitem__(self, k: int | slice) -> str | list[str]:
-        if isinstance(k, slice):
-            return [self[i] for i in range(*k.indices(self.n))]
-        k = _index(k, self.n)
+    def item(self, k: int) -> str:
         if not len(self.part_starts):
             return self.rule.name(k)
         p = int(np.searchsorted(self.part_starts, k, side="right")) - 1
         return f"{self.part_paths[p]}/{self.rule.name(k - int(self.part_starts[p]))}"
 
 
-class HexDigests(Sequence[str]):
+class HexDigests(_Lazy[str]):
     """``"sha256:<hex>"`` checksums made on access from a ``(n, 32)`` array of raw digests."""
 
     def __init__(self, raw: NDArray[np.uint8]) -> None:
@@ -132,17 +148,11 @@ class HexDigests(Sequence[str]):
     def __len__(self) -> int:
         return len(self.raw)
 
-    @overload
-    def __getitem__(self, k: int) -> str: ...
-    @overload
-    def __getitem__(self, k: slice) -> list[str]: ...
-    def __getitem__(self, k: int | slice) -> str | list[str]:
-        if isinstance(k, slice):
-            return [self[i] for i in range(*k.indices(len(self)))]
-        return "sha256:" + bytes(self.raw[_index(k, len(self))]).hex()
+    def item(self, k: int) -> str:
+        return "sha256:" + bytes(self.raw[k]).hex()
 
 
-class ShardTable(Sequence[ShardInfo]):
+class ShardTable(_Lazy[ShardInfo]):
     """Every shard of a set as columns; ``table[k]`` is shard ``k``'s :class:`ShardInfo`, built on access.
 
     Attributes:
@@ -181,14 +191,7 @@ class ShardTable(Sequence[ShardInfo]):
     def __len__(self) -> int:
         return len(self.samples)
 
-    @overload
-    def __getitem__(self, k: int) -> ShardInfo: ...
-    @overload
-    def __getitem__(self, k: slice) -> list[ShardInfo]: ...
-    def __getitem__(self, k: int | slice) -> ShardInfo | list[ShardInfo]:
-        if isinstance(k, slice):
-            return [self[i] for i in range(*k.indices(len(self)))]
-        k = _index(k, len(self))
+    def item(self, k: int) -> ShardInfo:
         return ShardInfo(
             file=self.files[k],
             samples=int(self.samples[k]),
@@ -199,7 +202,7 @@ class ShardTable(Sequence[ShardInfo]):
         )
 
     def __iter__(self) -> Iterator[ShardInfo]:
-        return (self[k] for k in range(len(self)))
+        return (self.item(k) for k in range(len(self)))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ShardTable):
@@ -352,10 +355,3 @@ def check_rows(table: ShardTable, where: str, *, limit: int) -> int:
             f"expected {int(starts[k])}"
         )
     return int(ends[-1]) if len(ends) else 0
-
-
-def _index(k: int, n: int) -> int:
-    k = int(k) + n if int(k) < 0 else int(k)
-    if not 0 <= k < n:
-        raise IndexError(f"shard {k} out of range for {n} shards")
-    return k

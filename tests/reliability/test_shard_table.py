@@ -82,13 +82,13 @@ def test_open_builds_no_shard_info(big_set: tuple[Path, Manifest], monkeypatch: 
     path, _ = big_set
     np.save(path / "lengths.npy", np.ones(20_000, dtype=np.int32))
     built = []
-    original = shardtable.ShardTable.__getitem__
+    original = shardtable.ShardTable.item
 
     def counting(self: Any, k: Any) -> Any:
         built.append(k)
         return original(self, k)
 
-    monkeypatch.setattr(shardtable.ShardTable, "__getitem__", counting)
+    monkeypatch.setattr(shardtable.ShardTable, "item", counting)
     ss = shardload.open(path)
     assert len(ss) == 20_000 and ss.index.num_shards == 20_000 and ss.fingerprint
     assert built == []  # opening touches the columns, never a per-shard object
