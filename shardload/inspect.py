@@ -171,9 +171,9 @@ def describe(path: str | os.PathLike[str], *, bins: int = 16) -> dict[str, Any]:
         "length_field": m.schema.length_field,
         "samples": m.total_samples,
         "shards": len(m.shards),
-        "bytes": sum(s.bytes for s in m.shards),
+        "bytes": int(m.table.bytes.sum()),
         "tokens": m.total_tokens,
-        "shard_balance": {key: _min_max([getattr(s, key) for s in m.shards]) for key in ("samples", "tokens", "bytes")},
+        "shard_balance": {key: _min_max(getattr(m.table, key)) for key in ("samples", "tokens", "bytes")},
         **({"part_balance": _part_balance(m)} if m.parts else {}),
         "lengths": lengths,
         "histogram": {"edges": edges, "counts": counts},
@@ -308,17 +308,19 @@ def _num(x: float) -> int | float:
 
 def _part_balance(m: Manifest) -> dict[str, Any]:
     """How evenly the parts of a merged set are filled: their count, and min/max shards, samples and bytes."""
-    sizes = [m.shards[p.first_shard : p.first_shard + p.shards] for p in m.parts]
+    sizes = [m.table.bytes[p.first_shard : p.first_shard + p.shards] for p in m.parts]
     return {
         "parts": len(m.parts),
         "shards": _min_max([p.shards for p in m.parts]),
         "samples": _min_max([p.samples for p in m.parts]),
-        "bytes": _min_max([sum(s.bytes for s in shards) for shards in sizes]),
+        "bytes": _min_max([int(b.sum()) for b in sizes]),
     }
 
 
-def _min_max(values: Sequence[int]) -> dict[str, int | None]:
-    return {"min": min(values, default=None), "max": max(values, default=None)}
+def _min_max(values: Sequence[int] | NDArray[np.int64]) -> dict[str, int | None]:
+    if not len(values):
+        return {"min": None, "max": None}
+    return {"min": int(np.min(values)), "max": int(np.max(values))}
 
 
 def _range(mm: Mapping[str, Any], fmt: Callable[[Any], str] = "{:,}".format) -> str:

@@ -12,7 +12,7 @@ import socket
 import stat
 import sys
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -30,7 +30,7 @@ from shardload.identity import (
     same_bytes,
 )
 from shardload.index import ShardIndex
-from shardload.manifest import MANIFEST_NAME, Manifest, resolve_inside
+from shardload.manifest import MANIFEST_NAME, Manifest, ShardInfo, resolve_inside
 from shardload.origin import SampleOrigin, read_origin
 from shardload.plan.request import PlanInputs
 from shardload.plan.validate import check_scalar
@@ -82,7 +82,7 @@ class ShardSet:
         )
         self._manifest_stat = self._stat_manifest()
         self.manifest = Manifest.load(self.path)
-        self.index = ShardIndex([s.samples for s in self.manifest.shards])
+        self.index = ShardIndex(self.manifest.table.samples)
         self._reader_cls = get_format(self.manifest.shard_format).reader
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()  # least recently used first
         self._opened: set[int] = set()  # every shard opened in this process, closed since or not
@@ -112,8 +112,8 @@ class ShardSet:
         return self.manifest.schema
 
     @property
-    def shards(self) -> tuple[Any, ...]:
-        """One manifest entry per shard: file, samples, bytes, checksum, first sample."""
+    def shards(self) -> Sequence[ShardInfo]:
+        """One manifest entry per shard: file, samples, bytes, checksum, first sample (columns: ``manifest.table``)."""
         return self.manifest.shards
 
     @property

@@ -171,7 +171,7 @@ def verify(path: str | os.PathLike[str], *, workers: int = 1, progress: bool | N
     nbytes = 0
     bar = Progress(
         "verify",
-        total=sum(s.bytes for s in manifest.shards),
+        total=int(manifest.table.bytes.sum()),
         unit="bytes",
         enabled=progress,
         every=10.0,
