@@ -117,7 +117,7 @@ class NextUseTable:
         num_shards: Number of shards ``S``.
         step_offsets: ``(T + 1,)`` offsets of each step's reads in
             ``sequence`` (:func:`shardload.plan.reads.read_sequence` gives
-            them); needed by :meth:`at_step` only.
+            them); needed by :meth:`steps_at` only.
 
     Raises:
         PlanError: On a bad id, position or step.
@@ -125,7 +125,7 @@ class NextUseTable:
     >>> table = NextUseTable(np.array([2, 0, 2, 1]), num_shards=3, step_offsets=np.array([0, 2, 4]))
     >>> table.at(1).tolist(), table.at(3).tolist() == [NEVER, 3, NEVER]
     ([1, 3, 2], True)
-    >>> table.at_step(1).tolist() == [NEVER, 1, 1]
+    >>> table.steps_at(2).tolist() == [NEVER, 1, 1]
     True
     """
 
@@ -150,11 +150,6 @@ class NextUseTable:
         self._table = next_uses(self.sequence, 0, num_shards)
         self._position = 0
 
-    @property
-    def num_steps(self) -> int:
-        """Number of steps ``T`` (0 without ``step_offsets``)."""
-        return 0 if self.step_offsets is None else len(self.step_offsets) - 1
-
     def at(self, position: int) -> NDArray[np.int64]:
         """``(S,)`` each shard's next use at or after ``position``, as :func:`next_uses` gives it.
 
@@ -174,42 +169,42 @@ class NextUseTable:
         self._table.setflags(write=False)
         return self._table
 
-    def at_step(self, step: int) -> NDArray[np.int64]:
-        """``(S,)`` the step of each shard's next use from the start of ``step`` on; :data:`NEVER` if none.
+    def steps_at(self, position: int) -> NDArray[np.int64]:
+        """``(S,)`` the step of each shard's next use at or after ``position``; :data:`NEVER` if none.
 
         Steps are comparable across ranks (they advance one batch per step
-        together): :func:`node_next_uses` takes the minimum over ranks.
+        together), positions are not: :func:`node_next_uses` takes the
+        minimum of this over the ranks of a node, each at its own position.
         """
         if self.step_offsets is None:
-            raise PlanError("NextUseTable.at_step needs the step_offsets of the sequence (read_sequence gives them)")
-        if not 0 <= step <= self.num_steps:
-            raise PlanError(f"step={step}: must be in 0..{self.num_steps} (the plan's batches)")
-        uses = self.at(int(self.step_offsets[step]))
+            raise PlanError("NextUseTable.steps_at needs the step_offsets of the sequence (read_sequence gives them)")
+        uses = self.at(position)
         steps = np.searchsorted(self.step_offsets, uses, side="right") - 1
         out: NDArray[np.int64] = np.where(uses == NEVER, NEVER, steps).astype(np.int64)
         return out
 
 
-def node_next_uses(tables: Sequence[NextUseTable], step: int) -> NDArray[np.int64]:
+def node_next_uses(tables: Sequence[NextUseTable], positions: Sequence[int]) -> NDArray[np.int64]:
     """``(S,)`` the nearest next use, in steps, of each shard over the ranks sharing one cache.
 
-    The elementwise minimum of :meth:`NextUseTable.at_step` over ``tables``
-    (one per rank of the node, each with its ``step_offsets``): the shards a
-    rank of the node reads soon are kept, a shard no rank reads again goes first.
-    Two shards next used at the same step compare equal; :func:`choose_victims`
-    breaks the tie. For the exact order of the node's reads use
-    :func:`node_sequence` and one table.
+    The elementwise minimum of :meth:`NextUseTable.steps_at` over the ranks of
+    the node (one table per rank, each with its ``step_offsets``, each at the
+    rank's own position in its sequence): the shards a rank of the node reads
+    soon are kept, a shard no rank reads again goes first. Shards next used at
+    the same step compare equal (:func:`choose_victims` breaks the tie): a
+    little coarser than the exact order of :func:`node_sequence` with one table,
+    which needs the ranks' reads in a fixed interleaving.
 
     Raises:
-        PlanError: If ``tables`` is empty or the tables have different shard counts.
+        PlanError: If ``tables`` is empty, the counts differ, or a position is out of range.
     """
-    if not tables:
-        raise PlanError("node_next_uses needs the NextUseTable of at least one rank")
+    if not tables or len(tables) != len(positions):
+        raise PlanError(f"node_next_uses: {len(tables)} tables and {len(positions)} positions (one per rank, >= 1)")
     if len({t.num_shards for t in tables}) != 1:
         raise PlanError("node_next_uses: the tables count different numbers of shards; build them for one set")
-    out = tables[0].at_step(step).copy()
-    for table in tables[1:]:
-        np.minimum(out, table.at_step(step), out=out)
+    out = tables[0].steps_at(positions[0]).copy()
+    for table, position in zip(tables[1:], positions[1:]):
+        np.minimum(out, table.steps_at(position), out=out)
     return out
 
 
