@@ -24,6 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.manifest import Manifest
+from shardload.messages import format_bytes
 from shardload.shardset import open_shard_set
 from shardload.text import TEXT_DTYPES
 
@@ -291,15 +292,6 @@ def plot_lengths(path: str | os.PathLike[str], png: str | os.PathLike[str], *, b
     out = Path(png)
     fig.savefig(out, dpi=120)
     return out
-
-
-def format_bytes(n: int | float) -> str:
-    """``1536000`` -> ``"1.5 MB"`` (decimal units, like disk sizes)."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
 
 
 def _num(x: float) -> int | float:

@@ -10,6 +10,7 @@ shard of a local set.
 Modules:
     url: telling a URL from a local path, and opening its filesystem.
     retry: which errors may pass, and retrying them with backoff and jitter.
+    policy: which cached shards to evict, by the plan's read order (Belady's rule).
 """
 
 from __future__ import annotations
