@@ -26,7 +26,6 @@ trained weights to ``OUT/model.pt``.
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
