@@ -320,7 +320,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
 
     def _batches(self, mine: int) -> Iterator[dict[str, torch.Tensor]]:
         self.plan_sampler.begin_pass()
-        it = super().__iter__()
+        it: Any = None
         while True:
             if self._iteration != mine:
                 raise PlanError(
@@ -329,16 +329,29 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                     "new iteration (`for batch in loader`) instead of continuing an old iterator."
                 )
             try:
+                if it is None:
+                    if self._iterator is not None and dead_worker(self._iterator, wait=0) is not None:
+                        # a persistent worker died between passes: say so now, not after `timeout`
+                        raise RuntimeError("a persistent DataLoader worker exited between passes")
+                    # persistent workers: torch's iterator of the last pass, reset (its workers answer first)
+                    it = super().__iter__()
                 batch = next(it)
             except StopIteration:
                 return
             except ShardloadError:
+                self._forget_workers()
                 raise  # raised on purpose in a worker, with its own message
             except Exception as exc:
-                raise self._worker_failure(it, exc) from exc
+                failure = self._worker_failure(it if it is not None else self._iterator, exc)
+                self._forget_workers()
+                raise failure from exc
             self.plan_sampler.batches_done += 1
             # A batch from a worker arrives packed (unless the pinning thread unpacked it already).
             yield batch.tensors() if isinstance(batch, WorkerBatch) else batch
+
+    def _forget_workers(self) -> None:
+        """After a failure, the next iteration starts new workers (persistent ones would carry a dead or stuck one)."""
+        self._iterator = None  # DataLoader's persistent iterator; dropped, it shuts its workers down
 
     def _worker_failure(self, it: Any, exc: Exception) -> Exception:
         """What to raise when the next batch failed: a dead or stuck worker named, or ``exc`` itself.

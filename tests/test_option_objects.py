@@ -40,7 +40,7 @@ LOADER_CASES: dict[str, shardload.LoaderOptions] = {
     "num_workers": shardload.LoaderOptions(num_workers=1),
     "pin_memory": shardload.LoaderOptions(pin_memory=True),
     "prefetch_factor": shardload.LoaderOptions(prefetch_factor=3),
-    "persistent_workers": shardload.LoaderOptions(persistent_workers=True),
+    "persistent_workers": shardload.LoaderOptions(num_workers=1, persistent_workers=False),
     "timeout": shardload.LoaderOptions(timeout=30),
     "debug": shardload.LoaderOptions(debug=True),
 }
@@ -116,6 +116,15 @@ def test_every_loader_option_reaches_both_loaders(small_set: Path, field: str) -
         if options.workers:
             assert made.prefetch_factor == (options.prefetch_factor or 2)
             assert made.persistent_workers == options.persistent_workers
+
+
+@pytest.mark.parametrize(
+    "options", [shardload.LoaderOptions(timeout=30), shardload.LoaderOptions(num_workers=2, timeout=30, debug=True)]
+)
+def test_a_timeout_without_worker_processes_has_no_effect(small_set: Path, options: shardload.LoaderOptions) -> None:
+    # torch refuses a timeout without workers: iterating used to raise an AssertionError
+    loader = shardload.make_loader(small_set, batch_size=4, loader_options=options, rank=0, world_size=1)
+    assert sum(len(b["sample_id"]) for b in loader) == 60
 
 
 def test_every_epoch_field_reaches_shardload_plan(small_set: Path, capsys: pytest.CaptureFixture[str]) -> None:
