@@ -95,7 +95,11 @@ def test_every_batching_field_reaches_every_entry_point(
     # Invariant: `shardload plan` has a flag for the field, and plans with the same Batching
     assert main(["plan", str(small_set), "--world-size", "2", *_flags(batching), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    expected = summarize_plan(shardload.open(small_set).plan_inputs(), EpochSpec(world_size=2), batching)
+    ss = shardload.open(small_set)
+    # the command sizes a remote cache too: the same figures from the same shard sizes
+    expected = summarize_plan(
+        ss.plan_inputs(), EpochSpec(world_size=2), batching, shard_bytes=[s.bytes for s in ss.shards]
+    )
     assert printed == json.loads(json.dumps(expected.to_dict()))
 
 
@@ -132,7 +136,8 @@ def test_every_epoch_field_reaches_shardload_plan(small_set: Path, capsys: pytes
     flags = [f"--{f.name.replace('_', '-')}={getattr(spec, f.name)}" for f in dataclasses.fields(EpochSpec)]
     assert main(["plan", str(small_set), *flags, "--batch-size", "4", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    expected = summarize_plan(shardload.open(small_set).plan_inputs(), spec, Batching(batch_size=4))
+    ss = shardload.open(small_set)
+    expected = summarize_plan(ss.plan_inputs(), spec, Batching(batch_size=4), shard_bytes=[s.bytes for s in ss.shards])
     # Invariant: the flags are the fields of EpochSpec; the fingerprint covers all of them
     assert printed["fingerprint"] == expected.fingerprint
     assert printed == json.loads(json.dumps(expected.to_dict()))
