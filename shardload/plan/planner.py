@@ -4,10 +4,12 @@
 
     PlanInputs + EpochSpec + Batching          (request.py: what, when, how)
        |  assign.shard_order / assign_shards   shards -> contiguous rank ranges
+       |  assign.balance_by_tokens             ... cut at near-equal tokens (unless batch_size)
        v
     batcher.count_batches()                    every rank's batch count (cheap)
     batcher.build_batches(rank)                this rank's batches (materialised)
        |  equalize.equalize_batches            same count on every rank
+       |  steps.order_steps                    training: heaviest first, at positions shared by every rank
        v
     RankPlan (+ fingerprint shared by all ranks)
 
@@ -38,6 +40,8 @@ from shardload.plan.pack import BUILD_CHUNK, PackBatcher, RankRows
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.request import EpochSpec, PlanInputs, check_request
 from shardload.plan.resume import Rest, ResumeInputs, rest_of
+from shardload.plan.shuffle import permute_batches
+from shardload.plan.steps import batch_costs, heaviest_first, order_steps
 from shardload.plan.strategy import layout_key, make_batcher
 from shardload.plan.validate import check_rank
 
@@ -245,7 +249,9 @@ class EpochPlanner:
             shuffle=spec.shuffled and spec.shard_assignment == "rotate",
         )
         self.layout = assign_shards(inputs.shard_sizes, spec.world_size, order=order)
-        if batching.packing:  # a packed rank's batch count follows its tokens: cut the ranks by tokens
+        # a rank's batch count and work follow what its batches are cut by: with max_tokens and packing its
+        # tokens, so the ranges are cut by tokens; with batch_size its samples (equal counts, no splits)
+        if batching.batch_size is None:
             self.layout = balance_by_tokens(self.layout, inputs.lengths, inputs.shard_tokens)
         self.batcher: Batcher = make_batcher(
             batching,
@@ -313,15 +319,7 @@ class EpochPlanner:
             ids, weights, offsets = packed.sample_ids, packed.weights, packed.batch_offsets
             rows, starts = packed.rows, packed.starts
         else:
-            ids, offsets = self.batcher.build_batches(rank)
-            assert len(offsets) - 1 == self.rank_batch_counts[rank], "count and build disagree"
-            ids, weights, offsets = equalize_batches(
-                ids,
-                offsets,
-                target=self.num_batches,
-                uneven=self.batching.uneven,
-                filler_id=self._filler_id(ids),
-            )
+            ids, weights, offsets = self._equalized(rank)
         if self.rest is not None:  # a resumed epoch: the remainder's entries -> the base's samples
             ids, starts = self.rest.globalise(ids, starts)
         return RankPlan(
@@ -335,6 +333,23 @@ class EpochPlanner:
             rows=rows,
             starts=starts,
         )
+
+    def _equalized(self, rank: int) -> tuple[NDArray[np.int64], NDArray[np.float32], NDArray[np.int64]]:
+        """One rank's batches (not packed, not mixed), equalised; in training put in their steps (plan/steps.py)."""
+        spec, multiple, uneven = self.spec, self.batching.pad_to_multiple_of, self.batching.uneven
+        ids, offsets = self.batcher.build_batches(rank)
+        assert len(offsets) - 1 == self.rank_batch_counts[rank], "count and build disagree"
+        if not spec.shuffled:  # evaluation: no step waits on another rank's; the batcher's order is kept
+            return equalize_batches(
+                ids, offsets, target=self.num_batches, uneven=uneven, filler_id=self._filler_id(ids)
+            )
+        if uneven == "split":  # of the batches with the most rows, the heaviest are split first
+            lens = np.asarray(self.lengths[ids], dtype=np.int64)
+            ids, offsets = permute_batches(ids, offsets, heaviest_first(batch_costs(lens, offsets, multiple)))
+        filler = self._filler_id(ids)
+        ids, weights, offsets = equalize_batches(ids, offsets, target=self.num_batches, uneven=uneven, filler_id=filler)
+        lens = np.asarray(self.lengths[ids], dtype=np.int64)
+        return order_steps(ids, weights, offsets, lens, multiple=multiple, seed=spec.seed, epoch=spec.epoch)
 
     def _filler_id(self, ids: NDArray[np.int64]) -> int:
         """Filler sample: the rank's shortest sample, else the globally shortest.
