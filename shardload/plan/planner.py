@@ -47,7 +47,7 @@ from shardload.plan.validate import check_rank
 
 __all__ = ["EpochPlanner", "RankPlan", "plan_rank"]
 
-_FORMAT = "shardload.plan/1"  # bump when the same inputs would give a different plan
+_FORMAT = "shardload.plan/2"  # bump when the same inputs would give a different plan
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -343,23 +343,28 @@ class EpochPlanner:
             return equalize_batches(
                 ids, offsets, target=self.num_batches, uneven=uneven, filler_id=self._filler_id(ids)
             )
+        lens = np.asarray(self.lengths[ids], dtype=np.int64)  # (n,) read once: the rows keep their lengths below
         if uneven == "split":  # of the batches with the most rows, the heaviest are split first
-            lens = np.asarray(self.lengths[ids], dtype=np.int64)
-            ids, offsets = permute_batches(ids, offsets, heaviest_first(batch_costs(lens, offsets, multiple)))
-        filler = self._filler_id(ids)
+            rows, offsets = permute_batches(
+                np.arange(len(ids), dtype=np.int64), offsets, heaviest_first(batch_costs(lens, offsets, multiple))
+            )
+            ids, lens = ids[rows], lens[rows]
+        filler = self._filler_id(ids, lens)
         ids, weights, offsets = equalize_batches(ids, offsets, target=self.num_batches, uneven=uneven, filler_id=filler)
-        lens = np.asarray(self.lengths[ids], dtype=np.int64)
+        kept = min(len(lens), len(ids))  # equalising keeps a prefix of the rows and appends filler rows
+        lens = np.concatenate([lens[:kept], np.full(len(ids) - kept, self.lengths[filler], dtype=np.int64)])
         return order_steps(ids, weights, offsets, lens, multiple=multiple, seed=spec.seed, epoch=spec.epoch)
 
-    def _filler_id(self, ids: NDArray[np.int64]) -> int:
-        """Filler sample: the rank's shortest sample, else the globally shortest.
+    def _filler_id(self, ids: NDArray[np.int64], lens: NDArray[np.int64] | None = None) -> int:
+        """Filler sample: the rank's shortest sample (``lens``: their lengths, when already read), else the
+        globally shortest.
 
-        A rank can only be empty when ``N < world_size`` (packed layouts, cut
-        by tokens, keep a sample on every rank too), so the global search is
-        over a tiny index.
+        A rank can only be empty when ``N < world_size`` (layouts cut by
+        tokens keep a sample on every rank too), so the global search is over
+        a tiny index.
         """
         if len(ids):
-            return int(ids[np.argmin(self.lengths[ids])])
+            return int(ids[np.argmin(self.lengths[ids] if lens is None else lens)])
         if self.layout.num_samples:
             return int(np.argmin(self.lengths))
         return 0
