@@ -352,7 +352,10 @@ class EpochPlanner:
         filler = self._filler_id(ids, lens)
         ids, weights, offsets = equalize_batches(ids, offsets, target=self.num_batches, uneven=uneven, filler_id=filler)
         kept = min(len(lens), len(ids))  # equalising keeps a prefix of the rows and appends filler rows
-        lens = np.concatenate([lens[:kept], np.full(len(ids) - kept, self.lengths[filler], dtype=np.int64)])
+        if len(ids) > kept:
+            lens = np.concatenate([lens[:kept], np.full(len(ids) - kept, self.lengths[filler], dtype=np.int64)])
+        else:
+            lens = lens[:kept]
         return order_steps(ids, weights, offsets, lens, multiple=multiple, seed=spec.seed, epoch=spec.epoch)
 
     def _filler_id(self, ids: NDArray[np.int64], lens: NDArray[np.int64] | None = None) -> int:
