@@ -20,10 +20,11 @@ from shardload.errors import PlanError
 from shardload.messages import format_bytes
 from shardload.plan.mix import MixInputs
 from shardload.plan.mixreport import SourceReport, SourceTally
-from shardload.plan.options import Batching, Stage, padded_length
+from shardload.plan.options import Batching, Stage
 from shardload.plan.planner import EpochPlanner, RankPlan
 from shardload.plan.reads import cache_bytes, read_sequence, shards_of, step_bytes
 from shardload.plan.request import EpochSpec, PlanInputs
+from shardload.plan.steps import batch_costs
 from shardload.plan.validate import check_bool, check_scalar
 
 __all__ = ["PlanSummary", "summarize_plan"]
@@ -48,9 +49,12 @@ class PlanSummary:
             padded_length(longest row)``, filler rows included: what the
             model computes on.
         shards: ``(W,)`` distinct shards each rank's rows touch.
-        step_balance: Work balance per step: the mean over ranks of a step's
-            real tokens divided by the largest, averaged over the steps (1.0:
-            every rank computes the same real tokens at every step).
+        step_efficiency: How little ranks wait for each other in a step:
+            the sum over steps of the mean padded tokens across ranks, over
+            the sum over steps of the largest (1.0: nobody waits; 0.8: a fifth
+            of the time the slowest rank sets is spent waiting, on average
+            over the ranks). A packed batch is always ``rows_per_batch *
+            pack_length`` tokens, so a packed plan scores 1.0.
         plans: Every rank's :class:`~shardload.plan.RankPlan`, when
             :func:`summarize_plan` was asked ``with_ids=True`` (else ``None``).
         sources: A mixture's per-source figures
@@ -77,7 +81,7 @@ class PlanSummary:
     tokens: NDArray[np.int64]
     padded_tokens: NDArray[np.int64]
     shards: NDArray[np.int64]
-    step_balance: float = 1.0
+    step_efficiency: float = 1.0
     plans: tuple[RankPlan, ...] | None = None
     sources: SourceReport | None = None
     cache_bytes: NDArray[np.int64] | None = None
@@ -159,7 +163,7 @@ class PlanSummary:
             "padding_fraction": self.padding_fraction,
             "spread": self.spread,
             "budget_fill": self.budget_fill,
-            "step_balance": self.step_balance,
+            "step_efficiency": self.step_efficiency,
             "ranks": self.rank_rows(),
             **(
                 {"ranks_per_node": self.ranks_per_node, "node_cache_bytes": self.node_cache_bytes.tolist()}
@@ -204,7 +208,8 @@ class PlanSummary:
         if self.budget_fill is not None:
             out.append(f"budget:   token batches are {self.budget_fill:.1%} full on average")
         out.append(
-            f"steps:    real tokens per step balanced to {self.step_balance:.3f} (mean / max over ranks, averaged)"
+            f"steps:    step efficiency {self.step_efficiency:.3f} = mean / max padded tokens over ranks, summed "
+            "over steps (1.0: no rank waits)"
         )
         out.append(f"shards:   {int(self.shards.min()):,}..{int(self.shards.max()):,} per rank")
         out += self._cache_lines()
@@ -242,43 +247,37 @@ def lengths_of(inputs: PlanInputs | MixInputs, ids: NDArray[np.int64]) -> NDArra
 
 
 def _rank_figures(
-    plan: RankPlan, lens: NDArray[np.int64], shard_starts: NDArray[np.int64], batching: Batching
+    plan: RankPlan,
+    lens: NDArray[np.int64],
+    shard_starts: NDArray[np.int64],
+    batching: Batching,
+    costs: NDArray[np.int64],
 ) -> tuple[int, int, int, int, int]:
-    """``(samples, filler, tokens, padded_tokens, shards)`` of one rank's plan.
+    """``(samples, filler, tokens, padded_tokens, shards)`` of one rank's plan, given its batches' ``costs``.
 
     A packed plan's entries are documents (pieces of a cut sample count once
-    each, with their own tokens), and every batch is ``rows_per_batch *
-    pack_length`` padded tokens.
+    each, with their own tokens).
     """
     real = plan.weights > 0
-    padded = 0
-    if batching.packing:
-        assert plan.starts is not None and batching.pack_length is not None and batching.rows_per_batch is not None
+    if plan.starts is not None and batching.pack_length is not None:  # a piece's own tokens (pack_split)
         lens = np.minimum(lens - plan.starts, batching.pack_length)
-        padded = len(plan) * batching.rows_per_batch * batching.pack_length
-    elif len(plan):
-        longest = np.maximum.reduceat(lens, plan.batch_offsets[:-1])  # (num_batches,)
-        padded = int((np.diff(plan.batch_offsets) * padded_length(longest, batching.pad_to_multiple_of)).sum())
     shards = np.unique(shards_of(plan.sample_ids, shard_starts))
     real_rows = int(real.sum())
-    return real_rows, len(real) - real_rows, int(lens[real].sum()), padded, len(shards)
+    return real_rows, len(real) - real_rows, int(lens[real].sum()), int(costs.sum()), len(shards)
 
 
-def _batch_tokens(plan: RankPlan, lens: NDArray[np.int64], batching: Batching) -> NDArray[np.int64]:
-    """``(num_batches,)`` real tokens of each batch of a plan (a packed entry counts its own piece)."""
-    if plan.starts is not None and batching.pack_length is not None:
-        lens = np.minimum(lens - plan.starts, batching.pack_length)
-    real = np.where(plan.weights > 0, lens, 0)
-    out: NDArray[np.int64] = np.add.reduceat(real, plan.batch_offsets[:-1]) if len(plan) else np.zeros(0, np.int64)
-    return out
+def _step_efficiency(step_sum: NDArray[np.int64], step_max: NDArray[np.int64], world_size: int) -> float:
+    """Sum over steps of the mean padded tokens over ranks / sum of the largest; 1.0 when nothing is computed."""
+    most = int(step_max.sum())
+    return int(step_sum.sum()) / world_size / most if most else 1.0
 
 
-def _step_balance(step_sum: NDArray[np.int64], step_max: NDArray[np.int64], world_size: int) -> float:
-    """Mean over steps of (mean / max over ranks) of the real tokens; a step where no rank has any counts 1."""
-    if len(step_sum) == 0:
-        return 1.0
-    ratio = np.where(step_max > 0, step_sum / world_size / np.maximum(step_max, 1), 1.0)
-    return float(ratio.mean())
+def _batch_costs(plan: RankPlan, lens: NDArray[np.int64], batching: Batching) -> NDArray[np.int64]:
+    """``(num_batches,)`` padded tokens of each batch of a plan: a packed batch is ``rows_per_batch * pack_length``."""
+    if batching.packing:
+        assert batching.pack_length is not None and batching.rows_per_batch is not None
+        return np.full(len(plan), batching.rows_per_batch * batching.pack_length, dtype=np.int64)
+    return batch_costs(lens, plan.batch_offsets, batching.pad_to_multiple_of)
 
 
 class _CacheTally:
@@ -359,15 +358,15 @@ def summarize_plan(
         cache = _CacheTally(shard_bytes, inputs.num_shards, spec.world_size, ranks_per_node)
     kept: list[RankPlan] = []
     figures = np.zeros((spec.world_size, 5), dtype=np.int64)  # (W, 5) samples, filler, tokens, padded, shards
-    step_sum = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) real tokens of each step, over ranks
-    step_max = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) the most a rank has at each step
+    step_sum = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) padded tokens of each step, over ranks
+    step_max = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) the most a rank computes at each step
     tally = SourceTally(inputs, spec, batching, planner.num_batches) if isinstance(inputs, MixInputs) else None
     for rank, plan in enumerate(planner.plans()):
         lens = lengths_of(inputs, plan.sample_ids)  # (rows,)
-        figures[rank] = _rank_figures(plan, lens, planner.shard_starts, batching)
-        tokens = _batch_tokens(plan, lens, batching)
-        step_sum += tokens
-        np.maximum(step_max, tokens, out=step_max)
+        costs = _batch_costs(plan, lens, batching)  # (T,)
+        figures[rank] = _rank_figures(plan, lens, planner.shard_starts, batching, costs)
+        step_sum += costs
+        np.maximum(step_max, costs, out=step_max)
         if tally is not None:
             tally.add(plan, lens)
         if cache is not None:
@@ -387,7 +386,7 @@ def summarize_plan(
         tokens=figures[:, 2],
         padded_tokens=figures[:, 3],
         shards=figures[:, 4],
-        step_balance=_step_balance(step_sum, step_max, spec.world_size),
+        step_efficiency=_step_efficiency(step_sum, step_max, spec.world_size),
         plans=tuple(kept) if with_ids else None,
         sources=None if tally is None else tally.report(),
         cache_bytes=None if cache is None else cache.figures[:, 0],
