@@ -30,6 +30,7 @@ from numpy.typing import NDArray
 from shardload.errors import PlanError
 from shardload.plan.assign import assign_shards, balance_by_tokens, shard_order
 from shardload.plan.batcher import Batcher
+from shardload.plan.chunks import ChunkWindows, chunk_identity, resolve_chunk_windows
 from shardload.plan.equalize import equalize_batches
 from shardload.plan.mix import MixInputs
 from shardload.plan.mixbatch import MixBatcher
@@ -210,8 +211,11 @@ class EpochPlanner:
         #: ``(S + 1,)`` shard offsets in the global id space (a mixture's sources one after another)
         self.shard_starts = offsets_from_lengths(inputs.shard_sizes)
         self.mix: MixBatcher | None = None
+        #: the chunk windows of the set (of each source of a mixture; ``None``: a full shuffle)
+        self.chunks: list[ChunkWindows | None] = []
         if isinstance(inputs, MixInputs):  # a selection step, then one batcher per source (plan/mixbatch.py)
             self.mix = MixBatcher(inputs, spec, batching)
+            self.chunks = self.mix.chunks
             counts = self.mix.count_batches()
         else:
             counts = self._single(inputs)
@@ -230,6 +234,9 @@ class EpochPlanner:
         }
         if isinstance(inputs, MixInputs):
             header["mixture"] = inputs.identity()
+        windows = chunk_identity(self.chunks)
+        if windows is not None:  # only a plan that uses chunk windows names them: other plans keep their digest
+            header["chunk_windows"] = windows
         digest = hashlib.sha1(json.dumps(header, sort_keys=True).encode(), usedforsecurity=False)
         digest.update(inputs.shard_sizes.astype("<i8").tobytes())
         self.fingerprint = digest.hexdigest()
@@ -247,6 +254,8 @@ class EpochPlanner:
         self.layout = assign_shards(inputs.shard_sizes, spec.world_size, order=order)
         if batching.packing:  # a packed rank's batch count follows its tokens: cut the ranks by tokens
             self.layout = balance_by_tokens(self.layout, inputs.lengths, inputs.shard_tokens)
+        chunks = resolve_chunk_windows(batching, inputs.chunk_rows, shuffled=spec.shuffled)
+        self.chunks = [chunks]
         self.batcher: Batcher = make_batcher(
             batching,
             lengths=self.lengths,
@@ -255,6 +264,7 @@ class EpochPlanner:
             seed=spec.seed,
             epoch=spec.epoch,
             max_length=inputs.max_length,
+            chunks=chunks,
         )
         if batching.packing:  # counting packs every rank: keep it with the inputs for the next epoch of the same layout
             key = ("packed counts", batching.identity(), layout_key(self.layout))

@@ -228,11 +228,14 @@ def test_zarr_values_index_like_the_ndarray(tmp_path: Path, private_cache: Chunk
 
 
 # -- loading ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("workers", [0, 2])
-def test_make_loader_gives_the_same_batches_as_arrow(tmp_path: Path, workers: int) -> None:
+@pytest.mark.parametrize(("workers", "window"), [(0, 0), (2, 0), (0, 4), (2, 3)])
+def test_make_loader_gives_the_same_batches_as_arrow(tmp_path: Path, workers: int, window: int) -> None:
+    """The same plan on both formats gives the same batches (a Zarr set's default windows given to both)."""
     arrow, zarr_set = write_both(synthetic_samples(200, seed=5), tmp_path, ZarrOptions(chunk_size=2000), num_shards=4)
     # Open a shard in this process first: workers forked afterwards must reopen the zip themselves.
     assert len(shardload.open(zarr_set)[0]["tokens"]) >= 0
+    rows = shardload.open(zarr_set).plan_inputs().chunk_rows
+    assert rows == 2000 // 4  # int32 tokens: 500 rows in 2000 bytes
 
     def run(path: Path, stage: str) -> list[dict[str, torch.Tensor]]:
         loader = shardload.make_loader(
@@ -240,7 +243,7 @@ def test_make_loader_gives_the_same_batches_as_arrow(tmp_path: Path, workers: in
             rank=1,
             world_size=2,
             stage=stage,
-            batching=Batching(max_tokens=300, pad_to_multiple_of=8),
+            batching=Batching(max_tokens=300, pad_to_multiple_of=8, chunk_window=window, chunk_rows=rows),
             seed=3,
             num_workers=workers,
             pad_values={"tokens": -1},
@@ -257,8 +260,12 @@ def test_datamodule_gives_the_same_batches_as_arrow(tmp_path: Path) -> None:
     write_both(synthetic_samples(31, seed=7), tmp_path / "val", num_shards=2)
 
     def run(kind: str) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, torch.Tensor]]]:
-        dm = ShardDataModule(
-            train=tmp_path / "train" / kind, val=tmp_path / "val" / kind, batch_size=8, num_workers=0, seed=1
+        dm = ShardDataModule(  # a full shuffle on both (a Zarr set's default is chunk windows)
+            train=tmp_path / "train" / kind,
+            val=tmp_path / "val" / kind,
+            batching=Batching(batch_size=8, chunk_window=0),
+            num_workers=0,
+            seed=1,
         )
         dm.setup("fit")
         return batches(dm.train_dataloader()), batches(dm.val_dataloader())
