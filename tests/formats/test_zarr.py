@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -288,6 +289,47 @@ def test_loader_over_zarr_resumes_mid_epoch(tmp_path: Path) -> None:
 
 
 # -- the chunk cache --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("batching", "cached", "per_chunk"),
+    [
+        (Batching(batch_size=16, bucketing=False), 12, 2.0),
+        (Batching(max_tokens=200, bucketing=False), 12, 2.0),
+        # a bucket's batch waits for its rows over several windows: a quarter of the set cached, ~3 decodes
+        (Batching(max_tokens=200), 95, 3.5),
+    ],
+    ids=["fixed", "greedy", "buckets"],
+)
+def test_chunk_windows_decode_each_chunk_about_once_per_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batching: Batching, cached: int, per_chunk: float
+) -> None:
+    rng = np.random.default_rng(4)
+    samples = [{"tokens": rng.integers(0, 99, int(rng.integers(1, 25)), dtype=np.int32)} for _ in range(3000)]
+    shardload.write(samples, tmp_path / "s", shard_format=ZarrOptions(chunk_size=400), num_shards=3)
+    ss = shardload.open(tmp_path / "s")
+    chunks = sum(ss.shard_columns(k).fields["tokens"].values.num_chunks for k in range(len(ss.shards)))
+    assert ss.plan_inputs().chunk_rows == 100 and chunks > 200  # ~8 samples per chunk
+
+    def loads(window: int) -> int:
+        # the process cache holds `cached` chunks (12: a window of 4 and the batches that span two)
+        monkeypatch.setattr(cache_module, "_shared", cache_module.ChunkCache(cached * 400))
+        loader = shardload.make_loader(
+            ss,
+            rank=0,
+            world_size=1,
+            stage="train",
+            seed=2,
+            num_workers=0,
+            batching=dataclasses.replace(batching, chunk_window=window),
+        )
+        assert sorted(int(i) for b in loader for i in b["sample_id"]) == list(range(len(samples)))
+        return chunk_cache().loads
+
+    # once in its window, and at most once more for the sample that spills into it from the chunk before
+    windowed = loads(4)  # measured: 1.9, 1.9 and 3.0 decodes per chunk
+    assert windowed <= per_chunk * chunks
+    assert loads(0) >= 2 * windowed  # a full shuffle decodes a chunk for most samples (measured: 8.6, 8.5, 6.7)
+
+
 def test_a_batch_of_neighbours_decodes_each_chunk_once(tmp_path: Path, private_cache: ChunkCache) -> None:
     samples = synthetic_samples(100, seed=9)
     shardload.write(samples, tmp_path / "s", shard_format=ZarrOptions(chunk_size=1000), num_shards=1, shuffle=False)
