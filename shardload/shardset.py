@@ -155,7 +155,8 @@ class ShardSet:
         """
         lengths = self.lengths
         if self._plan_inputs is None or self._plan_inputs.lengths is not lengths:
-            self._plan_inputs = PlanInputs(lengths, self.index.sizes, digest=self.fingerprint)
+            chunk_rows = self._reader_cls.plan_chunk_rows(self.schema, self.manifest.options)
+            self._plan_inputs = PlanInputs(lengths, self.index.sizes, digest=self.fingerprint, chunk_rows=chunk_rows)
         return self._plan_inputs
 
     def field_lengths(self, name: str) -> NDArray[np.integer]:

@@ -33,6 +33,8 @@ BATCHING_CASES: dict[str, Batching] = {
     "pack_length": Batching(packing=True, pack_length=2048, rows_per_batch=2),
     "rows_per_batch": Batching(packing=True, pack_length=4096, rows_per_batch=3),
     "pack_split": Batching(packing=True, pack_length=16, rows_per_batch=2, pack_split=True),
+    "chunk_window": Batching(batch_size=4, chunk_window=2, chunk_rows=100),  # an Arrow set: rows given
+    "chunk_rows": Batching(batch_size=4, chunk_rows=50),
 }
 
 #: field -> a valid LoaderOptions whose value of that field is not the default

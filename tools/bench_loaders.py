@@ -18,7 +18,9 @@ epoch with ``num_workers`` 0 and 2, with the same padding collate and batch size
   streaming  MosaicML ``MDSWriter`` + ``StreamingDataset`` (local directory);
   webdataset tar shards (``ShardWriter``) + ``WebDataset`` with shard and buffer shuffling;
   hf         Hugging Face ``datasets`` (``save_to_disk``, Arrow), ``with_format("numpy")``;
-  shardload-zarr  when shardload has a ``zarr`` shard format.
+  shardload-zarr  when shardload has a ``zarr`` shard format: the same random batches, in the Zarr
+             set's default order (chunk windows); ``shardload-zarr-shuffled``: the same set in a full
+             shuffle (``Batching(chunk_window=0)``).
 
 Every write and every epoch runs in a fresh process, so that peak RSS (summed
 over the process and its DataLoader workers) is the loader's own. The page
@@ -59,9 +61,10 @@ from shardload.testing import long_tailed_lengths
 
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARIES = ("litdata", "streaming", "webdataset", "hf")  # "the best other library" is the best of these
-CONTESTANTS = ("memmap", "npy", "shardload", "shardload-bucketed", "shardload-zarr", *LIBRARIES)
+ZARR_ROWS = ("shardload-zarr", "shardload-zarr-shuffled")
+CONTESTANTS = ("memmap", "npy", "shardload", "shardload-bucketed", *ZARR_ROWS, *LIBRARIES)
 # Contestants that read what another one wrote.
-WRITTEN_BY = {"shardload-bucketed": "shardload"}
+WRITTEN_BY = {"shardload-bucketed": "shardload", "shardload-zarr-shuffled": "shardload-zarr"}
 
 
 @dataclass(frozen=True)
@@ -327,8 +330,16 @@ def read_shardload(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Iterable[di
         batching = {"max_tokens": opts["max_tokens"][spec.name], "bucketing": True}
     else:  # random batches of a fixed size: the same work as every other contestant
         batching = {"batch_size": opts["batch_size"], "bucketing": False}
+    if opts.get("full_shuffle"):  # a Zarr set read in a full shuffle instead of its default chunk windows
+        batching["chunk_window"] = 0
     return shardload.make_loader(
-        d, rank=0, world_size=1, stage="train", seed=opts["seed"], num_workers=opts["num_workers"], **batching
+        d,
+        rank=0,
+        world_size=1,
+        stage="train",
+        seed=opts["seed"],
+        num_workers=opts["num_workers"],
+        batching=shardload.Batching(**batching),
     )
 
 
@@ -413,6 +424,7 @@ READERS: dict[str, Callable[[Path, DataSpec, dict[str, Any]], Iterable[dict[str,
     "shardload": read_shardload,
     "shardload-bucketed": read_shardload,
     "shardload-zarr": read_shardload,
+    "shardload-zarr-shuffled": read_shardload,
     "litdata": read_litdata,
     "streaming": read_streaming,
     "webdataset": read_webdataset,
@@ -437,7 +449,7 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
         WRITERS[name](src, out, spec, **kwargs)
         os.sync()
         return {"write_s": time.perf_counter() - t0}
-    opts = {**job["opts"], "bucketed": name == "shardload-bucketed"}
+    opts = {**job["opts"], "bucketed": name == "shardload-bucketed", "full_shuffle": name == "shardload-zarr-shuffled"}
     import_contestant(name)  # imports are not part of the loader's time
     print("START", flush=True)
     t0 = time.perf_counter()
@@ -552,7 +564,7 @@ def memcpy_gbps(nbytes: int = 256 << 20, repeats: int = 5) -> float:
 
 def availability(name: str) -> str:
     """An empty string if ``name`` can run here, else why not."""
-    if name == "shardload-zarr":
+    if name in ZARR_ROWS:
         from shardload.formats import FORMATS
 
         return "" if "zarr" in FORMATS else "unavailable: shardload has no zarr shard format in this version"
@@ -760,7 +772,7 @@ def compute_ratios(results: list[dict[str, Any]], specs: list[DataSpec], workers
             }
             libs = {k: v["samples_per_s"] for k, v in ok.items() if k in LIBRARIES}
             best = max(libs, key=libs.__getitem__) if libs else None
-            for mine in ("shardload", "shardload-bucketed", "shardload-zarr"):
+            for mine in ("shardload", "shardload-bucketed", *ZARR_ROWS):
                 if mine not in ok:
                     continue
                 speed = ok[mine]["samples_per_s"]

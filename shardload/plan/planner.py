@@ -32,6 +32,7 @@ from numpy.typing import NDArray
 from shardload.errors import PlanError
 from shardload.plan.assign import assign_shards, balance_by_tokens, shard_order
 from shardload.plan.batcher import Batcher
+from shardload.plan.chunks import ChunkWindows, chunk_identity, resolve_chunk_windows
 from shardload.plan.equalize import equalize_batches
 from shardload.plan.mix import MixInputs
 from shardload.plan.mixbatch import MixBatcher
@@ -214,8 +215,11 @@ class EpochPlanner:
         #: ``(S + 1,)`` shard offsets in the global id space (a mixture's sources one after another)
         self.shard_starts = offsets_from_lengths(inputs.shard_sizes)
         self.mix: MixBatcher | None = None
+        #: the chunk windows of the set (of each source of a mixture; ``None``: a full shuffle)
+        self.chunks: list[ChunkWindows | None] = []
         if isinstance(inputs, MixInputs):  # a selection step, then one batcher per source (plan/mixbatch.py)
             self.mix = MixBatcher(inputs, spec, batching)
+            self.chunks = self.mix.chunks
             counts = self.mix.count_batches()
         else:
             counts = self._single(inputs)
@@ -234,6 +238,9 @@ class EpochPlanner:
         }
         if isinstance(inputs, MixInputs):
             header["mixture"] = inputs.identity()
+        windows = chunk_identity(self.chunks)
+        if windows is not None:  # only a plan that uses chunk windows names them: other plans keep their digest
+            header["chunk_windows"] = windows
         digest = hashlib.sha1(json.dumps(header, sort_keys=True).encode(), usedforsecurity=False)
         digest.update(inputs.shard_sizes.astype("<i8").tobytes())
         self.fingerprint = digest.hexdigest()
@@ -253,6 +260,8 @@ class EpochPlanner:
         # tokens, so the ranges are cut by tokens; with batch_size its samples (equal counts, no splits)
         if batching.batch_size is None:
             self.layout = balance_by_tokens(self.layout, inputs.lengths, inputs.shard_tokens)
+        chunks = resolve_chunk_windows(batching, inputs.chunk_rows, shuffled=spec.shuffled)
+        self.chunks = [chunks]
         self.batcher: Batcher = make_batcher(
             batching,
             lengths=self.lengths,
@@ -261,6 +270,7 @@ class EpochPlanner:
             seed=spec.seed,
             epoch=spec.epoch,
             max_length=inputs.max_length,
+            chunks=chunks,
         )
         if batching.packing:  # counting packs every rank: keep it with the inputs for the next epoch of the same layout
             key = ("packed counts", batching.identity(), layout_key(self.layout))
@@ -339,7 +349,10 @@ class EpochPlanner:
         spec, multiple, uneven = self.spec, self.batching.pad_to_multiple_of, self.batching.uneven
         ids, offsets = self.batcher.build_batches(rank)
         assert len(offsets) - 1 == self.rank_batch_counts[rank], "count and build disagree"
-        if not spec.shuffled:  # evaluation: no step waits on another rank's; the batcher's order is kept
+        if not spec.shuffled or self.batcher.chunks is not None:
+            # Evaluation: no step waits on another rank's. Chunk windows (plan/chunks.py): a rank's batches must
+            # stay in window order so that each chunk is decoded about once. Both keep the batcher's order;
+            # every other training plan is put in balanced steps.
             return equalize_batches(
                 ids, offsets, target=self.num_batches, uneven=uneven, filler_id=self._filler_id(ids)
             )

@@ -16,7 +16,9 @@ the same ``k``: the ranks' batches meet their peers of similar cost, while each
 rank's order still changes with the seed and the epoch. Ties keep the order the
 batcher gave (random within a length bucket). Evaluation keeps the batcher's
 order: no evaluation step waits for another rank's (nothing is all-reduced
-per step), and ``predict`` yields in the order the batcher documents.
+per step), and ``predict`` yields in the order the batcher documents. Training
+with chunk windows (:mod:`shardload.plan.chunks`) keeps it too: its batches
+must come window after window for each chunk to be decoded about once.
 
 Packed plans rank their rows themselves (:mod:`shardload.plan.pack`) and take
 their positions from :func:`step_positions` too. Mixtures keep the order of
