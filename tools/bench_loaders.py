@@ -322,13 +322,14 @@ def read_hf(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Iterable[dict[str,
 
 def read_shardload(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Iterable[dict[str, Any]]:
     import shardload
+    from shardload.plan import Batching
 
     if opts["bucketed"]:
-        batching = {"max_tokens": opts["max_tokens"][spec.name], "bucketing": True}
+        batching = Batching(max_tokens=opts["max_tokens"][spec.name], bucketing=True)
     else:  # random batches of a fixed size: the same work as every other contestant
-        batching = {"batch_size": opts["batch_size"], "bucketing": False}
+        batching = Batching(batch_size=opts["batch_size"], bucketing=False)
     return shardload.make_loader(
-        d, rank=0, world_size=1, stage="train", seed=opts["seed"], num_workers=opts["num_workers"], **batching
+        d, rank=0, world_size=1, stage="train", seed=opts["seed"], num_workers=opts["num_workers"], batching=batching
     )
 
 
