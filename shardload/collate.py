@@ -268,8 +268,7 @@ def collate_batch(
     b = len(sample_ids)
     groups = group_by_shard(shards)
     cols = {s: columns_of(s) for s, _ in groups}
-    names = pad.fields if pad.fields is not None else schema.names
-    fields = [schema.field(name) for name in names]
+    fields = schema.fields if pad.fields is None else [schema.field(name) for name in pad.fields]
     layout: Layout = []
     # each variable field: its bounds in the shard's values, its lengths, and whether it is padded first
     variable: dict[str, tuple[tuple[NDArray[np.int64], NDArray[np.int64]], NDArray[np.int64], bool]] = {}
@@ -314,7 +313,7 @@ def collate_batch(
         copy_slices(flat, cols, groups, name, bounds, dst, None if fill_first else dst + arr.shape[1], pad_value)
     fill_plan_keys(out, sample_ids, weights)
     if any(f.text for f in fields):
-        out.update(text_lists(schema, names, cols, groups, rows))
+        out.update(text_lists(schema, [f.name for f in fields], cols, groups, rows))
     return out
 
 

@@ -432,7 +432,7 @@ class ShardSet:
             new: FileStamp | None = file_stamp(os.fstat(fd) if fd is not None else os.stat(reader.path))
         except OSError:
             new = None
-        if new == old:  # the common case, decided without the rule below
+        if new == old:  # the common case: nothing changed, decided without the rule below
             return
         if same_bytes(old, new):
             if new is not None:
