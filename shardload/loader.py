@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -321,6 +321,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
     def _batches(self, mine: int) -> Iterator[dict[str, torch.Tensor]]:
         self.plan_sampler.begin_pass()
         it: Any = None
+        direct: Callable[[], Any] | None = None
         while True:
             if self._iteration != mine:
                 raise PlanError(
@@ -335,7 +336,8 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                         raise RuntimeError("a persistent DataLoader worker exited between passes")
                     # persistent workers: torch's iterator of the last pass, reset (its workers answer first)
                     it = super().__iter__()
-                batch = next(it)
+                    direct = self._direct_fetch(it)
+                batch = next(it) if direct is None else direct()
             except StopIteration:
                 return
             except ShardloadError:
@@ -352,6 +354,24 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
     def _forget_workers(self) -> None:
         """After a failure, the next iteration starts new workers (persistent ones would carry a dead or stuck one)."""
         self._iterator = None  # DataLoader's persistent iterator; dropped, it shuts its workers down
+
+    def _direct_fetch(self, it: Any) -> Callable[[], Any] | None:
+        """Without workers or pinning: the next batch as torch's single-process iterator makes it, called directly.
+
+        That iterator's ``__next__`` takes the next key from the sampler and
+        indexes the dataset with it (the collate is the identity); its
+        wrappers around that (a profiler range, counters) cost about as much
+        as the sampler and the shard lookups together. The iterator itself is
+        still created, so everything it does once per pass (the sampler's
+        iterator, the draw from torch's random generator) happens as before.
+        None (go through ``next(it)``) with workers, with ``pin_memory``, or if
+        this torch's iterator has no ``_sampler_iter``.
+        """
+        keys = getattr(it, "_sampler_iter", None)
+        if self.num_workers or keys is None or getattr(it, "_pin_memory", True):
+            return None
+        dataset = self.dataset
+        return lambda: dataset[next(keys)]
 
     def _worker_failure(self, it: Any, exc: Exception) -> Exception:
         """What to raise when the next batch failed: a dead or stuck worker named, or ``exc`` itself.

@@ -433,6 +433,8 @@ class ShardSet:
             new: FileStamp | None = file_stamp(os.fstat(fd) if fd is not None else os.stat(reader.path))
         except OSError:
             new = None
+        if new == old:  # the common case: nothing changed, decided without the rule below
+            return
         if same_bytes(old, new):
             if new is not None:
                 self._stamps[shard] = new  # a chmod or a link since: compare with the file as it is now
