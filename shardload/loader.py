@@ -35,6 +35,8 @@ from shardload.plan.mix import refuse_long_samples_in
 from shardload.plan.request import check_request
 from shardload.plan.resume import ResumeInputs, run_identity
 from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
+from shardload.remote.options import RemoteOptions
+from shardload.remote.prefetch import Prefetcher, start_prefetch
 from shardload.shardset import ShardSet
 from shardload.workers import dead_worker, describe_exit, describe_stall
 from shardload.world import World
@@ -299,6 +301,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         # an older iterator still held raises instead of yielding batches of a plan (or a start) no longer current.
         self._iteration = 0
         self._superseded_by = ""
+        self._prefetch: list[Prefetcher] = []  # remote sets: this rank's shards downloaded ahead
 
     @property
     def plan_sampler(self) -> PlanSampler:
@@ -320,7 +323,21 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
 
     def _batches(self, mine: int) -> Iterator[dict[str, torch.Tensor]]:
         self.plan_sampler.begin_pass()
+        self._stop_prefetch()  # before workers fork: no download thread may run across a fork
         it = super().__iter__()
+        sampler = self.plan_sampler
+        self._prefetch = start_prefetch(sampler.shard_set, sampler.plan(), self.num_workers)
+        try:
+            yield from self._consume(mine, it)
+        finally:
+            self._stop_prefetch()
+
+    def _stop_prefetch(self) -> None:
+        prefetch, self._prefetch = self._prefetch, []
+        for p in prefetch:
+            p.stop()
+
+    def _consume(self, mine: int, it: Any) -> Iterator[dict[str, torch.Tensor]]:
         while True:
             if self._iteration != mine:
                 raise PlanError(
@@ -337,6 +354,8 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             except Exception as exc:
                 raise self._worker_failure(it, exc) from exc
             self.plan_sampler.batches_done += 1
+            for p in self._prefetch:
+                p.advance(self.plan_sampler.batches_done)
             # A batch from a worker arrives packed (unless the pinning thread unpacked it already).
             yield batch.tensors() if isinstance(batch, WorkerBatch) else batch
 
@@ -397,6 +416,7 @@ def make_loader(
     num_workers: int | None = None,
     rank: int | None = None,
     world_size: int | None = None,
+    remote: RemoteOptions | None = None,
 ) -> ShardLoader:
     """A DataLoader over this rank's share of a shard set.
 
@@ -432,6 +452,8 @@ def make_loader(
         num_workers: Shortcut for ``loader_options=LoaderOptions(num_workers=...)``.
         rank: This rank (with ``world_size``; default: from the environment).
         world_size: Number of ranks.
+        remote: For a URL (``s3://``, ``gs://``, ``https://``, also as a mixture's source): credentials,
+            node cache and prefetch (:class:`~shardload.remote.RemoteOptions`; docs/remote.md).
 
     Examples:
         >>> loader = shardload.make_loader("out/", batch_size=32, num_workers=2)  # doctest: +SKIP
@@ -457,7 +479,7 @@ def make_loader(
         world_size=world.world_size, stage=stage, seed=seed, epoch=epoch, shard_assignment=shard_assignment
     )
     pad = PadSpec({} if pad_values is None else pad_values, batching.pad_to_multiple_of, fields)
-    return build_loader(source, spec, batching, pad=pad, options=options, world=world)
+    return build_loader(source, spec, batching, pad=pad, options=options, world=world, remote=remote)
 
 
 def build_loader(
@@ -469,6 +491,7 @@ def build_loader(
     options: LoaderOptions,
     world: World,
     trainer: TrainerLink | None = None,
+    remote: RemoteOptions | None = None,
 ) -> ShardLoader:
     """The loader of checked option objects: what :func:`make_loader` and the DataModule both build.
 
@@ -477,7 +500,7 @@ def build_loader(
     each other too); no batch is planned or read yet.
     """
     check_request(spec, batching)
-    shard_set = open_source(path)
+    shard_set = open_source(path, remote)
     if isinstance(shard_set, MixedSets):
         shard_set.check_fields(pad.fields)
     sampler = PlanSampler(shard_set, spec, batching, world=world, debug=options.debug, trainer=trainer)

@@ -211,6 +211,18 @@ class Manifest:
         return cls.from_json(obj, where=str(path))
 
 
+def metadata_files(manifest: Manifest) -> list[str]:
+    """The set-level files a reader needs at open, besides ``manifest.json``: the lengths indexes.
+
+    The batching index, then each per-field index (relative paths, each once). A
+    remote set's node cache fetches exactly these at open (``origins.arrow`` waits
+    for the first ``origin()`` call).
+    """
+    files = [manifest.lengths_file]
+    files += [f for f in sorted(set(manifest.field_lengths.values())) if f != manifest.lengths_file]
+    return files
+
+
 def _parse(obj: Any, where: str) -> Manifest:
     if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
         raise ManifestError(f"{where}: not a shardload manifest")
