@@ -36,7 +36,7 @@ from shardload.plan.request import check_request
 from shardload.plan.resume import ResumeInputs, run_identity
 from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
 from shardload.remote.options import RemoteOptions
-from shardload.remote.prefetch import Prefetcher, start_prefetch
+from shardload.remote.prefetch import Prefetcher, read_orders, start_prefetch
 from shardload.shardset import ShardSet
 from shardload.workers import dead_worker, describe_exit, describe_stall
 from shardload.world import World
@@ -324,9 +324,10 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
     def _batches(self, mine: int) -> Iterator[dict[str, torch.Tensor]]:
         self.plan_sampler.begin_pass()
         self._stop_prefetch()  # before workers fork: no download thread may run across a fork
-        it = super().__iter__()
         sampler = self.plan_sampler
-        self._prefetch = start_prefetch(sampler.shard_set, sampler.plan(), self.num_workers)
+        orders = read_orders(sampler.shard_set, sampler.plan(), self.num_workers)  # a too-small cache: refused here
+        it = super().__iter__()
+        self._prefetch = start_prefetch(orders)
         try:
             yield from self._consume(mine, it)
         finally:

@@ -14,7 +14,15 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shardload.cli._common import CommandError, Exit, int_at_least, print_json, python_hint
+from shardload.cli._common import (
+    CommandError,
+    Exit,
+    add_remote_flags,
+    int_at_least,
+    print_json,
+    python_hint,
+    remote_of,
+)
 from shardload.cli._flags import add_option_flags, options_from_args
 from shardload.plan import Batching, EpochSpec
 
@@ -28,6 +36,7 @@ EPILOG = """examples:
   shardload plan out/ --world-size 4 --batch-size 32 --stage val --json
   shardload plan out/ --world-size 2 --batch-size 4 --with-ids --json > plan.json
   shardload plan out/ --world-size 8 --packing --pack-length 4096 --rows-per-batch 8
+  shardload plan s3://bucket/sets/train --world-size 8 --max-tokens 16384   # manifest + lengths only
   shardload plan --source web=sets/web:0.7 --source code=sets/code:0.3 --world-size 8 --max-tokens 16384
 
 the epoch and batching flags are the fields of shardload.plan.EpochSpec and
@@ -44,7 +53,7 @@ shardload.plan.Batching (--max-tokens is max_tokens=...); one of --batch-size,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", metavar="OUT", nargs="?", help="a shard set directory (or give --source instead)")
+    p.add_argument("path", metavar="OUT", nargs="?", help="a shard set directory or URL (or give --source instead)")
     mix = p.add_argument_group("a mixture of shard sets (shardload.Mixture), instead of OUT")
     mix.add_argument(
         "--source",
@@ -73,6 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --json: add each rank's batch_sample_ids and batch_weights (large!)",
     )
+    add_remote_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
     if (args.path is None) == (args.source is None):
         raise CommandError("give a shard set directory OUT, or a mixture with --source NAME=PATH[:WEIGHT]", Exit.USAGE)
     spec, batching = options_from_args(EpochSpec, args), options_from_args(Batching, args)
-    inputs = shardload.open(args.path).plan_inputs() if args.path is not None else mixture_of(args).open().plan_inputs()
+    remote = remote_of(args)
+    opened = shardload.open(args.path, remote=remote) if args.path is not None else mixture_of(args).open(remote)
+    inputs = opened.plan_inputs()
     summary = summarize_plan(inputs, spec, batching, with_ids=args.with_ids)
     if args.json:
         print_json(summary.to_dict())

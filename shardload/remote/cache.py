@@ -111,6 +111,7 @@ class RemoteSet:
         self.set_dir = options.directory / "sets" / hashlib.sha256(self.url.encode()).hexdigest()[:16]
         self.mirror = self.set_dir  # the fingerprint's directory, once open() ran
         self.manifest: Manifest | None = None
+        self.stamp = ""  # what the server said of manifest.json when this set was opened
         self._fs: Any = None
         self._root = ""
         self._pid = os.getpid()
@@ -154,7 +155,7 @@ class RemoteSet:
     def open(self) -> Path:
         """The local mirror holding this set's manifest and lengths indexes (fetched if new or changed)."""
         self.set_dir.mkdir(parents=True, exist_ok=True)
-        stamp = self._stamp()
+        stamp = self.stamp = self._stamp()
         mirror = self._current(stamp)
         if mirror is None:
             with _locked(self.set_dir / ".lock", timeout=self.options.wait_timeout, what=f"opening {self.url}"):
@@ -351,7 +352,7 @@ class RemoteSet:
                 with open(self.mirror / ".downloads", "a") as log:
                     log.write(f"{shard} {os.getpid()} {info.bytes}\n")
                 return
-        if self._stamp() != self._stamp_known():
+        if self._stamp() != self.stamp:
             raise ShardSetChangedError(
                 f"{self.url} was re-prepared since it was opened: shard {shard} ({url}) no longer matches the "
                 "manifest this job read. Restart the job once prepare has finished."
@@ -362,13 +363,6 @@ class RemoteSet:
             f"The object in storage is damaged or was replaced: run `shardload verify {self.url}`, and upload "
             "the set again (prepare -o URL)."
         )
-
-    def _stamp_known(self) -> str | None:
-        try:
-            known = json.loads((self.set_dir / "current.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return str(known.get("stamp")) if isinstance(known, dict) else None
 
     # -- room in a bounded cache -------------------------------------------------------------------------
     def _reserve(self, shard: int, urgent: bool) -> Path | None:

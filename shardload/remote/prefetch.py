@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from shardload.plan import RankPlan
     from shardload.shardset import ShardSet
 
-__all__ = ["Prefetcher", "check_step_fits", "read_order", "start_prefetch"]
+__all__ = ["Prefetcher", "check_step_fits", "read_order", "read_orders", "start_prefetch"]
 
 logger = logging.getLogger("shardload.remote")
 
@@ -178,13 +178,17 @@ class Prefetcher:
             return False
 
 
-def prefetchers_for(
+#: what a rank reads of each remote set this epoch: (remote set, local shard order, batch starts in it)
+ReadOrders = list[tuple[RemoteSet, NDArray[np.int64], NDArray[np.int64]]]
+
+
+def split_order(
     remotes: Sequence[tuple[RemoteSet, int, int]],
     sequence: NDArray[np.int64],
     starts: NDArray[np.int64],
     readers: int,
-) -> list[Prefetcher]:
-    """One :class:`Prefetcher` per remote set of a (possibly mixed) read order.
+) -> ReadOrders:
+    """Each remote set's part of a (possibly mixed) read order, checked against its cache limit.
 
     Args:
         remotes: ``(remote set, first global shard, shards)`` of each remote set read.
@@ -192,20 +196,22 @@ def prefetchers_for(
         readers: batches read at once on the node, for :func:`check_step_fits`.
     """
     batch_of = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
-    out: list[Prefetcher] = []
-    try:
-        for remote, first, count in remotes:
-            mine = (sequence >= first) & (sequence < first + count)
-            local = sequence[mine] - first
-            local_starts = np.searchsorted(batch_of[mine], np.arange(len(starts)), side="left").astype(np.int64)
-            check_step_fits(remote, local, local_starts, readers)
-            if remote.options.prefetch_downloads > 0:
-                out.append(Prefetcher(remote, local, local_starts))
-    except BaseException:
-        for p in out:
-            p.stop()
-        raise
+    out: ReadOrders = []
+    for remote, first, count in remotes:
+        mine = (sequence >= first) & (sequence < first + count)
+        local = sequence[mine] - first
+        local_starts = np.searchsorted(batch_of[mine], np.arange(len(starts)), side="left").astype(np.int64)
+        check_step_fits(remote, local, local_starts, readers)
+        out.append((remote, local, local_starts))
     return out
+
+
+def start_prefetch(orders: ReadOrders) -> list[Prefetcher]:
+    """One running :class:`Prefetcher` per remote set (none where ``prefetch_downloads`` is 0).
+
+    Start them after the loader's workers have forked: no download thread may run across a fork.
+    """
+    return [Prefetcher(remote, seq, starts) for remote, seq, starts in orders if remote.options.prefetch_downloads]
 
 
 def local_ranks() -> int:
@@ -214,8 +220,8 @@ def local_ranks() -> int:
     return int(text) if text.isdigit() and int(text) > 0 else 1
 
 
-def start_prefetch(read: ShardSet | MixedSets, plan: RankPlan, workers: int) -> list[Prefetcher]:
-    """Prefetchers for the remote sets ``read`` holds (none for local sets), for this rank's ``plan``.
+def read_orders(read: ShardSet | MixedSets, plan: RankPlan, workers: int) -> ReadOrders:
+    """What this rank's ``plan`` reads of each remote set ``read`` holds (nothing for local sets).
 
     Raises:
         PlanError: a cache limit below what one step of the node needs (:func:`check_step_fits`).
@@ -228,4 +234,4 @@ def start_prefetch(read: ShardSet | MixedSets, plan: RankPlan, workers: int) -> 
     if not remotes:
         return []
     sequence, starts = read_order(plan.sample_ids, plan.batch_offsets, read.index)
-    return prefetchers_for(remotes, sequence, starts, max(1, workers) * local_ranks())
+    return split_order(remotes, sequence, starts, max(1, workers) * local_ranks())
