@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 from shardload.manifest import Manifest
 from shardload.messages import format_bytes
+from shardload.remote.options import RemoteOptions
 from shardload.shardset import open_shard_set
 from shardload.text import TEXT_DTYPES
 
@@ -136,8 +137,11 @@ def length_distribution(lengths: NDArray[np.integer], *, chunk: int = _CHUNK) ->
     return LengthDistribution(values, counts)
 
 
-def describe(path: str | os.PathLike[str], *, bins: int = 16) -> dict[str, Any]:
+def describe(path: str | os.PathLike[str], *, bins: int = 16, remote: RemoteOptions | None = None) -> dict[str, Any]:
     """Summarise the shard set at ``path`` (no shard is read).
+
+    ``path`` may be a URL: its manifest and lengths index are fetched into the node
+    cache (``remote``: credentials and cache, :class:`~shardload.remote.RemoteOptions`).
 
     Returns:
         A JSON-ready dict with keys ``path``, ``fingerprint``, ``shard_format``,
@@ -153,7 +157,7 @@ def describe(path: str | os.PathLike[str], *, bins: int = 16) -> dict[str, Any]:
     Raises:
         ManifestError: the manifest or the lengths index is missing or unusable.
     """
-    ss = open_shard_set(path)
+    ss = open_shard_set(path, remote=remote)
     m = ss.manifest
     dist = length_distribution(ss.lengths)
     edges, counts = dist.histogram(bins)
@@ -161,7 +165,7 @@ def describe(path: str | os.PathLike[str], *, bins: int = 16) -> dict[str, Any]:
     if lengths:
         lengths["mean"] = round(dist.mean, 2)
     return {
-        "path": str(ss.path),
+        "path": ss.url or str(ss.path),
         "fingerprint": m.fingerprint,
         "shard_format": m.shard_format,
         "created": m.created,
@@ -252,7 +256,9 @@ def format_description(info: Mapping[str, Any], *, width: int = 40) -> str:
     return "\n".join(out)
 
 
-def plot_lengths(path: str | os.PathLike[str], png: str | os.PathLike[str], *, bins: int = 60) -> Path:
+def plot_lengths(
+    path: str | os.PathLike[str], png: str | os.PathLike[str], *, bins: int = 60, remote: RemoteOptions | None = None
+) -> Path:
     """Save a histogram of the sample lengths of the set at ``path`` to ``png``.
 
     Uses matplotlib's object API (no pyplot, no global backend change), so it is
@@ -269,7 +275,7 @@ def plot_lengths(path: str | os.PathLike[str], png: str | os.PathLike[str], *, b
         raise ModuleNotFoundError(
             "plotting lengths needs matplotlib: pip install shardload[plot]", name="matplotlib"
         ) from None
-    ss = open_shard_set(path)
+    ss = open_shard_set(path, remote=remote)
     dist = length_distribution(ss.lengths)
     edges, counts = dist.histogram(bins)
     fig = Figure(figsize=(8, 4.5), layout="constrained")

@@ -276,6 +276,19 @@ class Manifest:
         return cls.from_json(obj, where=str(path), directory=Path(directory))
 
 
+def metadata_files(manifest: Manifest) -> list[str]:
+    """The set-level files a reader needs at open, besides ``manifest.json``: shard table and lengths indexes.
+
+    The shard table (format version 3), the batching index, then each per-field index (relative paths, each once). A
+    remote set's node cache fetches exactly these at open (``origins.arrow`` waits
+    for the first ``origin()`` call).
+    """
+    files = [manifest.shard_table] if manifest.shard_table else []
+    files.append(manifest.lengths_file)
+    files += [f for f in sorted(set(manifest.field_lengths.values())) if f != manifest.lengths_file]
+    return files
+
+
 def _parse(obj: Any, where: str, directory: Path | None) -> Manifest:
     if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
         raise ManifestError(f"{where}: not a shardload manifest")

@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.cli._common import CommandError, Exit, int_at_least, print_json, python_hint
+from shardload.cli._common import (
+    CommandError,
+    Exit,
+    add_remote_flags,
+    int_at_least,
+    print_json,
+    python_hint,
+    remote_of,
+)
 from shardload.cli._flags import add_option_flags, options_from_args
 from shardload.plan import Batching, EpochSpec
 
@@ -36,6 +44,7 @@ EPILOG = """examples:
   shardload plan out/ --world-size 2 --batch-size 4 --with-ids --json > plan.json
   shardload plan out/ --world-size 8 --packing --pack-length 4096 --rows-per-batch 8
   shardload plan out/ --world-size 16 --batch-size 32 --ranks-per-node 8   # cache per node of 8 ranks
+  shardload plan s3://bucket/sets/train --world-size 8 --max-tokens 16384   # manifest + lengths only
   shardload plan --source web=sets/web:0.7 --source code=sets/code:0.3 --world-size 8 --max-tokens 16384
 
 the epoch and batching flags are the fields of shardload.plan.EpochSpec and
@@ -52,7 +61,7 @@ shardload.plan.Batching (--max-tokens is max_tokens=...); one of --batch-size,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", metavar="OUT", nargs="?", help="a shard set directory (or give --source instead)")
+    p.add_argument("path", metavar="OUT", nargs="?", help="a shard set directory or URL (or give --source instead)")
     mix = p.add_argument_group("a mixture of shard sets (shardload.Mixture), instead of OUT")
     mix.add_argument(
         "--source",
@@ -88,6 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --json: add each rank's batch_sample_ids and batch_weights (large!)",
     )
+    add_remote_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
             "of one node",
             Exit.USAGE,
         )
-    opened = shardload.open(args.path) if args.path is not None else mixture_of(args).open()
+    remote = remote_of(args)
+    opened = shardload.open(args.path, remote=remote) if args.path is not None else mixture_of(args).open(remote)
     summary = summarize_plan(
         opened.plan_inputs(),
         spec,
