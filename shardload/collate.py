@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -228,12 +229,17 @@ def group_by_shard(shards: NDArray[np.int64]) -> list[tuple[int, NDArray[np.int6
     A batch usually touches one or two shards, so offsets and fixed fields are
     gathered per shard with numpy, not sample by sample.
     """
-    if len(shards) == 0:
+    n = len(shards)
+    if n == 0:
         return []
-    lo, hi = int(shards.min()), int(shards.max())
-    if lo == hi:
-        return [(lo, None)]
-    return [(int(s), np.flatnonzero(shards == s)) for s in np.unique(shards)]
+    first = shards[0]
+    if (shards == first).all():
+        return [(int(first), None)]
+    # one stable sort: each shard's positions come out contiguous and in batch order
+    order = shards.argsort(kind="stable")
+    ordered = shards[order]
+    cuts = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), n]
+    return [(int(ordered[a]), order[a:b]) for a, b in pairwise(cuts)]
 
 
 def collate_batch(
@@ -262,52 +268,52 @@ def collate_batch(
     b = len(sample_ids)
     groups = group_by_shard(shards)
     cols = {s: columns_of(s) for s, _ in groups}
-    names = pad.fields if pad.fields is not None else schema.names
+    fields = schema.fields if pad.fields is None else [schema.field(name) for name in pad.fields]
     layout: Layout = []
-    bounds: dict[str, tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
-    fill_first: dict[str, bool] = {}
-    for name in names:
-        f = schema.field(name)
+    # each variable field: its bounds in the shard's values, its lengths, and whether it is padded first
+    variable: dict[str, tuple[tuple[NDArray[np.int64], NDArray[np.int64]], NDArray[np.int64], bool]] = {}
+    for f in fields:
         if f.text:
             continue  # a list, made after the arrays (text_lists)
+        inner = f.inner_shape
         if not f.variable:
-            layout.append((name, (b, *f.inner_shape), np.dtype(f.dtype), False))
+            layout.append((f.name, (b, *inner), np.dtype(f.dtype), False))
             continue
-        starts, ends = sample_bounds(cols, groups, name, rows)
-        bounds[name] = starts, ends
+        starts, ends = sample_bounds(cols, groups, f.name, rows)
         lengths = ends - starts
+        total = int(lengths.sum())
         l_pad = padded_length(int(lengths.max(initial=0)), pad.pad_to_multiple_of)
         # Where padding is most of the array (random batches of long-tailed lengths), the whole array
         # is padded first and each sample copied over it: one numpy call per sample; zero padding then
         # comes from zeroed memory, which the kernel provides without a pass over it. Otherwise
         # (bucketed batches) each row's tail is padded after its sample, so no byte is written twice.
-        fill_first[name] = b * l_pad - int(lengths.sum()) > int(lengths.sum())
-        zeroed = fill_first[name] and pad.pad_values.get(name, 0) == 0
-        layout.append((name, (b, l_pad, *f.inner_shape), np.dtype(f.dtype), zeroed))
-        layout.append((lengths_key(name), (b,), np.dtype(np.int64), False))
+        fill_first = b * l_pad - total > total
+        variable[f.name] = (starts, ends), lengths, fill_first
+        zeroed = fill_first and pad.pad_values.get(f.name, 0) == 0
+        layout.append((f.name, (b, l_pad, *inner), np.dtype(f.dtype), zeroed))
+        layout.append((lengths_key(f.name), (b,), np.dtype(np.int64), False))
     # the keys besides the fields: Schema.batch_keys() lists them, and no field may have one of their names
     layout += plan_layout(b)
 
     out = allocate(layout)
-    for name in names:
-        if schema.field(name).text:
+    for f in fields:
+        if f.text:
             continue
-        arr = out[name]
-        if name not in bounds:
+        name, arr = f.name, out[f.name]
+        if name not in variable:
             gather_fixed(arr, cols, groups, name, rows)
             continue
-        starts, ends = bounds[name]
-        np.subtract(ends, starts, out=out[lengths_key(name)])
+        bounds, lengths, fill_first = variable[name]
+        out[lengths_key(name)][:] = lengths
         pad_value = pad.pad_values.get(name, 0)
-        if fill_first[name] and pad_value != 0:
+        if fill_first and pad_value != 0:
             arr.fill(pad_value)
         flat = arr.reshape(b * arr.shape[1], *arr.shape[2:])  # a view: rows addressed by one slice each
         dst = np.arange(b, dtype=np.int64) * arr.shape[1]
-        copy_slices(
-            flat, cols, groups, name, bounds[name], dst, None if fill_first[name] else dst + arr.shape[1], pad_value
-        )
+        copy_slices(flat, cols, groups, name, bounds, dst, None if fill_first else dst + arr.shape[1], pad_value)
     fill_plan_keys(out, sample_ids, weights)
-    out.update(text_lists(schema, names, cols, groups, rows))
+    if any(f.text for f in fields):
+        out.update(text_lists(schema, [f.name for f in fields], cols, groups, rows))
     return out
 
 

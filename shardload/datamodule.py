@@ -24,6 +24,7 @@ from shardload.loader_options import LoaderOptions, with_shortcuts
 from shardload.loader_state import check_state
 from shardload.mixture import MixedSets, Mixture, Source, as_source, open_source
 from shardload.plan import Batching, EpochSpec, ShardAssignment, Stage
+from shardload.remote.options import RemoteOptions
 from shardload.world import World
 
 #: which shard sets each Lightning stage reads
@@ -68,6 +69,8 @@ class ShardDataModule(pl.LightningDataModule):
             when CUDA is available).
         num_workers: shortcut for ``loader_options=LoaderOptions(num_workers=...)``;
             the batches do not depend on it.
+        remote: for sets given as URLs (``s3://``, ``gs://``, ``https://``): credentials, node
+            cache and prefetch (:class:`~shardload.remote.RemoteOptions`; docs/remote.md).
 
     Raises:
         PlanError: an option has the wrong type or value (here, when the
@@ -98,6 +101,7 @@ class ShardDataModule(pl.LightningDataModule):
         fields: tuple[str, ...] | None = None,
         loader_options: LoaderOptions | None = None,
         num_workers: int | None = None,
+        remote: RemoteOptions | None = None,
     ) -> None:
         super().__init__()
         given: dict[Stage, object] = {"train": train, "val": val, "test": test, "predict": predict}
@@ -116,6 +120,9 @@ class ShardDataModule(pl.LightningDataModule):
         self.spec = EpochSpec(world_size=1, seed=seed, shard_assignment=shard_assignment)
         self.pad = PadSpec({} if pad_values is None else pad_values, self.batching.pad_to_multiple_of, fields)
         self.seed = self.spec.seed
+        if remote is not None and not isinstance(remote, RemoteOptions):
+            raise PlanError(f"remote must be a shardload.remote.RemoteOptions, got {type(remote).__name__}")
+        self.remote = remote
         self.world: World | None = None
         self._train_loader: ShardLoader | None = None
         # the training loader's state from a checkpoint, applied when the loader is made (see load_state_dict)
@@ -131,7 +138,7 @@ class ShardDataModule(pl.LightningDataModule):
         for name in _SETS_OF_STAGE.get(stage, ()):
             path = self.paths[name]
             if path is not None:
-                opened = open_source(path)
+                opened = open_source(path, self.remote)
                 if isinstance(opened, MixedSets):
                     opened.check_fields(self.pad.fields)
                 self.pad.for_schema(opened.schema, f"the {name} set {opened.path}")
@@ -158,6 +165,7 @@ class ShardDataModule(pl.LightningDataModule):
             options=self.loader_options,
             world=world,
             trainer=train_link(self.trainer) if training else None,
+            remote=self.remote,
         )
         if stage == "train":
             self._train_loader, state = loader, self._train_state

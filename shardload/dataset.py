@@ -40,6 +40,7 @@ from shardload.collate_packed import PackSpec, collate_packed
 from shardload.errors import PlanError, ShardSetChangedError
 from shardload.formats import Columns
 from shardload.mixture import SOURCE_KEY, MixedSets
+from shardload.remote.url import is_remote
 from shardload.shardset import ShardSet
 
 
@@ -206,7 +207,7 @@ class ShardBatchDataset(Dataset[Any]):
             self._shard_set, self.path = path, path.path
             self._check_pad(path)  # a typo in pad_values fails here, not in a worker
         else:
-            self.path = Path(path)
+            self.path = str(path) if is_remote(path) else Path(path)
         self.fingerprint = fingerprint
 
     def _check_pad(self, shard_set: ShardSet | MixedSets) -> None:
@@ -280,6 +281,7 @@ class ShardBatchDataset(Dataset[Any]):
             )
         # Again after the copy: a shard rewritten while this batch was read must not go out as data.
         ss.check_shards_unchanged(touched)
+        ss.release_others(touched)  # a remote set in a bounded cache: only this batch's shards stay held
         if isinstance(ss, MixedSets):
             out[SOURCE_KEY][:] = ss.source_of(sample_ids)
         return out

@@ -41,12 +41,16 @@ class ShardIndex:
 
     def locate(self, ids: NDArray[np.integer] | int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """``(shard, row)`` arrays for global sample ids (vectorised)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.num_samples):
-            bad = ids[(ids < 0) | (ids >= self.num_samples)][0]
-            raise IndexError(f"sample id {int(bad)} out of range for a shard set of {self.num_samples} samples")
-        shard = np.searchsorted(self.starts, ids, side="right") - 1
-        return shard, ids - self.starts[shard]
+        a: NDArray[np.int64] = np.asarray(ids, dtype=np.int64)
+        n = int(self.starts[-1])
+        # one pass for both bounds: a negative id is above every valid one as uint64
+        if a.size and int(a.view(np.uint64).max()) >= n:
+            bad = a[(a < 0) | (a >= n)][0]
+            raise IndexError(f"sample id {int(bad)} out of range for a shard set of {n} samples")
+        if len(self.sizes) == 1:
+            return np.zeros(a.shape, dtype=np.int64), a.copy()
+        shard: NDArray[np.int64] = self.starts.searchsorted(a, side="right") - 1
+        return shard, a - self.starts[shard]
 
     def shards_of(self, ids: NDArray[np.integer]) -> NDArray[np.int64]:
         """Sorted distinct shard indices that hold ``ids``."""

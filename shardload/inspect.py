@@ -24,6 +24,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.manifest import Manifest
+from shardload.messages import format_bytes
+from shardload.remote.options import RemoteOptions
 from shardload.shardset import open_shard_set
 from shardload.text import TEXT_DTYPES
 
@@ -135,8 +137,11 @@ def length_distribution(lengths: NDArray[np.integer], *, chunk: int = _CHUNK) ->
     return LengthDistribution(values, counts)
 
 
-def describe(path: str | os.PathLike[str], *, bins: int = 16) -> dict[str, Any]:
+def describe(path: str | os.PathLike[str], *, bins: int = 16, remote: RemoteOptions | None = None) -> dict[str, Any]:
     """Summarise the shard set at ``path`` (no shard is read).
+
+    ``path`` may be a URL: its manifest and lengths index are fetched into the node
+    cache (``remote``: credentials and cache, :class:`~shardload.remote.RemoteOptions`).
 
     Returns:
         A JSON-ready dict with keys ``path``, ``fingerprint``, ``shard_format``,
@@ -152,7 +157,7 @@ def describe(path: str | os.PathLike[str], *, bins: int = 16) -> dict[str, Any]:
     Raises:
         ManifestError: the manifest or the lengths index is missing or unusable.
     """
-    ss = open_shard_set(path)
+    ss = open_shard_set(path, remote=remote)
     m = ss.manifest
     dist = length_distribution(ss.lengths)
     edges, counts = dist.histogram(bins)
@@ -160,7 +165,7 @@ def describe(path: str | os.PathLike[str], *, bins: int = 16) -> dict[str, Any]:
     if lengths:
         lengths["mean"] = round(dist.mean, 2)
     return {
-        "path": str(ss.path),
+        "path": ss.url or str(ss.path),
         "fingerprint": m.fingerprint,
         "shard_format": m.shard_format,
         "created": m.created,
@@ -171,9 +176,9 @@ def describe(path: str | os.PathLike[str], *, bins: int = 16) -> dict[str, Any]:
         "length_field": m.schema.length_field,
         "samples": m.total_samples,
         "shards": len(m.shards),
-        "bytes": sum(s.bytes for s in m.shards),
+        "bytes": int(m.table.bytes.sum()),
         "tokens": m.total_tokens,
-        "shard_balance": {key: _min_max([getattr(s, key) for s in m.shards]) for key in ("samples", "tokens", "bytes")},
+        "shard_balance": {key: _min_max(getattr(m.table, key)) for key in ("samples", "tokens", "bytes")},
         **({"part_balance": _part_balance(m)} if m.parts else {}),
         "lengths": lengths,
         "histogram": {"edges": edges, "counts": counts},
@@ -251,7 +256,9 @@ def format_description(info: Mapping[str, Any], *, width: int = 40) -> str:
     return "\n".join(out)
 
 
-def plot_lengths(path: str | os.PathLike[str], png: str | os.PathLike[str], *, bins: int = 60) -> Path:
+def plot_lengths(
+    path: str | os.PathLike[str], png: str | os.PathLike[str], *, bins: int = 60, remote: RemoteOptions | None = None
+) -> Path:
     """Save a histogram of the sample lengths of the set at ``path`` to ``png``.
 
     Uses matplotlib's object API (no pyplot, no global backend change), so it is
@@ -268,7 +275,7 @@ def plot_lengths(path: str | os.PathLike[str], png: str | os.PathLike[str], *, b
         raise ModuleNotFoundError(
             "plotting lengths needs matplotlib: pip install shardload[plot]", name="matplotlib"
         ) from None
-    ss = open_shard_set(path)
+    ss = open_shard_set(path, remote=remote)
     dist = length_distribution(ss.lengths)
     edges, counts = dist.histogram(bins)
     fig = Figure(figsize=(8, 4.5), layout="constrained")
@@ -293,32 +300,25 @@ def plot_lengths(path: str | os.PathLike[str], png: str | os.PathLike[str], *, b
     return out
 
 
-def format_bytes(n: int | float) -> str:
-    """``1536000`` -> ``"1.5 MB"`` (decimal units, like disk sizes)."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
-
-
 def _num(x: float) -> int | float:
     return int(x) if float(x).is_integer() else round(float(x), 2)
 
 
 def _part_balance(m: Manifest) -> dict[str, Any]:
     """How evenly the parts of a merged set are filled: their count, and min/max shards, samples and bytes."""
-    sizes = [m.shards[p.first_shard : p.first_shard + p.shards] for p in m.parts]
+    sizes = [m.table.bytes[p.first_shard : p.first_shard + p.shards] for p in m.parts]
     return {
         "parts": len(m.parts),
         "shards": _min_max([p.shards for p in m.parts]),
         "samples": _min_max([p.samples for p in m.parts]),
-        "bytes": _min_max([sum(s.bytes for s in shards) for shards in sizes]),
+        "bytes": _min_max([int(b.sum()) for b in sizes]),
     }
 
 
-def _min_max(values: Sequence[int]) -> dict[str, int | None]:
-    return {"min": min(values, default=None), "max": max(values, default=None)}
+def _min_max(values: Sequence[int] | NDArray[np.int64]) -> dict[str, int | None]:
+    if not len(values):
+        return {"min": None, "max": None}
+    return {"min": int(np.min(values)), "max": int(np.max(values))}
 
 
 def _range(mm: Mapping[str, Any], fmt: Callable[[Any], str] = "{:,}".format) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -35,6 +35,8 @@ from shardload.plan.mix import refuse_long_samples_in
 from shardload.plan.request import check_request
 from shardload.plan.resume import ResumeInputs, run_identity
 from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
+from shardload.remote.options import RemoteOptions
+from shardload.remote.prefetch import Prefetcher, read_orders, start_prefetch
 from shardload.shardset import ShardSet
 from shardload.workers import dead_worker, describe_exit, describe_stall
 from shardload.world import World
@@ -299,6 +301,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         # an older iterator still held raises instead of yielding batches of a plan (or a start) no longer current.
         self._iteration = 0
         self._superseded_by = ""
+        self._prefetch: list[Prefetcher] = []  # remote sets: this rank's shards downloaded ahead
 
     @property
     def plan_sampler(self) -> PlanSampler:
@@ -320,7 +323,22 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
 
     def _batches(self, mine: int) -> Iterator[dict[str, torch.Tensor]]:
         self.plan_sampler.begin_pass()
-        it = super().__iter__()
+        self._stop_prefetch()  # before workers fork: no download thread may run across a fork
+        sampler = self.plan_sampler
+        orders = read_orders(sampler.shard_set, sampler.plan(), self.num_workers)  # a too-small cache: refused here
+        try:
+            yield from self._consume(mine, orders)
+        finally:
+            self._stop_prefetch()
+
+    def _stop_prefetch(self) -> None:
+        prefetch, self._prefetch = self._prefetch, []
+        for p in prefetch:
+            p.stop()
+
+    def _consume(self, mine: int, orders: Any) -> Iterator[dict[str, torch.Tensor]]:
+        it: Any = None
+        direct: Callable[[], Any] | None = None
         while True:
             if self._iteration != mine:
                 raise PlanError(
@@ -329,16 +347,51 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                     "new iteration (`for batch in loader`) instead of continuing an old iterator."
                 )
             try:
-                batch = next(it)
+                if it is None:
+                    if self._iterator is not None and dead_worker(self._iterator, wait=0) is not None:
+                        # a persistent worker died between passes: say so now, not after `timeout`
+                        raise RuntimeError("a persistent DataLoader worker exited between passes")
+                    # persistent workers: torch's iterator of the last pass, reset (its workers answer first)
+                    it = super().__iter__()
+                    direct = self._direct_fetch(it)
+                    self._prefetch = start_prefetch(orders)  # after the workers forked
+                batch = next(it) if direct is None else direct()
             except StopIteration:
                 return
             except ShardloadError:
+                self._forget_workers()
                 raise  # raised on purpose in a worker, with its own message
             except Exception as exc:
-                raise self._worker_failure(it, exc) from exc
+                failure = self._worker_failure(it if it is not None else self._iterator, exc)
+                self._forget_workers()
+                raise failure from exc
             self.plan_sampler.batches_done += 1
+            for p in self._prefetch:
+                p.advance(self.plan_sampler.batches_done)
             # A batch from a worker arrives packed (unless the pinning thread unpacked it already).
             yield batch.tensors() if isinstance(batch, WorkerBatch) else batch
+
+    def _forget_workers(self) -> None:
+        """After a failure, the next iteration starts new workers (persistent ones would carry a dead or stuck one)."""
+        self._iterator = None  # DataLoader's persistent iterator; dropped, it shuts its workers down
+
+    def _direct_fetch(self, it: Any) -> Callable[[], Any] | None:
+        """Without workers or pinning: the next batch as torch's single-process iterator makes it, called directly.
+
+        That iterator's ``__next__`` takes the next key from the sampler and
+        indexes the dataset with it (the collate is the identity); its
+        wrappers around that (a profiler range, counters) cost about as much
+        as the sampler and the shard lookups together. The iterator itself is
+        still created, so everything it does once per pass (the sampler's
+        iterator, the draw from torch's random generator) happens as before.
+        None (go through ``next(it)``) with workers, with ``pin_memory``, or if
+        this torch's iterator has no ``_sampler_iter``.
+        """
+        keys = getattr(it, "_sampler_iter", None)
+        if self.num_workers or keys is None or getattr(it, "_pin_memory", True):
+            return None
+        dataset = self.dataset
+        return lambda: dataset[next(keys)]
 
     def _worker_failure(self, it: Any, exc: Exception) -> Exception:
         """What to raise when the next batch failed: a dead or stuck worker named, or ``exc`` itself.
@@ -397,6 +450,7 @@ def make_loader(
     num_workers: int | None = None,
     rank: int | None = None,
     world_size: int | None = None,
+    remote: RemoteOptions | None = None,
 ) -> ShardLoader:
     """A DataLoader over this rank's share of a shard set.
 
@@ -432,6 +486,8 @@ def make_loader(
         num_workers: Shortcut for ``loader_options=LoaderOptions(num_workers=...)``.
         rank: This rank (with ``world_size``; default: from the environment).
         world_size: Number of ranks.
+        remote: For a URL (``s3://``, ``gs://``, ``https://``, also as a mixture's source): credentials,
+            node cache and prefetch (:class:`~shardload.remote.RemoteOptions`; docs/remote.md).
 
     Examples:
         >>> loader = shardload.make_loader("out/", batch_size=32, num_workers=2)  # doctest: +SKIP
@@ -457,7 +513,7 @@ def make_loader(
         world_size=world.world_size, stage=stage, seed=seed, epoch=epoch, shard_assignment=shard_assignment
     )
     pad = PadSpec({} if pad_values is None else pad_values, batching.pad_to_multiple_of, fields)
-    return build_loader(source, spec, batching, pad=pad, options=options, world=world)
+    return build_loader(source, spec, batching, pad=pad, options=options, world=world, remote=remote)
 
 
 def build_loader(
@@ -469,6 +525,7 @@ def build_loader(
     options: LoaderOptions,
     world: World,
     trainer: TrainerLink | None = None,
+    remote: RemoteOptions | None = None,
 ) -> ShardLoader:
     """The loader of checked option objects: what :func:`make_loader` and the DataModule both build.
 
@@ -477,7 +534,7 @@ def build_loader(
     each other too); no batch is planned or read yet.
     """
     check_request(spec, batching)
-    shard_set = open_source(path)
+    shard_set = open_source(path, remote)
     if isinstance(shard_set, MixedSets):
         shard_set.check_fields(pad.fields)
     sampler = PlanSampler(shard_set, spec, batching, world=world, debug=options.debug, trainer=trainer)

@@ -72,7 +72,14 @@ class LoaderOptions:
             when CUDA is available.
         prefetch_factor: Batches each worker loads ahead (``None``: torch's
             default, 2).
-        persistent_workers: Keep worker processes alive between epochs.
+        persistent_workers: Keep worker processes alive between epochs (and
+            between validation runs) instead of starting new ones each time;
+            on by default. Safe here because workers hold no plan: the
+            sampler, in the main process, sends every batch key, so
+            ``set_epoch`` and a resume reach the batches without restarting
+            workers. Turn it off to return the workers' memory between
+            epochs, or with Lightning's ``reload_dataloaders_every_n_epochs``
+            and pinned memory (Lightning warns about that combination).
         timeout: Seconds to wait for a batch from the workers before raising
             :class:`~shardload.errors.WorkerError` (0: wait for ever). It turns
             a stopped or stuck worker into an error instead of a hang; set it
@@ -100,7 +107,7 @@ class LoaderOptions:
     num_workers: int = 0
     pin_memory: bool | None = None
     prefetch_factor: int | None = None
-    persistent_workers: bool = False
+    persistent_workers: bool = True
     timeout: float = 0
     debug: bool = False
 
@@ -143,7 +150,8 @@ class LoaderOptions:
             "pin_memory": pin,
             "prefetch_factor": self.prefetch_factor,
             "persistent_workers": self.persistent_workers,
-            "timeout": self.timeout,
+            # torch refuses a timeout without workers (debug mode, num_workers=0): there is nothing to wait for
+            "timeout": self.timeout if self.workers else 0,
         }
 
 

@@ -3,7 +3,10 @@
 ``manifest.json`` is written last, atomically, by ``prepare``: a directory
 without one is never a shard set. Everything read from it is validated before
 use, so a damaged or hostile manifest cannot steer reads outside the shard set
-or cause giant allocations.
+or cause giant allocations. A set of many shards keeps its shard list in a
+columnar shard table beside the manifest (``shards.arrow``, format version 3;
+see :mod:`shardload.shardtable`), which the manifest names and records the
+digest of.
 """
 
 from __future__ import annotations
@@ -12,49 +15,49 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from pathlib import Path, PurePosixPath
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
 from typing import Any, BinaryIO
 
-from shardload.errors import ManifestError, ShardSetError
+import numpy as np
+
+from shardload.errors import ManifestError
 from shardload.identity import SET_ID_CHARS, is_set_id
-from shardload.messages import one_line
-from shardload.output import atomic_write_text
+from shardload.output import atomic_file, atomic_write_text
 from shardload.schema import Schema, schema_problems
-from shardload.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES, env_limit, read_small, tagged
+from shardload.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES, env_limit, read_small
+from shardload.setfiles import resolve_inside as resolve_inside  # re-exported: readers import it from here
+from shardload.setfiles import safe_relative_path as safe_relative_path
+from shardload.shardtable import (
+    SHARD_TABLE_NAME,
+    NameRule,
+    ShardFiles,
+    ShardTable,
+    check_rows,
+    read_table,
+    wants_table,
+)
+from shardload.shardtable import ShardInfo as ShardInfo  # re-exported: readers import it from here
 
 MANIFEST_NAME = "manifest.json"
 LENGTHS_NAME = "lengths.npy"
 FORMAT_NAME = "shardload"
 #: bump when readers of the previous version could misread a new manifest: the newest version this one reads
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: the version a set is written with unless it needs a newer one (readable by every shardload)
 BASE_FORMAT_VERSION = 1
 #: version 2 holds what a version-1 reader would misread: text fields (``str``/``bytes``) in the schema, and
 #: ``parts`` (a set merged from parts, whose shards carry their part's identity)
 TEXT_FORMAT_VERSION = PARTS_FORMAT_VERSION = 2
+#: version 3 keeps the shard list in a shard table file (``shard_table``) instead of the manifest's ``shards``
+TABLE_FORMAT_VERSION = 3
 #: sanity bounds for values read from a manifest
 MAX_SAMPLES = 1 << 40
 MAX_SHARDS = 1 << 24
-#: bounds on a file name in the manifest (bytes): of one path component, and of the whole relative path
-MAX_NAME_BYTES = 255
-MAX_PATH_BYTES = 1024
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """One shard of a set: its file (relative to the set) and what it must contain."""
-
-    file: str
-    samples: int
-    bytes: int
-    checksum: str
-    first_sample: int
-    tokens: int
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)  # the manifest's keys, in field order
+#: the bound on a shard's samples, bytes, first sample and tokens
+_INT_LIMIT = MAX_SAMPLES * 4096
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,9 @@ class Manifest:
     Attributes:
         schema: fields of a sample.
         shard_format: registry name of the shard format (``"arrow"``).
-        shards: shards in global sample-id order.
+        shards: shards in global sample-id order: a :class:`~shardload.shardtable.ShardTable`
+            (a sequence of ``ShardInfo`` built on access; its columns are
+            :attr:`table`); any sequence of ``ShardInfo`` given is made one.
         total_samples: sum of ``shard.samples``.
         total_tokens: sum of the batching lengths.
         lengths_file: the lengths index (``.npy``, one int per sample).
@@ -99,11 +104,14 @@ class Manifest:
             its part's (see :meth:`identity_of`).
         parts: the parts of a set merged from parts, in sample-id order;
             empty for a set prepared in one run.
+        shard_table: the shard table file the shards are kept in (format
+            version 3), or ``""`` when they are a JSON list in the manifest;
+            writers set it with :meth:`with_table_form`.
     """
 
     schema: Schema
     shard_format: str
-    shards: tuple[ShardInfo, ...]
+    shards: Sequence[ShardInfo]
     total_samples: int
     total_tokens: int
     lengths_file: str = LENGTHS_NAME
@@ -114,6 +122,21 @@ class Manifest:
     shardload_version: str = ""
     set_id: str = ""
     parts: tuple[PartInfo, ...] = ()
+    shard_table: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shards", ShardTable.from_infos(self.shards))
+
+    @property
+    def table(self) -> ShardTable:
+        """The shards as columns (``samples``, ``bytes``, ``first_sample``, ``tokens``, ``files``, ``checksums``)."""
+        assert isinstance(self.shards, ShardTable)
+        return self.shards
+
+    def with_table_form(self) -> Manifest:
+        """This manifest, kept with a shard table when its shards call for one (see ``wants_table``)."""
+        starts, paths = [p.first_shard for p in self.parts], [p.path for p in self.parts]
+        return replace(self, shard_table=SHARD_TABLE_NAME if wants_table(self.table, starts, paths) else "")
 
     def identity_of(self, shard: int) -> tuple[str, int, int]:
         """``(set id, shard index, first sample)`` that shard ``shard``'s own identity record must hold.
@@ -127,17 +150,41 @@ class Manifest:
                 return part.set_id, shard - part.first_shard, info.first_sample - part.first_sample
         return self.set_id, shard, info.first_sample
 
-    @property
+    @cached_property
     def fingerprint(self) -> str:
-        """A short digest that changes whenever any shard's content changes."""
+        """A short digest that changes whenever any shard's content changes.
+
+        With a shard table, a digest of the table file's sha256 and its name
+        rule (no checksum is read one by one); else of every shard's file,
+        sample count and checksum.
+        """
         h = hashlib.sha256(json.dumps(self.schema.to_json(), sort_keys=True).encode())
+        if self.shard_table:
+            h.update(json.dumps(self._table_json(), sort_keys=True).encode())
+            h.update(json.dumps([p.path for p in self.parts]).encode())
+            return h.hexdigest()[:16]
         for s in self.shards:
             h.update(f"{s.file}:{s.samples}:{s.checksum};".encode())
         return h.hexdigest()[:16]
 
+    def _table_json(self) -> dict[str, Any]:
+        """The manifest's ``shard_table`` entry: the file, its shards, size and sha256, and the name rule."""
+        data, digest = self.table.ipc()
+        rule = self.table.name_rule([p.first_shard for p in self.parts], [p.path for p in self.parts])
+        assert rule is not None, "with_table_form sets shard_table only when the names follow a rule"
+        return {
+            "file": self.shard_table,
+            "shards": len(self.shards),
+            "bytes": len(data),
+            "sha256": digest,
+            "names": rule.to_json(),
+        }
+
     @property
     def format_version(self) -> int:
-        """The manifest format version this set needs: 2 with text fields or parts, else 1."""
+        """The manifest format version this set needs: 3 with a shard table, 2 with text fields or parts, else 1."""
+        if self.shard_table:
+            return TABLE_FORMAT_VERSION
         if self.parts:
             return PARTS_FORMAT_VERSION
         return TEXT_FORMAT_VERSION if self.schema.has_text else BASE_FORMAT_VERSION
@@ -158,21 +205,39 @@ class Manifest:
             "fingerprint": self.fingerprint,
             **({"set_id": self.set_id} if self.set_id else {}),
             **({"parts": [p.to_json() for p in self.parts]} if self.parts else {}),
-            "shards": [s.to_json() for s in self.shards],
+            **(
+                {"shard_table": self._table_json()}
+                if self.shard_table
+                else {"shards": [s.to_json() for s in self.shards]}
+            ),
         }
 
     @classmethod
-    def from_json(cls, obj: Any, *, where: str = MANIFEST_NAME) -> Manifest:
-        """Parse and validate a manifest object."""
+    def from_json(cls, obj: Any, *, where: str = MANIFEST_NAME, directory: Path | None = None) -> Manifest:
+        """Parse and validate a manifest object.
+
+        Args:
+            obj: the parsed ``manifest.json``.
+            where: how to name it in messages.
+            directory: the set's directory, where a version-3 manifest's shard table is read from.
+        """
         try:
-            return _parse(obj, where)
+            return _parse(obj, where, directory)
         except ManifestError:
             raise
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ManifestError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})") from None
 
     def write(self, directory: Path) -> Path:
-        """Write ``manifest.json`` into ``directory`` atomically (temp file, fsync, rename)."""
+        """Write the shard table (if any), then ``manifest.json``, into ``directory``, each atomically.
+
+        The manifest goes last: until it is renamed into place, the set is the
+        old one (or none), whichever table file is beside it.
+        """
+        if self.shard_table:
+            table = Path(directory) / self.shard_table
+            with atomic_file(table) as tmp:
+                tmp.write_bytes(self.table.ipc()[0])
         path = Path(directory) / MANIFEST_NAME
         atomic_write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
         return path
@@ -208,10 +273,23 @@ class Manifest:
             raise ManifestError(f"{path}: not valid JSON ({exc}); the shard set is damaged, re-run prepare") from None
         except RecursionError:
             raise ManifestError(f"{path}: JSON nested too deeply; the shard set is damaged, re-run prepare") from None
-        return cls.from_json(obj, where=str(path))
+        return cls.from_json(obj, where=str(path), directory=Path(directory))
 
 
-def _parse(obj: Any, where: str) -> Manifest:
+def metadata_files(manifest: Manifest) -> list[str]:
+    """The set-level files a reader needs at open, besides ``manifest.json``: shard table and lengths indexes.
+
+    The shard table (format version 3), the batching index, then each per-field index (relative paths, each once). A
+    remote set's node cache fetches exactly these at open (``origins.arrow`` waits
+    for the first ``origin()`` call).
+    """
+    files = [manifest.shard_table] if manifest.shard_table else []
+    files.append(manifest.lengths_file)
+    files += [f for f in sorted(set(manifest.field_lengths.values())) if f != manifest.lengths_file]
+    return files
+
+
+def _parse(obj: Any, where: str, directory: Path | None) -> Manifest:
     if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
         raise ManifestError(f"{where}: not a shardload manifest")
     version = obj.get("format_version")
@@ -232,28 +310,18 @@ def _parse(obj: Any, where: str) -> Manifest:
             f"version {version} cannot hold (they need version {TEXT_FORMAT_VERSION}); the manifest is damaged, "
             "re-run prepare"
         )
-    raw_shards = obj["shards"]
-    if not isinstance(raw_shards, list) or len(raw_shards) > MAX_SHARDS:
-        raise ManifestError(f"{where}: 'shards' must be a list of at most {MAX_SHARDS} entries")
-    shards = []
-    next_id = 0
-    for k, s in enumerate(raw_shards):
-        if not isinstance(s, dict):
-            raise ManifestError(f"{where}: shard {k} must be an object, got {type(s).__name__}")
-        info = ShardInfo(
-            file=safe_relative_path(s["file"], where=f"{where}: shard {k}"),
-            samples=_bounded_int(s["samples"], f"{where}: shard {k} samples"),
-            bytes=_bounded_int(s["bytes"], f"{where}: shard {k} bytes"),
-            checksum=str(s["checksum"]),
-            first_sample=_bounded_int(s["first_sample"], f"{where}: shard {k} first_sample"),
-            tokens=_bounded_int(s.get("tokens", 0), f"{where}: shard {k} tokens"),
+    raw_parts = obj.get("parts", [])
+    if not isinstance(raw_parts, list) or len(raw_parts) > MAX_SHARDS:
+        raise ManifestError(f"{where}: 'parts' must be a list of at most {MAX_SHARDS} entries")
+    tabled = version >= TABLE_FORMAT_VERSION
+    if ("shard_table" in obj) != tabled or ("shards" in obj and tabled):
+        raise ManifestError(
+            f"{where}: format version {version} keeps its shards in "
+            f"{'a shard table file (shard_table)' if tabled else 'a shards list'}, but the manifest does not; "
+            "the manifest is damaged, re-run prepare"
         )
-        if info.first_sample != next_id:
-            raise ManifestError(
-                f"{where}: shard {k} ({info.file}) starts at sample {info.first_sample}, expected {next_id}"
-            )
-        next_id += info.samples
-        shards.append(info)
+    table = _table(obj["shard_table"], raw_parts, where, directory) if tabled else _json_shards(obj["shards"], where)
+    next_id = check_rows(table, where, limit=_INT_LIMIT)
     total = _bounded_int(obj["total_samples"], f"{where}: total_samples")
     if total != next_id:
         raise ManifestError(f"{where}: total_samples is {total} but the shards hold {next_id} samples")
@@ -265,11 +333,11 @@ def _parse(obj: Any, where: str) -> Manifest:
         for name, file in lengths.get("per_field", {}).items()
     }
     _check_field_indexes(schema, per_field, where)
-    parts = _parts(obj.get("parts", []), shards, where)
+    parts = _parts(raw_parts, table, total, where)
     return Manifest(
         schema=schema,
         shard_format=str(obj["shard_format"]),
-        shards=tuple(shards),
+        shards=table,
         total_samples=total,
         total_tokens=_bounded_int(obj.get("total_tokens", 0), f"{where}: total_tokens", limit=1 << 62),
         lengths_file=safe_relative_path(lengths.get("file", LENGTHS_NAME), where=f"{where}: lengths"),
@@ -280,13 +348,68 @@ def _parse(obj: Any, where: str) -> Manifest:
         shardload_version=str(obj.get("shardload_version", "")),
         set_id=_set_id(obj.get("set_id", ""), where),
         parts=parts,
+        shard_table=str(obj["shard_table"]["file"]) if tabled else "",
     )
 
 
-def _parts(raw: Any, shards: list[ShardInfo], where: str) -> tuple[PartInfo, ...]:
+def _json_shards(raw_shards: Any, where: str) -> ShardTable:
+    """The ``shards`` list of a manifest of version 1 or 2, each value checked (the rows: ``check_rows``)."""
+    if not isinstance(raw_shards, list) or len(raw_shards) > MAX_SHARDS:
+        raise ManifestError(f"{where}: 'shards' must be a list of at most {MAX_SHARDS} entries")
+    shards = []
+    for k, s in enumerate(raw_shards):
+        if not isinstance(s, dict):
+            raise ManifestError(f"{where}: shard {k} must be an object, got {type(s).__name__}")
+        shards.append(
+            ShardInfo(
+                file=safe_relative_path(s["file"], where=f"{where}: shard {k}"),
+                samples=_bounded_int(s["samples"], f"{where}: shard {k} samples"),
+                bytes=_bounded_int(s["bytes"], f"{where}: shard {k} bytes"),
+                checksum=str(s["checksum"]),
+                first_sample=_bounded_int(s["first_sample"], f"{where}: shard {k} first_sample"),
+                tokens=_bounded_int(s.get("tokens", 0), f"{where}: shard {k} tokens"),
+            )
+        )
+    return ShardTable.from_infos(shards)
+
+
+def _table(entry: Any, raw_parts: list[Any], where: str, directory: Path | None) -> ShardTable:
+    """The shard table a version-3 manifest names: its entry checked, then the file read and checked.
+
+    Names come from the rule: its longest name (with the longest part folder)
+    is checked as a path, and the digits between prefix and suffix never make
+    a ``/`` or a ``..``, so every name stays inside the set.
+    """
+    what = f"{where}: shard_table"
+    if not isinstance(entry, dict) or not isinstance(entry.get("names"), dict):
+        raise ManifestError(f"{what} must be an object with a 'names' object")
+    if directory is None:
+        raise ManifestError(f"{what}: the shards are in a table file; open the set's directory to read it")
+    file = safe_relative_path(entry["file"], where=what)
+    shards = _bounded_int(entry["shards"], f"{what} shards", limit=MAX_SHARDS)
+    names = entry["names"]
+    if not all(isinstance(names.get(k), str) for k in ("prefix", "suffix")):
+        raise ManifestError(f"{what} names: 'prefix' and 'suffix' must be strings")
+    rule = NameRule(names["suffix"], names["prefix"], max(1, _bounded_int(names["digits"], f"{what} digits", limit=12)))
+    digest = entry["sha256"]
+    if not isinstance(digest, str) or len(digest) != 64 or digest.strip("0123456789abcdef"):
+        raise ManifestError(f"{what} sha256 must be 64 lowercase hex digits, got {str(digest)[:80]!r}")
+    shaped = [p for p in raw_parts if isinstance(p, dict)]  # the others are refused by _parts
+    starts = [_bounded_int(p["first_shard"], f"{where}: part first_shard", limit=MAX_SHARDS) for p in shaped]
+    paths = [safe_relative_path(p["path"], where=f"{where}: part") for p in shaped]
+    longest = max(paths, key=len) + "/" if paths else ""
+    safe_relative_path(longest + rule.name(max(shards - 1, 0)), where=f"{what} names")
+    if sorted(starts) != starts or starts[:1] not in ([], [0]):
+        raise ManifestError(f"{where}: the parts' first_shard must rise from 0; the manifest is damaged")
+    path = resolve_inside(directory, file, what="the shard table")
+    size = _bounded_int(entry["bytes"], f"{what} bytes")
+    return read_table(path, shards=shards, size=size, sha256=digest, files=ShardFiles(rule, shards, starts, paths))
+
+
+def _parts(raw: list[Any], shards: ShardTable, total: int, where: str) -> tuple[PartInfo, ...]:
     """The ``parts`` of a merged set: they must cover the shards in order, each shard inside its part's folder."""
-    if not isinstance(raw, list) or len(raw) > MAX_SHARDS:
-        raise ManifestError(f"{where}: 'parts' must be a list of at most {MAX_SHARDS} entries")
+    bounds = np.append(shards.first_sample, total)  # (S + 1,) sample offsets of the shards, checked contiguous
+    named = not isinstance(shards.files, ShardFiles)  # names made by the rule are inside their part already
     parts: list[PartInfo] = []
     next_shard = next_sample = 0
     for k, p in enumerate(raw):
@@ -301,11 +424,12 @@ def _parts(raw: Any, shards: list[ShardInfo], where: str) -> tuple[PartInfo, ...
             first_shard=_bounded_int(p["first_shard"], f"{what} first_shard", limit=MAX_SHARDS),
             first_sample=_bounded_int(p["first_sample"], f"{what} first_sample"),
         )
-        mine = shards[next_shard : next_shard + part.shards]
-        if (part.first_shard, part.first_sample) != (next_shard, next_sample) or len(mine) != part.shards:
+        end = next_shard + part.shards
+        if (part.first_shard, part.first_sample) != (next_shard, next_sample) or end > len(shards):
             raise ManifestError(f"{what} ({part.path}) does not follow the part before it; the manifest is damaged")
-        if sum(s.samples for s in mine) != part.samples or any(
-            not s.file.startswith(part.path.rstrip("/") + "/") for s in mine
+        folder = part.path.rstrip("/") + "/"
+        if int(bounds[end] - bounds[next_shard]) != part.samples or (
+            named and any(not shards.files[k].startswith(folder) for k in range(next_shard, end))
         ):
             raise ManifestError(f"{what} ({part.path}) does not match its shards; the manifest is damaged")
         next_shard += part.shards
@@ -359,56 +483,6 @@ def _bounded_int(value: Any, what: str, limit: int = MAX_SAMPLES * 4096) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
         raise ManifestError(f"{what}: expected an integer in [0, {limit}], got {value!r}")
     return value
-
-
-def safe_relative_path(value: Any, *, where: str) -> str:
-    """Accept only a relative POSIX path that stays inside the shard set."""
-    if not isinstance(value, str) or not value or "\0" in value:
-        raise ManifestError(f"{where}: expected a file name, got {value!r}")
-    p = PurePosixPath(value)
-    if p.is_absolute() or ".." in p.parts or "\\" in value or value.startswith("~"):
-        raise ManifestError(f"{where}: path {value!r} points outside the shard set; refusing to read it")
-    try:
-        encoded = value.encode("utf-8")  # prepare writes UTF-8 names; a lone surrogate is damage
-    except UnicodeEncodeError:
-        raise ManifestError(f"{where}: path {value!r} is not a valid file name; refusing to read it") from None
-    # prepare writes short names: a longer one is damage, better named here than as ENAMETOOLONG later
-    if len(encoded) > MAX_PATH_BYTES or any(len(part.encode("utf-8")) > MAX_NAME_BYTES for part in p.parts):
-        raise ManifestError(
-            f"{where}: path {value[:80]!r}... is too long (at most {MAX_NAME_BYTES} bytes per name, "
-            f"{MAX_PATH_BYTES} in all); the manifest is damaged, re-run prepare"
-        )
-    return value
-
-
-def resolve_inside(root: Path, relative: str, *, what: str) -> Path:
-    """``root / relative``, refusing a path that a symbolic link leads out of ``root``.
-
-    ``relative`` has passed :func:`safe_relative_path`; this catches the other way
-    out, a link (the file itself or a directory on the way) that points elsewhere.
-
-    Raises:
-        ShardSetError: naming ``what`` (e.g. ``"shard 3"``) and where the link leads.
-    """
-    path = root / relative
-    try:
-        real_root = root.resolve()
-        target = path.resolve()
-    except (OSError, RuntimeError, UnicodeError) as exc:  # RuntimeError: a loop of links (Python < 3.13)
-        raise tagged(
-            ShardSetError,
-            f"{what} ({path}): its path cannot be resolved ({one_line(exc)}); fix the links on its way or move "
-            "the shard set to a shorter path",
-            "unreadable",
-        ) from None
-    if target != real_root and real_root not in target.parents:
-        raise tagged(
-            ShardSetError,
-            f"{what} ({path}) is a symbolic link to {target}, outside the shard set {root}; refusing to read it. "
-            "Copy the file into the shard set, or re-run prepare.",
-            "outside_set",
-        )
-    return path
 
 
 def file_checksum(file: Path | BinaryIO, chunk: int = 8 << 20) -> str:

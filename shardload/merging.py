@@ -6,6 +6,7 @@ has written every part under ``OUT/parts/``, and before ``open``/the loader.
 shards::
 
     OUT/manifest.json            every part's shards (paths into parts/...), in part order; written last
+    OUT/shards.arrow             the shard table, when the parts hold 1,000 shards or more (written before it)
     OUT/lengths.npy              the parts' lengths indexes, concatenated (and lengths.FIELD.npy)
     OUT/origin.npy               source position of each sample, the parts' concatenated
     OUT/origins.arrow            where each sample came from (ShardSet.origin), the parts' concatenated
@@ -38,7 +39,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.errors import MergeError, ShardloadError, ShardSetError
-from shardload.manifest import MANIFEST_NAME, Manifest, PartInfo, ShardInfo
+from shardload.manifest import MANIFEST_NAME, Manifest, PartInfo
 from shardload.origin import ORIGINS_NAME, read_origins, write_merged_origins
 from shardload.output import OutputLock, atomic_file, withdraw_index
 from shardload.prepare.index import length_stats
@@ -47,6 +48,7 @@ from shardload.prepare.remote import refuse_remote_parts
 from shardload.prepare.workdir import LOCK, WORK, recorded_failure
 from shardload.remote.url import is_remote
 from shardload.setfiles import open_index
+from shardload.shardtable import ShardTable
 
 __all__ = ["MergeResult", "merge"]
 
@@ -264,7 +266,7 @@ def _common_options(m: Manifest) -> dict[str, Any]:
 def _merged(parts: Sequence[_Part]) -> tuple[Manifest, dict[str, NDArray[np.integer]]]:
     """The merged manifest, and the arrays of the files beside it (by file name)."""
     first = parts[0].manifest
-    shards: list[ShardInfo] = []
+    files: list[str] = []
     infos: list[PartInfo] = []
     sample = 0
     index_files = {"": first.lengths_file, **first.field_lengths}
@@ -272,9 +274,8 @@ def _merged(parts: Sequence[_Part]) -> tuple[Manifest, dict[str, NDArray[np.inte
     for part in parts:
         m = part.manifest
         prefix = f"{PARTS_DIR}/{part.name}/"
-        infos.append(PartInfo(prefix.rstrip("/"), m.set_id, len(m.shards), m.total_samples, len(shards), sample))
-        for s in m.shards:
-            shards.append(replace(s, file=prefix + s.file, first_sample=sample + s.first_sample))
+        infos.append(PartInfo(prefix.rstrip("/"), m.set_id, len(m.shards), m.total_samples, len(files), sample))
+        files += [prefix + f for f in m.table.files]
         for key, file in index_files.items():
             own = m.lengths_file if key == "" else m.field_lengths.get(key, "")
             pieces[file].append(_index(part, own, m.total_samples))
@@ -286,9 +287,20 @@ def _merged(parts: Sequence[_Part]) -> tuple[Manifest, dict[str, NDArray[np.inte
     arrays["origin.npy"] = arrays["origin.npy"].astype(np.int64)
     lengths = arrays[first.lengths_file]
     digest = hashlib.sha256(";".join(p.set_id for p in infos).encode()).hexdigest()[:32]
+    tables = [p.manifest.table for p in parts]
+    shards = ShardTable(
+        [
+            np.concatenate([t.samples for t in tables]),
+            np.concatenate([t.bytes for t in tables]),
+            np.concatenate([t.first_sample + p.first_sample for t, p in zip(tables, infos, strict=True)]),
+            np.concatenate([t.tokens for t in tables]),
+        ],
+        files=files,
+        checksums=[c for t in tables for c in t.checksums],
+    )
     manifest = replace(
         first,
-        shards=tuple(shards),
+        shards=shards,
         total_samples=sample,
         total_tokens=sum(p.manifest.total_tokens for p in parts),
         options={**_common_options(first), "parts": len(parts)},
@@ -296,7 +308,7 @@ def _merged(parts: Sequence[_Part]) -> tuple[Manifest, dict[str, NDArray[np.inte
         created=max(p.manifest.created for p in parts),  # the same bytes whenever the same parts are merged
         set_id=digest,
         parts=tuple(infos),
-    )
+    ).with_table_form()
     if int(lengths.sum(dtype=np.int64)) != manifest.total_tokens:
         raise MergeError(
             f"the parts' lengths indexes sum to {int(lengths.sum(dtype=np.int64))} tokens, their manifests to "

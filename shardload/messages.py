@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["one_line", "signal_name"]
+__all__ = ["format_bytes", "one_line", "signal_name"]
+
+
+def format_bytes(n: int | float) -> str:
+    """``1536000`` -> ``"1.5 MB"`` (decimal units, like disk sizes).
+
+    >>> format_bytes(1536000), format_bytes(999)
+    ('1.5 MB', '999 B')
+    """
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
 
 
 def one_line(exc: BaseException) -> str:

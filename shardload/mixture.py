@@ -35,6 +35,8 @@ from shardload.formats import Columns
 from shardload.index import ShardIndex
 from shardload.plan.mix import MixBy, MixInputs, check_weights
 from shardload.plan.validate import MAX_LENGTH, check_scalar
+from shardload.remote.options import RemoteOptions
+from shardload.remote.url import is_remote
 from shardload.schema import Schema
 from shardload.shardset import ShardSet
 
@@ -103,7 +105,10 @@ class Mixture:
                     f"source {name!r} must be a shard set directory (str or path) or a ShardSet, "
                     f"got {type(where).__name__}"
                 )
-            path = str(Path(where.path if isinstance(where, ShardSet) else where).resolve())
+            if isinstance(where, ShardSet):
+                path = where.url or str(where.path.resolve())
+            else:
+                path = where.rstrip("/") if isinstance(where, str) and is_remote(where) else str(Path(where).resolve())
             if path in seen:
                 raise MixtureError(
                     f"sources {seen[path]!r} and {name!r} are the same shard set ({path}): give each set once "
@@ -136,8 +141,11 @@ class Mixture:
         """The training epoch's size in the unit of :attr:`by` (``None``: all sources together)."""
         return self.epoch_tokens if self.by == "tokens" else self.epoch_samples
 
-    def open(self) -> MixedSets:
+    def open(self, remote: RemoteOptions | None = None) -> MixedSets:
         """Open every source (manifest and lengths only); the loaders then check their fields agree.
+
+        A source may be a URL: ``remote`` (:class:`~shardload.remote.RemoteOptions`) gives its
+        credentials and node cache.
 
         Raises:
             ShardSetError: a source that is not a usable shard set, its name in the message.
@@ -146,7 +154,7 @@ class Mixture:
         sets: list[ShardSet] = []
         for name, where in self.sources.items():
             try:
-                sets.append(where if isinstance(where, ShardSet) else ShardSet(where))
+                sets.append(where if isinstance(where, ShardSet) else ShardSet(where, remote=remote))
             except ShardSetError as exc:
                 raise type(exc)(f"source {name!r} of the mixture: {exc}") from None
         seen: dict[str, str] = {}
@@ -194,7 +202,7 @@ class MixedSets:
     @property
     def path(self) -> str:
         """The sources, for messages: ``web=sets/web, code=sets/code``."""
-        return ", ".join(f"{n}={s.path}" for n, s in zip(self.names, self.sets))
+        return ", ".join(f"{n}={s.url or s.path}" for n, s in zip(self.names, self.sets))
 
     @property
     def schema(self) -> Schema:
@@ -308,6 +316,15 @@ class MixedSets:
         """``(n,)`` the source index of each global sample id."""
         return (np.searchsorted(self.offsets, ids, side="right") - 1).astype(np.int64)
 
+    def release_others(self, shards: Iterable[int]) -> None:
+        """Each remote source in a bounded cache keeps only these (global) shards open."""
+        keep: dict[int, list[int]] = {k: [] for k in range(len(self.sets))}
+        for g in shards:
+            k, local = self._source_of_shard(int(g))
+            keep[k].append(local)
+        for k, local_shards in keep.items():
+            self.sets[k].release_others(local_shards)
+
     def close(self) -> None:
         """Unmap every source's shards."""
         for s in self.sets:
@@ -348,10 +365,10 @@ def as_source(name: str, value: object) -> Source:
     )
 
 
-def open_source(source: Source | MixedSets) -> ShardSet | MixedSets:
-    """Open what a loader reads (an opened set or mixture is used as it is)."""
+def open_source(source: Source | MixedSets, remote: RemoteOptions | None = None) -> ShardSet | MixedSets:
+    """Open what a loader reads (an opened set or mixture is used as it is); ``remote`` for URLs."""
     if isinstance(source, (ShardSet, MixedSets)):
         return source
     if isinstance(source, Mixture):
-        return source.open()
-    return ShardSet(source)
+        return source.open(remote)
+    return ShardSet(source, remote=remote)

@@ -24,14 +24,15 @@ import errno
 import os
 import resource
 import stat
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from shardload.envvars import env_int
-from shardload.errors import ShardSetError
+from shardload.errors import ManifestError, ShardSetError
+from shardload.messages import one_line
 from shardload.plan.validate import MAX_LENGTH
 
 __all__ = [
@@ -391,3 +392,58 @@ def check_index_values(
             "written with too narrow an integer type); re-run prepare",
             "lengths_mismatch",
         )
+
+
+#: bounds on a file name in the manifest (bytes): of one path component, and of the whole relative path
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 1024
+
+
+def safe_relative_path(value: Any, *, where: str) -> str:
+    """Accept only a relative POSIX path that stays inside the shard set."""
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise ManifestError(f"{where}: expected a file name, got {value!r}")
+    p = PurePosixPath(value)
+    if p.is_absolute() or ".." in p.parts or "\\" in value or value.startswith("~"):
+        raise ManifestError(f"{where}: path {value!r} points outside the shard set; refusing to read it")
+    try:
+        encoded = value.encode("utf-8")  # prepare writes UTF-8 names; a lone surrogate is damage
+    except UnicodeEncodeError:
+        raise ManifestError(f"{where}: path {value!r} is not a valid file name; refusing to read it") from None
+    # prepare writes short names: a longer one is damage, better named here than as ENAMETOOLONG later
+    if len(encoded) > MAX_PATH_BYTES or any(len(part.encode("utf-8")) > MAX_NAME_BYTES for part in p.parts):
+        raise ManifestError(
+            f"{where}: path {value[:80]!r}... is too long (at most {MAX_NAME_BYTES} bytes per name, "
+            f"{MAX_PATH_BYTES} in all); the manifest is damaged, re-run prepare"
+        )
+    return value
+
+
+def resolve_inside(root: Path, relative: str, *, what: str) -> Path:
+    """``root / relative``, refusing a path that a symbolic link leads out of ``root``.
+
+    ``relative`` has passed :func:`safe_relative_path`; this catches the other way
+    out, a link (the file itself or a directory on the way) that points elsewhere.
+
+    Raises:
+        ShardSetError: naming ``what`` (e.g. ``"shard 3"``) and where the link leads.
+    """
+    path = root / relative
+    try:
+        real_root = root.resolve()
+        target = path.resolve()
+    except (OSError, RuntimeError, UnicodeError) as exc:  # RuntimeError: a loop of links (Python < 3.13)
+        raise tagged(
+            ShardSetError,
+            f"{what} ({path}): its path cannot be resolved ({one_line(exc)}); fix the links on its way or move "
+            "the shard set to a shorter path",
+            "unreadable",
+        ) from None
+    if target != real_root and real_root not in target.parents:
+        raise tagged(
+            ShardSetError,
+            f"{what} ({path}) is a symbolic link to {target}, outside the shard set {root}; refusing to read it. "
+            "Copy the file into the shard set, or re-run prepare.",
+            "outside_set",
+        )
+    return path

@@ -12,9 +12,9 @@ import socket
 import stat
 import sys
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,10 +30,12 @@ from shardload.identity import (
     same_bytes,
 )
 from shardload.index import ShardIndex
-from shardload.manifest import MANIFEST_NAME, Manifest, resolve_inside
+from shardload.manifest import MANIFEST_NAME, Manifest, ShardInfo, resolve_inside
 from shardload.origin import SampleOrigin, read_origin
 from shardload.plan.request import PlanInputs
 from shardload.plan.validate import check_scalar
+from shardload.remote.options import RemoteOptions
+from shardload.remote.url import is_remote
 from shardload.schema import Schema
 from shardload.setfiles import (
     ENV_MAX_OPEN_SHARDS,
@@ -47,12 +49,16 @@ from shardload.setfiles import (
 )
 from shardload.text import decode_text
 
+if TYPE_CHECKING:
+    from shardload.remote.cache import RemoteSet
+
 
 class ShardSet:
     """A shard set on disk, opened for reading.
 
     Attributes:
-        path: the shard set directory.
+        path: the shard set directory; for a remote set, its mirror in the node cache.
+        url: the URL of a remote set (``None`` for a local one): what messages name.
         manifest: the validated manifest.
         index: sample id <-> (shard, row).
 
@@ -65,7 +71,18 @@ class ShardSet:
         >>> len(ds), ds.lengths[:3], ds[0]["tokens"].dtype  # doctest: +SKIP
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, max_open_shards: int | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, max_open_shards: int | None = None, remote: RemoteOptions | None = None
+    ) -> None:
+        self.url: str | None = None
+        # a remote set: manifest and lengths in a local mirror (shardload.remote.cache); shards fetched on first use
+        self._remote: RemoteSet | None = None
+        if is_remote(path):
+            from shardload.remote.cache import RemoteSet
+
+            self._remote = RemoteSet(str(path), remote or RemoteOptions())
+            self.url = self._remote.url
+            path = self._remote.open()
         self.path = Path(path)
         #: shards kept open in this process (default: $SHARDLOAD_MAX_OPEN_SHARDS, else 128)
         # 0 once meant the default and a negative number closed every shard at each open: both are refused
@@ -82,7 +99,7 @@ class ShardSet:
         )
         self._manifest_stat = self._stat_manifest()
         self.manifest = Manifest.load(self.path)
-        self.index = ShardIndex([s.samples for s in self.manifest.shards])
+        self.index = ShardIndex(self.manifest.table.samples)
         self._reader_cls = get_format(self.manifest.shard_format).reader
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()  # least recently used first
         self._opened: set[int] = set()  # every shard opened in this process, closed since or not
@@ -96,6 +113,11 @@ class ShardSet:
         self._field_lengths: dict[str, NDArray[np.integer]] = {}
         # stamp of each open shard when it was mapped
         self._stamps: dict[int, FileStamp] = {}
+
+    @property
+    def remote(self) -> RemoteSet | None:
+        """The node cache of a remote set (``None`` for a local one)."""
+        return self._remote
 
     def _stat_manifest(self) -> tuple[int, int, int] | None:
         """Identity of ``manifest.json`` on disk (inode, size, mtime), to notice a re-prepare."""
@@ -112,8 +134,8 @@ class ShardSet:
         return self.manifest.schema
 
     @property
-    def shards(self) -> tuple[Any, ...]:
-        """One manifest entry per shard: file, samples, bytes, checksum, first sample."""
+    def shards(self) -> Sequence[ShardInfo]:
+        """One manifest entry per shard: file, samples, bytes, checksum, first sample (columns: ``manifest.table``)."""
         return self.manifest.shards
 
     @property
@@ -126,7 +148,7 @@ class ShardSet:
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{f.name}:{f.dtype}{list(f.shape)}" for f in self.schema.fields)
-        return f"ShardSet({str(self.path)!r}, samples={len(self)}, shards={len(self.shards)}, fields=[{fields}])"
+        return f"ShardSet({self.url or str(self.path)!r}, samples={len(self)}, shards={len(self.shards)}, fields=[{fields}])"
 
     @property
     def lengths(self) -> NDArray[np.integer]:
@@ -155,7 +177,8 @@ class ShardSet:
         """
         lengths = self.lengths
         if self._plan_inputs is None or self._plan_inputs.lengths is not lengths:
-            self._plan_inputs = PlanInputs(lengths, self.index.sizes, digest=self.fingerprint)
+            chunk_rows = self._reader_cls.plan_chunk_rows(self.schema, self.manifest.options)
+            self._plan_inputs = PlanInputs(lengths, self.index.sizes, digest=self.fingerprint, chunk_rows=chunk_rows)
         return self._plan_inputs
 
     def field_lengths(self, name: str) -> NDArray[np.integer]:
@@ -232,6 +255,20 @@ class ShardSet:
         return cols
 
     def _open_shard(self, shard: int) -> Columns:
+        """Map shard ``shard``: a remote set's is fetched into the node cache first, and held there while mapped."""
+        if self._remote is None:
+            return self._map_shard(shard)
+        self._evict(self.max_open_shards - 1)
+        self._remote.acquire(shard)
+        try:
+            return self._map_shard(shard)
+        except BaseException as exc:
+            self._remote.release(shard)
+            if isinstance(exc, ShardSetError) and self.url is not None and self.url not in str(exc):
+                raise type(exc)(f"{self.url}: {exc}") from exc
+            raise
+
+    def _map_shard(self, shard: int) -> Columns:
         """Map shard ``shard`` and run the cheap checks, once per process.
 
         Cost: a few ``stat`` calls and O(samples in the shard) numpy over the
@@ -309,9 +346,26 @@ class ShardSet:
         their memory mapping alive until they are freed, so they stay valid.
         """
         while len(self._readers) > max(keep, 0):
-            shard, reader = self._readers.popitem(last=False)
-            self._stamps.pop(shard, None)  # a reopen stamps (and checks) the file afresh
-            reader.close()
+            self._close_shard(next(iter(self._readers)))
+
+    def _close_shard(self, shard: int) -> None:
+        reader = self._readers.pop(shard)
+        self._stamps.pop(shard, None)  # a reopen stamps (and checks) the file afresh
+        reader.close()
+        if self._remote is not None:
+            self._remote.release(shard)  # the node cache may evict it now
+
+    def release_others(self, shards: Iterable[int]) -> None:
+        """Close every open shard but ``shards`` when this remote set's cache is bounded (else nothing).
+
+        Called after each batch: a process then holds only the shards of the batch it reads, so the
+        cache can evict the rest (see docs/remote.md, "Cache sizing").
+        """
+        if self._remote is None or self._remote.options.limit is None:
+            return
+        keep = set(shards)
+        for shard in [s for s in self._readers if s not in keep]:
+            self._close_shard(shard)
 
     def _check_offsets(self, shard: int, cols: Columns) -> None:
         """Each variable field's offsets must agree with the lengths indexes, sample by sample.
@@ -432,6 +486,8 @@ class ShardSet:
             new: FileStamp | None = file_stamp(os.fstat(fd) if fd is not None else os.stat(reader.path))
         except OSError:
             new = None
+        if new == old:  # the common case: nothing changed, decided without the rule below
+            return
         if same_bytes(old, new):
             if new is not None:
                 self._stamps[shard] = new  # a chmod or a link since: compare with the file as it is now
@@ -496,14 +552,14 @@ class ShardSet:
             IndexError: ``sample_id`` is not in ``[0, len(self))``.
             ShardSetError: the set records no origins (prepared by an older shardload).
         """
+        if self._remote is not None:
+            self._remote.fetch_origins()  # on first use only
         return read_origin(self.path, sample_id, len(self))
 
     def close(self) -> None:
         """Unmap every shard opened so far; later reads map them again."""
-        for reader in self._readers.values():
-            reader.close()
-        self._readers.clear()
-        self._stamps.clear()
+        for shard in list(self._readers):
+            self._close_shard(shard)
 
     def __getstate__(self) -> dict[str, Any]:
         # Worker processes reopen shards themselves: never ship mappings across a fork/pickle.
@@ -523,6 +579,37 @@ class ShardSet:
             self._checked_indexes = set()
 
 
-def open_shard_set(path: str | os.PathLike[str]) -> ShardSet:
-    """Open a shard set directory written by ``prepare``/``write``."""
-    return ShardSet(path)
+def open_shard_set(
+    path: str | os.PathLike[str],
+    *,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | None = None,
+    remote: RemoteOptions | None = None,
+) -> ShardSet:
+    """Open a shard set written by ``prepare``/``write``: a directory, or a URL (``s3://``, ``gs://``, ``https://``).
+
+    A remote set's manifest and lengths indexes are fetched into the node cache; each shard is
+    downloaded whole on first use, checked against the manifest's sha256, and memory-mapped from
+    there (docs/remote.md). A local set is read where it is and no cache is made.
+
+    Args:
+        path: the shard set directory or URL.
+        storage_options: keywords of the fsspec filesystem (credentials, ``client_kwargs``); default:
+            the standard environment variables.
+        cache_dir: the node cache (default ``$SHARDLOAD_CACHE_DIR``, else ``~/.cache/shardload``).
+        cache_limit: the most bytes of shards the set keeps in the cache (default no limit).
+        remote: all remote settings at once (:class:`~shardload.remote.RemoteOptions`); the keywords
+            above are shortcuts for its fields and must agree with it.
+    """
+    from shardload.loader_options import with_shortcuts
+
+    options = with_shortcuts(
+        remote,
+        RemoteOptions,
+        "remote",
+        storage_options=storage_options,
+        cache_dir=cache_dir,
+        cache_limit=cache_limit,
+    )
+    return ShardSet(path, remote=options)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -41,8 +41,13 @@ from shardload.messages import one_line
 from shardload.origin import ORIGINS_NAME, read_origins
 from shardload.prepare.workers import map_in_workers
 from shardload.progress import Progress
+from shardload.remote.options import RemoteOptions
+from shardload.remote.url import is_remote
 from shardload.schema import Field, Schema
 from shardload.setfiles import check_index_values, check_path_encoding, open_index, open_regular, reason_of
+
+if TYPE_CHECKING:
+    from shardload.remote.cache import RemoteSet
 
 __all__ = ["REASONS", "Problem", "VerifyReport", "verify"]
 
@@ -127,15 +132,28 @@ class VerifyReport:
         }
 
 
-def verify(path: str | os.PathLike[str], *, workers: int = 1, progress: bool | None = None) -> VerifyReport:
+def verify(
+    path: str | os.PathLike[str],
+    *,
+    workers: int = 1,
+    progress: bool | None = None,
+    remote: RemoteOptions | None = None,
+) -> VerifyReport:
     """Check every shard of the set at ``path`` against its manifest.
 
+    A remote set (a URL) is checked through the node cache: each shard is downloaded
+    (or found there), its sha256 compared with the manifest's as every download is,
+    then checked as a local shard; with a ``cache_limit``, checked shards make room for
+    the next ones. A shard whose object does not match (after one more download) is a
+    ``checksum_mismatch`` naming its URL.
+
     Args:
-        path: a shard set directory.
+        path: a shard set directory, or a URL (``s3://``, ``gs://``, ``https://``).
         workers: shards checked in parallel (threads: hashing and page-ins
             release the GIL). More than 1 helps on fast disks.
         progress: show a progress bar; ``None`` means "if stderr is a terminal"
             (otherwise a log line every few seconds).
+        remote: credentials and node cache of a URL (:class:`~shardload.remote.RemoteOptions`).
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is true when nothing is wrong.
@@ -148,7 +166,14 @@ def verify(path: str | os.PathLike[str], *, workers: int = 1, progress: bool | N
     >>> report.ok, [str(p) for p in report.problems]    # doctest: +SKIP
     (True, [])
     """
-    root = Path(path)
+    cache: RemoteSet | None = None
+    if is_remote(path):
+        from shardload.remote.cache import RemoteSet
+
+        cache = RemoteSet(str(path), remote or RemoteOptions())
+        root = cache.open()
+    else:
+        root = Path(path)
     manifest = Manifest.load(root)  # ManifestError propagates: nothing to check against
     started = time.perf_counter()
     index_problems: list[Problem] = []
@@ -166,12 +191,12 @@ def verify(path: str | os.PathLike[str], *, workers: int = 1, progress: bool | N
                     f"the index sums to {total} tokens, the manifest says {manifest.total_tokens}",
                 )
             )
-    checker = _ShardChecker(root, manifest, indexes)
+    checker = _ShardChecker(root, manifest, indexes, cache)
     problems: list[Problem] = []
     nbytes = 0
     bar = Progress(
         "verify",
-        total=sum(s.bytes for s in manifest.shards),
+        total=int(manifest.table.bytes.sum()),
         unit="bytes",
         enabled=progress,
         every=10.0,
@@ -186,13 +211,15 @@ def verify(path: str | os.PathLike[str], *, workers: int = 1, progress: bool | N
     finally:
         bar.close()
     problems.extend(index_problems)
+    if cache is not None:
+        cache.fetch_origins()
     if (root / ORIGINS_NAME).exists():  # a set of an older shardload has none
         try:
             read_origins(root, manifest.total_samples, every_row=True)
         except ShardSetError as exc:
             problems.append(Problem(None, ORIGINS_NAME, "unreadable", str(exc)))
     report = VerifyReport(
-        path=str(root),
+        path=str(path) if cache is not None else str(root),
         shards=len(manifest.shards),
         samples=manifest.total_samples,
         bytes=nbytes,
@@ -253,14 +280,33 @@ def recompute_lengths(schema: Schema, cols: Columns) -> dict[str, NDArray[np.int
 
 # -- one shard -----------------------------------------------------------------------------------------
 class _ShardChecker:
-    def __init__(self, root: Path, manifest: Manifest, indexes: dict[str, NDArray[np.integer] | None]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        manifest: Manifest,
+        indexes: dict[str, NDArray[np.integer] | None],
+        cache: RemoteSet | None = None,
+    ) -> None:
+        self.cache = cache
         self.root = root
         self.manifest = manifest
         self.indexes = indexes
         self.reader_cls = get_format(manifest.shard_format).reader
 
     def __call__(self, k: int) -> tuple[list[Problem], int]:
-        """Problems of shard ``k`` and the bytes read to find them."""
+        """Problems of shard ``k`` and the bytes read to find them (a remote shard fetched into the cache first)."""
+        if self.cache is None:
+            return self._check(k)
+        try:
+            self.cache.acquire(k)
+        except CorruptShardError as exc:
+            return [Problem(k, self.manifest.shards[k].file, "checksum_mismatch", str(exc))], 0
+        try:
+            return self._check(k)
+        finally:
+            self.cache.release(k)
+
+    def _check(self, k: int) -> tuple[list[Problem], int]:
         info = self.manifest.shards[k]
         path = self.root / info.file
         problems: list[Problem] = []

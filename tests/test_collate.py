@@ -10,9 +10,10 @@ import torch
 
 import shardload
 import shardload.dataset
-from shardload.collate import Layout, PadSpec, collate_batch
+from shardload.collate import Layout, PadSpec, collate_batch, group_by_shard
 from shardload.dataset import BatchArena, ShardBatchDataset
 from shardload.formats import Columns
+from shardload.index import ShardIndex
 from shardload.loader import make_loader
 from shardload.loader_options import LoaderOptions
 from shardload.plan import Batching, EpochSpec, PlanInputs, padded_length, plan_rank
@@ -174,3 +175,31 @@ def test_the_collate_pads_a_planned_batch_to_the_planners_padded_length(
         rows, width = batch["tokens"].shape
         assert width == padded_length(int(lengths[ids].max()), multiple)
         assert rows * max(width, 1) <= max_tokens or rows == 1
+
+
+@pytest.mark.parametrize("num_shards", [1, 2, 3, 40])
+def test_grouping_by_shard_matches_a_reference(num_shards: int) -> None:
+    """Each shard of a batch once, ascending, with its positions in batch order; None for a batch of one shard."""
+    rng = np.random.default_rng(num_shards)
+    for b in (1, 2, 64, 300):
+        shards = rng.integers(0, num_shards, b).astype(np.int64) + 5
+        expected = [(int(s), np.flatnonzero(shards == s)) for s in np.unique(shards)]
+        got = group_by_shard(shards)
+        assert [s for s, _ in got] == [s for s, _ in expected]
+        if len(expected) == 1:
+            assert got[0][1] is None
+        else:
+            assert all(pos is not None and np.array_equal(pos, want) for (_, pos), (_, want) in zip(got, expected))
+    assert group_by_shard(np.zeros(0, np.int64)) == []
+
+
+@pytest.mark.parametrize("sizes", [[7], [3, 4, 0, 5]])
+def test_locate_maps_ids_to_shard_and_row_and_refuses_ids_out_of_range(sizes: list[int]) -> None:
+    index = ShardIndex(sizes)
+    where = [(s, r) for s, n in enumerate(sizes) for r in range(n)]
+    ids = np.array([11, 0, 3, 6, 6, 2] if len(sizes) > 1 else [6, 0, 3], np.int64)
+    shard, row = index.locate(ids)
+    assert list(zip(shard.tolist(), row.tolist())) == [where[i] for i in ids]
+    for bad in (-1, sum(sizes), -(2**63)):
+        with pytest.raises(IndexError, match=f"sample id {bad} out of range"):
+            index.locate(np.array([0, bad, 1], np.int64))

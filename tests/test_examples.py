@@ -60,6 +60,10 @@ def load_example(name: str) -> ModuleType:
         sys.path.remove(str(EXAMPLES))
 
 
+#: Lightning's advice that the defaults and the recipe make not apply (docs/loading.md, "Quiet by default")
+NOT_WARNED = ("Consider setting `persistent_workers=True`", "It is recommended to use `self.log(")
+
+
 def test_lightning_ddp_logs_the_exact_validation_loss(tmp_path: Path) -> None:
     res = run_with_watchdog(
         python(
@@ -86,6 +90,9 @@ def test_lightning_ddp_logs_the_exact_validation_loss(tmp_path: Path) -> None:
     # Invariant: 37 validation samples on 2 ranks, each counted exactly once
     assert r["val_count"] == r["exact_val_count"] == 37
     assert abs(r["val_loss"] - r["exact_val_loss"]) < 1e-5, r
+    # Quiet: the exact-loss recipe (val_loss logged at epoch end) and the default loader options draw no
+    # Lightning warning (persistent_workers is advised where workers start by spawn: test_persistent_workers.py)
+    assert not [w for w in NOT_WARNED if w in res.output], res.output[-3000:]
 
 
 def test_torchrun_plain_two_ranks(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +206,43 @@ def test_packed_loader_resumes_mid_epoch(tmp_path: Path, workers: int) -> None:
         return loader
 
     assert_resumes_identically(make, stop_after=2)
+
+
+@pytest.mark.parametrize("pin_memory", [False, True])
+def test_without_workers_the_direct_path_changes_nothing(
+    shard_set: shardload.ShardSet, monkeypatch: pytest.MonkeyPatch, pin_memory: bool
+) -> None:
+    """num_workers=0 reads each batch from the sampler and the dataset itself, skipping torch's per-batch
+    wrappers: the same batches, and the same draw from torch's random generator per pass, as through torch's
+    iterator; when torch pins batches, they go through torch's iterator."""
+    from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
+
+    calls = [0]
+    through_torch = _SingleProcessDataLoaderIter.__next__
+
+    def counted(self: Any) -> Any:
+        calls[0] += 1
+        return through_torch(self)
+
+    monkeypatch.setattr(_SingleProcessDataLoaderIter, "__next__", counted)
+
+    def run(direct: bool) -> tuple[list[dict[str, Any]], float, int]:
+        calls[0] = 0
+        loader = make_loader(shard_set.path, rank=0, world_size=1, max_tokens=200, seed=3)
+        loader.pin_memory = pin_memory  # no accelerator here: torch's iterator warns and leaves batches as they are
+        if not direct:
+            monkeypatch.setattr(loader, "_direct_fetch", lambda it: None)
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            batches = list(loader)
+        return batches, torch.rand(1).item(), calls[0]
+
+    (direct, after_direct, direct_calls), (usual, after_usual, usual_calls) = run(True), run(False)
+    assert usual_calls == len(usual) + 1  # every batch, then the end
+    pins = pin_memory and torch.accelerator.is_available()  # torch pins only with an accelerator
+    assert direct_calls == (usual_calls if pins else 0)
+    assert after_direct == after_usual
+    assert len(direct) == len(usual) > 1
+    for a, b in zip(direct, usual):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -33,6 +33,8 @@ BATCHING_CASES: dict[str, Batching] = {
     "pack_length": Batching(packing=True, pack_length=2048, rows_per_batch=2),
     "rows_per_batch": Batching(packing=True, pack_length=4096, rows_per_batch=3),
     "pack_split": Batching(packing=True, pack_length=16, rows_per_batch=2, pack_split=True),
+    "chunk_window": Batching(batch_size=4, chunk_window=2, chunk_rows=100),  # an Arrow set: rows given
+    "chunk_rows": Batching(batch_size=4, chunk_rows=50),
 }
 
 #: field -> a valid LoaderOptions whose value of that field is not the default
@@ -40,7 +42,7 @@ LOADER_CASES: dict[str, shardload.LoaderOptions] = {
     "num_workers": shardload.LoaderOptions(num_workers=1),
     "pin_memory": shardload.LoaderOptions(pin_memory=True),
     "prefetch_factor": shardload.LoaderOptions(prefetch_factor=3),
-    "persistent_workers": shardload.LoaderOptions(persistent_workers=True),
+    "persistent_workers": shardload.LoaderOptions(num_workers=1, persistent_workers=False),
     "timeout": shardload.LoaderOptions(timeout=30),
     "debug": shardload.LoaderOptions(debug=True),
 }
@@ -95,7 +97,11 @@ def test_every_batching_field_reaches_every_entry_point(
     # Invariant: `shardload plan` has a flag for the field, and plans with the same Batching
     assert main(["plan", str(small_set), "--world-size", "2", *_flags(batching), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    expected = summarize_plan(shardload.open(small_set).plan_inputs(), EpochSpec(world_size=2), batching)
+    ss = shardload.open(small_set)
+    # the command sizes a remote cache too: the same figures from the same shard sizes
+    expected = summarize_plan(
+        ss.plan_inputs(), EpochSpec(world_size=2), batching, shard_bytes=[s.bytes for s in ss.shards]
+    )
     assert printed == json.loads(json.dumps(expected.to_dict()))
 
 
@@ -118,12 +124,22 @@ def test_every_loader_option_reaches_both_loaders(small_set: Path, field: str) -
             assert made.persistent_workers == options.persistent_workers
 
 
+@pytest.mark.parametrize(
+    "options", [shardload.LoaderOptions(timeout=30), shardload.LoaderOptions(num_workers=2, timeout=30, debug=True)]
+)
+def test_a_timeout_without_worker_processes_has_no_effect(small_set: Path, options: shardload.LoaderOptions) -> None:
+    # torch refuses a timeout without workers: iterating used to raise an AssertionError
+    loader = shardload.make_loader(small_set, batch_size=4, loader_options=options, rank=0, world_size=1)
+    assert sum(len(b["sample_id"]) for b in loader) == 60
+
+
 def test_every_epoch_field_reaches_shardload_plan(small_set: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = EpochSpec(world_size=3, stage="train", seed=9, epoch=2, shard_assignment="fixed")
     flags = [f"--{f.name.replace('_', '-')}={getattr(spec, f.name)}" for f in dataclasses.fields(EpochSpec)]
     assert main(["plan", str(small_set), *flags, "--batch-size", "4", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    expected = summarize_plan(shardload.open(small_set).plan_inputs(), spec, Batching(batch_size=4))
+    ss = shardload.open(small_set)
+    expected = summarize_plan(ss.plan_inputs(), spec, Batching(batch_size=4), shard_bytes=[s.bytes for s in ss.shards])
     # Invariant: the flags are the fields of EpochSpec; the fingerprint covers all of them
     assert printed["fingerprint"] == expected.fingerprint
     assert printed == json.loads(json.dumps(expected.to_dict()))

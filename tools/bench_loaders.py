@@ -10,7 +10,9 @@ writes each with every contestant's own writer, then reads one full shuffled
 epoch with ``num_workers`` 0 and 2, with the same padding collate and batch size:
 
   memmap     baseline: one raw ``np.memmap`` of all samples + an offsets array, a torch
-             DataLoader over shuffled index lists (the physical floor of Python-side loading);
+             DataLoader over lists of sample indices (the physical floor of Python-side loading);
+             when the shardload row runs, the lists are its batches (the same samples together,
+             so the same padded shapes), else a shuffle of its own;
   npy        baseline: one ``.npy`` file per sample, same DataLoader and collate;
   shardload  ``shardload.write`` + ``make_loader(batch_size=...)`` (random batches, no bucketing),
              and ``make_loader(max_tokens=...)`` (token budget, length bucketing);
@@ -18,7 +20,9 @@ epoch with ``num_workers`` 0 and 2, with the same padding collate and batch size
   streaming  MosaicML ``MDSWriter`` + ``StreamingDataset`` (local directory);
   webdataset tar shards (``ShardWriter``) + ``WebDataset`` with shard and buffer shuffling;
   hf         Hugging Face ``datasets`` (``save_to_disk``, Arrow), ``with_format("numpy")``;
-  shardload-zarr  when shardload has a ``zarr`` shard format.
+  shardload-zarr  when shardload has a ``zarr`` shard format: the same random batches, in the Zarr
+             set's default order (chunk windows); ``shardload-zarr-shuffled``: the same set in a full
+             shuffle (``Batching(chunk_window=0)``).
 
 Every write and every epoch runs in a fresh process, so that peak RSS (summed
 over the process and its DataLoader workers) is the loader's own. The page
@@ -28,6 +32,7 @@ every sample exactly once (count, sum of lengths, sum of each sample's first
 value); a contestant that fails the check is reported as such, not ranked.
 
     python tools/bench_loaders.py --scale 0.02          # smoke run, about two minutes
+    python tools/bench_loaders.py --repeat 3            # each row the median of 3 epochs, run round robin
     python tools/bench_loaders.py                       # the full size (see docs/benchmarks.md)
 
 Needs the competitors: ``pip install -e ".[bench]"``. A competitor that cannot
@@ -48,6 +53,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +65,10 @@ from shardload.testing import long_tailed_lengths
 
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARIES = ("litdata", "streaming", "webdataset", "hf")  # "the best other library" is the best of these
-CONTESTANTS = ("memmap", "npy", "shardload", "shardload-bucketed", "shardload-zarr", *LIBRARIES)
+ZARR_ROWS = ("shardload-zarr", "shardload-zarr-shuffled")
+CONTESTANTS = ("memmap", "npy", "shardload", "shardload-bucketed", *ZARR_ROWS, *LIBRARIES)
 # Contestants that read what another one wrote.
-WRITTEN_BY = {"shardload-bucketed": "shardload"}
+WRITTEN_BY = {"shardload-bucketed": "shardload", "shardload-zarr-shuffled": "shardload-zarr"}
 
 
 @dataclass(frozen=True)
@@ -299,10 +306,39 @@ class _HFFetch:
         return list(self._ds[ids.tolist()][self.field])
 
 
+def planned_batches(d: Path, spec: DataSpec, opts: dict[str, Any], out: Path) -> None:
+    """Save shardload's batches of the epoch (fixed size, random), as raw sample indices, to ``out``.
+
+    The baselines that read by index lists (memmap, npy, hf) then read the very same batches as the
+    ``shardload`` row: the same samples together, so the same padded shapes and the same bytes copied.
+    shardload's sample ids map to raw indices through the set's ``origins.arrow`` (``write()`` records
+    each sample's position in its input).
+    """
+    import pyarrow as pa
+
+    loader = read_shardload(d, spec, {**opts, "num_workers": 0, "bucketed": False})
+    plan = loader.plan_sampler.plan()
+    with pa.memory_map(str(d / "origins.arrow")) as f:
+        raw = pa.ipc.open_file(f).read_all().column("position").to_numpy()
+    batches = [raw[plan.batch(i)[0]] for i in range(len(plan))]
+    bounds = np.cumsum([0, *(len(b) for b in batches)])
+    np.savez(out, ids=np.concatenate(batches).astype(np.int64), bounds=bounds)
+
+
+def epoch_batches(spec: DataSpec, opts: dict[str, Any]) -> list[np.ndarray]:
+    """The baselines' batches: shardload's (:func:`planned_batches`) when saved, else a shuffle of their own."""
+    saved = opts.get("batches")
+    if saved is None:
+        return shuffled_batches(spec.samples, opts["batch_size"], opts["seed"])
+    with np.load(saved) as z:
+        ids, bounds = z["ids"], z["bounds"].tolist()
+    return [ids[a:b] for a, b in pairwise(bounds)]
+
+
 def _batch_loader(fetch: Callable[[np.ndarray], Sequence[np.ndarray]], spec: DataSpec, opts: dict[str, Any]) -> Any:
     from torch.utils.data import DataLoader
 
-    batches = shuffled_batches(spec.samples, opts["batch_size"], opts["seed"])
+    batches = epoch_batches(spec, opts)
     return DataLoader(
         _BatchDataset(spec.field, fetch), sampler=batches, batch_size=None, num_workers=opts["num_workers"]
     )
@@ -322,13 +358,22 @@ def read_hf(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Iterable[dict[str,
 
 def read_shardload(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Iterable[dict[str, Any]]:
     import shardload
+    from shardload.plan import Batching
 
     if opts["bucketed"]:
-        batching = {"max_tokens": opts["max_tokens"][spec.name], "bucketing": True}
+        kw: dict[str, Any] = {"max_tokens": opts["max_tokens"][spec.name], "bucketing": True}
     else:  # random batches of a fixed size: the same work as every other contestant
-        batching = {"batch_size": opts["batch_size"], "bucketing": False}
+        kw = {"batch_size": opts["batch_size"], "bucketing": False}
+    if opts.get("full_shuffle"):  # a Zarr set read in a full shuffle instead of its default chunk windows
+        kw["chunk_window"] = 0
     return shardload.make_loader(
-        d, rank=0, world_size=1, stage="train", seed=opts["seed"], num_workers=opts["num_workers"], **batching
+        d,
+        rank=0,
+        world_size=1,
+        stage="train",
+        seed=opts["seed"],
+        num_workers=opts["num_workers"],
+        batching=Batching(**kw),
     )
 
 
@@ -388,6 +433,7 @@ def import_streaming() -> Any:
 
 def import_contestant(name: str) -> None:
     """Import torch and everything the reader of ``name`` needs."""
+    import numpy.random  # noqa: F401  # numpy imports it on first use: a shuffle would pay for it inside the epoch
     import torch.utils.data  # noqa: F401
 
     if name.startswith("shardload"):
@@ -413,6 +459,7 @@ READERS: dict[str, Callable[[Path, DataSpec, dict[str, Any]], Iterable[dict[str,
     "shardload": read_shardload,
     "shardload-bucketed": read_shardload,
     "shardload-zarr": read_shardload,
+    "shardload-zarr-shuffled": read_shardload,
     "litdata": read_litdata,
     "streaming": read_streaming,
     "webdataset": read_webdataset,
@@ -437,10 +484,10 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
         WRITERS[name](src, out, spec, **kwargs)
         os.sync()
         return {"write_s": time.perf_counter() - t0}
-    opts = {**job["opts"], "bucketed": name == "shardload-bucketed"}
+    opts = {**job["opts"], "bucketed": name == "shardload-bucketed", "full_shuffle": name == "shardload-zarr-shuffled"}
     import_contestant(name)  # imports are not part of the loader's time
     print("START", flush=True)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     loader = READERS[name](out, spec, opts)
     first = None
     count = length_sum = padded = 0
@@ -454,12 +501,13 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
         padded += int(x.shape[0]) * int(x.shape[1])
         heads = x[:, 0].reshape(len(lengths), -1)[:, 0]  # each sample's first value (every sample has one)
         checksum += float(heads.double().sum())
-    total = time.perf_counter() - t0
+    total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     print("END", flush=True)
     del loader
     return {
         "first_batch_s": first,
         "epoch_s": total,
+        "cpu_s": cpu,
         "count": count,
         "length_sum": length_sum,
         "padded_rows": padded,
@@ -552,7 +600,7 @@ def memcpy_gbps(nbytes: int = 256 << 20, repeats: int = 5) -> float:
 
 def availability(name: str) -> str:
     """An empty string if ``name`` can run here, else why not."""
-    if name == "shardload-zarr":
+    if name in ZARR_ROWS:
         from shardload.formats import FORMATS
 
         return "" if "zarr" in FORMATS else "unavailable: shardload has no zarr shard format in this version"
@@ -596,6 +644,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="0,2", help="num_workers values to run, comma-separated")
     p.add_argument("--only", default=None, help="comma-separated contestants to run (default: all)")
     p.add_argument("--datasets", default="tokens,features", help="comma-separated: tokens, features")
+    p.add_argument(
+        "--repeat", type=int, default=1, help="epochs per contestant, round robin; each row is the median run"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default="/tmp/shardload-bench-loaders", help="where the data is written")
     p.add_argument("--keep", action="store_true", help="keep the written data")
@@ -666,53 +717,63 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 write_s[name] = res["write_s"]
                 print(f"  write {name:<18} {res['write_s']:7.1f} s  {dir_bytes(root / spec.name / name) / 1e6:8.1f} MB")
-            for name in names:
-                if name in unavailable:
-                    continue
-                d = root / spec.name / WRITTEN_BY.get(name, name)
-                for nw in workers:
-                    warm_page_cache(d)
-                    res, rss, err = run_child(
-                        {**job, "op": "read", "contestant": name, "opts": {**opts, "num_workers": nw}}, args.timeout
-                    )
-                    row: dict[str, Any] = {
-                        "dataset": spec.name,
-                        "contestant": name,
-                        "num_workers": nw,
-                        "samples": spec.samples,
-                        "payload_bytes": payload,
-                        "write_s": write_s.get(WRITTEN_BY.get(name, name)),
-                        "disk_bytes": dir_bytes(d),
-                        "peak_rss_bytes": rss,
-                        "load_avg": os.getloadavg()[0],
-                    }
-                    if res is None:
-                        row["error"] = err
-                    else:
-                        row.update(res)
-                        checks = [
-                            res["count"] == expect["count"],
-                            res["length_sum"] == expect["length_sum"],
-                            math.isclose(res["checksum"], expect["checksum"], rel_tol=1e-9, abs_tol=1e-6),
-                        ]
-                        row["exactly_once"] = all(checks)
-                        row["samples_per_s"] = spec.samples / res["epoch_s"]
-                        row["payload_mb_per_s"] = payload / res["epoch_s"] / 1e6
-                        row["padding"] = 1 - res["length_sum"] / max(1, res["padded_rows"])
-                        if not row["exactly_once"]:
-                            row["error"] = (
-                                f"wrong samples: count {res['count']} (expected {expect['count']}), "
-                                f"length sum {res['length_sum']} (expected {expect['length_sum']})"
-                            )
-                    results.append(row)
-                    show = (
-                        f"{row['samples_per_s']:9,.0f} samples/s  {row['payload_mb_per_s']:7.1f} MB/s  "
-                        f"first batch {row['first_batch_s']:.2f} s  padding {row['padding']:.1%}  "
-                        f"RSS {rss / 2**20:,.0f} MiB"
-                        if "samples_per_s" in row
-                        else ""
-                    )
-                    print(f"  read  {name:<18} workers={nw}  {show}{'  ' + row['error'] if 'error' in row else ''}")
+            if "shardload" in write_s:  # the index-list baselines read shardload's batches
+                planned_batches(root / spec.name / "shardload", spec, opts, root / spec.name / "batches.npz")
+                job["opts"] = {**opts, "batches": str(root / spec.name / "batches.npz")}
+            runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+            for rep in range(args.repeat):  # round robin: a change of load falls on every contestant alike
+                for name in names:
+                    if name in unavailable:
+                        continue
+                    d = root / spec.name / WRITTEN_BY.get(name, name)
+                    for nw in workers:
+                        warm_page_cache(d)
+                        res, rss, err = run_child(
+                            {**job, "op": "read", "contestant": name, "opts": {**job["opts"], "num_workers": nw}},
+                            args.timeout,
+                        )
+                        row: dict[str, Any] = {
+                            "dataset": spec.name,
+                            "contestant": name,
+                            "num_workers": nw,
+                            "samples": spec.samples,
+                            "payload_bytes": payload,
+                            "write_s": write_s.get(WRITTEN_BY.get(name, name)),
+                            "disk_bytes": dir_bytes(d),
+                            "peak_rss_bytes": rss,
+                            "load_avg": os.getloadavg()[0],
+                        }
+                        if res is None:
+                            row["error"] = err
+                        else:
+                            row.update(res)
+                            checks = [
+                                res["count"] == expect["count"],
+                                res["length_sum"] == expect["length_sum"],
+                                math.isclose(res["checksum"], expect["checksum"], rel_tol=1e-9, abs_tol=1e-6),
+                            ]
+                            row["exactly_once"] = all(checks)
+                            row["samples_per_s"] = spec.samples / res["epoch_s"]
+                            row["payload_mb_per_s"] = payload / res["epoch_s"] / 1e6
+                            row["padding"] = 1 - res["length_sum"] / max(1, res["padded_rows"])
+                            if not row["exactly_once"]:
+                                row["error"] = (
+                                    f"wrong samples: count {res['count']} (expected {expect['count']}), "
+                                    f"length sum {res['length_sum']} (expected {expect['length_sum']})"
+                                )
+                        runs.setdefault((name, nw), []).append(row)
+                        show = (
+                            f"{row['samples_per_s']:9,.0f} samples/s  {row['payload_mb_per_s']:7.1f} MB/s  "
+                            f"first batch {row['first_batch_s']:.2f} s  padding {row['padding']:.1%}  "
+                            f"RSS {rss / 2**20:,.0f} MiB"
+                            if "samples_per_s" in row
+                            else ""
+                        )
+                        run = f"  run {rep + 1}/{args.repeat}" if args.repeat > 1 else ""
+                        print(
+                            f"  read  {name:<18} workers={nw}  {show}{'  ' + row['error'] if 'error' in row else ''}{run}"
+                        )
+            results += [median_run(rows) for rows in runs.values()]
     finally:
         if not args.keep:
             for spec in specs:
@@ -732,6 +793,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": args.batch_size,
         "max_tokens": max_tokens,
         "seed": args.seed,
+        "repeat": args.repeat,
         "unavailable": unavailable,
         "results": results,
         "ratios": ratios,
@@ -748,6 +810,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def median_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median speed among one contestant's repeated runs (the first failed one if any failed).
+
+    ``runs_samples_per_s`` lists every run's speed, in run order; ``median_cpu_s`` is the median of the
+    runs' CPU seconds (of the training process).
+    """
+    failed = [r for r in rows if "error" in r]
+    if failed:
+        return failed[0]
+    ranked = sorted(rows, key=lambda r: r["samples_per_s"])
+    cpu = sorted(r["cpu_s"] for r in rows)
+    return {
+        **ranked[(len(ranked) - 1) // 2],
+        "runs_samples_per_s": [r["samples_per_s"] for r in rows],
+        "median_cpu_s": cpu[(len(cpu) - 1) // 2],
+    }
+
+
 def compute_ratios(results: list[dict[str, Any]], specs: list[DataSpec], workers: list[int]) -> list[dict[str, Any]]:
     """Per dataset and num_workers: shardload's speed over the baseline's and over the best other library's."""
     out = []
@@ -760,7 +840,7 @@ def compute_ratios(results: list[dict[str, Any]], specs: list[DataSpec], workers
             }
             libs = {k: v["samples_per_s"] for k, v in ok.items() if k in LIBRARIES}
             best = max(libs, key=libs.__getitem__) if libs else None
-            for mine in ("shardload", "shardload-bucketed", "shardload-zarr"):
+            for mine in ("shardload", "shardload-bucketed", *ZARR_ROWS):
                 if mine not in ok:
                     continue
                 speed = ok[mine]["samples_per_s"]
@@ -770,6 +850,11 @@ def compute_ratios(results: list[dict[str, Any]], specs: list[DataSpec], workers
                         "num_workers": nw,
                         "contestant": mine,
                         "vs_memmap": speed / ok["memmap"]["samples_per_s"] if "memmap" in ok else None,
+                        # the same ratio from the CPU time of the training process: what a loaded machine
+                        # disturbs least; with workers, their CPU time is not in it
+                        "vs_memmap_cpu": ok["memmap"]["median_cpu_s"] / ok[mine]["median_cpu_s"]
+                        if "memmap" in ok
+                        else None,
                         "best_library": best,
                         "vs_best_library": speed / libs[best] if best else None,
                         "padding": ok[mine]["padding"],
@@ -799,17 +884,20 @@ def markdown(report: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "| dataset | workers | shardload row | vs memmap baseline | vs best other library | padding |",
-        "|---|---:|---|---:|---:|---:|",
+        "| dataset | workers | shardload row | vs memmap baseline | vs memmap, CPU time | vs best other library "
+        "| padding |",
+        "|---|---:|---|---:|---:|---:|---:|",
     ]
     for q in report["ratios"]:
         best = f"{fmt_ratio(q['vs_best_library'])} ({q['best_library']})" if q["best_library"] else "-"
         lines.append(
             f"| {q['dataset']} | {q['num_workers']} | {q['contestant']} | {fmt_ratio(q['vs_memmap'])} "
-            f"| {best} | {q['padding']:.1%} |"
+            f"| {fmt_ratio(q.get('vs_memmap_cpu'))} | {best} | {q['padding']:.1%} |"
         )
     for name, why in report["unavailable"].items():
         lines.append(f"\n{name}: {why}")
+    if report.get("repeat", 1) > 1:
+        lines.append(f"\nEach row: the median of {report['repeat']} epochs, run round robin.")
     m = report["machine"]
     lines.append(
         f"\nMachine: {m['platform']}; single-core memcpy {m['memcpy_gb_per_s']:.1f} GB/s; load average "

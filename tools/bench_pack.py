@@ -105,7 +105,7 @@ def fill_table(args: argparse.Namespace) -> None:
         "fill = real tokens / computed tokens (rows * padded length; a packed batch is R*L); "
         "capacity = real tokens / (batches * max_tokens), packing: the same as fill\n"
     )
-    print("| data | ranks | batching | fill | capacity | step balance | batches/rank | summary s |")
+    print("| data | ranks | batching | fill | capacity | step efficiency | batches/rank | summary s |")
     print("|---|---:|---|---:|---:|---:|---:|---:|")
     for dataset in args.datasets:
         lengths = make_lengths(dataset, args.samples, args.seed)
@@ -130,7 +130,7 @@ def fill_table(args: argparse.Namespace) -> None:
                     else ""
                 )
                 print(
-                    f"| {dataset} | {world} | {name} | {fill:.1%} | {capacity} | {summary.step_balance:.3f} "
+                    f"| {dataset} | {world} | {name} | {fill:.1%} | {capacity} | {summary.step_efficiency:.3f} "
                     f"| {summary.num_batches} | {took:.1f} |"
                 )
 

@@ -4,11 +4,15 @@ Times ``plan_rank`` for one rank (median of a few runs) with ``batch_size`` and
 with ``max_tokens`` (both bucketed), reports the equalisation cost and the
 memory it takes, then the padding fraction with and without bucketing from
 ``summarize_plan`` over all ranks (on the first ``--summary-samples``).
+``--balance`` prints the step efficiency instead (how little ranks wait for
+each other per step, ``PlanSummary.step_efficiency``) on the long-tailed set
+and on source-file-like lengths, at a few world sizes.
 
 Examples::
 
     python tools/bench_plan.py                      # 10M samples, 1024 ranks
     python tools/bench_plan.py --samples 100000000  # 100M samples
+    python tools/bench_plan.py --balance --samples 1000000   # step efficiency at 3, 8 and 64 ranks
 """
 
 from __future__ import annotations
@@ -38,6 +42,54 @@ def synthetic_lengths(num: int, seed: int) -> NDArray[np.int32]:
         hi = min(num, lo + (1 << 24))
         out[lo:hi] = np.clip(rng.lognormal(np.log(256), 1.0, hi - lo), 8, 4096)
     return out
+
+
+def source_like_lengths(shard_sizes: NDArray[np.int64], seed: int, *, shard_sigma: float) -> NDArray[np.int32]:
+    """Lengths like source files (one per sample): median ~300 tokens, p99 ~10k, cut at 16,384 (the context).
+
+    Lognormal with sigma 1.5 around a median of 300 tokens; with
+    ``shard_sigma > 0`` each shard's median is itself scaled by a lognormal of
+    that sigma (files of one repository share a shard: shards differ, as in a
+    real corpus), with the sample sigma lowered to keep the same overall spread.
+    """
+    rng = np.random.default_rng(seed + 11)
+    sigma = float(np.sqrt(1.5**2 - shard_sigma**2))
+    median = np.repeat(300.0 * np.exp(shard_sigma * rng.standard_normal(len(shard_sizes))), shard_sizes)
+    noise = np.exp(sigma * rng.standard_normal(len(median)))
+    return np.clip(np.rint(median * noise), 1, 16384).astype(np.int32)
+
+
+def balance_table(args: argparse.Namespace) -> None:
+    """Step efficiency, spread and locality of bucketed and random batches on three length sets."""
+    shard_sizes = synthetic_shards(args.samples, args.shard_size, args.seed)
+    sets = {
+        "long-tailed": synthetic_lengths(args.samples, args.seed),
+        "source-like": source_like_lengths(shard_sizes, args.seed, shard_sigma=0.0),
+        "source-like, shards differ": source_like_lengths(shard_sizes, args.seed, shard_sigma=0.5),
+    }
+    configs = [
+        (f"max_tokens={args.max_tokens}", Batching(max_tokens=args.max_tokens)),
+        (f"batch_size={args.batch_size}", Batching(batch_size=args.batch_size)),
+        (f"max_tokens={args.max_tokens}, random", Batching(max_tokens=args.max_tokens, bucketing=False)),
+        (f"batch_size={args.batch_size}, random", Batching(batch_size=args.batch_size, bucketing=False)),
+    ]
+    print(f"\n## Step efficiency ({args.samples:,} samples, shards of ~{args.shard_size}, epoch 1)\n")
+    print("| data | ranks | batching | step efficiency | spread | padding | batches / rank | shards / rank |")
+    print("|---|---:|---|---:|---:|---:|---:|---|")
+    for name, lengths in sets.items():
+        lens = lengths.astype(np.int64)
+        print(
+            f"<!-- {name}: median {int(np.median(lens))}, p99 {int(np.percentile(lens, 99))}, mean {lens.mean():.0f} -->"
+        )
+        inputs = PlanInputs(lengths, shard_sizes)
+        for world in args.balance_ranks:
+            for label, batching in configs:
+                summary = summarize_plan(inputs, EpochSpec(world_size=world, seed=args.seed, epoch=1), batching)
+                print(
+                    f"| {name} | {world} | {label} | {summary.step_efficiency:.3f} | {summary.spread:.3f} "
+                    f"| {summary.padding_fraction:.1%} | {summary.num_batches:,} "
+                    f"| {summary.shards.min()}..{summary.shards.max()} |"
+                )
 
 
 def synthetic_shards(num: int, shard_size: int, seed: int) -> NDArray[np.int64]:
@@ -105,8 +157,15 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also time plan_rank without bucketing (one run each; slow for max_tokens)",
     )
+    parser.add_argument(
+        "--balance", action="store_true", help="only print the step-efficiency table (on --samples samples)"
+    )
+    parser.add_argument("--balance-ranks", type=int, nargs="+", default=[3, 8, 64], metavar="W")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.balance:
+        balance_table(args)
+        return
 
     lengths_mem = synthetic_lengths(args.samples, args.seed)
     shard_sizes = synthetic_shards(args.samples, args.shard_size, args.seed)
@@ -183,6 +242,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"{label:>20} ({num:,} samples): padding {summary.padding_fraction:.2%}"
                     + (f", budget filled {fill:.1%}" if fill is not None else "")
                     + f", {summary.num_batches} batches/rank, spread {summary.spread:.3f}, "
+                    f"step efficiency {summary.step_efficiency:.3f}, "
                     f"shards/rank {summary.shards.min()}..{summary.shards.max()} "
                     f"[summary {time.perf_counter() - start:.1f} s]"
                 )

@@ -26,6 +26,16 @@ it once, before ``make_loader``.
     python tools/bench_startup.py --scale 0.01           # smoke run: 10k samples, 10 shards
     python tools/bench_startup.py                        # 1M samples, 1,000 shards
     python tools/bench_startup.py --profile              # plus a cProfile of one cold start
+
+``--open-only 10000,100000,1000000`` measures instead what opening costs with
+many shards: for each count it writes (once, cached) a set of that many
+one-sample shards (the manifest and the lengths index; no shard file is
+written, and none is opened), then opens it in ``--repeats`` new processes
+(``shardload.open(path)``: manifest, shard table and shard index) and reports
+the median wall and CPU seconds and the memory that opening added to the
+process (peak resident set, ``ru_maxrss``, after minus before).
+
+    python tools/bench_startup.py --open-only 10000,100000,1000000 --repeats 3
 """
 
 from __future__ import annotations
@@ -76,6 +86,80 @@ def cached_shard_set(cache: Path, samples: int, shards: int, median: float, seed
         progress=False,
     )
     return path, time.perf_counter() - start
+
+
+def cached_many_shards(cache: Path, shards: int) -> tuple[Path, float]:
+    """A set of ``shards`` one-sample shards: manifest and lengths index only; returns its path and write time."""
+    from shardload.manifest import Manifest, ShardInfo
+    from shardload.schema import Schema
+
+    path = cache / f"open-{shards}"
+    if (path / "manifest.json").exists():
+        return path, 0.0
+    path.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    digest = "sha256:" + "0" * 64
+    infos = tuple(ShardInfo(f"shards/shard-{k:06d}.arrow", 1, 1000, digest, k, 4) for k in range(shards))
+    schema = Schema.from_json({"fields": [{"name": "tokens", "dtype": "int32", "shape": [None]}]})
+    np.save(path / "lengths.npy", np.full(shards, 4, dtype=np.int32))
+    m = Manifest(schema=schema, shard_format="arrow", shards=infos, total_samples=shards, total_tokens=4 * shards)
+    getattr(m, "with_table_form", lambda: m)().write(path)  # as prepare writes it (a shardload before 0.2: JSON)
+    return path, time.perf_counter() - start
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith(key + ":"))
+
+
+def open_probe(path: str) -> dict[str, float]:
+    """Body of a fresh process: ``shardload.open(path)``; wall, CPU, and resident memory growth (MB).
+
+    The peak is the kernel's high-water mark (``VmHWM``), reset just before
+    the open (``/proc/self/clear_refs``), so the imports' own peak is left out.
+    """
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # reset VmHWM to the current resident set
+    before = _status_kb("VmRSS")
+    wall, cpu = _now()
+    ss = shardload.open(path)
+    wall2, cpu2 = _now()
+    assert len(ss.shards) == len(ss)
+    peak, now = _status_kb("VmHWM"), _status_kb("VmRSS")
+    return {
+        "open": wall2 - wall,
+        "open cpu": cpu2 - cpu,
+        "rss MB": (now - before) / 1024,
+        "peak MB": (peak - before) / 1024,
+    }
+
+
+def open_only(args: argparse.Namespace) -> int:
+    """``--open-only``: the cost of opening sets of many shards, each count in new processes."""
+    print("$ " + shlex.join(["python", *sys.argv]))
+    print(f"shardload {shardload.__version__}, python {platform.python_version()}, load {os.getloadavg()[0]:.1f}")
+    print(
+        f"{'shards':>10}  {'manifest kB':>11}  {'other kB':>9}  {'open s':>7}  {'cpu s':>6}  {'+RSS MB':>8}  {'+peak MB':>8}"
+    )
+    for count in (int(c) for c in args.open_only.split(",")):
+        path, wrote = cached_many_shards(args.cache_dir, count)
+        other = sum(f.stat().st_size for f in path.iterdir() if f.name not in ("manifest.json", "lengths.npy"))
+        runs = []
+        for _ in range(args.repeats):
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--probe", json.dumps({"open": str(path)})]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            runs.append(json.loads(out.strip().splitlines()[-1]))
+        r = median_of(runs)
+        print(
+            f"{count:>10,}  {(path / 'manifest.json').stat().st_size / 1e3:>11,.0f}  {other / 1e3:>9,.0f}  "
+            f"{r['open']:>7.3f}  {r['open cpu']:>6.3f}  {r['rss MB']:>8.1f}  {r['peak MB']:>8.1f}"
+            + (f"   (set written in {wrote:.0f} s)" if wrote else "")
+        )
+    print(
+        f"median of {args.repeats} new processes each; '+RSS MB': resident set after the open minus before it; "
+        "'+peak MB': its high-water mark during the open minus the resident set before it"
+    )
+    return 0
 
 
 def evict(path: Path) -> None:
@@ -138,6 +222,9 @@ def start_once(path: str, batching: dict[str, int], world_size: int) -> dict[str
 
 def probe_main(spec: dict[str, Any]) -> None:
     """Body of a fresh process: time the imports and one start (total or stages), print JSON."""
+    if "open" in spec:
+        print(json.dumps(open_probe(spec["open"])))
+        return
     t0 = time.perf_counter()
     import torch  # noqa: F401
 
@@ -201,11 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="generated shard sets, reused across runs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
+    p.add_argument("--open-only", metavar="COUNTS", help="only time opening sets of these many shards (1,2,...)")
     p.add_argument("--probe", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.probe:
         probe_main(json.loads(args.probe))
         return 0
+    if args.open_only:
+        return open_only(args)
 
     print("$ " + shlex.join(["python", *sys.argv]))
     samples, shards = int(args.samples * args.scale), max(1, int(args.shards * args.scale))

@@ -6,7 +6,7 @@ Generates N long-tailed samples with :func:`shardload.testing.synthetic_samples`
 normal rows, ``label`` int64), writes them once per format, and reports:
 
   * bytes on disk and the ratio to Arrow;
-  * one training epoch through ``make_loader`` (shuffled, batch_size 64,
+  * one training epoch through ``make_loader`` (shuffled: Zarr sets in their default chunk windows; batch_size 64,
     num_workers=0): samples/s and payload MB/s, page cache warm;
   * the same epoch with the Zarr chunk cache turned off, to show what it saves;
   * zip store vs directory store: every chunk of every values array of the

@@ -90,6 +90,33 @@ positive_int = int_at_least(1)
 non_negative_int = int_at_least(0, "0 or more")
 
 
+def add_remote_flags(p: argparse.ArgumentParser) -> None:
+    """``--cache-dir`` and ``--cache-limit``: the node cache of a remote set (credentials come from the environment)."""
+    g = p.add_argument_group(
+        "a remote shard set (s3://, gs://, az://, https://; credentials and endpoint from the environment, "
+        "e.g. AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL)"
+    )
+    g.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="the node-local cache (default: $SHARDLOAD_CACHE_DIR, else $XDG_CACHE_HOME/shardload or "
+        "~/.cache/shardload)",
+    )
+    g.add_argument(
+        "--cache-limit",
+        type=parse_size,
+        metavar="SIZE",
+        help="the most bytes of shards kept in the cache, e.g. 50GiB (default: $SHARDLOAD_CACHE_LIMIT, else none)",
+    )
+
+
+def remote_of(args: argparse.Namespace) -> Any:
+    """The :class:`~shardload.remote.RemoteOptions` of :func:`add_remote_flags`."""
+    from shardload.remote.options import RemoteOptions
+
+    return RemoteOptions(cache_dir=args.cache_dir, cache_limit=args.cache_limit)
+
+
 def print_json(obj: Any) -> None:
     """One JSON object on one line of stdout (machine-readable: nothing else goes to stdout)."""
     sys.stdout.write(json.dumps(_finite(obj), allow_nan=False) + "\n")

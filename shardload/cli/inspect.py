@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from shardload.cli._common import CommandError, Exit, print_json, python_hint
+from shardload.cli._common import CommandError, Exit, add_remote_flags, print_json, python_hint, remote_of
 
 SUMMARY = "describe a shard set (fields, sizes, length distribution)"
 
@@ -17,6 +17,7 @@ EPILOG = """examples:
   shardload inspect out/
   shardload inspect out/ --json | jq .lengths.p99
   shardload inspect out/ --plot lengths.png     # needs matplotlib: pip install shardload[plot]
+  shardload inspect s3://bucket/sets/train      # fetches manifest and lengths index into the node cache
 
 """ + python_hint(
     "from shardload.inspect import describe, plot_lengths",
@@ -26,18 +27,20 @@ EPILOG = """examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", metavar="OUT", help="a shard set directory")
+    p.add_argument("path", metavar="OUT", help="a shard set directory or URL")
     p.add_argument("--json", action="store_true", help="print the description as one JSON object on stdout")
     p.add_argument("--plot", metavar="FILE.png", help="also save a histogram of the lengths to this image")
+    add_remote_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from shardload.inspect import describe, format_description, plot_lengths
 
-    info = describe(args.path)
+    remote = remote_of(args)
+    info = describe(args.path, remote=remote)
     if args.plot:
         try:
-            plot_lengths(args.path, args.plot)
+            plot_lengths(args.path, args.plot, remote=remote)
         except ImportError as exc:
             raise CommandError(str(exc), Exit.USAGE) from None
         except OSError as exc:

@@ -5,7 +5,10 @@ group is needed) and prints, per rank: batches, real samples, filler rows, real
 tokens, padded tokens (rows x padded length, what the GPU computes on) and the
 padding fraction, plus the spread between the slowest and the fastest rank
 (max/min padded tokens). Every rank has the same number of batches: that is
-the planner's guarantee, and this table shows what it costs.
+the planner's guarantee, and this table shows what it costs. It also sizes the
+node-local cache a remote set needs: the bytes of the distinct shards each rank
+reads this epoch (no shard fetched twice), those of its largest batch (the least
+cache that works) and, with ``--ranks-per-node``, those of each node's ranks together.
 """
 
 from __future__ import annotations
@@ -14,12 +17,24 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shardload.cli._common import CommandError, Exit, int_at_least, print_json, python_hint
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.cli._common import (
+    CommandError,
+    Exit,
+    add_remote_flags,
+    int_at_least,
+    print_json,
+    python_hint,
+    remote_of,
+)
 from shardload.cli._flags import add_option_flags, options_from_args
 from shardload.plan import Batching, EpochSpec
 
 if TYPE_CHECKING:
-    from shardload.mixture import Mixture
+    from shardload.mixture import MixedSets, Mixture
+    from shardload.shardset import ShardSet
 
 SUMMARY = "dry-run the per-rank batch plan (batches, padding, balance)"
 
@@ -28,6 +43,8 @@ EPILOG = """examples:
   shardload plan out/ --world-size 4 --batch-size 32 --stage val --json
   shardload plan out/ --world-size 2 --batch-size 4 --with-ids --json > plan.json
   shardload plan out/ --world-size 8 --packing --pack-length 4096 --rows-per-batch 8
+  shardload plan out/ --world-size 16 --batch-size 32 --ranks-per-node 8   # cache per node of 8 ranks
+  shardload plan s3://bucket/sets/train --world-size 8 --max-tokens 16384   # manifest + lengths only
   shardload plan --source web=sets/web:0.7 --source code=sets/code:0.3 --world-size 8 --max-tokens 16384
 
 the epoch and batching flags are the fields of shardload.plan.EpochSpec and
@@ -44,7 +61,7 @@ shardload.plan.Batching (--max-tokens is max_tokens=...); one of --batch-size,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", metavar="OUT", nargs="?", help="a shard set directory (or give --source instead)")
+    p.add_argument("path", metavar="OUT", nargs="?", help="a shard set directory or URL (or give --source instead)")
     mix = p.add_argument_group("a mixture of shard sets (shardload.Mixture), instead of OUT")
     mix.add_argument(
         "--source",
@@ -67,12 +84,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_option_flags(
         p.add_argument_group("batching (Batching)"), Batching, one_of=("batch_size", "max_tokens", "packing")
     )
+    p.add_argument(
+        "--ranks-per-node",
+        type=int_at_least(1),
+        default=1,
+        metavar="K",
+        help="ranks sharing one node's cache (ranks kK..kK+K-1 are node k): also print the cache each node needs",
+    )
     p.add_argument("--json", action="store_true", help="print the plan summary as one JSON object on stdout")
     p.add_argument(
         "--with-ids",
         action="store_true",
         help="with --json: add each rank's batch_sample_ids and batch_weights (large!)",
     )
+    add_remote_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,13 +109,35 @@ def run(args: argparse.Namespace) -> int:
     if (args.path is None) == (args.source is None):
         raise CommandError("give a shard set directory OUT, or a mixture with --source NAME=PATH[:WEIGHT]", Exit.USAGE)
     spec, batching = options_from_args(EpochSpec, args), options_from_args(Batching, args)
-    inputs = shardload.open(args.path).plan_inputs() if args.path is not None else mixture_of(args).open().plan_inputs()
-    summary = summarize_plan(inputs, spec, batching, with_ids=args.with_ids)
+    if args.ranks_per_node > spec.world_size:
+        raise CommandError(
+            f"--ranks-per-node {args.ranks_per_node} is more than --world-size {spec.world_size}: give the ranks "
+            "of one node",
+            Exit.USAGE,
+        )
+    remote = remote_of(args)
+    opened = shardload.open(args.path, remote=remote) if args.path is not None else mixture_of(args).open(remote)
+    summary = summarize_plan(
+        opened.plan_inputs(),
+        spec,
+        batching,
+        with_ids=args.with_ids,
+        shard_bytes=shard_bytes_of(opened),
+        ranks_per_node=args.ranks_per_node,
+    )
     if args.json:
         print_json(summary.to_dict())
     else:
         print(summary.format())
     return Exit.OK
+
+
+def shard_bytes_of(opened: ShardSet | MixedSets) -> NDArray[np.int64]:
+    """``(S,)`` every shard's bytes from the manifest(s): a mixture's sources one after another."""
+    from shardload.mixture import MixedSets
+
+    sets = opened.sets if isinstance(opened, MixedSets) else (opened,)
+    return np.array([shard.bytes for one in sets for shard in one.shards], dtype=np.int64)
 
 
 def mixture_of(args: argparse.Namespace) -> Mixture:

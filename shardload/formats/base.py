@@ -213,6 +213,16 @@ class ShardReader(ABC):
         #: the identity record found in the shard's metadata by ``_open`` (raw; ``None`` when there is none)
         self.stored_identity: Any = None
 
+    @classmethod
+    def plan_chunk_rows(cls, schema: Schema, options: Mapping[str, object]) -> int | None:
+        """Value rows of the length field per stored chunk, for the planner's chunk windows; ``None``: no chunks.
+
+        A format whose reads decode whole chunks (Zarr) says how many rows
+        its writer puts in one, before evening out per shard
+        (:attr:`shardload.plan.PlanInputs.chunk_rows`).
+        """
+        return None
+
     def columns(self) -> Columns:
         """The whole shard, opened lazily on first call and cached."""
         if self._columns is None:

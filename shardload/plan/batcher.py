@@ -11,9 +11,10 @@ Both must agree exactly (the count of rank ``r`` is the number of batches that
 
 The base class owns what every strategy shares: a rank's samples in epoch
 order, shuffled by the rank's generator when training
-(:meth:`Batcher.rank_order`, the same draw for counting and building), and the
-shuffle of whole batches afterwards for strategies that build batches of
-similar lengths. Subclasses fill two hooks, :meth:`Batcher._count` and
+(:meth:`Batcher.rank_order`, the same draw for counting and building; a full
+shuffle, or chunk windows, :mod:`shardload.plan.chunks`), and the shuffle of
+whole batches afterwards for strategies that build batches of similar
+lengths. Subclasses fill two hooks, :meth:`Batcher._count` and
 :meth:`Batcher._cut` (and may set up shared state in :meth:`Batcher._prepare`).
 """
 
@@ -25,7 +26,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.plan.assign import ShardLayout
+from shardload.plan.chunks import ChunkWindows, chunk_blocks, window_batch_order, window_order
 from shardload.plan.options import Batching
+from shardload.plan.ranges import range_positions
 from shardload.plan.shuffle import permute_batches, rank_rng
 
 __all__ = ["Batcher", "Batches", "chunk_offsets"]
@@ -57,6 +60,8 @@ class Batcher(ABC):
         seed: Run seed.
         epoch: Epoch number.
         max_length: Longest length in ``lengths`` (``0`` if empty).
+        chunks: Training with chunk windows: shuffle chunks, then samples
+            within windows of chunks; ``None``: a full shuffle.
     """
 
     #: Whether training shuffles the order of batches after building them
@@ -73,6 +78,7 @@ class Batcher(ABC):
         seed: int,
         epoch: int,
         max_length: int,
+        chunks: ChunkWindows | None = None,
     ) -> None:
         self.lengths = lengths
         self.layout = layout
@@ -81,6 +87,7 @@ class Batcher(ABC):
         self.seed = seed
         self.epoch = epoch
         self.max_length = max_length
+        self.chunks = chunks if shuffle else None
         self._prepare()
 
     def _prepare(self) -> None:  # noqa: B027 (an optional hook, not abstract)
@@ -103,10 +110,16 @@ class Batcher(ABC):
             once, in yield order, and ``(num_batches + 1,)`` batch offsets
             into them. Every batch is non-empty.
         """
-        ids, lens, rng = self.rank_order(rank)
+        ids, lens, rng, windows = self._order(rank)
         sample_ids, offsets = self._cut(ids, lens)
         if rng is not None and self.shuffles_batch_order:
-            sample_ids, offsets = permute_batches(sample_ids, offsets, rng.permutation(len(offsets) - 1))
+            if windows is None:
+                perm = rng.permutation(len(offsets) - 1)
+            else:  # each batch after the window it completes in: the window's chunks are still at hand
+                sorter = np.argsort(ids, kind="stable")
+                row_windows = windows[sorter[np.searchsorted(ids, sample_ids, sorter=sorter)]]
+                perm = window_batch_order(row_windows, offsets, rng)
+            sample_ids, offsets = permute_batches(sample_ids, offsets, perm)
         return sample_ids, offsets
 
     def rank_order(self, rank: int) -> tuple[NDArray[np.int64], NDArray[np.int64], np.random.Generator | None]:
@@ -121,13 +134,25 @@ class Batcher(ABC):
             when shuffling (the first draw of ``rng``); ``rng`` is the rank's
             generator after that draw, ``None`` when not shuffling.
         """
-        ids = self.layout.rank_sample_ids(rank)  # (n_r,) epoch order
+        ids, lens, rng, _ = self._order(rank)
+        return ids, lens, rng
+
+    def _order(
+        self, rank: int
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], np.random.Generator | None, NDArray[np.int64] | None]:
+        """:meth:`rank_order`, and ``(n_r,)`` the window of each sample with chunk windows (else ``None``)."""
+        segments = self.layout.rank_segments(rank)
+        ids = range_positions(*segments)  # (n_r,) epoch order
         lens = np.asarray(self.lengths[ids], dtype=np.int64)  # (n_r,)
         if not self.shuffle:
-            return ids, lens, None
+            return ids, lens, None, None
         rng = rank_rng(self.seed, self.epoch, rank)
-        perm = rng.permutation(len(ids))
-        return ids[perm], lens[perm], rng
+        if self.chunks is None:
+            perm = rng.permutation(len(ids))
+            return ids[perm], lens[perm], rng, None
+        blocks = chunk_blocks(self.lengths, lens, self.layout.shard_starts, segments, self.chunks.rows)
+        perm, windows = window_order(blocks, self.chunks.window, rng)
+        return ids[perm], lens[perm], rng, windows
 
     @abstractmethod
     def _count(self) -> NDArray[np.int64]:

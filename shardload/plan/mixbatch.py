@@ -41,6 +41,7 @@ from numpy.typing import NDArray
 from shardload.errors import MixtureError
 from shardload.plan.assign import ShardLayout, assign_shards, balance_by_tokens, shard_order
 from shardload.plan.batcher import Batcher
+from shardload.plan.chunks import ChunkWindows, resolve_chunk_windows
 from shardload.plan.equalize import equalize_batches
 from shardload.plan.mix import MixInputs, Selection, refuse_long_samples_in, select_source, source_seed
 from shardload.plan.options import Batching
@@ -130,6 +131,8 @@ class MixBatcher:
         self.unit_batching = dataclasses.replace(batching, rows_per_batch=1) if self.packed else batching
         train = spec.shuffled
         self.parts: list[SourcePart] = []
+        #: each source's chunk windows, in source order (``None``: a full shuffle)
+        self.chunks: list[ChunkWindows | None] = []
         if self.packed:
             refuse_long_samples_in(mix, batching)
         for k, source in enumerate(mix.sources):
@@ -152,12 +155,16 @@ class MixBatcher:
         if selection.counts is not None:
             entries = np.repeat(np.arange(source.num_samples, dtype=np.int64), selection.counts)
             sizes = _per_shard(selection.counts, source.shard_sizes)
-            inputs = PlanInputs(source.lengths[entries], sizes, digest=f"{source.digest}/selected")
+            inputs = PlanInputs(
+                source.lengths[entries], sizes, digest=f"{source.digest}/selected", chunk_rows=source.chunk_rows
+            )
         rotate = spec.shuffled and spec.shard_assignment == "rotate"
         order = shard_order(inputs.num_shards, seed=seed, epoch=spec.epoch, shuffle=rotate)
         layout = assign_shards(inputs.shard_sizes, spec.world_size, order=order)
         if mix.by == "tokens":  # each rank gets near its share of every source's tokens
             layout = balance_by_tokens(layout, inputs.lengths, inputs.shard_tokens)
+        chunks = resolve_chunk_windows(self.unit_batching, inputs.chunk_rows, shuffled=spec.shuffled)
+        self.chunks.append(chunks)
         batcher = make_batcher(
             self.unit_batching,
             lengths=inputs.lengths,
@@ -166,6 +173,7 @@ class MixBatcher:
             seed=seed,
             epoch=spec.epoch,
             max_length=inputs.max_length,
+            chunks=chunks,
         )
         return SourcePart(k, int(mix.offsets[k]), selection, entries, inputs, layout, batcher)
 

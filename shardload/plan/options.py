@@ -169,6 +169,16 @@ class Batching:
         pack_split: ``packing``: cut a sample longer than ``pack_length``
             into row-sized pieces, each its own document (default: such a
             sample is refused, naming it, when the loader is built).
+        chunk_window: Training order for compressed (chunked) shards: shuffle
+            the set's chunks, then the samples within windows of this many
+            chunks, so that each chunk is decoded about once per epoch
+            (:mod:`shardload.plan.chunks`). ``0``: a full shuffle of each
+            rank's samples. ``None`` (default): the set's default, windows of
+            64 chunks for a Zarr set, a full shuffle otherwise. Not with
+            ``packing``. Its shuffle quality is in docs/planning.md.
+        chunk_rows: ``chunk_window``: value rows of the length field per
+            chunk (default: the set's, from its manifest; needed for a set
+            without chunks, e.g. to plan an Arrow set like its Zarr copy).
 
     Raises:
         PlanError: On construction, if an option is invalid.
@@ -215,6 +225,19 @@ class Batching:
     pack_split: bool = field(
         default=False,
         metadata={"help": "with --packing: cut samples longer than a row into row-sized pieces (default: refuse)"},
+    )
+    chunk_window: int | None = field(
+        default=None,
+        metadata={
+            "help": "training: shuffle chunks, then samples within windows of K chunks (0: full shuffle; "
+            "default: 64 for a zarr set, 0 otherwise)",
+            "metavar": "K",
+            "min": 0,
+        },
+    )
+    chunk_rows: int | None = field(
+        default=None,
+        metadata={"help": "with --chunk-window: value rows per chunk (default: the set's)", "metavar": "R", "min": 1},
     )
 
     def __post_init__(self) -> None:
@@ -288,8 +311,31 @@ class Batching:
                 "1.05 pads a few percent, 1.1-1.2 makes fewer, wider buckets"
             )
         fixed["bucket_ratio"] = float(ratio)
+        fixed.update(self._chunk_fields())
         for name, value in fixed.items():
             object.__setattr__(self, name, value)  # plain Python values, hashable
+
+    def _chunk_fields(self) -> dict[str, object]:
+        """The checked chunk-window fields (``None`` stays ``None``)."""
+        fixed: dict[str, object] = {}
+        window = self.chunk_window
+        if window is not None:
+            if isinstance(window, (int, np.integer)) and not isinstance(window, bool) and window == 0:
+                fixed["chunk_window"] = 0  # off: a full shuffle
+            else:
+                fixed["chunk_window"] = _positive_int(
+                    "chunk_window", window, hint="it is the number of chunks per window, e.g. 64 (0: full shuffle)"
+                )
+            if fixed["chunk_window"] and self.packing:
+                raise PlanError(
+                    f"Batching(chunk_window={window}) orders samples for batch_size or max_tokens batches; packed "
+                    "rows are reordered by the packer: remove chunk_window (or set it to 0)"
+                )
+        if self.chunk_rows is not None:
+            fixed["chunk_rows"] = _positive_int(
+                "chunk_rows", self.chunk_rows, hint="it is the number of value rows per chunk of the length field"
+            )
+        return fixed
 
     def _packing_fields(self) -> dict[str, object]:
         """The checked packing fields; the options that only shape other batches are refused."""
@@ -320,7 +366,10 @@ class Batching:
         Plans without packing keep the fingerprint they had before packing
         existed (the same seven fields), so their saved loader states still
         resume; a packed plan is named by its own fields (``bucketing``, which
-        packing ignores, is left out).
+        packing ignores, is left out). ``chunk_window`` and ``chunk_rows``
+        are not here: what they resolve to depends on the set, and the plan
+        fingerprint and a loader state name the chunk windows a plan uses
+        (:func:`shardload.plan.chunks.chunk_identity`).
         """
         return tuple(self.identity_items().values())
 

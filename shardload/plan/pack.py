@@ -37,7 +37,7 @@ from shardload.plan.options import Batching
 from shardload.plan.packrows import SizeRuns, count_rows, pieces_per_sample
 from shardload.plan.packtrack import pack_segments
 from shardload.plan.ranges import offsets_from_lengths, range_positions
-from shardload.plan.shuffle import position_rng
+from shardload.plan.steps import step_positions
 
 __all__ = ["PackBatcher", "PackedBatches", "RankRows", "refuse_long_samples"]
 
@@ -290,11 +290,8 @@ class PackBatcher(Batcher):
         return new_row
 
     def _positions(self, target: int) -> NDArray[np.int64]:
-        """``(target,)`` the position in the epoch of each batch (heaviest first); training permutes them alike on
-        every rank."""
-        if self.shuffle and target:
-            return position_rng(self.seed, self.epoch).permutation(target)
-        return np.arange(target)
+        """``(target,)`` the position in the epoch of each batch (heaviest first), as for every strategy."""
+        return step_positions(target, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch)
 
     def consumed(
         self, rank: int, *, target: int, batches: int, packed: RankRows

@@ -4,10 +4,12 @@
 
     PlanInputs + EpochSpec + Batching          (request.py: what, when, how)
        |  assign.shard_order / assign_shards   shards -> contiguous rank ranges
+       |  assign.balance_by_tokens             ... cut at near-equal tokens (unless batch_size)
        v
     batcher.count_batches()                    every rank's batch count (cheap)
     batcher.build_batches(rank)                this rank's batches (materialised)
        |  equalize.equalize_batches            same count on every rank
+       |  steps.order_steps                    training: heaviest first, at positions shared by every rank
        v
     RankPlan (+ fingerprint shared by all ranks)
 
@@ -30,6 +32,7 @@ from numpy.typing import NDArray
 from shardload.errors import PlanError
 from shardload.plan.assign import assign_shards, balance_by_tokens, shard_order
 from shardload.plan.batcher import Batcher
+from shardload.plan.chunks import ChunkWindows, chunk_identity, resolve_chunk_windows
 from shardload.plan.equalize import equalize_batches
 from shardload.plan.mix import MixInputs
 from shardload.plan.mixbatch import MixBatcher
@@ -38,12 +41,14 @@ from shardload.plan.pack import BUILD_CHUNK, PackBatcher, RankRows
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.request import EpochSpec, PlanInputs, check_request
 from shardload.plan.resume import Rest, ResumeInputs, rest_of
+from shardload.plan.shuffle import permute_batches
+from shardload.plan.steps import batch_costs, heaviest_first, order_steps
 from shardload.plan.strategy import layout_key, make_batcher
 from shardload.plan.validate import check_rank
 
 __all__ = ["EpochPlanner", "RankPlan", "plan_rank"]
 
-_FORMAT = "shardload.plan/1"  # bump when the same inputs would give a different plan
+_FORMAT = "shardload.plan/2"  # bump when the same inputs would give a different plan
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -210,8 +215,11 @@ class EpochPlanner:
         #: ``(S + 1,)`` shard offsets in the global id space (a mixture's sources one after another)
         self.shard_starts = offsets_from_lengths(inputs.shard_sizes)
         self.mix: MixBatcher | None = None
+        #: the chunk windows of the set (of each source of a mixture; ``None``: a full shuffle)
+        self.chunks: list[ChunkWindows | None] = []
         if isinstance(inputs, MixInputs):  # a selection step, then one batcher per source (plan/mixbatch.py)
             self.mix = MixBatcher(inputs, spec, batching)
+            self.chunks = self.mix.chunks
             counts = self.mix.count_batches()
         else:
             counts = self._single(inputs)
@@ -230,6 +238,9 @@ class EpochPlanner:
         }
         if isinstance(inputs, MixInputs):
             header["mixture"] = inputs.identity()
+        windows = chunk_identity(self.chunks)
+        if windows is not None:  # only a plan that uses chunk windows names them: other plans keep their digest
+            header["chunk_windows"] = windows
         digest = hashlib.sha1(json.dumps(header, sort_keys=True).encode(), usedforsecurity=False)
         digest.update(inputs.shard_sizes.astype("<i8").tobytes())
         self.fingerprint = digest.hexdigest()
@@ -245,8 +256,12 @@ class EpochPlanner:
             shuffle=spec.shuffled and spec.shard_assignment == "rotate",
         )
         self.layout = assign_shards(inputs.shard_sizes, spec.world_size, order=order)
-        if batching.packing:  # a packed rank's batch count follows its tokens: cut the ranks by tokens
+        # a rank's batch count and work follow what its batches are cut by: with max_tokens and packing its
+        # tokens, so the ranges are cut by tokens; with batch_size its samples (equal counts, no splits)
+        if batching.batch_size is None:
             self.layout = balance_by_tokens(self.layout, inputs.lengths, inputs.shard_tokens)
+        chunks = resolve_chunk_windows(batching, inputs.chunk_rows, shuffled=spec.shuffled)
+        self.chunks = [chunks]
         self.batcher: Batcher = make_batcher(
             batching,
             lengths=self.lengths,
@@ -255,6 +270,7 @@ class EpochPlanner:
             seed=spec.seed,
             epoch=spec.epoch,
             max_length=inputs.max_length,
+            chunks=chunks,
         )
         if batching.packing:  # counting packs every rank: keep it with the inputs for the next epoch of the same layout
             key = ("packed counts", batching.identity(), layout_key(self.layout))
@@ -313,15 +329,7 @@ class EpochPlanner:
             ids, weights, offsets = packed.sample_ids, packed.weights, packed.batch_offsets
             rows, starts = packed.rows, packed.starts
         else:
-            ids, offsets = self.batcher.build_batches(rank)
-            assert len(offsets) - 1 == self.rank_batch_counts[rank], "count and build disagree"
-            ids, weights, offsets = equalize_batches(
-                ids,
-                offsets,
-                target=self.num_batches,
-                uneven=self.batching.uneven,
-                filler_id=self._filler_id(ids),
-            )
+            ids, weights, offsets = self._equalized(rank)
         if self.rest is not None:  # a resumed epoch: the remainder's entries -> the base's samples
             ids, starts = self.rest.globalise(ids, starts)
         return RankPlan(
@@ -336,15 +344,43 @@ class EpochPlanner:
             starts=starts,
         )
 
-    def _filler_id(self, ids: NDArray[np.int64]) -> int:
-        """Filler sample: the rank's shortest sample, else the globally shortest.
+    def _equalized(self, rank: int) -> tuple[NDArray[np.int64], NDArray[np.float32], NDArray[np.int64]]:
+        """One rank's batches (not packed, not mixed), equalised; in training put in their steps (plan/steps.py)."""
+        spec, multiple, uneven = self.spec, self.batching.pad_to_multiple_of, self.batching.uneven
+        ids, offsets = self.batcher.build_batches(rank)
+        assert len(offsets) - 1 == self.rank_batch_counts[rank], "count and build disagree"
+        if not spec.shuffled or self.batcher.chunks is not None:
+            # Evaluation: no step waits on another rank's. Chunk windows (plan/chunks.py): a rank's batches must
+            # stay in window order so that each chunk is decoded about once. Both keep the batcher's order;
+            # every other training plan is put in balanced steps.
+            return equalize_batches(
+                ids, offsets, target=self.num_batches, uneven=uneven, filler_id=self._filler_id(ids)
+            )
+        lens = np.asarray(self.lengths[ids], dtype=np.int64)  # (n,) read once: the rows keep their lengths below
+        if uneven == "split":  # of the batches with the most rows, the heaviest are split first
+            rows, offsets = permute_batches(
+                np.arange(len(ids), dtype=np.int64), offsets, heaviest_first(batch_costs(lens, offsets, multiple))
+            )
+            ids, lens = ids[rows], lens[rows]
+        filler = self._filler_id(ids, lens)
+        ids, weights, offsets = equalize_batches(ids, offsets, target=self.num_batches, uneven=uneven, filler_id=filler)
+        kept = min(len(lens), len(ids))  # equalising keeps a prefix of the rows and appends filler rows
+        if len(ids) > kept:
+            lens = np.concatenate([lens[:kept], np.full(len(ids) - kept, self.lengths[filler], dtype=np.int64)])
+        else:
+            lens = lens[:kept]
+        return order_steps(ids, weights, offsets, lens, multiple=multiple, seed=spec.seed, epoch=spec.epoch)
 
-        A rank can only be empty when ``N < world_size`` (packed layouts, cut
-        by tokens, keep a sample on every rank too), so the global search is
-        over a tiny index.
+    def _filler_id(self, ids: NDArray[np.int64], lens: NDArray[np.int64] | None = None) -> int:
+        """Filler sample: the rank's shortest sample (``lens``: their lengths, when already read), else the
+        globally shortest.
+
+        A rank can only be empty when ``N < world_size`` (layouts cut by
+        tokens keep a sample on every rank too), so the global search is over
+        a tiny index.
         """
         if len(ids):
-            return int(ids[np.argmin(self.lengths[ids])])
+            return int(ids[np.argmin(self.lengths[ids] if lens is None else lens)])
         if self.layout.num_samples:
             return int(np.argmin(self.lengths))
         return 0

@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.errors import PlanError
-from shardload.plan.options import EVAL_STAGES, Batching, ShardAssignment, Stage
+from shardload.plan.options import EVAL_STAGES, MAX_COUNT, Batching, ShardAssignment, Stage
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.validate import MAX_EPOCH, MAX_SEED, MAX_WORLD_SIZE, check_arrays, check_scalar
 
@@ -160,6 +160,9 @@ class PlanInputs:
             :func:`digest_lengths` of the lengths (hashing costs ~0.25 s per
             100M int32 lengths; a shard set passes its manifest fingerprint).
         max_length: The longest length (0 when ``N == 0``), set when built.
+        chunk_rows: Value rows of the length field per stored chunk (a Zarr
+            set's, from its manifest), ``None`` for a set without chunks: what
+            ``Batching.chunk_window`` groups samples by (:mod:`shardload.plan.chunks`).
 
     Raises:
         PlanError: On construction, if the arrays are not a valid index.
@@ -174,6 +177,7 @@ class PlanInputs:
     shard_sizes: NDArray[np.int64]
     digest: str = None  # type: ignore[assignment]  # None when built: computed from the lengths
     max_length: int = field(default=0, init=False)
+    chunk_rows: int | None = None
 
     def __post_init__(self) -> None:
         lengths, sizes, max_length = check_arrays(self.lengths, self.shard_sizes)
@@ -182,13 +186,15 @@ class PlanInputs:
         object.__setattr__(self, "lengths", lengths)
         object.__setattr__(self, "shard_sizes", sizes)
         object.__setattr__(self, "max_length", max_length)
+        if self.chunk_rows is not None:
+            object.__setattr__(self, "chunk_rows", check_scalar("chunk_rows", self.chunk_rows, low=1, high=MAX_COUNT))
         if self.digest is None:
             object.__setattr__(self, "digest", digest_lengths(lengths))
 
     def __repr__(self) -> str:
         return (
             f"PlanInputs(num_samples={self.num_samples}, num_shards={self.num_shards}, "
-            f"max_length={self.max_length}, digest={self.digest[:12]!r})"
+            f"max_length={self.max_length}, digest={self.digest[:12]!r}, chunk_rows={self.chunk_rows})"
         )
 
     @property

@@ -46,6 +46,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.errors import PlanError
+from shardload.plan.chunks import chunk_identity, resolve_chunk_windows
 from shardload.plan.mix import MixInputs, select_source
 from shardload.plan.options import MAX_COUNT, Batching
 from shardload.plan.packrows import pieces_per_sample
@@ -224,14 +225,16 @@ def _derive(
     ids, starts, lengths = _entries(uses)
     if isinstance(base, PlanInputs):
         sizes = _per_shard(ids, offsets_from_lengths(base.shard_sizes))
-        return PlanInputs(lengths.astype(base.lengths.dtype), sizes, digest=digest), ids, starts
+        derived = PlanInputs(lengths.astype(base.lengths.dtype), sizes, digest=digest, chunk_rows=base.chunk_rows)
+        return derived, ids, starts
     bounds = np.searchsorted(ids, base.offsets, side="left")  # (K + 1,) entries of each source
     sources = []
     for k, source in enumerate(base.sources):
         lo, hi = int(bounds[k]), int(bounds[k + 1])
         local = ids[lo:hi] - base.offsets[k]
         sizes = _per_shard(local, offsets_from_lengths(source.shard_sizes))
-        sources.append(PlanInputs(lengths[lo:hi].astype(source.lengths.dtype), sizes, digest=f"{digest}/{k}"))
+        lens = lengths[lo:hi].astype(source.lengths.dtype)
+        sources.append(PlanInputs(lens, sizes, digest=f"{digest}/{k}", chunk_rows=source.chunk_rows))
     # every entry once, the sources in proportion to what is left of them (the selection was made already)
     mix = MixInputs(tuple(sources), base.names, None, by=base.by)
     return mix, ids, starts
@@ -277,7 +280,8 @@ def run_identity(inputs: PlanInputs | MixInputs, spec: EpochSpec, batching: Batc
 
     Everything the plan depends on except the world size and the epoch:
     the shard set (or mixture), the stage, the seed and shard assignment
-    (training only: evaluation ignores them) and the batching options.
+    (training only: evaluation ignores them), the batching options and,
+    when the plan uses them, the chunk windows (:mod:`shardload.plan.chunks`).
     """
     ident = spec.identity()
     shards = hashlib.sha1(inputs.shard_sizes.astype("<i8").tobytes(), usedforsecurity=False).hexdigest()
@@ -285,10 +289,15 @@ def run_identity(inputs: PlanInputs | MixInputs, spec: EpochSpec, batching: Batc
     if isinstance(inputs, MixInputs):
         shard_set["mixture"] = json.dumps(inputs.identity(), sort_keys=True)
     set_digest = hashlib.sha1(json.dumps(shard_set, sort_keys=True).encode(), usedforsecurity=False).hexdigest()
-    return {
+    out: dict[str, Any] = {
         "shard set": set_digest,
         "stage": ident["stage"],
         "seed": ident["seed"],
         "shard_assignment": ident["shard_assignment"],
         "batching": batching.identity_items(),
     }
+    sources = inputs.sources if isinstance(inputs, MixInputs) else (inputs,)
+    windows = chunk_identity([resolve_chunk_windows(batching, s.chunk_rows, shuffled=spec.shuffled) for s in sources])
+    if windows is not None:  # [rows per chunk, chunks per window] of each set
+        out["chunk windows"] = windows
+    return out

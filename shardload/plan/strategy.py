@@ -15,6 +15,7 @@ from numpy.typing import NDArray
 from shardload.plan.assign import ShardLayout
 from shardload.plan.batcher import Batcher
 from shardload.plan.buckets import BucketBatcher
+from shardload.plan.chunks import ChunkWindows
 from shardload.plan.fixed import FixedSizeBatcher
 from shardload.plan.greedy import GreedyTokenBatcher
 from shardload.plan.options import Batching
@@ -39,8 +40,12 @@ def make_batcher(
     seed: int,
     epoch: int,
     max_length: int,
+    chunks: ChunkWindows | None = None,
 ) -> Batcher:
-    """The strategy for these options: packing, length buckets, fixed chunks or greedy fill."""
+    """The strategy for these options: packing, length buckets, fixed chunks or greedy fill.
+
+    ``chunks``: the training order's chunk windows (:func:`~shardload.plan.chunks.resolve_chunk_windows`).
+    """
     if batching.packing:
         cls: type[Batcher] = PackBatcher
     elif batching.bucketing:
@@ -49,4 +54,4 @@ def make_batcher(
         cls = FixedSizeBatcher
     else:
         cls = GreedyTokenBatcher
-    return cls(lengths, layout, batching, shuffle=shuffle, seed=seed, epoch=epoch, max_length=max_length)
+    return cls(lengths, layout, batching, shuffle=shuffle, seed=seed, epoch=epoch, max_length=max_length, chunks=chunks)

@@ -4,6 +4,8 @@
 work) and reduces each to a few numbers, for choosing options before a run.
 :class:`PlanSummary` renders itself: :meth:`PlanSummary.format` is the table
 ``shardload plan`` prints, :meth:`PlanSummary.to_dict` its ``--json``.
+Given the shards' bytes, it also sizes the node-local cache of a remote set
+(:mod:`shardload.plan.reads`): per rank, and per node of ranks sharing one cache.
 """
 
 from __future__ import annotations
@@ -12,14 +14,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
+from shardload.errors import PlanError
+from shardload.messages import format_bytes
 from shardload.plan.mix import MixInputs
 from shardload.plan.mixreport import SourceReport, SourceTally
-from shardload.plan.options import Batching, Stage, padded_length
+from shardload.plan.options import Batching, Stage
 from shardload.plan.planner import EpochPlanner, RankPlan
+from shardload.plan.reads import cache_bytes, read_sequence, shards_of, step_bytes
 from shardload.plan.request import EpochSpec, PlanInputs
-from shardload.plan.validate import check_bool
+from shardload.plan.steps import batch_costs
+from shardload.plan.validate import check_bool, check_scalar
 
 __all__ = ["PlanSummary", "summarize_plan"]
 
@@ -43,13 +49,24 @@ class PlanSummary:
             padded_length(longest row)``, filler rows included: what the
             model computes on.
         shards: ``(W,)`` distinct shards each rank's rows touch.
-        step_balance: Work balance per step: the mean over ranks of a step's
-            real tokens divided by the largest, averaged over the steps (1.0:
-            every rank computes the same real tokens at every step).
+        step_efficiency: How little ranks wait for each other in a step:
+            the sum over steps of the mean padded tokens across ranks, over
+            the sum over steps of the largest (1.0: nobody waits; 0.8: a fifth
+            of the time the slowest rank sets is spent waiting, on average
+            over the ranks). A packed batch is always ``rows_per_batch *
+            pack_length`` tokens, so a packed plan scores 1.0.
         plans: Every rank's :class:`~shardload.plan.RankPlan`, when
             :func:`summarize_plan` was asked ``with_ids=True`` (else ``None``).
         sources: A mixture's per-source figures
             (:class:`~shardload.plan.mixreport.SourceReport`); ``None`` for one shard set.
+        cache_bytes: ``(W,)`` bytes of the distinct shards each rank reads this
+            epoch: a node-local cache of that size fetches no shard twice;
+            ``None`` unless :func:`summarize_plan` was given the shards' bytes.
+        step_bytes: ``(W,)`` the most bytes one batch of the rank reads (the
+            distinct shards it touches): the least cache that works; or ``None``.
+        ranks_per_node: ``K``: ranks ``kK .. kK + K - 1`` share node ``k``'s cache.
+        node_cache_bytes: ``(ceil(W / K),)`` bytes of the distinct shards the
+            ranks of each node read; or ``None``.
     """
 
     world_size: int
@@ -64,9 +81,13 @@ class PlanSummary:
     tokens: NDArray[np.int64]
     padded_tokens: NDArray[np.int64]
     shards: NDArray[np.int64]
-    step_balance: float = 1.0
+    step_efficiency: float = 1.0
     plans: tuple[RankPlan, ...] | None = None
     sources: SourceReport | None = None
+    cache_bytes: NDArray[np.int64] | None = None
+    step_bytes: NDArray[np.int64] | None = None
+    ranks_per_node: int = 1
+    node_cache_bytes: NDArray[np.int64] | None = None
 
     @property
     def padding_fraction(self) -> float:
@@ -113,6 +134,9 @@ class PlanSummary:
                 "padded_tokens": int(self.padded_tokens[r]),
                 "shards": int(self.shards[r]),
             }
+            if self.cache_bytes is not None and self.step_bytes is not None:
+                row["cache_bytes"] = int(self.cache_bytes[r])
+                row["step_bytes"] = int(self.step_bytes[r])
             if self.plans is not None:
                 plan = self.plans[r]
                 cuts = list(zip(plan.batch_offsets[:-1].tolist(), plan.batch_offsets[1:].tolist()))
@@ -139,8 +163,13 @@ class PlanSummary:
             "padding_fraction": self.padding_fraction,
             "spread": self.spread,
             "budget_fill": self.budget_fill,
-            "step_balance": self.step_balance,
+            "step_efficiency": self.step_efficiency,
             "ranks": self.rank_rows(),
+            **(
+                {"ranks_per_node": self.ranks_per_node, "node_cache_bytes": self.node_cache_bytes.tolist()}
+                if self.node_cache_bytes is not None
+                else {}
+            ),
             **({"sources": self.sources.to_dict()} if self.sources is not None else {}),
         }
 
@@ -179,13 +208,35 @@ class PlanSummary:
         if self.budget_fill is not None:
             out.append(f"budget:   token batches are {self.budget_fill:.1%} full on average")
         out.append(
-            f"steps:    real tokens per step balanced to {self.step_balance:.3f} (mean / max over ranks, averaged)"
+            f"steps:    step efficiency {self.step_efficiency:.3f} = mean / max padded tokens over ranks, summed "
+            "over steps (1.0: no rank waits)"
         )
         out.append(f"shards:   {int(self.shards.min()):,}..{int(self.shards.max()):,} per rank")
+        out += self._cache_lines()
         if self.sources is not None:
             out += ["", *self.sources.format(self.world_size)]
         out.append(f"fingerprint {self.fingerprint}")
         return "\n".join(out)
+
+    def _cache_lines(self) -> list[str]:
+        """The cache sizing lines of :meth:`format` (none without the shards' bytes)."""
+        if self.cache_bytes is None or self.step_bytes is None or self.node_cache_bytes is None:
+            return []
+        lines = [
+            f"cache:    {_span(self.cache_bytes)} per rank to fetch no shard twice this epoch "
+            f"(at least {_span(self.step_bytes)}: the shards of its largest batch)"
+        ]
+        if self.ranks_per_node > 1:
+            lines.append(
+                f"node:     {_span(self.node_cache_bytes)} per node of {self.ranks_per_node} ranks sharing one cache"
+            )
+        return lines
+
+
+def _span(values: NDArray[np.int64]) -> str:
+    """``"1.2 GB"``, or ``"1.1 GB..1.3 GB"`` when the values differ (decimal units)."""
+    low, high = format_bytes(int(values.min())), format_bytes(int(values.max()))
+    return low if low == high else f"{low}..{high}"
 
 
 def lengths_of(inputs: PlanInputs | MixInputs, ids: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -196,47 +247,78 @@ def lengths_of(inputs: PlanInputs | MixInputs, ids: NDArray[np.int64]) -> NDArra
 
 
 def _rank_figures(
-    plan: RankPlan, lens: NDArray[np.int64], shard_starts: NDArray[np.int64], batching: Batching
+    plan: RankPlan,
+    lens: NDArray[np.int64],
+    shard_starts: NDArray[np.int64],
+    batching: Batching,
+    costs: NDArray[np.int64],
 ) -> tuple[int, int, int, int, int]:
-    """``(samples, filler, tokens, padded_tokens, shards)`` of one rank's plan.
+    """``(samples, filler, tokens, padded_tokens, shards)`` of one rank's plan, given its batches' ``costs``.
 
     A packed plan's entries are documents (pieces of a cut sample count once
-    each, with their own tokens), and every batch is ``rows_per_batch *
-    pack_length`` padded tokens.
+    each, with their own tokens).
     """
     real = plan.weights > 0
-    padded = 0
-    if batching.packing:
-        assert plan.starts is not None and batching.pack_length is not None and batching.rows_per_batch is not None
+    if plan.starts is not None and batching.pack_length is not None:  # a piece's own tokens (pack_split)
         lens = np.minimum(lens - plan.starts, batching.pack_length)
-        padded = len(plan) * batching.rows_per_batch * batching.pack_length
-    elif len(plan):
-        longest = np.maximum.reduceat(lens, plan.batch_offsets[:-1])  # (num_batches,)
-        padded = int((np.diff(plan.batch_offsets) * padded_length(longest, batching.pad_to_multiple_of)).sum())
-    shards = np.unique(np.searchsorted(shard_starts, plan.sample_ids, side="right") - 1)
+    shards = np.unique(shards_of(plan.sample_ids, shard_starts))
     real_rows = int(real.sum())
-    return real_rows, len(real) - real_rows, int(lens[real].sum()), padded, len(shards)
+    return real_rows, len(real) - real_rows, int(lens[real].sum()), int(costs.sum()), len(shards)
 
 
-def _batch_tokens(plan: RankPlan, lens: NDArray[np.int64], batching: Batching) -> NDArray[np.int64]:
-    """``(num_batches,)`` real tokens of each batch of a plan (a packed entry counts its own piece)."""
-    if plan.starts is not None and batching.pack_length is not None:
-        lens = np.minimum(lens - plan.starts, batching.pack_length)
-    real = np.where(plan.weights > 0, lens, 0)
-    out: NDArray[np.int64] = np.add.reduceat(real, plan.batch_offsets[:-1]) if len(plan) else np.zeros(0, np.int64)
-    return out
+def _step_efficiency(step_sum: NDArray[np.int64], step_max: NDArray[np.int64], world_size: int) -> float:
+    """Sum over steps of the mean padded tokens over ranks / sum of the largest; 1.0 when nothing is computed."""
+    most = int(step_max.sum())
+    return int(step_sum.sum()) / world_size / most if most else 1.0
 
 
-def _step_balance(step_sum: NDArray[np.int64], step_max: NDArray[np.int64], world_size: int) -> float:
-    """Mean over steps of (mean / max over ranks) of the real tokens; a step where no rank has any counts 1."""
-    if len(step_sum) == 0:
-        return 1.0
-    ratio = np.where(step_max > 0, step_sum / world_size / np.maximum(step_max, 1), 1.0)
-    return float(ratio.mean())
+def _batch_costs(plan: RankPlan, lens: NDArray[np.int64], batching: Batching) -> NDArray[np.int64]:
+    """``(num_batches,)`` padded tokens of each batch of a plan: a packed batch is ``rows_per_batch * pack_length``."""
+    if batching.packing:
+        assert batching.pack_length is not None and batching.rows_per_batch is not None
+        return np.full(len(plan), batching.rows_per_batch * batching.pack_length, dtype=np.int64)
+    return batch_costs(lens, plan.batch_offsets, batching.pad_to_multiple_of)
+
+
+class _CacheTally:
+    """Cache sizing over the ranks of a summary: per rank (reads.py), and the union of each node's shards."""
+
+    def __init__(self, shard_bytes: ArrayLike, num_shards: int, world_size: int, ranks_per_node: int) -> None:
+        self.shard_bytes = np.asarray(shard_bytes)
+        if self.shard_bytes.shape != (num_shards,) or not np.issubdtype(self.shard_bytes.dtype, np.integer):
+            raise PlanError(
+                f"shard_bytes: expected {num_shards} integer byte sizes (one per shard, a mixture's sources one "
+                f"after another), got shape {self.shard_bytes.shape} of {self.shard_bytes.dtype}"
+            )
+        if num_shards and int(self.shard_bytes.min()) < 0:
+            raise PlanError(f"shard_bytes: shard {int(self.shard_bytes.argmin())} has a negative size")
+        self.shard_bytes = self.shard_bytes.astype(np.int64)
+        self.ranks_per_node = ranks_per_node
+        self.figures = np.zeros((world_size, 2), dtype=np.int64)  # (W, 2) cache bytes, step bytes
+        self.nodes = np.zeros(-(-world_size // ranks_per_node), dtype=np.int64)  # (ceil(W / K),)
+        self._node_shards = np.zeros(num_shards, dtype=bool)  # (S,) read by a rank of the current node
+
+    def add(self, rank: int, plan: RankPlan, shard_starts: NDArray[np.int64]) -> None:
+        sequence, step_offsets = read_sequence(plan.sample_ids, plan.batch_offsets, shard_starts)
+        self.figures[rank] = (
+            cache_bytes(sequence, self.shard_bytes),
+            step_bytes(sequence, step_offsets, self.shard_bytes),
+        )
+        self._node_shards[sequence] = True
+        node, last = divmod(rank, self.ranks_per_node)
+        if last == self.ranks_per_node - 1 or rank == len(self.figures) - 1:  # the node's last rank
+            self.nodes[node] = int(self.shard_bytes[self._node_shards].sum())
+            self._node_shards[:] = False
 
 
 def summarize_plan(
-    inputs: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching, *, with_ids: bool = False
+    inputs: PlanInputs | MixInputs,
+    spec: EpochSpec,
+    batching: Batching,
+    *,
+    with_ids: bool = False,
+    shard_bytes: ArrayLike | None = None,
+    ranks_per_node: int = 1,
 ) -> PlanSummary:
     """Plan every rank of one epoch and report balance, padding and locality.
 
@@ -250,6 +332,12 @@ def summarize_plan(
         batching: How rows become batches.
         with_ids: Keep every rank's plan in :attr:`PlanSummary.plans` (its
             batches' sample ids and weights; memory ``O(N)``).
+        shard_bytes: ``(S,)`` bytes of every shard (``[s.bytes for s in
+            ds.shards]``; a mixture's sources one after another), to size a
+            remote set's cache (:attr:`PlanSummary.cache_bytes`); ``None``: not sized.
+        ranks_per_node: Ranks sharing one node's cache, for
+            :attr:`PlanSummary.node_cache_bytes` (ranks ``kK .. kK + K - 1``
+            are node ``k``, as torchrun numbers them).
 
     Returns:
         The :class:`PlanSummary`.
@@ -263,20 +351,26 @@ def summarize_plan(
     ([33, 33, 34], 5)
     """
     with_ids = check_bool("with_ids", with_ids)
+    ranks_per_node = check_scalar("ranks_per_node", ranks_per_node, low=1, high=spec.world_size)
     planner = EpochPlanner(inputs, spec, batching)
+    cache = None
+    if shard_bytes is not None:
+        cache = _CacheTally(shard_bytes, inputs.num_shards, spec.world_size, ranks_per_node)
     kept: list[RankPlan] = []
     figures = np.zeros((spec.world_size, 5), dtype=np.int64)  # (W, 5) samples, filler, tokens, padded, shards
-    step_sum = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) real tokens of each step, over ranks
-    step_max = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) the most a rank has at each step
+    step_sum = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) padded tokens of each step, over ranks
+    step_max = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) the most a rank computes at each step
     tally = SourceTally(inputs, spec, batching, planner.num_batches) if isinstance(inputs, MixInputs) else None
     for rank, plan in enumerate(planner.plans()):
         lens = lengths_of(inputs, plan.sample_ids)  # (rows,)
-        figures[rank] = _rank_figures(plan, lens, planner.shard_starts, batching)
-        tokens = _batch_tokens(plan, lens, batching)
-        step_sum += tokens
-        np.maximum(step_max, tokens, out=step_max)
+        costs = _batch_costs(plan, lens, batching)  # (T,)
+        figures[rank] = _rank_figures(plan, lens, planner.shard_starts, batching, costs)
+        step_sum += costs
+        np.maximum(step_max, costs, out=step_max)
         if tally is not None:
             tally.add(plan, lens)
+        if cache is not None:
+            cache.add(rank, plan, planner.shard_starts)
         if with_ids:
             kept.append(plan)
     return PlanSummary(
@@ -292,7 +386,11 @@ def summarize_plan(
         tokens=figures[:, 2],
         padded_tokens=figures[:, 3],
         shards=figures[:, 4],
-        step_balance=_step_balance(step_sum, step_max, spec.world_size),
+        step_efficiency=_step_efficiency(step_sum, step_max, spec.world_size),
         plans=tuple(kept) if with_ids else None,
         sources=None if tally is None else tally.report(),
+        cache_bytes=None if cache is None else cache.figures[:, 0],
+        step_bytes=None if cache is None else cache.figures[:, 1],
+        ranks_per_node=ranks_per_node,
+        node_cache_bytes=None if cache is None else cache.nodes,
     )

@@ -107,4 +107,4 @@ def new_manifest(
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         shardload_version=__version__,
         set_id=set_id,
-    )
+    ).with_table_form()

@@ -58,6 +58,7 @@ from shardload.prepare.workdir import WorkDir, output_errors
 from shardload.prepare.workers import map_in_workers
 from shardload.progress import Progress
 from shardload.schema import Schema, as_array
+from shardload.shardtable import SHARD_TABLE_NAME
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -379,7 +380,9 @@ def run_prepare(
             manifest.write(wd.work)
             crash_point("manifest")
             guards.check_new_set(wd)
-            wd.commit([*files.values(), "origin.npy", origins])
+            wd.commit(
+                [*files.values(), "origin.npy", origins, *([manifest.shard_table] if manifest.shard_table else [])]
+            )
         dropped = sum(r.dropped for r in records)
         return result_of(wd.out, time.perf_counter() - started, in_bytes, dropped)
 
@@ -479,6 +482,7 @@ def _write_all(
 
 def _finish_commit(wd: WorkDir) -> None:
     names = [p.name for p in wd.work.glob("*.npy")] + [p.name for p in wd.work.glob(ORIGINS_NAME)]
+    names += [p.name for p in wd.work.glob(SHARD_TABLE_NAME)]
     wd.commit(names)
 
 

@@ -32,6 +32,7 @@ from shardload.errors import InputError, OutputError, OutputExistsError, OutputL
 from shardload.manifest import MANIFEST_NAME
 from shardload.output import OutputLock, atomic_write_text, fsync_dir, publish_index, withdraw_index
 from shardload.prepare.faults import crash_point
+from shardload.shardtable import SHARD_TABLE_NAME
 
 WORK = ".prepare"
 LOCK = ".prepare.lock"
@@ -40,7 +41,7 @@ RETIRED = ".prepare.done"
 #: in the work dir: the message of the bad input a run stopped on (for the next run's and open's message)
 FAILED = "FAILED"
 #: the names a shard set owns inside OUT (removed when it is overwritten)
-OWNED = ("shards", "origin.npy", "origins.arrow")
+OWNED = ("shards", "origin.npy", "origins.arrow", SHARD_TABLE_NAME)
 
 #: outputs whose set a run of this process committed (see WorkDir.committed)
 _COMMITTED: set[str] = set()

@@ -10,11 +10,16 @@ shard of a local set.
 Modules:
     url: telling a URL from a local path, and opening its filesystem.
     retry: which errors may pass, and retrying them with backoff and jitter.
+    policy: which cached shards to evict, by the plan's read order (Belady's rule).
+    options: RemoteOptions, the credentials, node cache and prefetch settings of a remote set.
+    cache: the node-local cache (RemoteSet): a mirror of the set, shards downloaded once per node.
+    prefetch: the plan-driven prefetcher of a rank's shards.
 """
 
 from __future__ import annotations
 
+from shardload.remote.options import RemoteOptions
 from shardload.remote.retry import RetryPolicy, is_transient, with_retries
 from shardload.remote.url import is_remote, join_url, open_filesystem
 
-__all__ = ["RetryPolicy", "is_remote", "is_transient", "join_url", "open_filesystem", "with_retries"]
+__all__ = ["RemoteOptions", "RetryPolicy", "is_remote", "is_transient", "join_url", "open_filesystem", "with_retries"]

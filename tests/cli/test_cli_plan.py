@@ -23,6 +23,7 @@ def test_plan_json(cli, shard_set, world_size, size) -> None:
             shardload.open(shard_set).plan_inputs(),
             shardload.plan.EpochSpec(world_size=world_size),
             shardload.plan.Batching(**{size[0][2:].replace("-", "_"): int(size[1])}),
+            shard_bytes=[s.bytes for s in shardload.open(shard_set).shards],  # the CLI sizes the cache too
         ).to_dict()
     )
     assert (obj["world_size"], obj["stage"]) == (world_size, "train")
@@ -142,8 +143,12 @@ def test_plan_of_a_mixture_reports_every_source(cli, shard_set, tmp_path) -> Non
     assert r.code == 0, r.err
     obj = r.json()
     mix = shardload.Mixture({"web": shard_set, "code": tmp_path / "code"}, weights={"web": 0.7, "code": 0.3})
+    shard_bytes = [s.bytes for path in (shard_set, tmp_path / "code") for s in shardload.open(path).shards]
     expected = shardload.plan.summarize_plan(
-        mix.open().plan_inputs(), shardload.plan.EpochSpec(world_size=3), shardload.plan.Batching(max_tokens=400)
+        mix.open().plan_inputs(),
+        shardload.plan.EpochSpec(world_size=3),
+        shardload.plan.Batching(max_tokens=400),
+        shard_bytes=shard_bytes,  # the sources' shards one after another
     )
     assert obj == expected.to_dict()
     assert [s["name"] for s in obj["sources"]] == ["web", "code"]
@@ -156,3 +161,18 @@ def test_plan_of_a_mixture_reports_every_source(cli, shard_set, tmp_path) -> Non
     assert cli("plan", "--world-size", "2", "--batch-size", "4").code == 2  # neither OUT nor --source
     assert cli("plan", shard_set, *argv, "--batch-size", "4").code == 2  # both
     assert cli("plan", "--source", "web", "--world-size", "2", "--batch-size", "4").code == 2
+
+
+def test_plan_sizes_the_cache_per_rank_and_per_node(cli, shard_set) -> None:
+    r = cli("plan", shard_set, "--world-size", "4", "--batch-size", "8", "--ranks-per-node", "2", "--json")
+    assert r.code == 0, r.err
+    obj = r.json()
+    shard_bytes = [s.bytes for s in shardload.open(shard_set).shards]
+    assert obj["ranks_per_node"] == 2 and len(obj["node_cache_bytes"]) == 2
+    for row in obj["ranks"]:
+        assert 0 < row["step_bytes"] <= row["cache_bytes"] <= sum(shard_bytes)
+    assert max(obj["node_cache_bytes"]) <= sum(shard_bytes)
+    table = cli("plan", shard_set, "--world-size", "4", "--batch-size", "8", "--ranks-per-node", "2").out
+    assert "cache:" in table and "per node of 2 ranks" in table
+    r = cli("plan", shard_set, "--world-size", "2", "--batch-size", "8", "--ranks-per-node", "4")
+    assert r.code == 2 and "--ranks-per-node 4 is more than --world-size 2" in r.err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -228,11 +229,14 @@ def test_zarr_values_index_like_the_ndarray(tmp_path: Path, private_cache: Chunk
 
 
 # -- loading ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("workers", [0, 2])
-def test_make_loader_gives_the_same_batches_as_arrow(tmp_path: Path, workers: int) -> None:
+@pytest.mark.parametrize(("workers", "window"), [(0, 0), (2, 0), (0, 4), (2, 3)])
+def test_make_loader_gives_the_same_batches_as_arrow(tmp_path: Path, workers: int, window: int) -> None:
+    """The same plan on both formats gives the same batches (a Zarr set's default windows given to both)."""
     arrow, zarr_set = write_both(synthetic_samples(200, seed=5), tmp_path, ZarrOptions(chunk_size=2000), num_shards=4)
     # Open a shard in this process first: workers forked afterwards must reopen the zip themselves.
     assert len(shardload.open(zarr_set)[0]["tokens"]) >= 0
+    rows = shardload.open(zarr_set).plan_inputs().chunk_rows
+    assert rows == 2000 // 4  # int32 tokens: 500 rows in 2000 bytes
 
     def run(path: Path, stage: str) -> list[dict[str, torch.Tensor]]:
         loader = shardload.make_loader(
@@ -240,7 +244,7 @@ def test_make_loader_gives_the_same_batches_as_arrow(tmp_path: Path, workers: in
             rank=1,
             world_size=2,
             stage=stage,
-            batching=Batching(max_tokens=300, pad_to_multiple_of=8),
+            batching=Batching(max_tokens=300, pad_to_multiple_of=8, chunk_window=window, chunk_rows=rows),
             seed=3,
             num_workers=workers,
             pad_values={"tokens": -1},
@@ -257,8 +261,12 @@ def test_datamodule_gives_the_same_batches_as_arrow(tmp_path: Path) -> None:
     write_both(synthetic_samples(31, seed=7), tmp_path / "val", num_shards=2)
 
     def run(kind: str) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, torch.Tensor]]]:
-        dm = ShardDataModule(
-            train=tmp_path / "train" / kind, val=tmp_path / "val" / kind, batch_size=8, num_workers=0, seed=1
+        dm = ShardDataModule(  # a full shuffle on both (a Zarr set's default is chunk windows)
+            train=tmp_path / "train" / kind,
+            val=tmp_path / "val" / kind,
+            batching=Batching(batch_size=8, chunk_window=0),
+            num_workers=0,
+            seed=1,
         )
         dm.setup("fit")
         return batches(dm.train_dataloader()), batches(dm.val_dataloader())
@@ -281,6 +289,47 @@ def test_loader_over_zarr_resumes_mid_epoch(tmp_path: Path) -> None:
 
 
 # -- the chunk cache --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("batching", "cached", "per_chunk"),
+    [
+        (Batching(batch_size=16, bucketing=False), 12, 2.0),
+        (Batching(max_tokens=200, bucketing=False), 12, 2.0),
+        # a bucket's batch waits for its rows over several windows: a quarter of the set cached, ~3 decodes
+        (Batching(max_tokens=200), 95, 3.5),
+    ],
+    ids=["fixed", "greedy", "buckets"],
+)
+def test_chunk_windows_decode_each_chunk_about_once_per_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batching: Batching, cached: int, per_chunk: float
+) -> None:
+    rng = np.random.default_rng(4)
+    samples = [{"tokens": rng.integers(0, 99, int(rng.integers(1, 25)), dtype=np.int32)} for _ in range(3000)]
+    shardload.write(samples, tmp_path / "s", shard_format=ZarrOptions(chunk_size=400), num_shards=3)
+    ss = shardload.open(tmp_path / "s")
+    chunks = sum(ss.shard_columns(k).fields["tokens"].values.num_chunks for k in range(len(ss.shards)))
+    assert ss.plan_inputs().chunk_rows == 100 and chunks > 200  # ~8 samples per chunk
+
+    def loads(window: int) -> int:
+        # the process cache holds `cached` chunks (12: a window of 4 and the batches that span two)
+        monkeypatch.setattr(cache_module, "_shared", cache_module.ChunkCache(cached * 400))
+        loader = shardload.make_loader(
+            ss,
+            rank=0,
+            world_size=1,
+            stage="train",
+            seed=2,
+            num_workers=0,
+            batching=dataclasses.replace(batching, chunk_window=window),
+        )
+        assert sorted(int(i) for b in loader for i in b["sample_id"]) == list(range(len(samples)))
+        return chunk_cache().loads
+
+    # once in its window, and at most once more for the sample that spills into it from the chunk before
+    windowed = loads(4)  # measured: 1.9, 1.9 and 3.0 decodes per chunk
+    assert windowed <= per_chunk * chunks
+    assert loads(0) >= 2 * windowed  # a full shuffle decodes a chunk for most samples (measured: 8.6, 8.5, 6.7)
+
+
 def test_a_batch_of_neighbours_decodes_each_chunk_once(tmp_path: Path, private_cache: ChunkCache) -> None:
     samples = synthetic_samples(100, seed=9)
     shardload.write(samples, tmp_path / "s", shard_format=ZarrOptions(chunk_size=1000), num_shards=1, shuffle=False)

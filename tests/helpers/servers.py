@@ -4,6 +4,9 @@
 extra) is an S3-compatible server over a local directory. Objects are put
 through the S3 API (``S3Server.upload``), never by writing into its directory:
 rclone caches listings, so a file put there behind its back may stay invisible.
+Its listing cache stays on (``--dir-cache-time 0s`` makes every request re-read
+the directory: seconds per request once a prefix holds a few hundred objects).
+The server gets SIGTERM when the test process dies, however it dies.
 
 Nothing here reaches beyond 127.0.0.1.
 """
@@ -44,6 +47,15 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes] | None, timeout: float =
             return
         time.sleep(0.05)
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
+def _die_with_parent() -> None:
+    """In the server's process: SIGTERM when the test process dies, so no server outlives a killed pytest (Linux)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def rclone_binary() -> str:
@@ -114,14 +126,13 @@ def s3_server(root: Path) -> Iterator[S3Server]:
             f"127.0.0.1:{port}",
             "--auth-key",
             f"{KEY},{SECRET}",
-            "--dir-cache-time",
-            "0s",
             "--config",
             "/dev/null",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=_die_with_parent,
     )
     try:
         _wait_port(port, proc)

@@ -52,9 +52,10 @@ class Case:
     seed: int
     epoch: int
     shard_assignment: str
+    chunk_rows: int | None = None  # the set's rows per chunk (a Zarr set's), None: no chunks
 
     def inputs(self) -> PlanInputs:
-        return PlanInputs(self.lengths, self.shard_sizes)
+        return PlanInputs(self.lengths, self.shard_sizes, chunk_rows=self.chunk_rows)
 
     def spec(self) -> EpochSpec:
         return EpochSpec(

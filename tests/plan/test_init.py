@@ -38,10 +38,26 @@ def test_plan_modules_are_pure() -> None:
                 continue
             for name in names:
                 top = name.split(".")[0]
-                # Invariant: only numpy, the standard library and shardload.{errors,plan}
+                # Invariant: only numpy, the standard library and shardload.{errors,messages,plan}
                 assert (
-                    top in stdlib or top == "numpy" or name == "shardload.errors" or name.startswith("shardload.plan")
+                    top in stdlib
+                    or top == "numpy"
+                    or name in ("shardload.errors", "shardload.messages")
+                    or name.startswith("shardload.plan")
                 ), f"{path.name} imports {name}"
+
+
+def test_messages_module_is_standard_library_only() -> None:
+    # the plan package formats sizes with shardload.messages: it must stay as pure as the planner
+    import shardload.messages as messages
+
+    stdlib = set(sys.stdlib_module_names)
+    tree = ast.parse(Path(messages.__file__).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for name in names:
+                assert name.split(".")[0] in stdlib or name == "shardload.errors", f"messages.py imports {name}"
 
 
 def test_docstring_examples_run() -> None:

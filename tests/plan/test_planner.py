@@ -83,12 +83,18 @@ def check_invariants(case: Case) -> list[RankPlan]:
     # Invariant: ranks read contiguous runs of shards: together they touch each shard
     # once plus at most one shared shard per cut between ranks
     assert sum(touched) <= nonempty + world - 1
-    if case.stage in EVAL_STAGES or case.shard_assignment == "fixed":
+    if (case.stage in EVAL_STAGES or case.shard_assignment == "fixed") and batching.uneven != "drop":
+        starts = np.concatenate([[0], np.cumsum([len(ids) for ids in real_ids])])
+        total = int(case.lengths.sum())
         for rank, ids in enumerate(real_ids):
-            if batching.uneven != "drop":
-                # Invariant: without rotation, rank r owns samples [r N / W, (r + 1) N / W)
-                expected = np.arange(rank * num // world, (rank + 1) * num // world)
-                assert np.array_equal(np.sort(ids), expected)
+            # Invariant: without rotation, the ranks own consecutive ranges of sample ids, in rank order
+            assert np.array_equal(np.sort(ids), np.arange(starts[rank], starts[rank + 1]))
+            if batching.batch_size is not None:
+                # Invariant: with batch_size, cut by samples: rank r owns [r N / W, (r + 1) N / W)
+                assert starts[rank] == rank * num // world
+            elif num:
+                # Invariant: otherwise cut by tokens: a rank has at most one sample's tokens over an equal share
+                assert int(case.lengths[ids].sum()) <= total / world + int(case.lengths.max()) + 1
     return plans
 
 

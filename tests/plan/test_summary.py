@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
+from shardload.errors import PlanError
 from shardload.plan import Batching, EpochSpec, PlanInputs, padded_length, summarize_plan
 
 from .strategies import long_tailed, partition, plan_of
@@ -53,3 +55,42 @@ def test_empty_summary() -> None:
     )
     assert summary.num_batches == 0 and summary.padding_fraction == 0.0 and summary.spread == 1.0
     assert "0 samples" in summary.format()
+
+
+def test_cache_sizes_are_the_bytes_of_the_shards_the_plans_read() -> None:
+    lengths = long_tailed(2000, seed=4)
+    sizes = partition(2000, 23, seed=4, allow_empty=True)
+    shard_bytes = np.random.default_rng(4).integers(1_000, 9_000, len(sizes))
+    batching = Batching(batch_size=16, uneven="pad")
+    spec = EpochSpec(world_size=7, seed=2, epoch=1)
+    summary = summarize_plan(PlanInputs(lengths, sizes), spec, batching, shard_bytes=shard_bytes, ranks_per_node=3)
+    bounds = np.cumsum(sizes).tolist()  # the end of each shard along sample ids
+
+    def shard(sample: int) -> int:
+        return next(k for k, end in enumerate(bounds) if sample < end)
+
+    node_shards: list[set[int]] = [set(), set(), set()]  # ranks 0-2, 3-5, 6
+    for rank in range(7):
+        plan = plan_of(lengths, sizes, rank=rank, world_size=7, batching=batching, seed=2, epoch=1)
+        read = {shard(int(i)) for i in plan.sample_ids}  # filler rows are read too
+        assert summary.cache_bytes[rank] == sum(int(shard_bytes[k]) for k in read)
+        per_batch = [sum(int(shard_bytes[k]) for k in {shard(int(i)) for i in ids}) for ids, _ in plan]
+        assert summary.step_bytes[rank] == max(per_batch)
+        node_shards[rank // 3] |= read
+    assert summary.node_cache_bytes.tolist() == [sum(int(shard_bytes[k]) for k in s) for s in node_shards]
+    data = summary.to_dict()
+    assert data["ranks_per_node"] == 3 and data["ranks"][4]["cache_bytes"] == summary.cache_bytes[4]
+    text = summary.format()
+    assert "cache:" in text and "per node of 3 ranks" in text
+    assert summarize_plan(PlanInputs(lengths, sizes), spec, batching).cache_bytes is None  # not asked: not sized
+
+
+def test_cache_sizing_refuses_bad_shard_bytes() -> None:
+    inputs = PlanInputs(np.arange(10), np.array([6, 4]))
+    spec, batching = EpochSpec(world_size=2), Batching(batch_size=2)
+    with pytest.raises(PlanError, match="expected 2 integer byte sizes"):
+        summarize_plan(inputs, spec, batching, shard_bytes=[5, 6, 7])
+    with pytest.raises(PlanError, match="shard 1 has a negative size"):
+        summarize_plan(inputs, spec, batching, shard_bytes=[5, -6])
+    with pytest.raises(PlanError, match="ranks_per_node must be at most 2"):
+        summarize_plan(inputs, spec, batching, shard_bytes=[5, 6], ranks_per_node=3)

@@ -28,19 +28,22 @@ class ArrowShardReader(ShardReader):
     ) -> None:
         super().__init__(path, schema, samples=samples, options=options)
         self._mmap: pa.MemoryMappedFile | None = None
+        self._fd: int | None = None  # the map's descriptor, asked for twice per shard per batch (stamp checks)
 
     def fileno(self) -> int | None:
-        return None if self._mmap is None or self._mmap.closed else int(self._mmap.fileno())
+        return self._fd
 
     def close(self) -> None:
         super().close()
         if self._mmap is not None:
             self._mmap.close()
             self._mmap = None
+        self._fd = None
 
     def _open(self) -> Columns:
         try:
             self._mmap = pa.memory_map(str(self.path), "r")
+            self._fd = int(self._mmap.fileno())
             whole = self._check_layout(self._mmap)
             reader = pa.ipc.open_file(self._mmap)
             self._check_schema(reader.schema)

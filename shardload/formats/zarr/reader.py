@@ -33,7 +33,7 @@ from shardload.formats.zarr.bounds import (
 from shardload.formats.zarr.cache import ChunkCache, chunk_cache
 from shardload.formats.zarr.codecs import require_zarr
 from shardload.formats.zarr.options import DEFAULT_CHUNK_SIZE
-from shardload.formats.zarr.writer import LAYOUT_VERSION
+from shardload.formats.zarr.writer import LAYOUT_VERSION, nominal_chunk_rows
 from shardload.identity import IDENTITY_KEY
 from shardload.messages import one_line
 from shardload.schema import Field, Schema
@@ -91,6 +91,16 @@ class ZarrShardReader(ShardReader):
             if self._zip is not None:
                 self._zip.close()
         self._store = self._zip = None
+
+    @classmethod
+    def plan_chunk_rows(cls, schema: Schema, options: Mapping[str, object]) -> int | None:
+        """Value rows per chunk of the length field (its first variable field when the schema names none)."""
+        name = schema.length_field
+        if name is None:
+            name = next((f.name for f in schema.variable_fields if not f.text), None)
+        if name is None:
+            return None
+        return nominal_chunk_rows(schema.field(name), manifest_chunk_size(options, {}))
 
     # -- opening ------------------------------------------------------------------------------------
     def _open(self) -> Columns:

@@ -20,6 +20,7 @@ from shardload.formats.base import Columns, ShardWriter
 from shardload.formats.zarr.codecs import compressors_for, require_zarr
 from shardload.formats.zarr.options import ZarrOptions
 from shardload.identity import IDENTITY_KEY, ShardIdentity
+from shardload.plan.chunks import even_chunk_rows
 from shardload.schema import Field, Schema
 
 #: version of the layout inside a Zarr shard, in the root group's ``shardload`` attribute
@@ -28,17 +29,18 @@ LAYOUT_VERSION = 1
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
-def chunk_rows(rows: int, row_bytes: int, chunk_size: int) -> int:
-    """Rows per chunk: about ``chunk_size`` uncompressed bytes, split evenly over ``rows``.
+def nominal_chunk_rows(f: Field, chunk_size: int) -> int:
+    """Rows of ``f``'s values in about ``chunk_size`` uncompressed bytes (at least one row)."""
+    row_bytes = math.prod(f.inner_shape) * np.dtype(f.dtype).itemsize
+    return max(1, chunk_size // max(1, row_bytes))
 
-    Zarr stores an edge chunk at full size, so the chunks are evened out to
-    keep the padding of the last one below one row per chunk.
+
+def chunk_rows(rows: int, f: Field, chunk_size: int) -> int:
+    """Rows per chunk of ``f``'s ``rows`` values: about ``chunk_size`` bytes, evened out over ``rows``.
+
+    The planner predicts chunks by the same rule (:func:`~shardload.plan.chunks.even_chunk_rows`).
     """
-    per_chunk = max(1, chunk_size // max(1, row_bytes))
-    if rows <= per_chunk:
-        return max(1, rows)
-    num_chunks = math.ceil(rows / per_chunk)
-    return math.ceil(rows / num_chunks)
+    return even_chunk_rows(rows, nominal_chunk_rows(f, chunk_size))
 
 
 def check_node_name(name: str) -> None:
@@ -102,8 +104,7 @@ class ZarrShardWriter(ShardWriter[ZarrOptions]):
         }
 
     def _array(self, group: Any, name: str, f: Field, values: np.ndarray) -> None:
-        row_bytes = math.prod(f.inner_shape) * np.dtype(f.dtype).itemsize
-        rows = chunk_rows(len(values), row_bytes, self.options.chunk_size)
+        rows = chunk_rows(len(values), f, self.options.chunk_size)
         self._store(group, name, values, chunks=(rows, *(max(1, d) for d in f.inner_shape)))
 
     def _store(self, group: Any, name: str, values: np.ndarray, *, chunks: tuple[int, ...]) -> None:

@@ -1,0 +1,540 @@
+"""The node-local cache of a remote shard set: a local mirror that a plain ShardSet reads.
+
+Where it sits: below :class:`~shardload.ShardSet`, the storage layer. For a URL,
+``ShardSet`` asks :meth:`RemoteSet.open` for a local directory and then reads it
+exactly as a local set (every check unchanged); before mapping a shard it calls
+:meth:`RemoteSet.acquire`, after closing it :meth:`RemoteSet.release`.
+
+Layout, one mirror per (URL, manifest fingerprint)::
+
+    <cache_dir>/sets/<sha256(url)[:16]>/
+        current.json            what manifest.json on the server was (ETag, size, mtime) and its fingerprint
+        .lock                   taken (flock) while one process fetches manifest and lengths indexes
+        <fingerprint>/          the mirror: manifest.json, lengths indexes, shards at their manifest paths
+            .space.lock         taken while a process makes room and reserves it (cache_limit)
+            .downloads          one line per shard downloaded on this node (for operators and tests)
+            .readers/<pid>.npy  each rank's shard read order this epoch; <pid>.pos its position in it
+
+Rules between the processes of a node (ranks, loader workers), all by ``fcntl.flock``:
+
+* the manifest and lengths indexes are fetched once, under ``.lock``; each open costs one ``info()``
+  (HEAD) of the remote manifest, and a re-prepared set (another ETag, size or mtime, and then another
+  fingerprint) gets a mirror of its own;
+* a shard is downloaded once, under its own ``.<name>.lock``, to ``.<name>.<pid>.part``, its sha256
+  compared with the manifest's, then renamed into place: a partial download never has the final name;
+* a process that maps a shard holds a shared lock on the file until it closes it; eviction removes only
+  a file it can lock exclusively (non-blocking), so never one in use on the node;
+* with a ``cache_limit``, room is made (and reserved, as the ``.part`` file) under ``.space.lock``,
+  evicting the cached shard whose next use over every rank's published order is farthest (Belady).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError, ShardSetError
+from shardload.manifest import MANIFEST_NAME, Manifest, file_checksum, metadata_files
+from shardload.origin import ORIGINS_NAME
+from shardload.output import atomic_write_text
+from shardload.remote.options import RemoteOptions
+from shardload.remote.policy import NEVER, choose_victims, next_uses
+from shardload.remote.retry import with_retries
+from shardload.remote.url import join_url, open_filesystem
+from shardload.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES, env_limit, safe_relative_path
+
+__all__ = ["RemoteSet"]
+
+_POLL = 0.05  # seconds between two tries of a busy lock
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _locked(path: Path, *, timeout: float, what: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if need be), waiting at most ``timeout`` seconds."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ShardSetError(
+                        f"{what}: another process of this node has held {path} for more than {timeout:g} s. "
+                        "If it is stuck, stop it; else raise RemoteOptions(wait_timeout=...)."
+                    ) from None
+                time.sleep(_POLL)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+class RemoteSet:
+    """The node-local mirror of one remote shard set, shared by every process of the node.
+
+    Args:
+        url: the set's URL (``s3://bucket/prefix/set``, ``https://host/set``).
+        options: credentials, cache directory and limit, prefetch and retry settings.
+
+    Picklable: a worker gets the URL and options and opens its own filesystem (s3fs event loops do
+    not survive a fork); locks held by the process that pickled it stay with that process.
+    """
+
+    def __init__(self, url: str, options: RemoteOptions) -> None:
+        self.url = url.rstrip("/")
+        self.options = options
+        self.set_dir = options.directory / "sets" / hashlib.sha256(self.url.encode()).hexdigest()[:16]
+        self.mirror = self.set_dir  # the fingerprint's directory, once open() ran
+        self.manifest: Manifest | None = None
+        self.stamp = ""  # what the server said of manifest.json when this set was opened
+        self._fs: Any = None
+        self._root = ""
+        self._pid = os.getpid()
+        self._held: dict[int, int] = {}  # shard -> descriptor holding a shared lock on its file
+        self._sizes = np.zeros(0, np.int64)
+        self._names: dict[tuple[str, str], int] = {}  # (directory, file name) -> shard
+
+    # -- the filesystem, one per process ---------------------------------------------------------------
+    def _process(self) -> None:
+        """Forget what belongs to another process (after a fork): its filesystem and its locks."""
+        if os.getpid() != self._pid:
+            self._pid, self._fs, self._held = os.getpid(), None, {}
+
+    def _filesystem(self) -> tuple[Any, str]:
+        self._process()
+        if self._fs is None:
+            opts = {"skip_instance_cache": True, **(self.options.storage_options or {})}
+            self._fs, self._root = open_filesystem(self.url, opts)
+        return self._fs, self._root.rstrip("/")
+
+    def _call(self, what: str, rel: str, call: Any) -> Any:
+        """``call(fs, remote_path)`` through :func:`with_retries`, naming the object's URL."""
+        fs, root = self._filesystem()
+        return with_retries(
+            lambda: call(fs, f"{root}/{rel}"), url=join_url(self.url, rel), what=what, policy=self.options.policy
+        )
+
+    def _stamp(self) -> str:
+        """What the server says of ``manifest.json`` (ETag, size, mtime): one ``info()`` call."""
+        try:
+            info = self._call("reading the manifest's metadata", MANIFEST_NAME, lambda fs, p: fs.info(p))
+        except FileNotFoundError:
+            raise ManifestError(
+                f"{self.url} is not a shard set: it has no {MANIFEST_NAME} (or these credentials cannot see it)"
+            ) from None
+        etag = info.get("ETag") or info.get("etag") or ""
+        mtime = info.get("LastModified") or info.get("Last-Modified") or info.get("mtime") or ""
+        return json.dumps([str(etag), info.get("size"), str(mtime)])
+
+    # -- open: manifest and lengths indexes, once per node -----------------------------------------------
+    def open(self) -> Path:
+        """The local mirror holding this set's manifest and lengths indexes (fetched if new or changed)."""
+        self.set_dir.mkdir(parents=True, exist_ok=True)
+        stamp = self.stamp = self._stamp()
+        mirror = self._current(stamp)
+        if mirror is None:
+            with _locked(self.set_dir / ".lock", timeout=self.options.wait_timeout, what=f"opening {self.url}"):
+                mirror = self._current(stamp) or self._fetch_metadata(stamp)
+        self._use(mirror)
+        return mirror
+
+    def _current(self, stamp: str) -> Path | None:
+        """The mirror fetched from a manifest with this stamp, if complete (its manifest is written last)."""
+        try:
+            known = json.loads((self.set_dir / "current.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(known, dict) or known.get("stamp") != stamp:
+            return None
+        mirror = self.set_dir / str(known.get("fingerprint"))
+        return mirror if (mirror / MANIFEST_NAME).is_file() else None
+
+    def _fetch_metadata(self, stamp: str) -> Path:
+        limit = env_limit(ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES)
+        incoming = self.set_dir / f".incoming.{os.getpid()}"
+        incoming.mkdir(exist_ok=True)
+        try:
+
+            def read(fs: Any, p: str) -> bytes:
+                with fs.open(p, "rb", block_size=0) if self._is_http() else fs.open(p, "rb") as fh:
+                    data: bytes = fh.read(limit + 1)
+                return data
+
+            raw = self._call("downloading the manifest", MANIFEST_NAME, read)
+            if len(raw) > limit:
+                raise ManifestError(
+                    f"{join_url(self.url, MANIFEST_NAME)} is larger than {limit:,} bytes; raise "
+                    f"{ENV_MAX_MANIFEST_BYTES} if the set is that large"
+                )
+            (incoming / MANIFEST_NAME).write_bytes(raw)
+            try:
+                table = _shard_table_file(raw, join_url(self.url, MANIFEST_NAME))
+                if table:  # format 3: the manifest is parsed with its shard table beside it
+                    self._download_to(table, incoming / table, f"downloading {table}")
+                manifest = Manifest.load(incoming)
+            except ManifestError as exc:
+                raise ManifestError(f"{join_url(self.url, MANIFEST_NAME)}: {exc}") from None
+            mirror = self.set_dir / manifest.fingerprint
+            mirror.mkdir(exist_ok=True)
+            for rel in metadata_files(manifest):
+                if (incoming / rel).is_file():  # the shard table, fetched to parse the manifest
+                    (mirror / rel).parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(incoming / rel, mirror / rel)
+                elif not (mirror / rel).is_file():
+                    self._download_to(rel, mirror / rel, f"downloading {rel}")
+            os.replace(incoming / MANIFEST_NAME, mirror / MANIFEST_NAME)  # last: the mirror is complete
+            atomic_write_text(
+                self.set_dir / "current.json", json.dumps({"stamp": stamp, "fingerprint": manifest.fingerprint})
+            )
+        finally:
+            with contextlib.suppress(OSError):
+                for leftover in incoming.iterdir():
+                    leftover.unlink()
+                incoming.rmdir()
+        return mirror
+
+    def _is_http(self) -> bool:
+        return self.url.split("://", 1)[0].lower() in ("http", "https")
+
+    def _download_to(self, rel: str, dest: Path, what: str) -> None:
+        """``rel`` of the set, whole, to ``dest`` through a ``.part`` file renamed into place."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+        try:
+            self._call(what, rel, lambda fs, p: fs.get_file(p, str(part)))
+            os.replace(part, dest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                part.unlink()
+
+    def _use(self, mirror: Path) -> None:
+        self.mirror = mirror
+        self.manifest = Manifest.load(mirror)
+        self._sizes = np.array([s.bytes for s in self.manifest.shards], dtype=np.int64)
+        self._names = {}
+        for k, s in enumerate(self.manifest.shards):
+            p = mirror / s.file
+            self._names[(str(p.parent), p.name)] = k
+        limit = self.options.limit
+        if limit is not None and len(self._sizes) and int(self._sizes.max()) > limit:
+            big = int(np.argmax(self._sizes))
+            raise ShardSetError(
+                f"{self.url}: the cache limit ({limit:,} bytes) is smaller than shard {big} "
+                f"({int(self._sizes[big]):,} bytes); a shard is cached whole: raise cache_limit "
+                "(or $SHARDLOAD_CACHE_LIMIT) to at least the largest shard"
+            )
+
+    def fetch_origins(self) -> None:
+        """Download ``origins.arrow`` into the mirror on first use (a set without one is left as it is)."""
+        if (self.mirror / ORIGINS_NAME).is_file():
+            return
+        with _locked(self.set_dir / ".lock", timeout=self.options.wait_timeout, what=f"opening {self.url}"):
+            if not (self.mirror / ORIGINS_NAME).is_file():
+                with contextlib.suppress(FileNotFoundError):
+                    self._download_to(ORIGINS_NAME, self.mirror / ORIGINS_NAME, f"downloading {ORIGINS_NAME}")
+
+    # -- shards ----------------------------------------------------------------------------------------
+    def _path(self, shard: int) -> Path:
+        assert self.manifest is not None
+        return self.mirror / self.manifest.shards[shard].file
+
+    def shard_url(self, shard: int) -> str:
+        assert self.manifest is not None
+        return join_url(self.url, self.manifest.shards[shard].file)
+
+    def cached(self, shard: int) -> bool:
+        return self._path(shard).is_file()
+
+    def acquire(self, shard: int) -> Path:
+        """Shard ``shard`` in the cache, checked, and held (shared lock) until :meth:`release`."""
+        self._process()
+        path = self._path(shard)
+        if shard in self._held:
+            return path
+        for _ in range(8):  # evicted between our download and our lock: fetch again
+            fd = self._lock_shared(path)
+            if fd is not None:
+                self._held[shard] = fd
+                return path
+            self.download(shard, urgent=True)
+        raise ShardSetError(
+            f"shard {shard} ({self.shard_url(shard)}) was evicted from the cache {self.mirror} each time it was "
+            "downloaded: the cache is too small for the processes reading it; raise cache_limit"
+        )
+
+    @staticmethod
+    def _lock_shared(path: Path) -> int | None:
+        """A descriptor of ``path`` holding a shared lock, or ``None`` if it is absent (or was just evicted)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if os.fstat(fd).st_nlink == 0:  # evicted between open and lock
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            return None
+        return fd
+
+    def release(self, shard: int) -> None:
+        """Drop this process's hold on shard ``shard``: the cache may evict it now."""
+        self._process()
+        fd = self._held.pop(shard, None)
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def release_all(self) -> None:
+        for shard in list(self._held):
+            self.release(shard)
+
+    def download(self, shard: int, *, urgent: bool) -> bool:
+        """Make sure shard ``shard`` is in the cache; ``False`` if a prefetch found no room or it is busy.
+
+        ``urgent`` (a reader needs it now): wait for another process's download of it, and for room in a
+        full cache, up to ``wait_timeout``. Not urgent (prefetch): skip a shard another process is
+        fetching, and evict only shards needed later than this one.
+        """
+        path = self._path(shard)
+        if path.is_file():
+            return True
+        lock = path.parent / f".{path.name}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        timeout = self.options.wait_timeout if urgent else 0.0
+        try:
+            with _locked(lock, timeout=timeout, what=f"shard {shard} ({self.shard_url(shard)})"):
+                if path.is_file():  # another process downloaded it while we waited
+                    return True
+                part = self._reserve(shard, urgent)
+                if part is None:
+                    return False
+                try:
+                    self._fetch_checked(shard, part, path)
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        part.unlink()
+        except ShardSetError:
+            if urgent:
+                raise
+            return False
+        return True
+
+    def _fetch_checked(self, shard: int, part: Path, path: Path) -> None:
+        """Download into ``part``, compare size and sha256 with the manifest (one more try), rename to ``path``."""
+        assert self.manifest is not None
+        info, url = self.manifest.shards[shard], self.shard_url(shard)
+        found = ""
+        for _ in range(2):
+            self._call(f"downloading shard {shard}", info.file, lambda fs, p: fs.get_file(p, str(part)))
+            size = part.stat().st_size
+            found = file_checksum(part) if size == info.bytes else f"{size} bytes"
+            if found == info.checksum:
+                os.replace(part, path)
+                with open(self.mirror / ".downloads", "a") as log:
+                    log.write(f"{shard} {os.getpid()} {info.bytes}\n")
+                return
+        if self._stamp() != self.stamp:
+            raise ShardSetChangedError(
+                f"{self.url} was re-prepared since it was opened: shard {shard} ({url}) no longer matches the "
+                "manifest this job read. Restart the job once prepare has finished."
+            )
+        want = info.checksum if found.startswith("sha256:") else f"{info.bytes} bytes"
+        raise CorruptShardError(
+            f"shard {shard} ({url}) does not match the manifest, twice: it is {found}, the manifest says {want}. "
+            f"The object in storage is damaged or was replaced: run `shardload verify {self.url}`, and upload "
+            "the set again (prepare -o URL)."
+        )
+
+    # -- room in a bounded cache -------------------------------------------------------------------------
+    def _reserve(self, shard: int, urgent: bool) -> Path | None:
+        """Create shard ``shard``'s ``.part`` file once the cache has room for it (evicting if need be)."""
+        path = self._path(shard)
+        part = path.with_name(f".{path.name}.{os.getpid()}.part")
+        limit = self.options.limit
+        if limit is None:
+            part.touch()
+            return part
+        size = int(self._sizes[shard])
+        deadline = time.monotonic() + self.options.wait_timeout
+        while True:
+            with _locked(self.mirror / ".space.lock", timeout=self.options.wait_timeout, what=f"caching {self.url}"):
+                present, partial = self._scan()
+                need = int(self._sizes[present | partial].sum()) + size - limit
+                if need <= 0 or self._evict(need, present, None if urgent else shard) >= need:
+                    part.touch()  # counted as reserved by every process's scan from now on
+                    return part
+            if not urgent:
+                return None
+            if time.monotonic() > deadline:
+                raise ShardSetError(
+                    f"shard {shard} ({self.shard_url(shard)}): the cache {self.mirror} is full "
+                    f"({limit:,} bytes) of shards in use by the processes of this node, and none was released "
+                    f"within {self.options.wait_timeout:g} s. Raise cache_limit, or read with fewer "
+                    "workers/ranks per node."
+                )
+            time.sleep(_POLL * 4)
+
+    def _scan(self) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+        """``(present, partial)`` per shard: its file is cached; a live process is downloading it."""
+        n = len(self._sizes)
+        present, partial = np.zeros(n, bool), np.zeros(n, bool)
+        for directory in {d for d, _ in self._names}:
+            try:
+                entries = list(os.scandir(directory))
+            except FileNotFoundError:
+                continue
+            for e in entries:
+                k = self._names.get((directory, e.name))
+                if k is not None:
+                    present[k] = True
+                elif e.name.startswith(".") and e.name.endswith(".part"):
+                    name, _, pid = e.name[1:-5].rpartition(".")
+                    k = self._names.get((directory, name))
+                    if k is None or not pid.isdigit():
+                        continue
+                    if _pid_alive(int(pid)):
+                        partial[k] = True
+                    else:  # left by a process that died mid-download
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(e.path)
+        return present, partial
+
+    def _evict(self, need: int, present: NDArray[np.bool_], before: int | None) -> int:
+        """Remove cached shards not in use, farthest next use first, until ``need`` bytes are freed.
+
+        ``before``: a shard being prefetched; only shards whose next use comes after its own may go.
+        """
+        next_use = self.next_use()
+        pinned = np.zeros(len(self._sizes), bool)
+        if before is not None:
+            pinned |= next_use <= next_use[before]
+        freed = 0
+        while freed < need:
+            victims = choose_victims(np.flatnonzero(present & ~pinned), self._sizes, next_use, need - freed, pinned)
+            if not len(victims):
+                break
+            for v in victims:
+                if self._remove_unused(int(v)):
+                    freed += int(self._sizes[v])
+                    present[v] = False
+                else:
+                    pinned[v] = True
+                if freed >= need:
+                    break
+        return freed
+
+    def _remove_unused(self, shard: int) -> bool:
+        """Delete shard ``shard``'s file if no process holds it (non-blocking exclusive lock)."""
+        path = self._path(shard)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+            raise
+        try:
+            os.unlink(path)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        return True
+
+    # -- every rank's read order, for the eviction rule ----------------------------------------------------
+    @property
+    def readers_dir(self) -> Path:
+        return self.mirror / ".readers"
+
+    def publish_sequence(self, sequence: NDArray[np.int64]) -> None:
+        """Publish this process's shard read order for the epoch (and position 0)."""
+        self.readers_dir.mkdir(exist_ok=True)
+        tmp = self.readers_dir / f".{os.getpid()}.npy.tmp"
+        with open(tmp, "wb") as fh:
+            np.save(fh, np.asarray(sequence, dtype=np.int64))
+        os.replace(tmp, self.readers_dir / f"{os.getpid()}.npy")
+        self.publish_position(0)
+
+    def publish_position(self, position: int) -> None:
+        """Publish how far this process has read in its published order."""
+        tmp = self.readers_dir / f".{os.getpid()}.pos.tmp"
+        tmp.write_text(str(int(position)))
+        os.replace(tmp, self.readers_dir / f"{os.getpid()}.pos")
+
+    def unpublish(self) -> None:
+        for suffix in (".npy", ".pos"):
+            with contextlib.suppress(FileNotFoundError):
+                (self.readers_dir / f"{os.getpid()}{suffix}").unlink()
+
+    def next_use(self) -> NDArray[np.int64]:
+        """``(num_shards,)`` reads until each shard's next use, the nearest over every live reader; NEVER if none."""
+        out = np.full(len(self._sizes), NEVER, dtype=np.int64)
+        try:
+            files = list(self.readers_dir.glob("*.npy"))
+        except OSError:
+            return out
+        for f in files:
+            if not f.stem.isdigit() or not _pid_alive(int(f.stem)):
+                for stale in (f, f.with_suffix(".pos")):
+                    with contextlib.suppress(FileNotFoundError):
+                        stale.unlink()
+                continue
+            try:
+                seq = np.load(f)
+                pos = min(int(f.with_suffix(".pos").read_text() or 0), len(seq))
+            except (OSError, ValueError):
+                continue
+            nu = next_uses(seq, pos, len(out))
+            np.minimum(out, np.where(nu == NEVER, NEVER, nu - pos), out=out)
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fs"] = None  # each process opens its own filesystem
+        state["_held"] = {}  # locks stay with the process that took them
+        state["_pid"] = -1
+        return state
+
+
+def _shard_table_file(raw: bytes, where: str) -> str:
+    """The shard table file a manifest names (format version 3), checked to stay inside the set; "" if none.
+
+    Raises:
+        ManifestError: the manifest is not JSON, or names a table outside the set.
+    """
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ManifestError(f"{where}: not valid JSON; the remote set is damaged, re-run prepare") from None
+    entry = obj.get("shard_table") if isinstance(obj, dict) else None
+    if not isinstance(entry, dict) or "file" not in entry:
+        return ""
+    return safe_relative_path(entry["file"], where=f"{where}: shard_table")

@@ -1,0 +1,108 @@
+"""How a remote shard set is reached and cached: one small frozen object, :class:`RemoteOptions`.
+
+Where it sits: given to ``shardload.open(url, ...)`` (as keywords), and as
+``remote=RemoteOptions(...)`` to ``make_loader``, ``ShardDataModule``,
+``Mixture.open`` and ``verify``; it travels to the loader's workers with the
+opened set. A local set ignores it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardload.envvars import env_int
+from shardload.errors import ShardSetError
+from shardload.plan.validate import check_scalar
+from shardload.remote.retry import RetryPolicy
+
+__all__ = ["ENV_CACHE_DIR", "ENV_CACHE_LIMIT", "RemoteOptions", "default_cache_dir"]
+
+#: the node-local cache directory (default: ``$XDG_CACHE_HOME/shardload``, else ``~/.cache/shardload``)
+ENV_CACHE_DIR = "SHARDLOAD_CACHE_DIR"
+#: the most bytes of shards one set keeps in the cache (default: no limit); sizes such as ``200GiB``
+ENV_CACHE_LIMIT = "SHARDLOAD_CACHE_LIMIT"
+#: downloads the prefetcher runs at once, per rank
+PREFETCH_DOWNLOADS = 4
+#: bytes of shards the prefetcher fetches ahead of the rank, unless the cache limit is lower (half of it then)
+PREFETCH_BYTES = 2 << 30
+
+
+def default_cache_dir() -> Path:
+    """``$SHARDLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/shardload``, else ``~/.cache/shardload``."""
+    given = os.environ.get(ENV_CACHE_DIR, "").strip()
+    if given:
+        return Path(given).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "shardload"
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """Storage credentials, the node cache and the prefetcher of a remote shard set.
+
+    Attributes:
+        storage_options: keywords of the fsspec filesystem (for S3: ``key``, ``secret``,
+            ``client_kwargs={"endpoint_url": ...}``); ``None``: the standard environment
+            (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``GOOGLE_APPLICATION_CREDENTIALS``, ...).
+        cache_dir: the node-local cache (default :func:`default_cache_dir`).
+        cache_limit: the most bytes of shards one set keeps in the cache (default
+            ``$SHARDLOAD_CACHE_LIMIT``, else no limit); the shards whose next use is farthest go first.
+        prefetch_downloads: downloads the prefetcher of one rank runs at once (0: no prefetch).
+        prefetch_bytes: bytes of shards fetched ahead of the rank (default 2 GiB, or half the cache limit).
+        wait_timeout: seconds a process waits for another one's download of the same shard, or for room
+            in a full cache, before it gives up with an error naming the shard.
+        retry: tries and backoff of every storage call (default :class:`RetryPolicy`).
+    """
+
+    storage_options: Mapping[str, Any] | None = None
+    cache_dir: str | os.PathLike[str] | None = None
+    cache_limit: int | None = None
+    prefetch_downloads: int = PREFETCH_DOWNLOADS
+    prefetch_bytes: int | None = None
+    wait_timeout: float = 900.0
+    retry: RetryPolicy | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.storage_options is not None:
+            if not isinstance(self.storage_options, Mapping):
+                raise ShardSetError(
+                    f"storage_options must be a dict of the filesystem's keywords, got "
+                    f"{type(self.storage_options).__name__}"
+                )
+            object.__setattr__(self, "storage_options", dict(self.storage_options))
+        if self.cache_limit is not None:
+            check_scalar("cache_limit", self.cache_limit, low=1, high=1 << 62, hint="bytes, or None for no limit")
+        check_scalar("prefetch_downloads", self.prefetch_downloads, low=0, high=256)
+        if self.prefetch_bytes is not None:
+            check_scalar("prefetch_bytes", self.prefetch_bytes, low=0, high=1 << 62)
+        if not isinstance(self.wait_timeout, (int, float)) or not self.wait_timeout > 0:
+            raise ShardSetError(f"wait_timeout must be a positive number of seconds, got {self.wait_timeout!r}")
+
+    @property
+    def directory(self) -> Path:
+        """The cache directory to use."""
+        return Path(self.cache_dir).expanduser() if self.cache_dir is not None else default_cache_dir()
+
+    @property
+    def limit(self) -> int | None:
+        """The cache limit in bytes (``None``: no limit)."""
+        if self.cache_limit is not None:
+            return self.cache_limit
+        value = env_int(ENV_CACHE_LIMIT, 0, minimum=1, size=True, error=ShardSetError)
+        return value or None
+
+    @property
+    def ahead_bytes(self) -> int:
+        """Bytes the prefetcher fetches ahead: :attr:`prefetch_bytes`, else 2 GiB or half the limit."""
+        if self.prefetch_bytes is not None:
+            return self.prefetch_bytes
+        limit = self.limit
+        return PREFETCH_BYTES if limit is None else min(PREFETCH_BYTES, limit // 2)
+
+    @property
+    def policy(self) -> RetryPolicy:
+        return self.retry or RetryPolicy()

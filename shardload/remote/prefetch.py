@@ -1,0 +1,237 @@
+"""Plan-driven prefetch of a rank's remote shards into the node cache.
+
+Where it sits: between the plan and the dataset. The loader (in the rank's main
+process, also with ``num_workers > 0``) knows every batch of its epoch: it maps
+each batch's sample ids to shards (:func:`read_order`), publishes that order in
+the cache (so that every process's eviction sees the next uses of every rank of
+the node), and runs a :class:`Prefetcher`: a background thread that downloads
+the shards ahead of the rank, in that order, bounded by bytes ahead and by
+concurrent downloads. Readers (the main process or its workers) fetch a shard
+themselves when it is not there yet (:meth:`~shardload.remote.cache.RemoteSet.acquire`);
+both go through the same per-shard lock, so a shard is downloaded once per node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardload.errors import PlanError
+from shardload.index import ShardIndex
+from shardload.remote.cache import RemoteSet
+
+if TYPE_CHECKING:
+    from shardload.mixture import MixedSets
+    from shardload.plan import RankPlan
+    from shardload.shardset import ShardSet
+
+__all__ = ["Prefetcher", "check_step_fits", "read_order", "read_orders", "start_prefetch"]
+
+logger = logging.getLogger("shardload.remote")
+
+
+def read_order(
+    sample_ids: NDArray[np.int64], batch_offsets: NDArray[np.int64], index: ShardIndex
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The shards a rank reads, in order, and where each batch starts in that order.
+
+    Args:
+        sample_ids: ``(rows,)`` the plan's sample ids, batch after batch.
+        batch_offsets: ``(B + 1,)`` where each batch starts in ``sample_ids``.
+        index: the set's (or mixture's) sample id -> shard index.
+
+    Returns:
+        ``(sequence, starts)``: ``sequence`` holds each batch's distinct shards in order of first
+        occurrence in the batch, batch after batch; batch ``i``'s shards are
+        ``sequence[starts[i]:starts[i + 1]]``.
+    """
+    num_batches = len(batch_offsets) - 1
+    if len(sample_ids) == 0:
+        return np.zeros(0, np.int64), np.zeros(num_batches + 1, np.int64)
+    shards = index.locate(sample_ids)[0]
+    batch = np.repeat(np.arange(num_batches, dtype=np.int64), np.diff(batch_offsets))
+    _, first = np.unique(batch * index.num_shards + shards, return_index=True)
+    first.sort()
+    starts = np.searchsorted(batch[first], np.arange(num_batches + 1), side="left").astype(np.int64)
+    return shards[first].astype(np.int64), starts
+
+
+def check_step_fits(remote: RemoteSet, sequence: NDArray[np.int64], starts: NDArray[np.int64], readers: int) -> None:
+    """Refuse a cache limit below what one step of the node holds at once.
+
+    A batch's shards stay in the cache while it is built; ``readers`` processes of the node (workers
+    of every rank) build one batch each at a time.
+
+    Raises:
+        PlanError: naming the cache limit and the bytes one step needs.
+    """
+    limit = remote.options.limit
+    if limit is None or len(starts) < 2:
+        return
+    sizes = remote._sizes[sequence]
+    per_batch = np.add.reduceat(sizes, starts[:-1]) if len(sizes) else np.zeros(1, np.int64)
+    per_batch[np.diff(starts) == 0] = 0
+    worst = int(per_batch.max())
+    if worst * readers > limit:
+        raise PlanError(
+            f"{remote.url}: the cache limit ({limit:,} bytes) is below what one step needs: a batch touches up "
+            f"to {worst:,} bytes of shards, times {readers} batch(es) read at once on this node (workers x ranks "
+            f"per node) = {worst * readers:,} bytes. Raise cache_limit, or read with fewer workers."
+        )
+
+
+class Prefetcher:
+    """Downloads one remote set's shards ahead of this rank, in read order (a daemon thread).
+
+    Args:
+        remote: the set's node cache.
+        sequence: ``(n,)`` local shard ids in read order (:func:`read_order`, restricted to this set).
+        starts: ``(B + 1,)`` where each batch starts in ``sequence``.
+
+    :meth:`advance` tells it which batch the rank reads now; it then keeps the next
+    ``ahead_bytes`` of distinct shards downloaded, with at most ``prefetch_downloads`` at once.
+    A prefetch that fails is left to the reader, which fetches the shard itself and raises.
+    """
+
+    def __init__(self, remote: RemoteSet, sequence: NDArray[np.int64], starts: NDArray[np.int64]) -> None:
+        self.remote = remote
+        self.sequence = sequence
+        self.starts = starts
+        self._position = 0
+        self._changed = threading.Condition()
+        self._stop = False
+        self._pool = ThreadPoolExecutor(max(1, remote.options.prefetch_downloads), thread_name_prefix="shardload-get")
+        self._running: dict[int, Future[bool]] = {}
+        self._refused: set[int] = set()  # no room for these now: retried when the rank moves on
+        remote.publish_sequence(sequence)
+        self._thread = threading.Thread(target=self._run, name="shardload-prefetch", daemon=True)
+        self._thread.start()
+
+    def advance(self, batch: int) -> None:
+        """The rank now reads batch ``batch`` (of the plan this prefetcher was made for)."""
+        position = int(self.starts[min(max(batch, 0), len(self.starts) - 1)])
+        if position != self._position:
+            with self._changed:
+                self._position = position
+                self._refused.clear()
+                self._changed.notify()
+            with contextlib.suppress(OSError):
+                self.remote.publish_position(position)
+
+    def stop(self) -> None:
+        """Stop downloading ahead (a download under way finishes); the published order is withdrawn."""
+        with self._changed:
+            self._stop = True
+            self._changed.notify()
+        self._thread.join()
+        self._pool.shutdown(wait=True)
+        self.remote.unpublish()
+
+    def _wanted(self) -> list[int]:
+        """The distinct shards from the rank's position on, up to ``ahead_bytes`` (the first always)."""
+        budget, seen, out = self.remote.options.ahead_bytes, set(), list[int]()
+        for shard in self.sequence[self._position :].tolist():
+            if shard in seen:
+                continue
+            seen.add(shard)
+            budget -= int(self.remote._sizes[shard])
+            if budget < 0 and out:
+                break
+            out.append(shard)
+        return out
+
+    def _run(self) -> None:
+        limit = max(1, self.remote.options.prefetch_downloads)
+        while True:
+            with self._changed:
+                if self._stop:
+                    return
+                wanted = self._wanted()
+            for shard, fut in list(self._running.items()):
+                if fut.done():
+                    del self._running[shard]
+                    if fut.exception() is not None or not fut.result():
+                        self._refused.add(shard)
+            for shard in wanted:
+                if len(self._running) >= limit:
+                    break
+                if shard in self._running or shard in self._refused or self.remote.cached(shard):
+                    continue
+                self._running[shard] = self._pool.submit(self._fetch, shard)
+            with self._changed:
+                if not self._stop:
+                    self._changed.wait(0.05)
+
+    def _fetch(self, shard: int) -> bool:
+        try:
+            return self.remote.download(shard, urgent=False)
+        except Exception as exc:  # noqa: BLE001  the reader fetches it again and reports the error
+            logger.debug("prefetch of shard %d of %s failed: %s", shard, self.remote.url, exc)
+            return False
+
+
+#: what a rank reads of each remote set this epoch: (remote set, local shard order, batch starts in it)
+ReadOrders = list[tuple[RemoteSet, NDArray[np.int64], NDArray[np.int64]]]
+
+
+def split_order(
+    remotes: Sequence[tuple[RemoteSet, int, int]],
+    sequence: NDArray[np.int64],
+    starts: NDArray[np.int64],
+    readers: int,
+) -> ReadOrders:
+    """Each remote set's part of a (possibly mixed) read order, checked against its cache limit.
+
+    Args:
+        remotes: ``(remote set, first global shard, shards)`` of each remote set read.
+        sequence, starts: the read order in global shard ids (:func:`read_order`).
+        readers: batches read at once on the node, for :func:`check_step_fits`.
+    """
+    batch_of = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
+    out: ReadOrders = []
+    for remote, first, count in remotes:
+        mine = (sequence >= first) & (sequence < first + count)
+        local = sequence[mine] - first
+        local_starts = np.searchsorted(batch_of[mine], np.arange(len(starts)), side="left").astype(np.int64)
+        check_step_fits(remote, local, local_starts, readers)
+        out.append((remote, local, local_starts))
+    return out
+
+
+def start_prefetch(orders: ReadOrders) -> list[Prefetcher]:
+    """One running :class:`Prefetcher` per remote set (none where ``prefetch_downloads`` is 0).
+
+    Start them after the loader's workers have forked: no download thread may run across a fork.
+    """
+    return [Prefetcher(remote, seq, starts) for remote, seq, starts in orders if remote.options.prefetch_downloads]
+
+
+def local_ranks() -> int:
+    """Ranks of this job on this node (``LOCAL_WORLD_SIZE``, set by torchrun; else 1)."""
+    text = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else 1
+
+
+def read_orders(read: ShardSet | MixedSets, plan: RankPlan, workers: int) -> ReadOrders:
+    """What this rank's ``plan`` reads of each remote set ``read`` holds (nothing for local sets).
+
+    Raises:
+        PlanError: a cache limit below what one step of the node needs (:func:`check_step_fits`).
+    """
+    from shardload.mixture import MixedSets
+
+    sets = read.sets if isinstance(read, MixedSets) else (read,)
+    firsts = read.shard_offsets.tolist() if isinstance(read, MixedSets) else [0]
+    remotes = [(s.remote, int(f), len(s.shards)) for s, f in zip(sets, firsts) if s.remote is not None]
+    if not remotes:
+        return []
+    sequence, starts = read_order(plan.sample_ids, plan.batch_offsets, read.index)
+    return split_order(remotes, sequence, starts, max(1, workers) * local_ranks())
