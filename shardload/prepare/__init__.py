@@ -73,7 +73,8 @@ def prepare(
         storage_options: with a URL ``out``: fsspec's options (credentials, ``client_kwargs={"endpoint_url":
             ...}``); default: the environment's (``AWS_*`` variables, config files).
         staging: with a URL ``out``: the local directory to prepare in (default
-            ``$SHARDLOAD_CACHE_DIR/staging/<sha256(url)[:16]>``, ``~/.cache/shardload`` without the variable);
+            ``<cache dir>/staging/<sha256(url)[:16]>``, the cache dir of remote sets: ``$SHARDLOAD_CACHE_DIR``,
+            else ``$XDG_CACHE_HOME/shardload``, else ``~/.cache/shardload``);
             it needs room for the whole set.
         keep_staging: with a URL ``out``: keep the staged set once the upload is complete.
         retry: with a URL ``out``: retries of every call to the store (default :class:`RetryPolicy`).

@@ -41,13 +41,12 @@ from shardload.output import OutputLock, atomic_write_text
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.pipeline import PrepareResult, result_of
 from shardload.prepare.workdir import WORK
+from shardload.remote.options import default_cache_dir
 from shardload.remote.retry import RetryPolicy
 from shardload.remote.upload import SetUploader, UploadRecord
 
 __all__ = ["prepare_to_url", "refuse_remote_parts", "staging_dir"]
 
-#: the environment variable naming shardload's cache directory (default ``~/.cache/shardload``)
-CACHE_DIR_VAR = "SHARDLOAD_CACHE_DIR"
 _RUN, _RECORD, _LOCK, _SET = "run.json", "uploaded.log", ".upload.lock", "set"
 
 
@@ -55,8 +54,7 @@ def staging_dir(url: str, staging: str | os.PathLike[str] | None = None) -> Path
     """Where a run into ``url`` stages its set: ``staging`` if given, else one folder per URL in the cache."""
     if staging is not None:
         return Path(staging)
-    cache = os.environ.get(CACHE_DIR_VAR) or os.path.join(os.path.expanduser("~"), ".cache", "shardload")
-    return Path(cache) / "staging" / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    return default_cache_dir() / "staging" / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
 
 
 def refuse_remote_parts(url: str, what: str = "parts (--part K/N, shardload merge)") -> None:
