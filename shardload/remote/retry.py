@@ -172,7 +172,8 @@ def describe(exc: BaseException) -> str:
     for e in _chain(exc):
         status, code = _status(e)
         if status is not None or code is not None:
-            said = " ".join(str(x) for x in (status, code) if x is not None)
+            # a HEAD answer has no body: botocore then gives the status as the code ("503")
+            said = " ".join(dict.fromkeys(str(x) for x in (status, code) if x is not None))
             return text if said in text else f"{text} (HTTP {said})"
     return text
 

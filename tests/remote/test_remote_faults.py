@@ -18,6 +18,7 @@ import pytest
 import shardload
 from shardload.cli import main
 from shardload.errors import CorruptShardError, RemoteError
+from shardload.manifest import ShardInfo
 from shardload.remote import RemoteOptions, RetryPolicy
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.servers import S3Server
@@ -85,14 +86,21 @@ def test_a_body_corrupted_once_is_downloaded_again(
     assert shard_gets(proxy, Path(shardload.open(local).shards[0].file).name) == 1
 
 
+def failing_last_shard(
+    kind: str, s3: S3Server, proxy: FaultProxy, uploaded: tuple[Path, str], tmp_path: Path
+) -> tuple[str, ShardInfo, shardload.ShardSet]:
+    """The set opened through ``proxy``, with fault ``kind`` on every GET of its last shard (sample 59's)."""
+    local, url = uploaded
+    info = shardload.open(local).shards[2]
+    proxy.inject(kind, method="GET", path=re.escape(info.file) + "$", times=1000)
+    return url, info, shardload.open(url, remote=proxied(s3, proxy, tmp_path / "cache"))
+
+
 @pytest.mark.slow
 def test_a_shard_corrupted_on_every_get_is_reported(
     s3: S3Server, proxy: FaultProxy, uploaded: tuple[Path, str], tmp_path: Path
 ) -> None:
-    local, url = uploaded
-    info = shardload.open(local).shards[2]  # the last shard: it holds sample 59
-    proxy.inject("corrupt", method="GET", path=re.escape(info.file) + "$", times=1000)
-    ss = shardload.open(url, remote=proxied(s3, proxy, tmp_path / "cache"))
+    url, info, ss = failing_last_shard("corrupt", s3, proxy, uploaded, tmp_path)
     with pytest.raises(CorruptShardError) as err:
         ss[59]
     message = str(err.value)
@@ -107,10 +115,7 @@ def test_a_shard_corrupted_on_every_get_is_reported(
 def test_persistent_503_ends_in_remote_error_naming_the_url(
     s3: S3Server, proxy: FaultProxy, uploaded: tuple[Path, str], tmp_path: Path
 ) -> None:
-    local, url = uploaded
-    info = shardload.open(local).shards[2]  # the last shard: it holds sample 59
-    proxy.inject("503", method="GET", path=re.escape(info.file) + "$", times=1000)
-    ss = shardload.open(url, remote=proxied(s3, proxy, tmp_path / "cache"))
+    url, info, ss = failing_last_shard("503", s3, proxy, uploaded, tmp_path)
     assert len(ss[0]["tokens"])  # the other shards are fine
     with pytest.raises(
         RemoteError, match=r"downloading shard 2 .* failed 4 times.*rate \(HTTP 503 SlowDown\)\. "
