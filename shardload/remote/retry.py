@@ -162,6 +162,22 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def describe(exc: BaseException) -> str:
+    """``exc`` in one line for a message, with the HTTP status and service code found among its causes.
+
+    s3fs turns a throttled call into ``OSError(EBUSY, "Please reduce your request rate.")``: the
+    ``503 SlowDown`` that says what happened is only on the botocore error it wraps.
+    """
+    text = f"{type(exc).__name__}: {str(exc).rstrip('. ')}"
+    for e in _chain(exc):
+        status, code = _status(e)
+        if status is not None or code is not None:
+            # a HEAD answer has no body: botocore then gives the status as the code ("503")
+            said = " ".join(dict.fromkeys(str(x) for x in (status, code) if x is not None))
+            return text if said in text else f"{text} (HTTP {said})"
+    return text
+
+
 def with_retries(
     call: Callable[[], T],
     *,
@@ -198,7 +214,7 @@ def with_retries(
             if delay is None:
                 raise RemoteError(
                     f"{what} ({url}) failed {tries} time{'s' if tries > 1 else ''}; the last error: "
-                    f"{type(exc).__name__}: {exc}. The storage service is unreachable, throttling or failing: "
+                    f"{describe(exc)}. The storage service is unreachable, throttling or failing: "
                     "check the endpoint and the network, then rerun (a prepare upload resumes with --resume).",
                     url,
                 ) from exc

@@ -112,3 +112,21 @@ def test_jitter_stays_in_bounds_and_caps() -> None:
 def test_policy_refuses_nonsense(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         RetryPolicy(**bad)  # type: ignore[arg-type]
+
+
+def test_describe_names_the_status_s3fs_hides() -> None:
+    from botocore.exceptions import ClientError
+
+    from shardload.remote.retry import describe
+
+    def wrapped(code: str, text: str) -> OSError:
+        cause = ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "GetObject")
+        try:
+            raise OSError(16, text) from cause
+        except OSError as exc:
+            return exc
+
+    got = describe(wrapped("SlowDown", "Please reduce your request rate."))
+    assert got == "OSError: [Errno 16] Please reduce your request rate (HTTP 503 SlowDown)"
+    assert describe(wrapped("503", "Service Unavailable")).endswith("Service Unavailable (HTTP 503)")  # a HEAD
+    assert describe(TimeoutError("read timed out")) == "TimeoutError: read timed out"
