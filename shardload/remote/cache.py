@@ -330,6 +330,9 @@ class RemoteSet:
             with _locked(lock, timeout=timeout, what=f"shard {shard} ({self.shard_url(shard)})"):
                 if path.is_file():  # another process downloaded it while we waited
                     return True
+                for stale in path.parent.glob(f".{path.name}.*.part"):  # left by a process killed mid-download
+                    with contextlib.suppress(FileNotFoundError):
+                        stale.unlink()  # only the holder of this shard's lock writes its .part file
                 part = self._reserve(shard, urgent)
                 if part is None:
                     return False

@@ -80,3 +80,17 @@ def test_random_access_with_a_cache_of_one_shard(tmp_path: Path, s3: S3Server) -
     )
     got = [ds[i]["tokens"] for i in range(len(ds))]
     assert sorted(g.tolist() for g in got) == sorted(t.tolist() for t in tokens)  # prepare may reorder
+
+
+def test_download_killed_midway_leaves_no_part_file(tmp_path: Path, s3: S3Server) -> None:
+    """A process SIGKILLed while downloading leaves its ``.part`` file; the next download removes it."""
+    url, _ = _set(tmp_path, s3, "attack/killed")
+    ds = shardload.open(url, storage_options=s3.storage_options, cache_dir=tmp_path / "cache")
+    assert ds.remote is not None
+    shard = ds.remote.mirror / ds.manifest.shards[0].file
+    shard.parent.mkdir(parents=True, exist_ok=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = shard.with_name(f".{shard.name}.{int(dead.stdout)}.part")
+    left.write_bytes(b"half a shard")  # what a download killed midway leaves (no cache limit: no scan)
+    assert len(ds[0]["tokens"]) > 0
+    assert shard.is_file() and not left.exists()
