@@ -18,6 +18,7 @@ caller can catch them all with one clause, or one branch of the tree::
      |    +-- MixtureError                a mixture's weights, sources or fields do not fit together
      +-- WorkerError (RuntimeError)       a DataLoader worker died or sent no batch within the timeout
      +-- RemoteError (OSError)            object storage kept failing after every retry; names the URL
+     +-- RemoteAccessError (PermissionError)  object storage refused the credentials, or found none
      +-- MissingDependencyError (ImportError)  an optional package a format needs (zarr) is not installed
 
 A name in parentheses is a second, built-in base class: ``except ValueError``
@@ -44,6 +45,7 @@ __all__ = [
     "OutputLockedError",
     "PlanError",
     "PlanMismatchError",
+    "RemoteAccessError",
     "RemoteError",
     "ShardSetChangedError",
     "ShardSetError",
@@ -133,6 +135,21 @@ class RemoteError(ShardloadError, OSError):
 
     Attributes:
         url: the object (or prefix) that could not be read or written.
+    """
+
+    def __init__(self, message: str, url: str = "") -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class RemoteAccessError(ShardloadError, PermissionError):
+    """Object storage refused the request's credentials, or there were none to send.
+
+    Not retried (waiting does not help); the message names the URL and where
+    credentials come from. The command line exits with status 4.
+
+    Attributes:
+        url: the object (or prefix) that was refused.
     """
 
     def __init__(self, message: str, url: str = "") -> None:

@@ -259,6 +259,7 @@ class ShardSet:
         if self._remote is None:
             return self._map_shard(shard)
         self._evict(self.max_open_shards - 1)
+        self._fit_limit(shard)
         self._remote.acquire(shard)
         try:
             return self._map_shard(shard)
@@ -267,6 +268,23 @@ class ShardSet:
             if isinstance(exc, ShardSetError) and self.url is not None and self.url not in str(exc):
                 raise type(exc)(f"{self.url}: {exc}") from exc
             raise
+
+    def _fit_limit(self, shard: int) -> None:
+        """Bounded cache: close this process's least recently used shards until they and ``shard`` fit the limit.
+
+        Without this, random access (``ds[i]`` over every shard) would keep shards open that only this
+        process holds and then wait ``wait_timeout`` for room that it alone keeps taken.
+        """
+        assert self._remote is not None
+        limit = self._remote.options.limit
+        if limit is None:
+            return
+        shards = self.manifest.shards
+        held = sum(shards[k].bytes for k in self._readers)
+        while self._readers and held + shards[shard].bytes > limit:
+            oldest = next(iter(self._readers))
+            held -= shards[oldest].bytes
+            self._close_shard(oldest)
 
     def _map_shard(self, shard: int) -> Columns:
         """Map shard ``shard`` and run the cheap checks, once per process.

@@ -330,6 +330,9 @@ class RemoteSet:
             with _locked(lock, timeout=timeout, what=f"shard {shard} ({self.shard_url(shard)})"):
                 if path.is_file():  # another process downloaded it while we waited
                     return True
+                for stale in path.parent.glob(f".{path.name}.*.part"):  # left by a process killed mid-download
+                    with contextlib.suppress(FileNotFoundError):
+                        stale.unlink()  # only the holder of this shard's lock writes its .part file
                 part = self._reserve(shard, urgent)
                 if part is None:
                     return False
@@ -350,7 +353,14 @@ class RemoteSet:
         info, url = self.manifest.shards[shard], self.shard_url(shard)
         found = ""
         for _ in range(2):
-            self._call(f"downloading shard {shard}", info.file, lambda fs, p: fs.get_file(p, str(part)))
+            try:
+                self._call(f"downloading shard {shard}", info.file, lambda fs, p: fs.get_file(p, str(part)))
+            except FileNotFoundError:
+                self._check_stamp(shard, url)
+                raise CorruptShardError(
+                    f"shard {shard} ({url}) is missing from storage though the manifest names it: run "
+                    f"`shardload verify {self.url}`, and upload the set again (prepare -o URL)."
+                ) from None
             size = part.stat().st_size
             found = file_checksum(part) if size == info.bytes else f"{size} bytes"
             if found == info.checksum:
@@ -358,17 +368,25 @@ class RemoteSet:
                 with open(self.mirror / ".downloads", "a") as log:
                     log.write(f"{shard} {os.getpid()} {info.bytes}\n")
                 return
-        if self._stamp() != self.stamp:
-            raise ShardSetChangedError(
-                f"{self.url} was re-prepared since it was opened: shard {shard} ({url}) no longer matches the "
-                "manifest this job read. Restart the job once prepare has finished."
-            )
+        self._check_stamp(shard, url)
         want = info.checksum if found.startswith("sha256:") else f"{info.bytes} bytes"
         raise CorruptShardError(
             f"shard {shard} ({url}) does not match the manifest, twice: it is {found}, the manifest says {want}. "
             f"The object in storage is damaged or was replaced: run `shardload verify {self.url}`, and upload "
             "the set again (prepare -o URL)."
         )
+
+    def _check_stamp(self, shard: int, url: str) -> None:
+        """Raise :class:`ShardSetChangedError` if the remote manifest changed since this set was opened."""
+        try:
+            changed = self._stamp() != self.stamp
+        except ManifestError:  # the manifest itself is gone: a prepare is rewriting the set
+            changed = True
+        if changed:
+            raise ShardSetChangedError(
+                f"{self.url} was re-prepared since it was opened: shard {shard} ({url}) no longer matches the "
+                "manifest this job read. Restart the job once prepare has finished."
+            )
 
     # -- room in a bounded cache -------------------------------------------------------------------------
     def _reserve(self, shard: int, urgent: bool) -> Path | None:

@@ -8,7 +8,8 @@ its causes (fsspec backends wrap botocore and aiohttp errors in ``OSError``);
 :func:`with_retries` retries the first kind with exponential backoff and full
 jitter and, once the tries are spent, raises
 :class:`~shardload.errors.RemoteError` naming the URL, the tries and the last
-error. The second kind is raised at once, as it is.
+error. The second kind is raised at once: a refused or missing credential as
+:class:`~shardload.errors.RemoteAccessError` naming the URL, anything else as it is.
 
 Every remote call of shardload (manifest, lengths index, shard downloads,
 uploads of ``prepare -o s3://...``) goes through :func:`with_retries`.
@@ -24,9 +25,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from shardload.errors import RemoteError
+from shardload.errors import RemoteAccessError, RemoteError
 
-__all__ = ["RetryPolicy", "is_transient", "with_retries"]
+__all__ = ["RetryPolicy", "is_refused", "is_transient", "with_retries"]
 
 T = TypeVar("T")
 
@@ -178,6 +179,40 @@ def describe(exc: BaseException) -> str:
     return text
 
 
+#: HTTP statuses and service error codes of a refused or missing credential
+REFUSED_STATUSES = frozenset({401, 403})
+REFUSED_CODES = frozenset(
+    {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "AllAccessDisabled"}
+)
+#: class names (botocore, google-auth, azure-core) of a client that found no usable credentials
+_REFUSED_NAMES = frozenset(
+    {
+        "NoCredentialsError",
+        "PartialCredentialsError",
+        "CredentialRetrievalError",
+        "DefaultCredentialsError",
+        "ClientAuthenticationError",
+    }
+)
+
+
+def is_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it wraps) is a refused or missing credential.
+
+    A local ``PermissionError`` (one naming a file: the cache directory is not writable) is not one.
+
+    >>> is_refused(PermissionError("Forbidden")), is_refused(FileNotFoundError("s3://b/x"))
+    (True, False)
+    """
+    for e in _chain(exc):
+        if type(e).__name__ in _REFUSED_NAMES or (isinstance(e, PermissionError) and e.filename is None):
+            return True
+        status, code = _status(e)
+        if status in REFUSED_STATUSES or code in REFUSED_CODES:
+            return True
+    return False
+
+
 def with_retries(
     call: Callable[[], T],
     *,
@@ -198,7 +233,8 @@ def with_retries(
 
     Raises:
         RemoteError: every try failed with a transient error; names ``url``, the tries and the last error.
-        Exception: the first non-transient error, as it is (a missing object, a refused credential).
+        RemoteAccessError: the credentials were refused or missing; names ``url``.
+        Exception: the first other non-transient error, as it is (a missing object, a bad request).
     """
     policy = policy or RetryPolicy()
     delays = policy.delays(rng)
@@ -208,6 +244,13 @@ def with_retries(
         try:
             return call()
         except Exception as exc:
+            if is_refused(exc):
+                raise RemoteAccessError(
+                    f"{what} ({url}) was refused: {type(exc).__name__}: {exc}. Check the credentials (for S3: "
+                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile or an instance role; or "
+                    "storage_options) and that they may read (for prepare: write) this bucket and prefix.",
+                    url,
+                ) from exc
             if not is_transient(exc):
                 raise
             delay = next(delays, None)
