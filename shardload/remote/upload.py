@@ -81,11 +81,7 @@ class RemoteObject:
 
 
 def _hint(exc: BaseException) -> str:
-    if isinstance(exc, PermissionError) or type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
-        return (
-            "the store refused the credentials: check them (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile, "
-            "or storage_options=), the endpoint (AWS_ENDPOINT_URL) and that they may write under this prefix"
-        )
+    # refused credentials never get here: with_retries raises RemoteAccessError for them (exit 4 as well)
     if isinstance(exc, FileNotFoundError):
         return "the bucket (or container) does not exist: check its name and the endpoint (AWS_ENDPOINT_URL)"
     return "check the URL, the credentials and the endpoint"

@@ -15,7 +15,7 @@ import pytest
 
 import shardload
 from shardload.cli import main
-from shardload.errors import OutputError, OutputExistsError, RemoteError
+from shardload.errors import OutputError, OutputExistsError, RemoteAccessError, RemoteError
 from shardload.manifest import MANIFEST_NAME
 from shardload.remote import RetryPolicy, open_filesystem
 from shardload.remote.upload import is_owned
@@ -217,7 +217,9 @@ def test_refused_credentials_or_missing_bucket_is_a_clear_output_error(
 ) -> None:
     options = {**s3.storage_options, "secret": "wrong"} if fault == "credentials" else s3.storage_options
     url = f"s3://bucket/upload/{tmp_path.name}/set" if fault == "credentials" else "s3://no-such-bucket/set"
-    with pytest.raises(OutputError, match=fault) as info:
+    # both exit 4: refused credentials are RemoteAccessError (a PermissionError), a missing bucket an OutputError
+    expected = RemoteAccessError if fault == "credentials" else OutputError
+    with pytest.raises(expected, match="refused" if fault == "credentials" else fault) as info:
         shardload.prepare(src, url, storage_options=options, staging=tmp_path / "stage", progress=False)
     assert url in str(info.value) and not isinstance(info.value, RemoteError)
     assert not (tmp_path / "stage").exists()  # refused before anything was staged
