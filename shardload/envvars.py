@@ -64,7 +64,9 @@ def env_int(
     if value is None or not minimum <= value <= maximum:
         which = {0: "a non-negative", 1: "a positive"}.get(minimum, f"an at least {minimum}")
         kind = "size (e.g. 1GiB, 500MB or a number of bytes)" if size else "integer"
+        # the default as the example, unless it is a sentinel outside the range (0: no limit)
+        example = str(default) if minimum <= default <= maximum else ("100GiB" if size else str(minimum))
         raise error(
-            f"{name}={text!r} is not {which} {kind} of at most {maximum:,}; unset it or set e.g. {name}={default}"
+            f"{name}={text!r} is not {which} {kind} of at most {maximum:,}; unset it or set e.g. {name}={example}"
         )
     return value

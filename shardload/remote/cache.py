@@ -376,16 +376,31 @@ class RemoteSet:
             "the set again (prepare -o URL)."
         )
 
+    def _changed(self) -> bool:
+        """One HEAD of ``manifest.json``: whether it is no longer the one this set was opened from."""
+        try:
+            return self._stamp() != self.stamp
+        except ManifestError:  # the manifest itself is gone: a prepare is rewriting the set
+            return True
+
     def _check_stamp(self, shard: int, url: str) -> None:
         """Raise :class:`ShardSetChangedError` if the remote manifest changed since this set was opened."""
-        try:
-            changed = self._stamp() != self.stamp
-        except ManifestError:  # the manifest itself is gone: a prepare is rewriting the set
-            changed = True
-        if changed:
+        if self._changed():
             raise ShardSetChangedError(
                 f"{self.url} was re-prepared since it was opened: shard {shard} ({url}) no longer matches the "
                 "manifest this job read. Restart the job once prepare has finished."
+            )
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`ShardSetChangedError` if the set was re-prepared since it was opened (one HEAD).
+
+        The loader calls it at the start of every pass over a remote set: a job whose shards are all
+        cached already would otherwise read the old set's copies without a word.
+        """
+        if self._changed():
+            raise ShardSetChangedError(
+                f"{self.url} was re-prepared since this job opened it (its manifest.json changed on the server); "
+                "the cached shards are the old set's. Restart the job once prepare has finished."
             )
 
     # -- room in a bounded cache -------------------------------------------------------------------------

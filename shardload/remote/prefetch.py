@@ -224,6 +224,7 @@ def read_orders(read: ShardSet | MixedSets, plan: RankPlan, workers: int) -> Rea
     """What this rank's ``plan`` reads of each remote set ``read`` holds (nothing for local sets).
 
     Raises:
+        ShardSetChangedError: a remote set was re-prepared since it was opened.
         PlanError: a cache limit below what one step of the node needs (:func:`check_step_fits`).
     """
     from shardload.mixture import MixedSets
@@ -233,5 +234,7 @@ def read_orders(read: ShardSet | MixedSets, plan: RankPlan, workers: int) -> Rea
     remotes = [(s.remote, int(f), len(s.shards)) for s, f in zip(sets, firsts) if s.remote is not None]
     if not remotes:
         return []
+    for remote, _, _ in remotes:  # one HEAD each: a re-prepared set is noticed even when every shard is cached
+        remote.check_unchanged()
     sequence, starts = read_order(plan.sample_ids, plan.batch_offsets, read.index)
     return split_order(remotes, sequence, starts, max(1, workers) * local_ranks())

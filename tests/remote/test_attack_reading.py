@@ -94,3 +94,13 @@ def test_download_killed_midway_leaves_no_part_file(tmp_path: Path, s3: S3Server
     left.write_bytes(b"half a shard")  # what a download killed midway leaves (no cache limit: no scan)
     assert len(ds[0]["tokens"]) > 0
     assert shard.is_file() and not left.exists()
+
+
+def test_a_zero_cache_limit_in_the_environment_suggests_a_valid_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardload.errors import ShardSetError
+    from shardload.remote.options import ENV_CACHE_LIMIT, RemoteOptions
+
+    monkeypatch.setenv(ENV_CACHE_LIMIT, "0")
+    with pytest.raises(ShardSetError, match=f"{ENV_CACHE_LIMIT}='0' is not a positive size") as info:
+        RemoteOptions().limit()
+    assert f"set e.g. {ENV_CACHE_LIMIT}=100GiB" in str(info.value)  # never the refused value itself

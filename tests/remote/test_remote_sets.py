@@ -190,6 +190,22 @@ def test_reprepared_remote_set_is_noticed(http_root: tuple[Path, str], tmp_path:
         old[0]  # its shards on the server are the new set's now
 
 
+def test_reprepared_between_epochs_is_noticed_with_every_shard_cached(
+    http_root: tuple[Path, str], tmp_path: Path
+) -> None:
+    root, base = http_root
+    first, second = make_set(tmp_path, "a", n=120, seed=1), make_set(tmp_path, "b", n=90, seed=2)
+    shutil.copytree(first, root / "set")
+    remote = RemoteOptions(cache_dir=tmp_path / "cache")
+    loader = shardload.make_loader(f"{base}/set", batch_size=8, rank=0, world_size=1, num_workers=0, remote=remote)
+    assert sum(len(b["sample_id"]) for b in loader) == 120  # every shard is now in the cache
+    shutil.rmtree(root / "set")
+    shutil.copytree(second, root / "set")  # re-prepared in place on the server
+    loader.set_epoch(1)
+    with pytest.raises(ShardSetChangedError, match="re-prepared since this job opened it"):
+        next(iter(loader))
+
+
 @pytest.mark.slow
 def test_cli_reads_urls_with_settings_from_the_environment(
     s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
