@@ -411,7 +411,7 @@ def test_stopped_after_the_commit_says_the_set_is_complete(
     def stopped(*args: Any) -> Any:
         raise KeyboardInterrupt  # Ctrl-C (or SIGTERM) once the set is committed and the work dir removed
 
-    monkeypatch.setattr(pipeline, "_result", stopped)
+    monkeypatch.setattr(pipeline, "result_of", stopped)
     src = jsonl(tmp_path / "a.jsonl", [{"t": [1, 2]}, {"t": [3]}])
     out = tmp_path / "out"
     # It said "interrupted; rerun ... with --resume" (exit 130), and that resume was refused: the set was complete.
