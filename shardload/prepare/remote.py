@@ -108,6 +108,7 @@ def prepare_to_url(
     url = url.rstrip("/")
     uploader = SetUploader(url, storage_options=storage_options, policy=retry, progress=options.progress)
     root = staging_dir(url, staging)
+    _refuse_foreign_staging(root)
     local = root / _SET
     # a run into this URL was staged (whole or in part): --resume finishes it, even over an old set that an
     # interrupted --overwrite had not yet replaced
@@ -152,6 +153,29 @@ def _make_dir(root: Path, url: str) -> None:
             f"{root}: cannot create the staging directory of {url} ({exc.strerror or exc}); pass --staging DIR "
             "(staging=) on a disk with room for the whole set"
         ) from None
+
+
+def _refuse_foreign_staging(root: Path) -> None:
+    """Refuse a staging directory that holds files of someone else's: the run would overwrite and then remove them.
+
+    A staging directory is empty, new, or holds what a run put there (``set/``, ``run.json``, ``uploaded.log``,
+    ``.upload.lock``, with a ``run.json`` of a run). ``--staging .`` or ``--staging data/`` is refused.
+
+    Raises:
+        OutputError: naming the directory and the files that are not a staging's.
+    """
+    try:
+        names = sorted(p.name for p in root.iterdir())
+    except OSError:
+        return  # missing (created later) or not a directory (refused when created)
+    foreign = [n for n in names if n not in (_SET, _RUN, _RECORD, _LOCK)]
+    if not foreign and (_RUN in names or _SET not in names) and (_RUN not in names or _staged_url(root) is not None):
+        return
+    raise OutputError(
+        f"{root}: the staging directory holds files that a prepare into a URL did not make "
+        f"({', '.join((foreign or names)[:5])}); the run writes set/, run.json and uploaded.log there and removes "
+        "them once uploaded: pass an empty or new directory as --staging (staging=)"
+    )
 
 
 def _staged_url(root: Path) -> str | None:

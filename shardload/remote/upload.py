@@ -49,12 +49,14 @@ from shardload.progress import Progress
 from shardload.remote.retry import RetryPolicy, with_retries
 from shardload.remote.url import join_url, open_filesystem
 
-__all__ = ["RemoteObject", "SetUploader", "UploadRecord", "is_owned"]
+__all__ = ["AT_URL", "RemoteObject", "SetUploader", "UploadRecord", "is_owned"]
 
 logger = logging.getLogger("shardload.prepare")
 
 T = TypeVar("T")
 
+#: the name :meth:`SetUploader.listing` gives an object named as the set's URL itself (not under it)
+AT_URL = ""
 #: uploads in flight at once
 UPLOAD_THREADS = 4
 _MD5 = re.compile(r"^[0-9a-f]{32}$")
@@ -128,7 +130,10 @@ class SetUploader:
             raise OutputError(f"{url}: {what} failed ({type(exc).__name__}: {exc}); {_hint(exc)}") from exc
 
     def listing(self) -> dict[str, RemoteObject]:
-        """Every object under the set's URL, by name relative to it (``shards/shard-000000.arrow``)."""
+        """Every object under the set's URL, by name relative to it (``shards/shard-000000.arrow``).
+
+        An object named as the URL itself is listed as :data:`AT_URL`.
+        """
 
         def find() -> dict[str, Any]:
             self.fs.invalidate_cache(self.path)
@@ -138,10 +143,12 @@ class SetUploader:
         out = {}
         prefix = self.path + "/"
         for key, info in found.items():
-            if not key.startswith(prefix) or info.get("type", "file") != "file":
+            if not (key.startswith(prefix) or key.rstrip("/") == self.path) or info.get("type", "file") != "file":
                 continue
             etag = str(info.get("ETag") or info.get("etag") or "").strip('"').lower()
-            out[key[len(prefix) :]] = RemoteObject(int(info.get("size") or 0), etag if _MD5.match(etag) else None)
+            out[key[len(prefix) :] if key.startswith(prefix) else AT_URL] = RemoteObject(
+                int(info.get("size") or 0), etag if _MD5.match(etag) else None
+            )
         return out
 
     def read_manifest(self) -> bytes:
@@ -183,6 +190,12 @@ class SetUploader:
         Raises:
             OutputExistsError: naming the URL and the option that goes on.
         """
+        if AT_URL in objects:
+            raise OutputExistsError(
+                f"{self.url} is an object itself ({objects[AT_URL].size:,} bytes), not a prefix: a shard set is "
+                "the objects under a prefix, and some stores cannot put objects under an object's name. Choose "
+                "another URL (or delete that object)."
+            )
         if MANIFEST_NAME in objects:
             if not (overwrite or resume):
                 raise OutputExistsError(
