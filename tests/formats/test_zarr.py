@@ -352,8 +352,11 @@ def test_a_batch_of_neighbours_decodes_each_chunk_once(tmp_path: Path, private_c
     batch = fetch()
     # Invariant: each chunk the batch touches is decompressed once, however many samples share it
     assert private_cache.loads == touched
+    hits = private_cache.hits
     fetch()
-    assert private_cache.loads == touched and private_cache.hits >= 2 * len(rows)
+    # the second time every chunk comes from the cache, looked up about once per chunk, not once per sample
+    lookups = private_cache.hits - hits
+    assert private_cache.loads == touched and touched <= lookups < len(rows) * len(ss.schema.fields)
     for j, i in enumerate(rows):
         n = len(samples[i]["tokens"])
         np.testing.assert_array_equal(batch["tokens"][j, :n], samples[i]["tokens"])

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from shardload.errors import CorruptShardError
 from shardload.formats.base import Columns, FieldData, ShardReader
@@ -460,6 +461,44 @@ class ZarrValues:
         reader = self.reader
         cache = reader.cache if reader.cache is not None else chunk_cache()
         return cache.get((reader._identity, self.key, c), lambda: self.decode_chunk(c))
+
+    def slice_sources(
+        self, starts: NDArray[np.int64], stops: NDArray[np.int64]
+    ) -> tuple[list[np.ndarray], list[int], list[int]]:
+        """Where the collate copies rows ``starts[i]:stops[i]`` from, for a whole batch at once.
+
+        Returns ``(sources, los, his)``: rows ``starts[i]:stops[i]`` of this
+        array are ``sources[i][los[i]:his[i]]``. A slice within one chunk
+        (nearly every sample) points into that cached chunk, with each chunk
+        the batch touches looked up once; a slice across chunks is its own
+        joined array; an empty slice is an empty array. The collate then copies
+        each sample with one slice assignment, as from an Arrow buffer (see
+        :func:`shardload.collate.copy_slices`).
+        """
+        cr = self.chunk_rows
+        first = starts // cr
+        inside = (first == (stops - 1) // cr) & (stops > starts)
+        wanted = np.unique(first[inside]).tolist()
+        chunks = self._chunks(wanted)
+        los = (starts - first * cr).tolist()
+        his = (stops - first * cr).tolist()
+        sources: list[np.ndarray] = []
+        if wanted:  # a sample outside ``inside`` gets any chunk here, replaced below
+            at = np.minimum(np.searchsorted(wanted, first), len(wanted) - 1)
+            sources = [chunks[i] for i in at.tolist()]
+        for i in np.flatnonzero(~inside).tolist():  # across chunks, or empty: rare
+            part = self._rows(int(starts[i]), int(stops[i]))
+            if not sources:
+                sources = [part] * len(los)
+            sources[i], los[i], his[i] = part, 0, len(part)
+        return sources, los, his
+
+    def _chunks(self, cs: list[int]) -> list[np.ndarray]:
+        """Chunks ``cs``, each through the cache, the cached ones in one lookup."""
+        reader = self.reader
+        cache = reader.cache if reader.cache is not None else chunk_cache()
+        keys = [(reader._identity, self.key, c) for c in cs]
+        return cache.get_many(keys, lambda i: self.decode_chunk(cs[i]))
 
     def _rows(self, start: int, stop: int) -> np.ndarray:
         if stop <= start:
