@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 import zipfile
+import zlib
 from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,8 @@ from shardload.identity import IDENTITY_KEY
 from shardload.messages import one_line
 from shardload.schema import Field, Schema
 
+#: a zip local file header: signature, versions, flags, method, time, date, CRC, sizes, name and extra lengths
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 _HINT = "Run `shardload verify` on the shard set and re-run prepare for it."
 
 
@@ -312,6 +316,7 @@ class _ChunkDecoder:
         self.nbytes = math.prod(chunks) * dtype.itemsize
         self.decompress = decompress  # None: stored raw
         self.compressor = compressor
+        self._data_at: dict[str, int] = {}  # member name -> offset of its data in the zip file
 
     @classmethod
     def for_array(cls, arr: Any) -> _ChunkDecoder | None:
@@ -341,6 +346,35 @@ class _ChunkDecoder:
         chunks = tuple(int(c) for c in arr.chunks)
         return cls(f"{path}/c/", chunks, np.dtype(arr.dtype).newbyteorder("<"), decompress, names[0] if names else "")
 
+    def _read(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+        """The stored bytes of member ``info``, its CRC-32 checked.
+
+        A member stored uncompressed (what zarr's ``ZipStore`` writes) is read
+        with one ``pread`` at its data offset, found once from its local header
+        (whose name must be the member's); zipfile's own read costs about as
+        much again per chunk. Anything else goes through ``zf.read``.
+        """
+        fp = zf.fp
+        if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1 or fp is None:
+            return zf.read(info)  # checks the member's CRC-32
+        fd = fp.fileno()
+        at = self._data_at.get(info.filename)
+        if at is None:
+            head = os.pread(fd, _LOCAL_HEADER.size, info.header_offset)
+            if len(head) != _LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
+                raise ValueError(f"member {info.filename!r} has no local header at offset {info.header_offset}")
+            name_len, extra_len = _LOCAL_HEADER.unpack(head)[-2:]
+            at = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+            if os.pread(fd, name_len, at - name_len - extra_len) != info.orig_filename.encode(
+                "utf-8" if info.flag_bits & 0x800 else "cp437"
+            ):
+                raise ValueError(f"the local header of member {info.filename!r} names another file")
+            self._data_at[info.filename] = at
+        raw = os.pread(fd, info.file_size, at)
+        if len(raw) != info.file_size or zlib.crc32(raw) != info.CRC:
+            raise ValueError(f"member {info.filename!r} is short or fails its CRC-32 check")
+        return raw
+
     def decode(self, zf: zipfile.ZipFile, c: int) -> np.ndarray:
         member = f"{self.prefix}{c}{self.suffix}"
         try:
@@ -351,7 +385,7 @@ class _ChunkDecoder:
             check_stored_size(info.file_size, self.compressor, self.nbytes)
         except BoundsError as exc:
             raise ValueError(str(exc)) from None
-        raw = zf.read(info)  # checks the member's CRC-32
+        raw = self._read(zf, info)
         # The frame's declared size must be the chunk's, and it is decoded into exactly that much memory,
         # so a frame that claims (or holds) more fails instead of allocating it.
         try:
