@@ -350,27 +350,35 @@ class _ChunkDecoder:
         """The stored bytes of member ``info``, its CRC-32 checked.
 
         A member stored uncompressed (what zarr's ``ZipStore`` writes) is read
-        with one ``pread`` at its data offset, found once from its local header
-        (whose name must be the member's); zipfile's own read costs about as
-        much again per chunk. Anything else goes through ``zf.read``.
+        with one ``pread``: the first time together with its local header (whose
+        name must be the member's, and which gives the data offset kept for
+        later reads). zipfile's own read costs about as much again per chunk.
+        Anything else goes through ``zf.read``.
         """
         fp = zf.fp
         if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1 or fp is None:
             return zf.read(info)  # checks the member's CRC-32
         fd = fp.fileno()
         at = self._data_at.get(info.filename)
-        if at is None:
-            head = os.pread(fd, _LOCAL_HEADER.size, info.header_offset)
+        if at is None:  # first read of this member: its local header and data in one pread, if the guess holds
+            name = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
+            skip = _LOCAL_HEADER.size + len(name) + len(info.extra)  # zipfile writes the same extra in both
+            blob = os.pread(fd, skip + info.file_size, info.header_offset)
+            head = blob[: _LOCAL_HEADER.size]
             if len(head) != _LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
                 raise ValueError(f"member {info.filename!r} has no local header at offset {info.header_offset}")
             name_len, extra_len = _LOCAL_HEADER.unpack(head)[-2:]
-            at = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
-            if os.pread(fd, name_len, at - name_len - extra_len) != info.orig_filename.encode(
-                "utf-8" if info.flag_bits & 0x800 else "cp437"
-            ):
+            if blob[_LOCAL_HEADER.size : _LOCAL_HEADER.size + name_len] != name:
                 raise ValueError(f"the local header of member {info.filename!r} names another file")
+            at = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
             self._data_at[info.filename] = at
-        raw = os.pread(fd, info.file_size, at)
+            if name_len + extra_len == skip - _LOCAL_HEADER.size:
+                return self._checked(info, blob[skip:])
+        return self._checked(info, os.pread(fd, info.file_size, at))
+
+    @staticmethod
+    def _checked(info: zipfile.ZipInfo, raw: bytes) -> bytes:
+        """``raw`` if it is member ``info``'s whole data with its CRC-32, else ValueError."""
         if len(raw) != info.file_size or zlib.crc32(raw) != info.CRC:
             raise ValueError(f"member {info.filename!r} is short or fails its CRC-32 check")
         return raw
