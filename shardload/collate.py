@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import pairwise
-from typing import Any
+from itertools import pairwise, repeat
+from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -35,6 +35,7 @@ from numpy.typing import NDArray
 from shardload.cast import CastError, cast_exact
 from shardload.errors import PlanError
 from shardload.formats import Columns
+from shardload.formats.base import ChunkedValues
 from shardload.plan.options import padded_length
 from shardload.schema import SAMPLE_ID_KEY, WEIGHT_KEY, Schema, lengths_key
 from shardload.text import decode_text
@@ -422,12 +423,17 @@ def copy_slices(
     for s, pos in groups:
         values = cols[s].fields[name].values
         sel: slice | NDArray[np.int64] = slice(None) if pos is None else pos
-        los, his, dsts = src[0][sel].tolist(), src[1][sel].tolist(), dst[sel].tolist()
+        sources: Iterable[np.ndarray]
+        if isinstance(values, np.ndarray):  # one buffer (Arrow)
+            sources, los, his = repeat(values), src[0][sel].tolist(), src[1][sel].tolist()
+        else:  # chunked values (Zarr): each chunk the group touches looked up once
+            sources, los, his = cast(ChunkedValues, values).slice_sources(src[0][sel], src[1][sel])
+        dsts = dst[sel].tolist()
         if pad_to is None:
-            for st, en, lo in zip(los, his, dsts):
+            for values, st, en, lo in zip(sources, los, his, dsts):
                 flat[lo : lo + en - st] = values[st:en]
             continue
-        for st, en, lo, end in zip(los, his, dsts, pad_to[sel].tolist()):
+        for values, st, en, lo, end in zip(sources, los, his, dsts, pad_to[sel].tolist()):
             hi = lo + en - st
             flat[lo:hi] = values[st:en]
             if hi < end:

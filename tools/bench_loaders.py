@@ -438,6 +438,11 @@ def import_contestant(name: str) -> None:
 
     if name.startswith("shardload"):
         import shardload.loader  # noqa: F401
+
+        if name.startswith("shardload-zarr"):  # the reader imports zarr when it opens the first shard
+            from shardload.formats.zarr.codecs import require_zarr
+
+            require_zarr()
     elif name == "streaming":
         import_streaming()
     elif name in MODULES:

@@ -22,13 +22,30 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 from shardload.identity import ShardIdentity
 from shardload.plan.ranges import offsets_from_lengths, range_positions
 from shardload.schema import Field, Schema
+
+
+class ChunkedValues(Protocol):
+    """The ``values`` of a field a reader gives lazily (not as one ndarray), e.g. Zarr's decoded-on-demand chunks.
+
+    Besides ndarray-style indexing, such values tell the collate where a whole
+    batch's rows are, so each chunk the batch touches is looked up once and each
+    sample is then copied with one slice assignment
+    (:func:`shardload.collate.copy_slices`).
+    """
+
+    def slice_sources(
+        self, starts: NDArray[np.int64], stops: NDArray[np.int64]
+    ) -> tuple[Sequence[np.ndarray], list[int], list[int]]:
+        """``(sources, los, his)``: rows ``starts[i]:stops[i]`` are ``sources[i][los[i]:his[i]]``."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -76,6 +77,23 @@ class ChunkCache:
                 _, old = self._chunks.popitem(last=False)
                 self.nbytes -= old.nbytes
         return chunk
+
+    def get_many(self, keys: Sequence[Hashable], load: Callable[[int], np.ndarray]) -> list[np.ndarray]:
+        """The chunks under ``keys``, in order; ``load(i)`` decodes ``keys[i]`` when it is not cached.
+
+        One lock taken for all the cached ones (a batch's gather asks for every
+        chunk it touches at once); the missing ones go through :meth:`get`.
+        """
+        with self._lock:
+            found = [self._chunks.get(key) for key in keys]
+            for key, chunk in zip(keys, found):
+                if chunk is not None:
+                    self._chunks.move_to_end(key)
+            self.hits += sum(chunk is not None for chunk in found)
+        return [
+            self.get(key, partial(load, i)) if chunk is None else chunk
+            for i, (key, chunk) in enumerate(zip(keys, found))
+        ]
 
     def resize(self, max_bytes: int) -> None:
         """Change the bound, evicting chunks until the cache fits."""

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 import zipfile
+import zlib
 from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from shardload.errors import CorruptShardError
 from shardload.formats.base import Columns, FieldData, ShardReader
@@ -38,6 +41,8 @@ from shardload.identity import IDENTITY_KEY
 from shardload.messages import one_line
 from shardload.schema import Field, Schema
 
+#: a zip local file header: signature, versions, flags, method, time, date, CRC, sizes, name and extra lengths
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 _HINT = "Run `shardload verify` on the shard set and re-run prepare for it."
 
 
@@ -311,6 +316,7 @@ class _ChunkDecoder:
         self.nbytes = math.prod(chunks) * dtype.itemsize
         self.decompress = decompress  # None: stored raw
         self.compressor = compressor
+        self._data_at: dict[str, int] = {}  # member name -> offset of its data in the zip file
 
     @classmethod
     def for_array(cls, arr: Any) -> _ChunkDecoder | None:
@@ -340,6 +346,43 @@ class _ChunkDecoder:
         chunks = tuple(int(c) for c in arr.chunks)
         return cls(f"{path}/c/", chunks, np.dtype(arr.dtype).newbyteorder("<"), decompress, names[0] if names else "")
 
+    def _read(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+        """The stored bytes of member ``info``, its CRC-32 checked.
+
+        A member stored uncompressed (what zarr's ``ZipStore`` writes) is read
+        with one ``pread``: the first time together with its local header (whose
+        name must be the member's, and which gives the data offset kept for
+        later reads). zipfile's own read costs about as much again per chunk.
+        Anything else goes through ``zf.read``.
+        """
+        fp = zf.fp
+        if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1 or fp is None:
+            return zf.read(info)  # checks the member's CRC-32
+        fd = fp.fileno()
+        at = self._data_at.get(info.filename)
+        if at is None:  # first read of this member: its local header and data in one pread, if the guess holds
+            name = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
+            skip = _LOCAL_HEADER.size + len(name) + len(info.extra)  # zipfile writes the same extra in both
+            blob = os.pread(fd, skip + info.file_size, info.header_offset)
+            head = blob[: _LOCAL_HEADER.size]
+            if len(head) != _LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
+                raise ValueError(f"member {info.filename!r} has no local header at offset {info.header_offset}")
+            name_len, extra_len = _LOCAL_HEADER.unpack(head)[-2:]
+            if blob[_LOCAL_HEADER.size : _LOCAL_HEADER.size + name_len] != name:
+                raise ValueError(f"the local header of member {info.filename!r} names another file")
+            at = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+            self._data_at[info.filename] = at
+            if name_len + extra_len == skip - _LOCAL_HEADER.size:
+                return self._checked(info, blob[skip:])
+        return self._checked(info, os.pread(fd, info.file_size, at))
+
+    @staticmethod
+    def _checked(info: zipfile.ZipInfo, raw: bytes) -> bytes:
+        """``raw`` if it is member ``info``'s whole data with its CRC-32, else ValueError."""
+        if len(raw) != info.file_size or zlib.crc32(raw) != info.CRC:
+            raise ValueError(f"member {info.filename!r} is short or fails its CRC-32 check")
+        return raw
+
     def decode(self, zf: zipfile.ZipFile, c: int) -> np.ndarray:
         member = f"{self.prefix}{c}{self.suffix}"
         try:
@@ -350,7 +393,7 @@ class _ChunkDecoder:
             check_stored_size(info.file_size, self.compressor, self.nbytes)
         except BoundsError as exc:
             raise ValueError(str(exc)) from None
-        raw = zf.read(info)  # checks the member's CRC-32
+        raw = self._read(zf, info)
         # The frame's declared size must be the chunk's, and it is decoded into exactly that much memory,
         # so a frame that claims (or holds) more fails instead of allocating it.
         try:
@@ -460,6 +503,44 @@ class ZarrValues:
         reader = self.reader
         cache = reader.cache if reader.cache is not None else chunk_cache()
         return cache.get((reader._identity, self.key, c), lambda: self.decode_chunk(c))
+
+    def slice_sources(
+        self, starts: NDArray[np.int64], stops: NDArray[np.int64]
+    ) -> tuple[list[np.ndarray], list[int], list[int]]:
+        """Where the collate copies rows ``starts[i]:stops[i]`` from, for a whole batch at once.
+
+        Returns ``(sources, los, his)``: rows ``starts[i]:stops[i]`` of this
+        array are ``sources[i][los[i]:his[i]]``. A slice within one chunk
+        (nearly every sample) points into that cached chunk, with each chunk
+        the batch touches looked up once; a slice across chunks is its own
+        joined array; an empty slice is an empty array. The collate then copies
+        each sample with one slice assignment, as from an Arrow buffer (see
+        :func:`shardload.collate.copy_slices`).
+        """
+        cr = self.chunk_rows
+        first = starts // cr
+        inside = (first == (stops - 1) // cr) & (stops > starts)
+        wanted = np.unique(first[inside]).tolist()
+        chunks = self._chunks(wanted)
+        los = (starts - first * cr).tolist()
+        his = (stops - first * cr).tolist()
+        sources: list[np.ndarray] = []
+        if wanted:  # a sample outside ``inside`` gets any chunk here, replaced below
+            at = np.minimum(np.searchsorted(wanted, first), len(wanted) - 1)
+            sources = [chunks[i] for i in at.tolist()]
+        for i in np.flatnonzero(~inside).tolist():  # across chunks, or empty: rare
+            part = self._rows(int(starts[i]), int(stops[i]))
+            if not sources:
+                sources = [part] * len(los)
+            sources[i], los[i], his[i] = part, 0, len(part)
+        return sources, los, his
+
+    def _chunks(self, cs: list[int]) -> list[np.ndarray]:
+        """Chunks ``cs``, each through the cache, the cached ones in one lookup."""
+        reader = self.reader
+        cache = reader.cache if reader.cache is not None else chunk_cache()
+        keys = [(reader._identity, self.key, c) for c in cs]
+        return cache.get_many(keys, lambda i: self.decode_chunk(cs[i]))
 
     def _rows(self, start: int, stop: int) -> np.ndarray:
         if stop <= start:
