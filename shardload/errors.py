@@ -18,7 +18,7 @@ caller can catch them all with one clause, or one branch of the tree::
      |    +-- MixtureError                a mixture's weights, sources or fields do not fit together
      +-- WorkerError (RuntimeError)       a DataLoader worker died or sent no batch within the timeout
      +-- RemoteError (OSError)            object storage kept failing after every retry; names the URL
-     +-- RemoteAccessError (PermissionError)  object storage refused the credentials, or found none
+     |    +-- RemoteAccessError (PermissionError)  it refused the credentials, or there were none (not retried)
      +-- MissingDependencyError (ImportError)  an optional package a format needs (zarr) is not installed
 
 A name in parentheses is a second, built-in base class: ``except ValueError``
@@ -142,19 +142,17 @@ class RemoteError(ShardloadError, OSError):
         self.url = url
 
 
-class RemoteAccessError(ShardloadError, PermissionError):
+class RemoteAccessError(RemoteError, PermissionError):
     """Object storage refused the request's credentials, or there were none to send.
 
     Not retried (waiting does not help); the message names the URL and where
-    credentials come from. The command line exits with status 4.
+    credentials come from. A :class:`RemoteError` (``except RemoteError``
+    catches every storage failure; the command line exits with status 8) and a
+    ``PermissionError``.
 
     Attributes:
         url: the object (or prefix) that was refused.
     """
-
-    def __init__(self, message: str, url: str = "") -> None:
-        super().__init__(message)
-        self.url = url
 
 
 class MissingDependencyError(ShardloadError, ImportError):

@@ -44,7 +44,6 @@ from shardload.errors import (
     MissingDependencyError,
     OutputError,
     PlanError,
-    RemoteAccessError,
     RemoteError,
     ShardloadError,
     ShardSetError,
@@ -68,7 +67,6 @@ COMMANDS: tuple[str, ...] = (
 ERROR_CODES: tuple[tuple[type[BaseException], Exit], ...] = (
     (InputError, Exit.INPUT),
     (OutputError, Exit.OUTPUT),
-    (RemoteAccessError, Exit.OUTPUT),
     (ShardSetError, Exit.SHARD_SET),
     (PlanError, Exit.PLAN),
     (WorkerError, Exit.LOADER),

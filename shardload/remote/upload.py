@@ -83,7 +83,7 @@ class RemoteObject:
 
 
 def _hint(exc: BaseException) -> str:
-    # refused credentials never get here: with_retries raises RemoteAccessError for them (exit 4 as well)
+    # refused credentials never get here: with_retries raises RemoteAccessError for them (exit 8)
     if isinstance(exc, FileNotFoundError):
         return "the bucket (or container) does not exist: check its name and the endpoint (AWS_ENDPOINT_URL)"
     return "check the URL, the credentials and the endpoint"

@@ -37,7 +37,7 @@ def test_wrong_secret_names_the_url(tmp_path: Path, s3: S3Server) -> None:
     assert isinstance(info.value, PermissionError)  # callers catching PermissionError still do
 
 
-def test_cli_without_credentials_exits_4_not_internal(tmp_path: Path, s3: S3Server) -> None:
+def test_cli_without_credentials_exits_8_not_internal(tmp_path: Path, s3: S3Server) -> None:
     url, _ = _set(tmp_path, s3, "attack/nocred")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(
@@ -55,7 +55,7 @@ def test_cli_without_credentials_exits_4_not_internal(tmp_path: Path, s3: S3Serv
         text=True,
         timeout=60,
     )
-    assert done.returncode == 4, done.stderr
+    assert done.returncode == 8, done.stderr  # object storage refused: RemoteAccessError, a RemoteError
     assert "was refused" in done.stderr and url in done.stderr and "AWS_ACCESS_KEY_ID" in done.stderr
 
 

@@ -217,11 +217,11 @@ def test_refused_credentials_or_missing_bucket_is_a_clear_output_error(
 ) -> None:
     options = {**s3.storage_options, "secret": "wrong"} if fault == "credentials" else s3.storage_options
     url = f"s3://bucket/upload/{tmp_path.name}/set" if fault == "credentials" else "s3://no-such-bucket/set"
-    # both exit 4: refused credentials are RemoteAccessError (a PermissionError), a missing bucket an OutputError
+    # refused credentials are RemoteAccessError (a RemoteError, exit 8), a missing bucket an OutputError (exit 4)
     expected = RemoteAccessError if fault == "credentials" else OutputError
     with pytest.raises(expected, match="refused" if fault == "credentials" else fault) as info:
         shardload.prepare(src, url, storage_options=options, staging=tmp_path / "stage", progress=False)
-    assert url in str(info.value) and not isinstance(info.value, RemoteError)
+    assert url in str(info.value) and isinstance(info.value, RemoteError) == (fault == "credentials")
     assert not (tmp_path / "stage").exists()  # refused before anything was staged
 
 
