@@ -76,10 +76,9 @@ def check_step_fits(remote: RemoteSet, sequence: NDArray[np.int64], starts: NDAr
     limit = remote.options.limit
     if limit is None or len(starts) < 2:
         return
-    sizes = remote._sizes[sequence]
-    per_batch = np.add.reduceat(sizes, starts[:-1]) if len(sizes) else np.zeros(1, np.int64)
-    per_batch[np.diff(starts) == 0] = 0
-    worst = int(per_batch.max())
+    # bytes of each batch's shards from cumulative sums: a batch that reads none of this set's shards counts 0
+    total = np.concatenate([[0], np.cumsum(remote._sizes[sequence], dtype=np.int64)])
+    worst = int(np.diff(total[starts]).max())
     if worst * readers > limit:
         raise PlanError(
             f"{remote.url}: the cache limit ({limit:,} bytes) is below what one step needs: a batch touches up "

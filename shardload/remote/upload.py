@@ -48,6 +48,7 @@ from shardload.prepare.faults import crash_point
 from shardload.progress import Progress
 from shardload.remote.retry import RetryPolicy, with_retries
 from shardload.remote.url import join_url, open_filesystem
+from shardload.shardtable import SHARD_TABLE_NAME
 
 __all__ = ["AT_URL", "RemoteObject", "SetUploader", "UploadRecord", "is_owned"]
 
@@ -66,9 +67,8 @@ _LENGTHS = re.compile(r"^lengths(\.[^/]+)?\.npy$")
 def is_owned(name: str) -> bool:
     """Whether ``name`` (relative to a set's root) is an object a shard set owns and an overwrite replaces."""
     return (
-        name == MANIFEST_NAME
+        name in (MANIFEST_NAME, SHARD_TABLE_NAME, "origin.npy", ORIGINS_NAME)
         or name.startswith("shards/")
-        or name in ("origin.npy", ORIGINS_NAME)
         or bool(_LENGTHS.match(name))
     )
 

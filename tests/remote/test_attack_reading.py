@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -104,3 +105,27 @@ def test_a_zero_cache_limit_in_the_environment_suggests_a_valid_value(monkeypatc
     with pytest.raises(ShardSetError, match=f"{ENV_CACHE_LIMIT}='0' is not a positive size") as info:
         RemoteOptions().limit()
     assert f"set e.g. {ENV_CACHE_LIMIT}=100GiB" in str(info.value)  # never the refused value itself
+
+
+@pytest.mark.parametrize(
+    ("sequence", "starts", "worst"),
+    [
+        ([0, 1], [0, 2, 2], 30),  # the last batch reads none of this set's shards (a mixture's other source)
+        ([], [0, 0, 0], 0),  # no batch reads this set
+        ([1], [0, 0, 1], 20),  # the first batch reads none
+    ],
+)
+def test_step_size_of_batches_that_read_none_of_the_set(sequence: list[int], starts: list[int], worst: int) -> None:
+    from types import SimpleNamespace
+
+    from shardload.errors import PlanError
+    from shardload.remote.prefetch import check_step_fits
+
+    def remote(limit: int) -> Any:
+        return SimpleNamespace(options=SimpleNamespace(limit=limit), _sizes=np.array([10, 20]), url="s3://b/set")
+
+    seq, st = np.array(sequence, np.int64), np.array(starts, np.int64)
+    check_step_fits(remote(max(worst, 1)), seq, st, readers=1)  # fits exactly
+    if worst:
+        with pytest.raises(PlanError, match=f"up to {worst:,} bytes"):
+            check_step_fits(remote(worst - 1), seq, st, readers=1)
