@@ -541,7 +541,7 @@ class RemoteSet:
                         stale.unlink()
                 continue
             try:
-                seq = np.load(f)
+                seq = np.load(f, allow_pickle=False)  # written by another process of the node: data only
                 pos = min(int(f.with_suffix(".pos").read_text() or 0), len(seq))
             except (OSError, ValueError):
                 continue
