@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,12 @@ import pytest
 
 import shardload
 from shardload.testing import synthetic_samples
+
+# A suite started in the background by a non-interactive shell (`cmd &`, nohup) inherits SIGINT ignored, and
+# every child would too: the tests that press Ctrl-C in a child process need it delivered. A handled signal is
+# reset to its default in an exec'd child, so handling it here gives each child Python its KeyboardInterrupt.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
