@@ -35,10 +35,10 @@ pytestmark = pytest.mark.slow
 
 def finished(res: Outcome) -> dict[str, Any]:
     """The example's ``RESULT`` line, after checking it finished cleanly (no hang, exit 0)."""
-    assert not res.hung, res.output[-3000:]
-    assert res.returncode == 0, res.output[-3000:]
+    assert not res.hung, res.tail()
+    assert res.returncode == 0, res.tail()
     lines = [line for line in res.output.splitlines() if line.startswith("RESULT ")]
-    assert len(lines) == 1, res.output[-3000:]
+    assert len(lines) == 1, res.tail()
     return dict(json.loads(lines[0][len("RESULT ") :]))
 
 
@@ -92,7 +92,7 @@ def test_lightning_ddp_logs_the_exact_validation_loss(tmp_path: Path) -> None:
     assert abs(r["val_loss"] - r["exact_val_loss"]) < 1e-5, r
     # Quiet: the exact-loss recipe (val_loss logged at epoch end) and the default loader options draw no
     # Lightning warning (persistent_workers is advised where workers start by spawn: test_persistent_workers.py)
-    assert not [w for w in NOT_WARNED if w in res.output], res.output[-3000:]
+    assert not [w for w in NOT_WARNED if w in res.output], res.tail()
 
 
 def test_torchrun_plain_two_ranks(tmp_path: Path) -> None:
@@ -134,7 +134,7 @@ def test_torchrun_plain_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     assert finished(first)["steps"] == 4 and (tmp_path / "ckpt.rank0.pt").exists()
     second = run_with_watchdog(python(*args, "--max-steps", "7"), timeout=180)
     assert finished(second)["steps"] == 7
-    assert re.search(r"resumed at epoch \d+, step 4", second.output), second.output[-3000:]
+    assert re.search(r"resumed at epoch \d+, step 4", second.output), second.tail()
 
 
 def test_single_gpu_multiprocess_on_cpu(tmp_path: Path) -> None:

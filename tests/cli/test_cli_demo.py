@@ -25,9 +25,9 @@ DEMO_JOB = "shardload.cli._demo_job"
 def run_snippet(code: str) -> dict[str, Any]:
     """Run ``code`` in a fresh interpreter; it prints one ``RESULT {json}`` line, returned here."""
     res = run_with_watchdog(python("-c", textwrap.dedent(code)), timeout=240)
-    assert res.returncode == 0, res.output[-3000:]
+    assert res.returncode == 0, res.tail()
     lines = [line for line in res.output.splitlines() if line.startswith("RESULT ")]
-    assert len(lines) == 1, res.output[-3000:]
+    assert len(lines) == 1, res.tail()
     return dict(json.loads(lines[0][len("RESULT ") :]))
 
 

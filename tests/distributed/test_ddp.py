@@ -49,8 +49,8 @@ def test_ddp_fit_finishes_and_validation_is_exact(tmp_path: Path, devices: int, 
         python(JOB, str(tmp_path / "train"), str(tmp_path / "val"), str(out), str(devices), strategy, "shardload"),
         timeout=240,
     )
-    assert not res.hung, "the DDP run hung:\n" + res.output[-3000:]
-    assert res.returncode == 0, res.output[-3000:]
+    assert not res.hung, "the DDP run hung:\n" + res.tail()
+    assert res.returncode == 0, res.tail()
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(devices)]
     # Invariant: every rank ran the same number of validation batches
     assert len({r["val_batches"] for r in ranks}) == 1
@@ -73,7 +73,7 @@ def test_the_watchdog_catches_a_hand_written_split_that_hangs(tmp_path: Path) ->
         python(JOB, str(tmp_path / "val"), str(tmp_path / "val"), str(out), "2", "ddp", "unequal"), timeout=45
     )
     # It must not finish cleanly: the watchdog killed it (hang), or gloo gave up with an error.
-    assert res.hung or res.returncode != 0, res.output[-2000:]
+    assert res.hung or res.returncode != 0, res.tail(2000)
     assert not (out / "metrics.json").exists()
 
 
@@ -87,6 +87,6 @@ def test_distributed_sampler_finishes_but_counts_samples_twice(tmp_path: Path) -
         python(JOB, str(tmp_path / "val"), str(tmp_path / "val"), str(out), "2", "ddp", "distributed_sampler"),
         timeout=120,
     )
-    assert res.returncode == 0, res.output[-2000:]
+    assert res.returncode == 0, res.tail(2000)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["val_count"] == 22.0

@@ -73,8 +73,8 @@ def test_a_mid_epoch_checkpoint_resumes_on_another_process_count_with_every_samp
     out.mkdir()
     for devices, phase, extra in ((before, "part", [f"{STOP_EPOCH}:{STOP_STEP}"]), (after, "resumed", [])):
         res = run_with_watchdog(python(JOB, train, str(out), str(devices), phase, mode, *extra), timeout=300)
-        assert not res.hung, f"the {phase} job hung:\n" + res.output[-3000:]
-        assert res.returncode == 0, f"the {phase} job failed:\n" + res.output[-3000:]
+        assert not res.hung, f"the {phase} job hung:\n" + res.tail()
+        assert res.returncode == 0, f"the {phase} job failed:\n" + res.tail()
 
     part, resumed = reports(out, "part", before), reports(out, "resumed", after)
     assert [r["world_size"] for r in part + resumed] == [before] * before + [after] * after

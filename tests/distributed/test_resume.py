@@ -53,8 +53,8 @@ def test_two_rank_resume_gives_each_rank_exactly_the_remaining_batches(tmp_path:
         ("resumed", ["--resume"]),
     ):
         res = torchrun(*common, "--report", phase, *extra)
-        assert not res.hung, f"the {phase} run hung:\n" + res.output[-3000:]
-        assert res.returncode == 0, f"{phase} run failed:\n" + res.output[-3000:]
+        assert not res.hung, f"the {phase} run hung:\n" + res.tail()
+        assert res.returncode == 0, f"{phase} run failed:\n" + res.tail()
 
     full, part, resumed = (read_reports(out, name, 2) for name in ("full", "part", "resumed"))
     for rank in range(2):
@@ -93,8 +93,8 @@ def test_a_torchrun_job_resumes_on_another_world_size_with_every_sample_once(tmp
     common = ["--data", str(tmp_path / "set"), "--out", str(out), "--epochs", "3", "--max-tokens", "110"]
     for phase, nproc, extra in (("part", 3, ["--stop-at", f"{STOP_EPOCH}:{STOP_STEP}"]), ("resumed", 2, ["--resume"])):
         res = torchrun(*common, "--report", phase, *extra, nproc=nproc)
-        assert not res.hung, f"the {phase} run hung:\n" + res.output[-3000:]
-        assert res.returncode == 0, f"{phase} run failed:\n" + res.output[-3000:]
+        assert not res.hung, f"the {phase} run hung:\n" + res.tail()
+        assert res.returncode == 0, f"{phase} run failed:\n" + res.tail()
     part, resumed = read_reports(out, "part", 3), read_reports(out, "resumed", 2)
     epoch = str(STOP_EPOCH)
     assert [len(r["epochs"][epoch]["batches"]) for r in part] == [STOP_STEP] * 3

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import shardload
-from tests.distributed.watchdog import python, run_with_watchdog
+from tests.distributed.watchdog import python, run_with_watchdog, together
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.servers import S3Server, free_port
 from tests.remote.shared_cache_digest import READS, digest
@@ -32,11 +32,11 @@ def test_two_ranks_share_one_cache_and_download_each_shard_once(s3: S3Server, tm
     with FaultProxy(s3.endpoint) as proxy:  # no fault: it only counts the requests
         env = {**s3.env(), "AWS_ENDPOINT_URL": proxy.url, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
         port = str(free_port())
-        job = " & ".join(f"RANK={r} {' '.join(python(JOB, url, str(cache), str(out), port))}" for r in range(2))
-        res = run_with_watchdog(["bash", "-c", f"{job} & wait -n && wait -n"], timeout=240, env=env)
+        cmds = [python(JOB, url, str(cache), str(out), port) for _ in range(2)]
+        res = run_with_watchdog(together(cmds, [{"RANK": str(r)} for r in range(2)]), timeout=240, env=env)
         requests = proxy.requests
-    assert not res.hung, "the ranks hung:\n" + res.output[-3000:]
-    assert res.returncode == 0, res.output[-3000:]
+    assert not res.hung, "the ranks hung:\n" + res.tail()
+    assert res.returncode == 0, res.tail()
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["pid"] != ranks[1]["pid"] and ranks[0]["mirror"] == ranks[1]["mirror"]
     for r, record in enumerate(ranks):
