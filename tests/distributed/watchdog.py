@@ -7,6 +7,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +35,18 @@ class Outcome:
         return self.output[-chars:] + "\n--- stacks at the watchdog's SIGABRT ---\n" + stacks(self.output)
 
 
-def run_with_watchdog(args: list[str], *, timeout: float, env: dict[str, str] | None = None) -> Outcome:
-    """Run ``args`` in its own process group; on timeout kill the whole group."""
+def run_with_watchdog(
+    args: list[str], *, timeout: float, env: dict[str, str] | None = None, busy_limit: float = 3.0
+) -> Outcome:
+    """Run ``args`` in its own process group; when it is stuck past ``timeout``, kill the whole group.
+
+    Stuck means idle: a deadlock (a collective without a partner, a worker that never answers)
+    waits without using the CPU, while a job that is only slow, on a machine shared with other
+    work, keeps using it. Past ``timeout`` the group is killed as soon as its processes used less
+    than :data:`IDLE_CPU` seconds of CPU over the last :data:`WINDOW` seconds (or as much of them
+    as ``timeout``, in proportion); a group still
+    busy is given up to ``busy_limit * timeout`` (a spinning hang ends there).
+    """
     # PYTHONFAULTHANDLER: on a hang, SIGABRT makes every Python process of the group (ranks, loader
     # workers) print the stack of each of its threads before it dies, so a hang says where it waited.
     full_env = {
@@ -48,24 +59,73 @@ def run_with_watchdog(args: list[str], *, timeout: float, env: dict[str, str] | 
     proc = subprocess.Popen(
         args, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        code: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
+    chunks: list[str] = []
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    cpu = _GroupCpu(proc.pid)
+    began = time.monotonic()
+    why = ""
+    window = min(WINDOW, timeout)
+    # As communicate() does: done when the output ends (every process holding it exited) and the command exited.
+    while reader.is_alive() or proc.poll() is None:
+        reader.join(timeout=1.0)
+        cpu.sample()
+        waited = time.monotonic() - began
+        if waited > timeout and cpu.used(window) < IDLE_CPU * window / WINDOW:
+            why = f"idle (under {IDLE_CPU * window / WINDOW:.2g} s of CPU in {window:.0f} s) after {waited:.0f} s"
+        elif waited > busy_limit * timeout:
+            why = f"still running, and using the CPU, after {waited:.0f} s ({busy_limit:g} x the timeout)"
+        if why:
+            break
+    code: int | None = proc.returncode
+    if why:
         order = dump_stacks(proc.pid)
-        try:
-            out, _ = proc.communicate(timeout=15)
-            out += "\n--- the watchdog aborted, in this order: " + "; ".join(order) + "\n"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
+        reader.join(timeout=15)
         code = None
+        chunks.append(f"\n--- the watchdog stopped the job: {why}. It aborted, in this order: " + "; ".join(order))
     # No orphans: whatever the command started (ranks, loader workers) is gone.
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    return Outcome(code, out)
+    reader.join(timeout=15)
+    proc.wait()
+    return Outcome(code, "".join(chunks))
+
+
+#: seconds of CPU, over :data:`WINDOW` seconds, below which a process group past its timeout is stuck
+IDLE_CPU = 0.5
+WINDOW = 10.0
+
+
+class _GroupCpu:
+    """CPU time used by the processes of one group, sampled from ``/proc``."""
+
+    def __init__(self, group: int) -> None:
+        self.group = group
+        self.ticks: dict[int, int] = {}
+        self.total = 0.0
+        self.history: list[tuple[float, float]] = []
+
+    def sample(self) -> None:
+        for pid in _members(self.group):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+            ticks = int(fields[11]) + int(fields[12])  # utime + stime (fields 14 and 15 of stat)
+            self.total += max(0, ticks - self.ticks.get(pid, 0)) / os.sysconf("SC_CLK_TCK")
+            self.ticks[pid] = ticks
+        self.history.append((time.monotonic(), self.total))
+
+    def used(self, window: float) -> float:
+        """CPU seconds used over the last ``window`` seconds (infinite until that much was watched)."""
+        now, total = self.history[-1]
+        if now - self.history[0][0] < window:
+            return float("inf")
+        then = next(t for when, t in reversed(self.history) if now - when >= window)
+        return total - then
 
 
 def dump_stacks(group: int) -> list[str]:
