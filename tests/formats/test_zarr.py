@@ -437,6 +437,71 @@ def test_cache_stays_within_its_bound(tmp_path: Path) -> None:
     assert big.loads == chunks == len(big)
 
 
+def test_a_chunk_a_batch_used_gets_a_second_chance_and_an_evicted_one_leaves_its_table() -> None:
+    cache = ChunkCache(3 * 800)
+    base, table = cache.table(("file", "tokens/values"), 10)
+    chunk = {c: np.full(200, c, dtype=np.int32) for c in range(10)}  # 800 bytes each
+    for c in range(3):
+        cache.get(base + c, lambda c=c: chunk[c].copy())
+    assert [t is None for t in table.slots[:4]] == [False, False, False, True]
+    table.used[:] = 0
+    table.used[0] = 1  # a batch used chunk 0 since eviction last passed over it
+    cache.get(base + 3, lambda: chunk[3].copy())
+    # Invariant: the oldest chunk not used since the last pass (1) goes first; the used one (0) stays once more
+    kept = [c for c in range(10) if table.slots[c] is not None]
+    assert kept == [0, 2, 3] and table.used[0] == 0
+    assert cache.nbytes == 3 * 800 == sum(a.nbytes for a in cache._chunks.values())
+    # Invariant: a table slot holds exactly what the cache holds under that key
+    for c in range(10):
+        held = cache._chunks.get(base + c)
+        assert (table.slots[c] is None) == (held is None) and (held is None or table.slots[c] is held)
+    # A second array of the same cache gets keys of its own.
+    other, _ = cache.table(("file", "features/values"), 10)
+    assert other != base and cache.table(("file", "tokens/values"), 10)[0] == base
+    cache.clear()
+    assert table.slots == [None] * 10 and not table.used.any() and len(cache) == 0
+
+
+@pytest.mark.parametrize("compression", ["none", "blosc-lz4"])
+def test_chunks_are_read_from_a_read_only_mapping_of_the_shard(tmp_path: Path, compression: str) -> None:
+    samples = synthetic_samples(80, seed=12)
+    options = ZarrOptions(compression=compression, chunk_size=1024)
+    shardload.write(samples, tmp_path / "s", shard_format=options, num_shards=1, shuffle=False)
+    ss = shardload.open(tmp_path / "s")
+    reader = ZarrShardReader(tmp_path / "s" / ss.shards[0].file, ss.schema, cache=ChunkCache(1 << 20))
+    values = reader.columns().fields["tokens"].values
+    assert isinstance(values, ZarrValues) and values.num_chunks > 3
+    first = values.decode_chunk(0)
+    # Stored raw, a chunk is the mapped file itself (no copy, and numpy refuses writes to it, which the
+    # read-only mapping could not take); compressed, it is decoded into memory of its own.
+    raw = compression == "none"
+    assert np.shares_memory(first, values.decode_chunk(0)) == raw
+    assert first.flags.writeable != raw
+    reader.close()  # chunks taken before the close stay readable: the mapping lives as long as they do
+    offsets = reader.columns().fields["tokens"].offsets
+    assert offsets is not None
+    np.testing.assert_array_equal(first[: len(samples[0]["tokens"])], samples[0]["tokens"])
+
+
+def test_without_a_mapping_chunks_are_read_through_zipfile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # mmap duplicates the file descriptor: with none left (or no address space), the shard is still read.
+    import mmap
+
+    samples = synthetic_samples(40, seed=13)
+    shardload.write(samples, tmp_path / "s", shard_format=ZarrOptions(chunk_size=1024), num_shards=1, shuffle=False)
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    ss = shardload.open(tmp_path / "s")
+    reader = ZarrShardReader(tmp_path / "s" / ss.shards[0].file, ss.schema, cache=ChunkCache(0))
+    cols = reader.columns()
+    assert reader._mapped is None
+    for i, sample in enumerate(samples):
+        assert_same_sample(cols.sample(i), sample)
+
+
 def test_shared_cache_bound_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cache_module, "_shared", None)
     monkeypatch.setenv(cache_module.CACHE_ENV, "12345")
@@ -479,7 +544,7 @@ def test_compression_shrinks_compressible_data(tmp_path: Path) -> None:
     assert sizes["blosc-lz4"] < sizes["none"] / 3
     assert sizes["zstd-19"] <= sizes["zstd"]
     opts = shardload.open(tmp_path / "zstd-19").manifest.options
-    assert (opts["compression"], opts["compression_level"], opts["chunk_size"]) == ("zstd", 19, 64 << 10)
+    assert (opts["compression"], opts["compression_level"], opts["chunk_size"]) == ("zstd", 19, 256 << 10)
     assert_same_sets(tmp_path / "arrow", tmp_path / "zstd-19")
 
 
@@ -490,6 +555,8 @@ def test_zarr_options_are_checked(tmp_path: Path) -> None:
     with pytest.raises(shardload.InputError, match="apply to zarr shards"):
         shardload.write(samples, tmp_path / "a", chunk_size=1000)
     with pytest.raises(shardload.InputError, match=r"level must be an integer in \[1, 22\]"):
+        shardload.write(samples, tmp_path / "a", shard_format=ZarrOptions(compression="zstd", compression_level=40))
+    with pytest.raises(shardload.InputError, match=r"blosc-lz4 compression level must be an integer in \[0, 9\]"):
         shardload.write(samples, tmp_path / "a", shard_format=ZarrOptions(compression_level=40))
     with pytest.raises(shardload.InputError, match="compression must be one of"):
         shardload.write(samples, tmp_path / "a", shard_format=ZarrOptions(compression="gzip"))
@@ -519,17 +586,17 @@ def test_the_options_of_a_format_given_on_their_own_say_how_to_give_them(tmp_pat
 
 
 def test_zarr_options_resolve_their_defaults_once() -> None:
-    assert ZarrOptions() == ZarrOptions(compression="zstd", compression_level=3, chunk_size=64 << 10)
-    assert ZarrOptions(compression="blosc-lz4").compression_level == 5
+    assert ZarrOptions() == ZarrOptions(compression="blosc-lz4", compression_level=5, chunk_size=256 << 10)
+    assert ZarrOptions(compression="zstd").compression_level == 3
     assert ZarrOptions(compression="none").compression_level is None
     # "zarr" is the shortcut for those defaults, and the manifest records them resolved.
     opts = shardload.PrepareOptions(shard_format="zarr")
     assert opts.shard_format == ZarrOptions() and opts.format is get_format("zarr")
     assert {k: opts.layout_key()[k] for k in ("shard_format", "compression", "compression_level", "chunk_size")} == {
         "shard_format": "zarr",
-        "compression": "zstd",
-        "compression_level": 3,
-        "chunk_size": 64 << 10,
+        "compression": "blosc-lz4",
+        "compression_level": 5,
+        "chunk_size": 256 << 10,
     }
 
 

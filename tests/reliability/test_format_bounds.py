@@ -238,16 +238,37 @@ def zip_bytes(members: dict[str, bytes], deflated: frozenset[str] = frozenset())
     return buf.getvalue()
 
 
-def zstd_zeros(nbytes: int) -> bytes:
+def codec_name(root: Path) -> str:
+    """The name zarr gives the compressor of ``root``'s Zarr shards: ``zstd`` or ``blosc``."""
+    return {"zstd": "zstd", "blosc-lz4": "blosc"}[read_manifest(root)["options"]["compression"]]
+
+
+def encode(root: Path, data: bytes) -> bytes:
+    """``data`` compressed as ``root``'s Zarr shards compress a chunk (what a forged chunk looks like)."""
     import numcodecs
 
-    return bytes(numcodecs.Zstd(level=19).encode(np.zeros(nbytes, dtype=np.uint8)))
+    if codec_name(root) == "zstd":
+        return bytes(numcodecs.Zstd(level=19).encode(data))
+    return bytes(numcodecs.Blosc(cname="lz4", clevel=9, shuffle=numcodecs.Blosc.SHUFFLE).encode(data))
 
 
-@pytest.fixture(scope="module")
-def zarr_pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def encoded_zeros(root: Path, nbytes: int) -> bytes:
+    return encode(root, bytes(nbytes))
+
+
+def lying_frame(root: Path, nbytes: int) -> bytes:
+    """A small frame that declares ``nbytes`` decoded: zstd zeros, or a blosc header patched to say so."""
+    if codec_name(root) == "zstd":
+        return encoded_zeros(root, nbytes)  # zstd compresses zeros ~30,000x: a real bomb
+    frame = bytearray(encoded_zeros(root, 248))
+    struct.pack_into("<I", frame, 4, nbytes)  # blosc's header: decoded size at byte 4
+    return bytes(frame)
+
+
+@pytest.fixture(scope="module", params=["zstd", "blosc-lz4"])
+def zarr_pristine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("zarr")
-    return make_set(tmp_path_factory.mktemp("zarr"), "zarr", chunk_size=256)
+    return make_set(tmp_path_factory.mktemp("zarr"), "zarr", chunk_size=256, compression=request.param)
 
 
 @pytest.fixture
@@ -259,9 +280,9 @@ def zarr_set(zarr_pristine: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_zarr_chunk_whose_frame_lies_about_its_size_is_not_decoded(zarr_set: Path) -> None:
-    # The metadata is honest (chunks of 256 bytes), the zstd frame in chunk 0 decodes to 96 MiB.
+    # The metadata is honest (chunks of 256 bytes), the zstd or blosc frame in chunk 0 decodes to 96 MiB.
     members = zip_members(shard_file(zarr_set, 0))
-    members["tokens/values/c/0"] = zstd_zeros(BOMB_BYTES)
+    members["tokens/values/c/0"] = lying_frame(zarr_set, BOMB_BYTES)
     install_shard(zarr_set, 0, zip_bytes(members))
     assert_refused_without_blowup(zarr_set, 0, "chunk 0 of array 'tokens/values'", "declares")
 
@@ -278,15 +299,13 @@ def test_zarr_chunks_declared_over_the_manifests_chunk_size_are_refused(zarr_set
     members["tokens/values/zarr.json"] = json.dumps(meta).encode()
     for name in [m for m in members if m.startswith("tokens/values/c/")]:
         del members[name]
-    members["tokens/values/c/0"] = zstd_zeros(BOMB_BYTES)
+    members["tokens/values/c/0"] = encoded_zeros(zarr_set, BOMB_BYTES)
     offsets_meta = json.loads(members["tokens/offsets/zarr.json"])
-    assert offsets_meta["codecs"][-1]["name"] == "zstd"
-    import numcodecs
-
+    assert offsets_meta["codecs"][-1]["name"] == codec_name(zarr_set)
     n = read_manifest(zarr_set)["shards"][0]["samples"]
     offsets = np.full(n + 1, rows, dtype=np.int64)
     offsets[0] = 0
-    members["tokens/offsets/c/0"] = bytes(numcodecs.Zstd().encode(offsets.tobytes()))
+    members["tokens/offsets/c/0"] = encode(zarr_set, offsets.tobytes())
     install_shard(zarr_set, 0, zip_bytes(members))
     assert_refused_without_blowup(zarr_set, 0, "'tokens/values'", "over the", "chunk_size")
 
@@ -370,10 +389,11 @@ def test_zarr_codec_outside_the_format_is_refused(zarr_set: Path) -> None:
 def test_zarr_chunk_stored_larger_than_its_codec_can_make_it_is_not_read(zarr_set: Path) -> None:
     # A 248-byte chunk stored as 1 MiB: the member's size is checked before the member is read.
     members = zip_members(shard_file(zarr_set, 0))
-    members["tokens/values/c/0"] = zstd_zeros(248) + bytes(1 << 20)
+    members["tokens/values/c/0"] = encoded_zeros(zarr_set, 248) + bytes(1 << 20)
     install_shard(zarr_set, 0, zip_bytes(members))
+    codec = codec_name(zarr_set)
     with pytest.raises(
-        shardload.CorruptShardError, match=r"chunk 0 of array 'tokens/values'.*stores 10\d+ bytes, more than zstd"
+        shardload.CorruptShardError, match=rf"chunk 0 of array 'tokens/values'.*stores 10\d+ bytes, more than {codec}"
     ):
         read_everything(zarr_set)
 
@@ -381,11 +401,9 @@ def test_zarr_chunk_stored_larger_than_its_codec_can_make_it_is_not_read(zarr_se
 def test_verify_decodes_every_zarr_chunk(zarr_set: Path) -> None:
     # A chunk that decodes to the wrong size passes the checksum (the manifest agrees with the file)
     # and the open-time checks (its metadata is honest); verify decodes it and reports it.
-    import numcodecs
-
     members = zip_members(shard_file(zarr_set, 1))
     last = max((m for m in members if m.startswith("features/values/c/")), key=lambda m: int(m.split("/")[3]))
-    members[last] = bytes(numcodecs.Zstd().encode(bytes(7)))
+    members[last] = encode(zarr_set, bytes(7))
     install_shard(zarr_set, 1, zip_bytes(members))
     problems = [p for p in verify(zarr_set).problems if p.shard == 1]
     assert [p.reason for p in problems] == ["unreadable"], problems

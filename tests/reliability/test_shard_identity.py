@@ -547,8 +547,8 @@ def test_resume_rewrites_shards_finished_without_this_identity(tmp_path: Path, m
 
 
 def test_zarr_shard_rewritten_in_place_while_open_is_named(tmp_path: Path) -> None:
-    # Zarr shards are read through an open zip file and a cache of decoded chunks, not a mapping;
-    # a rewrite must not be answered from either.
+    # Zarr shards are read through a mapping of the zip file and a cache of decoded chunks (a chunk stored
+    # raw is a view of the mapping); a rewrite must not be answered from either.
     shardload.write(synthetic_samples(60, seed=3), tmp_path / "s", num_shards=2, shard_format="zarr", progress=False)
     ds = shardload.open(tmp_path / "s")
     ds[0]

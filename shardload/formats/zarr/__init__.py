@@ -27,7 +27,7 @@ ZARR = ShardFormat(
         ),
         OptionFlag(
             "chunk_size",
-            "zarr only: uncompressed bytes per chunk, the unit decompressed to read a sample (default: 64KiB)",
+            "zarr only: uncompressed bytes per chunk, the unit decompressed to read a sample (default: 256KiB)",
             "size",
             metavar="SIZE",
         ),

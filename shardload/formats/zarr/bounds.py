@@ -28,8 +28,6 @@ import zipfile
 from collections.abc import Mapping
 from typing import Any
 
-from shardload.formats.zarr.options import DEFAULT_CHUNK_SIZE
-
 #: the largest ``zarr.json`` member read; the writer's are a few kilobytes (the root's holds the schema)
 MAX_METADATA_BYTES = 16 << 20
 #: compressors of the codec chains the writer produces (after the ``bytes`` serializer)
@@ -40,6 +38,10 @@ _BLOSC_HEADER = 16
 
 class BoundsError(ValueError):
     """A shard declares something outside the format's bounds; the caller names the shard."""
+
+
+#: the chunk size bound of a shard that records none (see :func:`manifest_chunk_size`)
+UNRECORDED_CHUNK_SIZE = 64 << 10
 
 
 def check_zip(zf: zipfile.ZipFile, file_size: int) -> None:
@@ -71,12 +73,16 @@ def check_zip(zf: zipfile.ZipFile, file_size: int) -> None:
 
 
 def manifest_chunk_size(options: Mapping[str, Any] | None, attrs: Mapping[str, Any]) -> int:
-    """The ``chunk_size`` the shard was written with: the manifest's, else the shard's own, else the default."""
+    """The ``chunk_size`` the shard was written with: the manifest's, else the shard's own, else 64 KiB.
+
+    Every shard prepare writes records its chunk size; one that records none is bounded by 64 KiB,
+    the default when chunk sizes were not yet recorded (it is not today's default, which may grow).
+    """
     for source in (options or {}, attrs):
         value = source.get("chunk_size")
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
-    return DEFAULT_CHUNK_SIZE
+    return UNRECORDED_CHUNK_SIZE
 
 
 def max_chunk_bytes(chunk_size: int, row_bytes: int) -> int:

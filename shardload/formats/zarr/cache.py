@@ -32,8 +32,35 @@ CACHE_ENV = "SHARDLOAD_ZARR_CACHE_BYTES"
 _caches: weakref.WeakSet[ChunkCache] = weakref.WeakSet()
 
 
+#: chunk numbers take the low bits of an array's integer keys (:meth:`ChunkCache.table`)
+_CHUNK_BITS = 40
+
+
+class ChunkTable:
+    """The chunks of one array that its cache holds now, by chunk number: the gather's fast path.
+
+    ``slots[c]`` is chunk ``c`` while the cache holds it, else ``None``;
+    ``used[c]`` is set when a batch used chunk ``c`` and cleared when eviction
+    passes over it (its second chance). Reading ``slots`` takes no lock: an
+    array read there stays valid after it is evicted, it is only no longer kept.
+    """
+
+    __slots__ = ("slots", "used")
+
+    def __init__(self, chunks: int) -> None:
+        self.slots: list[np.ndarray | None] = [None] * chunks
+        self.used = np.zeros(chunks, dtype=np.uint8)
+
+
 class ChunkCache:
-    """Decoded chunks by key, least recently used evicted first, at most ``max_bytes`` in all.
+    """Decoded chunks by key, at most ``max_bytes`` in all, the oldest unused since last passed over evicted first.
+
+    Eviction is the second-chance (CLOCK) approximation of least recently
+    used: chunks are kept in the order they were loaded, and a chunk that a
+    batch used since eviction last passed over it goes to the back once more
+    instead of being evicted. Marking a chunk used is one store in its
+    array's :class:`ChunkTable`, which a batch's gather does for all its
+    chunks at once, instead of reordering the cache per chunk.
 
     A chunk larger than the whole bound is returned but not kept. Cached
     arrays are read-only, since every reader of the process shares them.
@@ -41,7 +68,7 @@ class ChunkCache:
     Attributes:
         max_bytes: the bound on the bytes of the chunks held.
         nbytes: bytes held now.
-        hits: lookups answered from the cache.
+        hits: lookups answered from the cache (one per chunk a batch found there).
         loads: chunks decoded (cache misses).
     """
 
@@ -53,15 +80,42 @@ class ChunkCache:
         self.hits = 0
         self.loads = 0
         self._chunks: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+        self._spaces: dict[Hashable, int] = {}  # an array's name -> its base key
+        self._tables: dict[int, ChunkTable] = {}  # base key -> the array's table
         self._lock = threading.Lock()
         _caches.add(self)
+
+    def table(self, name: Hashable, chunks: int) -> tuple[int, ChunkTable]:
+        """The base key and the :class:`ChunkTable` of array ``name`` (one array of one file), of ``chunks`` chunks.
+
+        Chunk ``c`` of that array is cached under the integer key ``base + c``.
+        """
+        with self._lock:
+            base = self._spaces.setdefault(name, (len(self._spaces) + 1) << _CHUNK_BITS)
+            table = self._tables.get(base)
+            if table is None or len(table.slots) < chunks:
+                old, table = table, ChunkTable(chunks)
+                if old is not None:
+                    table.slots[: len(old.slots)] = old.slots
+                    table.used[: len(old.used)] = old.used
+                self._tables[base] = table
+            return base, table
+
+    def _slot(self, key: Hashable) -> tuple[ChunkTable | None, int]:
+        if type(key) is not int:
+            return None, 0
+        base, c = key >> _CHUNK_BITS << _CHUNK_BITS, key & ((1 << _CHUNK_BITS) - 1)
+        table = self._tables.get(base)
+        return (table, c) if table is not None and c < len(table.slots) else (None, 0)
 
     def get(self, key: Hashable, load: Callable[[], np.ndarray]) -> np.ndarray:
         """The chunk under ``key``, decoded by ``load()`` when it is not cached."""
         with self._lock:
             chunk = self._chunks.get(key)
             if chunk is not None:
-                self._chunks.move_to_end(key)
+                table, c = self._slot(key)
+                if table is not None:
+                    table.used[c] = 1
                 self.hits += 1
                 return chunk
         # Decode outside the lock: other threads keep reading cached chunks meanwhile.
@@ -73,27 +127,29 @@ class ChunkCache:
                 return chunk
             self._chunks[key] = chunk
             self.nbytes += chunk.nbytes
-            while self.nbytes > self.max_bytes:
-                _, old = self._chunks.popitem(last=False)
-                self.nbytes -= old.nbytes
+            table, c = self._slot(key)
+            if table is not None:
+                table.slots[c] = chunk
+                table.used[c] = 1
+            self._evict()
         return chunk
 
     def get_many(self, keys: Sequence[Hashable], load: Callable[[int], np.ndarray]) -> list[np.ndarray]:
-        """The chunks under ``keys``, in order; ``load(i)`` decodes ``keys[i]`` when it is not cached.
+        """The chunks under ``keys``, in order; ``load(i)`` decodes ``keys[i]`` when it is not cached."""
+        return [self.get(key, partial(load, i)) for i, key in enumerate(keys)]
 
-        One lock taken for all the cached ones (a batch's gather asks for every
-        chunk it touches at once); the missing ones go through :meth:`get`.
-        """
-        with self._lock:
-            found = [self._chunks.get(key) for key in keys]
-            for key, chunk in zip(keys, found):
-                if chunk is not None:
-                    self._chunks.move_to_end(key)
-            self.hits += sum(chunk is not None for chunk in found)
-        return [
-            self.get(key, partial(load, i)) if chunk is None else chunk
-            for i, (key, chunk) in enumerate(zip(keys, found))
-        ]
+    def _evict(self) -> None:
+        """Evict until the cache fits its bound (the lock held)."""
+        while self.nbytes > self.max_bytes:
+            key, old = self._chunks.popitem(last=False)
+            table, c = self._slot(key)
+            if table is not None and table.used[c]:
+                table.used[c] = 0  # its second chance: to the back, unmarked
+                self._chunks[key] = old
+                continue
+            if table is not None:
+                table.slots[c] = None
+            self.nbytes -= old.nbytes
 
     def resize(self, max_bytes: int) -> None:
         """Change the bound, evicting chunks until the cache fits."""
@@ -101,14 +157,15 @@ class ChunkCache:
             raise InputError(f"the chunk cache bound must be at least 0 bytes, got {max_bytes}")
         with self._lock:
             self.max_bytes = int(max_bytes)
-            while self.nbytes > self.max_bytes:
-                _, old = self._chunks.popitem(last=False)
-                self.nbytes -= old.nbytes
+            self._evict()
 
     def clear(self) -> None:
         """Drop every chunk and reset the counters."""
         with self._lock:
             self._chunks.clear()
+            for table in self._tables.values():
+                table.slots[:] = [None] * len(table.slots)
+                table.used[:] = 0
             self.nbytes = self.hits = self.loads = 0
 
     def __len__(self) -> int:

@@ -24,7 +24,7 @@ DEFAULT_LEVELS = {"zstd": 3, "blosc-lz4": 5}
 #: accepted levels per compression, inclusive
 LEVEL_RANGES = {"zstd": (1, 22), "blosc-lz4": (0, 9)}
 #: default uncompressed bytes per chunk of a ``values`` array (see docs/format.md for the trade-off)
-DEFAULT_CHUNK_SIZE = 64 << 10
+DEFAULT_CHUNK_SIZE = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class ZarrOptions(FormatOptions):
         >>> shardload.write(samples, "out/", shard_format=shardload.ZarrOptions(compression="zstd"))  # doctest: +SKIP
     """
 
-    compression: str = "zstd"
+    compression: str = "blosc-lz4"
     compression_level: int | None = None
     chunk_size: int = DEFAULT_CHUNK_SIZE
 
