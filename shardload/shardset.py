@@ -102,6 +102,7 @@ class ShardSet:
         self.index = ShardIndex(self.manifest.table.samples)
         self._reader_cls = get_format(self.manifest.shard_format).reader
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()  # least recently used first
+        self._pid = os.getpid()  # the process the open readers belong to (see _forget_inherited)
         self._opened: set[int] = set()  # every shard opened in this process, closed since or not
         self._checked_indexes: set[str] = set()  # lengths files whose values were checked (kept across pickling)
         # stamp of each lengths file when first mapped (kept across pickling: a worker maps the file afresh and
@@ -241,6 +242,8 @@ class ShardSet:
     # -- samples: opens shards lazily ----------------------------------------------------------
     def shard_columns(self, shard: int) -> Columns:
         """The columns of shard ``shard``, memory-mapped on first use."""
+        if self._remote is not None and self._pid != os.getpid():
+            self._forget_inherited()
         reader = self._readers.get(shard)
         if reader is None:
             return self._open_shard(shard)
@@ -253,6 +256,22 @@ class ShardSet:
                 f"shard {shard} ({reader.path}) holds {cols.num_samples} samples, the manifest says {expected}"
             )
         return cols
+
+    def _forget_inherited(self) -> None:
+        """In a process forked from the one that mapped shards (a loader worker): let go of its copies.
+
+        Of a remote set only: the node cache deletes a shard once no process holds it, but the worker's
+        copies of its parent's mappings and descriptors would keep the deleted file's space in use for as
+        long as the worker lives. The worker closes its copies (the parent's locks and mappings stay as they
+        are) and maps what it reads under locks of its own.
+        """
+        self._pid = os.getpid()
+        readers, self._readers = self._readers, OrderedDict()
+        self._stamps = {}
+        for reader in readers.values():
+            reader.close()
+        if self._remote is not None:
+            self._remote.forget_inherited()
 
     def _open_shard(self, shard: int) -> Columns:
         """Map shard ``shard``: a remote set's is fetched into the node cache first, and held there while mapped."""

@@ -122,8 +122,23 @@ class RemoteSet:
     # -- the filesystem, one per process ---------------------------------------------------------------
     def _process(self) -> None:
         """Forget what belongs to another process (after a fork): its filesystem and its locks."""
-        if os.getpid() != self._pid:
-            self._pid, self._fs, self._held = os.getpid(), None, {}
+        self.forget_inherited()
+
+    def forget_inherited(self) -> None:
+        """In a process forked from the one that took them: close the copies of its lock descriptors, unlocked not.
+
+        A copy shares the parent's lock (``flock`` locks belong to the open file, not the process):
+        unlocked here, it would release the parent's; kept, it would only hold a descriptor (and the
+        file's space once the cache deletes it). Nothing happens in the process that took them.
+        """
+        if os.getpid() == self._pid:
+            return
+        held, self._pid, self._fs, self._held = self._held, os.getpid(), None, {}
+        for fd in held.values():
+            try:
+                os.close(fd)
+            except OSError:  # pragma: no cover  already closed in this process
+                pass
 
     def _filesystem(self) -> tuple[Any, str]:
         self._process()
