@@ -36,6 +36,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,7 +191,11 @@ class RemoteSet:
         return mirror if (mirror / MANIFEST_NAME).is_file() else None
 
     def _fetch_metadata(self, stamp: str) -> Path:
+        """Fetch the manifest and the metadata files into a new mirror (the set's ``.lock`` held)."""
         limit = env_limit(ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES)
+        # Under the lock no other process is here: any other .incoming.<pid> is a killed process's.
+        for stale in self.set_dir.glob(".incoming.*"):
+            shutil.rmtree(stale, ignore_errors=True)
         incoming = self.set_dir / f".incoming.{os.getpid()}"
         incoming.mkdir(exist_ok=True)
         try:

@@ -63,3 +63,19 @@ def test_a_forked_reader_lets_go_of_the_shards_its_parent_released(s3: S3Server,
         if child.is_alive():
             os.kill(child.pid or 0, 9)
     assert child.exitcode == 0
+
+
+def test_a_killed_open_leaves_nothing_behind_for_the_next_one(s3: S3Server, tmp_path: Path) -> None:
+    # A process killed while it fetched the metadata leaves its .incoming.<pid> directory; the next
+    # fetch, under the same lock, removes it (no other process can be fetching at that moment).
+    local = make_set(tmp_path, n=20, shards=2)
+    url = s3.upload(local, "killed-open/set")
+    remote = shardload.open(url, remote=options(s3, tmp_path / "cache")).remote
+    assert remote is not None
+    stale = remote.set_dir / ".incoming.4194304"
+    stale.mkdir()
+    (stale / "manifest.json").write_text("{}")
+    (remote.set_dir / "current.json").unlink()  # the next open fetches the metadata again
+    again = shardload.open(url, remote=options(s3, tmp_path / "cache"))
+    assert len(again) == 20 and not stale.exists()
+    assert not list(remote.set_dir.glob(".incoming.*"))
