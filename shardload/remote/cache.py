@@ -34,6 +34,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -58,6 +59,7 @@ from shardload.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES, env_l
 __all__ = ["RemoteSet"]
 
 _POLL = 0.05  # seconds between two tries of a busy lock
+_READERS = itertools.count()  # tells apart the RemoteSets of one process in the published read orders
 
 
 def _pid_alive(pid: int) -> bool:
@@ -119,6 +121,7 @@ class RemoteSet:
         self._held: dict[int, int] = {}  # shard -> descriptor holding a shared lock on its file
         self._sizes = np.zeros(0, np.int64)
         self._names: dict[tuple[str, str], int] = {}  # (directory, file name) -> shard
+        self._reader = next(_READERS)  # with the pid, the name of this set's published read order
 
     # -- the filesystem, one per process ---------------------------------------------------------------
     def _process(self) -> None:
@@ -527,25 +530,31 @@ class RemoteSet:
     def readers_dir(self) -> Path:
         return self.mirror / ".readers"
 
+    def _published(self, suffix: str) -> Path:
+        """This reader's file in ``.readers``: ``<pid>.<n>`` (two loaders of one set in a process: two files)."""
+        return self.readers_dir / f"{os.getpid()}.{self._reader}{suffix}"
+
     def publish_sequence(self, sequence: NDArray[np.int64]) -> None:
         """Publish this process's shard read order for the epoch (and position 0)."""
         self.readers_dir.mkdir(exist_ok=True)
-        tmp = self.readers_dir / f".{os.getpid()}.npy.tmp"
+        path = self._published(".npy")
+        tmp = path.with_name(f".{path.name}.tmp")
         with open(tmp, "wb") as fh:
             np.save(fh, np.asarray(sequence, dtype=np.int64))
-        os.replace(tmp, self.readers_dir / f"{os.getpid()}.npy")
+        os.replace(tmp, path)
         self.publish_position(0)
 
     def publish_position(self, position: int) -> None:
         """Publish how far this process has read in its published order."""
-        tmp = self.readers_dir / f".{os.getpid()}.pos.tmp"
+        path = self._published(".pos")
+        tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(str(int(position)))
-        os.replace(tmp, self.readers_dir / f"{os.getpid()}.pos")
+        os.replace(tmp, path)
 
     def unpublish(self) -> None:
         for suffix in (".npy", ".pos"):
             with contextlib.suppress(FileNotFoundError):
-                (self.readers_dir / f"{os.getpid()}{suffix}").unlink()
+                self._published(suffix).unlink()
 
     def next_use(self) -> NDArray[np.int64]:
         """``(num_shards,)`` reads until each shard's next use, the nearest over every live reader; NEVER if none."""
@@ -555,7 +564,8 @@ class RemoteSet:
         except OSError:
             return out
         for f in files:
-            if not f.stem.isdigit() or not _pid_alive(int(f.stem)):
+            pid = f.stem.split(".", 1)[0]
+            if not pid.isdigit() or not _pid_alive(int(pid)):
                 for stale in (f, f.with_suffix(".pos")):
                     with contextlib.suppress(FileNotFoundError):
                         stale.unlink()

@@ -1,6 +1,6 @@
-"""A loader worker forked from a process that maps shards of a remote set must not keep them mapped.
+"""Processes and loaders sharing one node cache of a remote set.
 
-Claim tested: after a fork, the child has copies of its parent's shard mappings and descriptors; kept,
+Claims tested: a loader worker forked from a process that maps shards must not keep them mapped: after a fork, the child has copies of its parent's shard mappings and descriptors; kept,
 they would hold the disk space of a shard the node cache evicted (deleted) for as long as the child lives.
 The child lets go of its copies when it first reads, and reads its own shards under locks of its own.
 """
@@ -79,3 +79,19 @@ def test_a_killed_open_leaves_nothing_behind_for_the_next_one(s3: S3Server, tmp_
     again = shardload.open(url, remote=options(s3, tmp_path / "cache"))
     assert len(again) == 20 and not stale.exists()
     assert not list(remote.set_dir.glob(".incoming.*"))
+
+
+def test_two_loaders_of_one_set_in_one_process_publish_their_read_orders_apart(s3: S3Server, tmp_path: Path) -> None:
+    # The eviction rule reads every reader's published order; two loaders of the same URL in one process
+    # (train and val of one set, say) wrote the same file and the second hid the first's next uses.
+    local = make_set(tmp_path, n=40, shards=4)
+    url = s3.upload(local, "two-loaders/set")
+    first = shardload.open(url, remote=options(s3, tmp_path / "cache")).remote
+    second = shardload.open(url, remote=options(s3, tmp_path / "cache")).remote
+    assert first is not None and second is not None
+    first.publish_sequence(np.array([0, 1], dtype=np.int64))
+    second.publish_sequence(np.array([3, 2], dtype=np.int64))
+    # Invariant: each shard's next use is the nearest over both orders
+    assert first.next_use().tolist() == [0, 1, 1, 0]
+    second.unpublish()
+    assert first.next_use()[:2].tolist() == [0, 1] and (first.next_use()[2:] > 1000).all()
