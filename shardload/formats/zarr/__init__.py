@@ -21,7 +21,7 @@ ZARR = ShardFormat(
     options=ZarrOptions,
     summary="compressed, needs shardload[zarr]",
     flags=(
-        OptionFlag("compression", "zarr only: codec of the chunks (default: zstd)", choices=COMPRESSIONS),
+        OptionFlag("compression", "zarr only: codec of the chunks (default: blosc-lz4)", choices=COMPRESSIONS),
         OptionFlag(
             "compression_level", "zarr only: zstd 1-22 (default 3), blosc-lz4 0-9 (default 5)", "int", metavar="N"
         ),
