@@ -12,9 +12,9 @@ import socket
 import stat
 import sys
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -51,6 +51,8 @@ from shardload.text import decode_text
 
 if TYPE_CHECKING:
     from shardload.remote.cache import RemoteSet
+
+T = TypeVar("T")
 
 
 class ShardSet:
@@ -332,7 +334,7 @@ class ShardSet:
         reader = self._reader_cls(path, self.schema, samples=info.samples, options=self.manifest.options)
         try:
             try:
-                cols = reader.columns()
+                cols = self._room_for(reader.columns)  # a Zarr shard takes more descriptors than the probe
             except CorruptShardError:
                 self._probe(shard, path)  # out of file descriptors, or made unreadable since: say that instead
                 raise
@@ -368,13 +370,17 @@ class ShardSet:
         missing = CorruptShardError(
             f"{what} ({path}) is missing; run `shardload verify {self.path}` and re-run prepare"
         )
+        return self._room_for(lambda: stat_regular(path, what=what, missing=missing))
+
+    def _room_for(self, attempt: Callable[[], T]) -> T:
+        """``attempt()``; if it runs out of file descriptors, close the older half of the open shards and retry once."""
         try:
-            return stat_regular(path, what=what, missing=missing)
+            return attempt()
         except ShardSetError as exc:
             if reason_of(exc) != "fd_limit" or not self._readers:
                 raise
         self._evict(len(self._readers) // 2)  # free descriptors of our own, then try once more
-        return stat_regular(path, what=what, missing=missing)
+        return attempt()
 
     def _evict(self, keep: int) -> None:
         """Close the least recently used shards until at most ``keep`` stay open.

@@ -9,8 +9,9 @@ slice touches and keeps them in the per-process :class:`ChunkCache`.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import math
-import mmap
 import os
 import struct
 import zipfile
@@ -19,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from numpy.typing import NDArray
 
-from shardload.errors import CorruptShardError
+from shardload.errors import CorruptShardError, ShardSetError
 from shardload.formats.base import Columns, FieldData, ShardReader
 from shardload.formats.zarr.bounds import (
     UNRECORDED_CHUNK_SIZE,
@@ -40,6 +42,7 @@ from shardload.formats.zarr.writer import LAYOUT_VERSION, nominal_chunk_rows
 from shardload.identity import IDENTITY_KEY
 from shardload.messages import one_line
 from shardload.schema import Field, Schema
+from shardload.setfiles import os_error
 
 try:  # the same CRC-32, computed with SIMD instructions: ~12x faster per chunk (the zarr extra installs it)
     from zlib_ng.zlib_ng import crc32
@@ -159,10 +162,14 @@ class ZarrShardReader(ShardReader):
             self._root = zarr.open_group(store, mode="r", zarr_format=3)
         except BaseException as exc:
             for handle in (store, zf):  # a refused shard keeps no file open
-                if handle is not None:
-                    handle.close()
+                # zarr's ZipStore whose zip never opened (out of descriptors) fails to close: it holds nothing
+                with contextlib.suppress(AttributeError):
+                    if handle is not None:
+                        handle.close()
             if isinstance(exc, FileNotFoundError):
                 raise CorruptShardError(f"shard {self.path} is missing. {_HINT}") from None
+            if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise os_error(exc, self.path, what="a shard", error=ShardSetError) from None
             if isinstance(exc, CorruptShardError) or not isinstance(exc, Exception):
                 raise
             # zipfile, JSON and zarr metadata errors alike mean damage
@@ -172,10 +179,7 @@ class ZarrShardReader(ShardReader):
             ) from None
         self._zip = zf
         self._store = store
-        try:  # chunks are slices of the mapped file; without a mapping (no fd or memory left) zipfile reads them
-            self._mapped = memoryview(mmap.mmap(zf.fp.fileno(), 0, access=mmap.ACCESS_READ)) if zf.fp else None
-        except (OSError, ValueError):
-            self._mapped = None
+        self._mapped = _map_read_only(self.path, zf.fp.fileno()) if zf.fp is not None else None
         return self._root
 
     def array(self, key: str) -> Any:
@@ -298,6 +302,29 @@ class ZarrShardReader(ShardReader):
             ) from None
 
 
+def _map_read_only(path: Path, fd: int) -> memoryview | None:
+    """The shard file mapped read-only, if it is still the file open as ``fd``; else ``None`` (zipfile reads it).
+
+    Chunks are slices of this mapping (a chunk stored raw is the slice itself).
+    pyarrow's mapping lets go of its file descriptor here and stays mapped
+    while any slice of it lives, as an Arrow shard's does: a chunk cached after
+    its shard was closed holds memory, never a descriptor (an ``mmap.mmap``
+    would keep a duplicate descriptor open for as long as one of its chunks is
+    cached).
+    """
+    try:
+        mapped = pa.memory_map(str(path), "r")
+    except (OSError, pa.ArrowException):  # no descriptor or address space left, a path pyarrow cannot encode
+        return None
+    try:
+        st, own = os.fstat(mapped.fileno()), os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (own.st_dev, own.st_ino):  # replaced since the zip was opened
+            return None
+        return memoryview(mapped.read_buffer()).cast("B")
+    finally:
+        mapped.close()
+
+
 class _ChunkDecoder:
     """Decodes one chunk of an array written by :class:`ZarrShardWriter` without zarr's event loop.
 
@@ -407,9 +434,11 @@ class _ChunkDecoder:
             check_encoded(raw, self.compressor, self.nbytes)
         except BoundsError as exc:
             raise ValueError(str(exc)) from None
-        data: Any = raw
+        data: Any = raw  # stored raw: a slice of the read-only mapping
         if self.decompress is not None:
-            data = self.decompress(raw, out=np.empty(self.nbytes, dtype=np.uint8))
+            # Read-only below its array too: a cached chunk is shared by every reader of the process,
+            # and the writeable flag of a view of a writable buffer can be set back.
+            data = memoryview(self.decompress(raw, out=np.empty(self.nbytes, dtype=np.uint8))).toreadonly()
         return (
             np.frombuffer(data, dtype=self.dtype).reshape(self.chunks).astype(self.dtype.newbyteorder("="), copy=False)
         )
