@@ -41,12 +41,12 @@ from shardload.formats.zarr import chunk_cache, set_chunk_cache_bytes
 from shardload.formats.zarr.cache import DEFAULT_CACHE_BYTES
 from shardload.testing import synthetic_samples
 
-VARIANTS: list[tuple[str, dict[str, Any]]] = [
-    ("arrow", {"shard_format": "arrow"}),
-    ("zarr zstd-3", {"shard_format": "zarr", "compression": "zstd"}),
-    ("zarr zstd-9", {"shard_format": "zarr", "compression": "zstd", "compression_level": 9}),
-    ("zarr blosc-lz4-5", {"shard_format": "zarr", "compression": "blosc-lz4"}),
-    ("zarr none", {"shard_format": "zarr", "compression": "none"}),
+VARIANTS: list[tuple[str, dict[str, Any]]] = [  # shard_format "arrow", else ZarrOptions' fields
+    ("arrow", {}),
+    ("zarr zstd-3", {"compression": "zstd"}),
+    ("zarr zstd-9", {"compression": "zstd", "compression_level": 9}),
+    ("zarr blosc-lz4-5", {"compression": "blosc-lz4"}),
+    ("zarr none", {"compression": "none"}),
 ]
 
 
@@ -145,11 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         for label, options in VARIANTS:
             if args.only and label not in args.only and label != "arrow":
                 continue
-            if options["shard_format"] == "zarr" and args.chunk_size:
-                options = {**options, "chunk_size": args.chunk_size}
+            shard_format: Any = "arrow"
+            if label != "arrow":
+                chunk = {"chunk_size": args.chunk_size} if args.chunk_size else {}
+                shard_format = shardload.ZarrOptions(**options, **chunk)
             out = root / label.replace(" ", "_")
             t0 = time.perf_counter()
-            shardload.write(samples, out, progress=False, **options)
+            shardload.write(samples, out, progress=False, shard_format=shard_format)
             write_s = time.perf_counter() - t0
             disk = sum(s.bytes for s in shardload.open(out).shards)
             arrow_bytes = arrow_bytes or disk
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 "samples_per_s": round(args.samples / seconds),
                 "mb_per_s": round(nbytes / seconds / 1e6, 1),
             }
-            if options["shard_format"] == "zarr":
+            if label != "arrow":
                 cache = chunk_cache()
                 row["chunk_loads"], row["cache_hits"] = cache.loads, cache.hits
             if label == "zarr zstd-3":
