@@ -503,6 +503,34 @@ def test_without_a_mapping_chunks_are_read_through_zipfile(tmp_path: Path, monke
         assert_same_sample(cols.sample(i), sample)
 
 
+def test_the_cache_keeps_no_table_for_shards_closed_long_ago(tmp_path: Path) -> None:
+    # A process reads many shards in turn (at most 2 open): tables and names of closed shards whose chunks
+    # were all evicted are dropped, so the cache's bookkeeping stays bounded however many shards it saw.
+    shardload.write(
+        synthetic_samples(240, seed=14), tmp_path / "s", shard_format=ZarrOptions(chunk_size=1024), num_shards=24
+    )
+    small = ChunkCache(8 << 10)
+    ss = shardload.ShardSet(tmp_path / "s", max_open_shards=2)
+    ss._reader_cls = lambda path, schema, **kw: ZarrShardReader(path, schema, cache=small, **kw)  # type: ignore[assignment]
+    for _ in range(2):
+        for i in range(len(ss)):
+            ss[i]
+            # Invariant: a table per array of an open shard at most, a name per table or cached chunk
+            fields = len(ss.schema.fields)
+            assert len(small._tables) <= 2 * fields
+            assert len(small._spaces) <= 2 * fields + len(small)
+    # A shard reopened while its chunks are still cached finds them again (by key), without decoding.
+    big = ChunkCache(1 << 30)
+    path = tmp_path / "s" / ss.shards[0].file
+    first = ZarrShardReader(path, ss.schema, cache=big)
+    first.columns().sample(0)
+    loads = big.loads
+    first.close()
+    again = ZarrShardReader(path, ss.schema, cache=big)
+    again.columns().sample(0)
+    assert big.loads == loads and len(big._tables) == len(ss.schema.fields)
+
+
 def test_shared_cache_bound_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cache_module, "_shared", None)
     monkeypatch.setenv(cache_module.CACHE_ENV, "12345")

@@ -80,18 +80,29 @@ class ChunkCache:
         self.hits = 0
         self.loads = 0
         self._chunks: OrderedDict[Hashable, np.ndarray] = OrderedDict()
-        self._spaces: dict[Hashable, int] = {}  # an array's name -> its base key
-        self._tables: dict[int, ChunkTable] = {}  # base key -> the array's table
+        # Each array's name, base key and chunk table, kept while a reader uses the table or chunks of the
+        # array are cached (so a process that reads many shards in turn does not keep one per shard ever read).
+        self._spaces: dict[Hashable, int] = {}  # name -> base key
+        self._names: dict[int, Hashable] = {}  # base key -> name
+        self._tables: dict[int, ChunkTable] = {}  # base key -> table, while a reader holds it
+        self._users: dict[int, int] = {}  # base key -> readers holding its table
+        self._counts: dict[int, int] = {}  # base key -> chunks cached under it
+        self._next_space = 1
         self._lock = threading.Lock()
         _caches.add(self)
 
     def table(self, name: Hashable, chunks: int) -> tuple[int, ChunkTable]:
         """The base key and the :class:`ChunkTable` of array ``name`` (one array of one file), of ``chunks`` chunks.
 
-        Chunk ``c`` of that array is cached under the integer key ``base + c``.
+        Chunk ``c`` of that array is cached under the integer key ``base + c``. The caller holds the
+        table until it calls :meth:`release` (a reader, when its shard is closed).
         """
         with self._lock:
-            base = self._spaces.setdefault(name, (len(self._spaces) + 1) << _CHUNK_BITS)
+            base = self._spaces.get(name)
+            if base is None:
+                base = self._next_space << _CHUNK_BITS
+                self._next_space += 1
+                self._spaces[name], self._names[base] = base, name
             table = self._tables.get(base)
             if table is None or len(table.slots) < chunks:
                 old, table = table, ChunkTable(chunks)
@@ -99,22 +110,44 @@ class ChunkCache:
                     table.slots[: len(old.slots)] = old.slots
                     table.used[: len(old.used)] = old.used
                 self._tables[base] = table
+            self._users[base] = self._users.get(base, 0) + 1
             return base, table
 
-    def _slot(self, key: Hashable) -> tuple[ChunkTable | None, int]:
+    def release(self, base: int) -> None:
+        """A reader is done with the table of ``base``: the last one drops it (chunks cached stay, by key)."""
+        with self._lock:
+            users = self._users.get(base, 0) - 1
+            if users > 0:
+                self._users[base] = users
+                return
+            self._users.pop(base, None)
+            self._tables.pop(base, None)
+            if not self._counts.get(base):
+                self._forget(base)
+
+    def _forget(self, base: int) -> None:
+        """No table and no chunk under ``base`` any more: drop its name (the lock held)."""
+        self._spaces.pop(self._names.pop(base, None), None)
+        self._counts.pop(base, None)
+
+    def _slot(self, key: Hashable) -> tuple[int, ChunkTable | None, int]:
+        """The base key, the table (if held) and the chunk number of ``key``; base -1 for a key of no array."""
         if type(key) is not int:
-            return None, 0
+            return -1, None, 0
         base, c = key >> _CHUNK_BITS << _CHUNK_BITS, key & ((1 << _CHUNK_BITS) - 1)
+        if base not in self._names:
+            return -1, None, 0
         table = self._tables.get(base)
-        return (table, c) if table is not None and c < len(table.slots) else (None, 0)
+        return (base, table, c) if table is not None and c < len(table.slots) else (base, None, 0)
 
     def get(self, key: Hashable, load: Callable[[], np.ndarray]) -> np.ndarray:
         """The chunk under ``key``, decoded by ``load()`` when it is not cached."""
         with self._lock:
             chunk = self._chunks.get(key)
             if chunk is not None:
-                table, c = self._slot(key)
-                if table is not None:
+                _, table, c = self._slot(key)
+                if table is not None:  # the table may be new (its shard reopened): it gets the chunk back
+                    table.slots[c] = chunk
                     table.used[c] = 1
                 self.hits += 1
                 return chunk
@@ -127,7 +160,9 @@ class ChunkCache:
                 return chunk
             self._chunks[key] = chunk
             self.nbytes += chunk.nbytes
-            table, c = self._slot(key)
+            base, table, c = self._slot(key)
+            if base >= 0:
+                self._counts[base] = self._counts.get(base, 0) + 1
             if table is not None:
                 table.slots[c] = chunk
                 table.used[c] = 1
@@ -142,7 +177,7 @@ class ChunkCache:
         """Evict until the cache fits its bound (the lock held)."""
         while self.nbytes > self.max_bytes:
             key, old = self._chunks.popitem(last=False)
-            table, c = self._slot(key)
+            base, table, c = self._slot(key)
             if table is not None and table.used[c]:
                 table.used[c] = 0  # its second chance: to the back, unmarked
                 self._chunks[key] = old
@@ -150,6 +185,10 @@ class ChunkCache:
             if table is not None:
                 table.slots[c] = None
             self.nbytes -= old.nbytes
+            if base >= 0:
+                self._counts[base] -= 1
+                if not self._counts[base] and base not in self._users:
+                    self._forget(base)
 
     def resize(self, max_bytes: int) -> None:
         """Change the bound, evicting chunks until the cache fits."""
@@ -166,6 +205,9 @@ class ChunkCache:
             for table in self._tables.values():
                 table.slots[:] = [None] * len(table.slots)
                 table.used[:] = 0
+            self._counts.clear()
+            for base in [b for b in self._names if b not in self._users]:
+                self._forget(base)
             self.nbytes = self.hits = self.loads = 0
 
     def __len__(self) -> int:

@@ -90,6 +90,7 @@ class ZarrShardReader(ShardReader):
         self._mapped: memoryview | None = None  # the shard file, mapped read-only (chunks are slices of it)
         self._arrays: dict[str, Any] = {}
         self._decoders: dict[str, _ChunkDecoder | None] = {}
+        self._values: list[ZarrValues] = []  # each holds its chunk table in the cache until close()
         self._pid = -1
         self._identity: tuple[Hashable, ...] = ()
 
@@ -99,7 +100,9 @@ class ZarrShardReader(ShardReader):
 
     def close(self) -> None:
         super().close()
-        self._arrays, self._decoders = {}, {}
+        for values in self._values:
+            values.release()
+        self._arrays, self._decoders, self._values = {}, {}, []
         if self._store is not None and self._pid == os.getpid():
             self._store.close()
             if self._zip is not None:
@@ -245,6 +248,7 @@ class ZarrShardReader(ShardReader):
         row_bytes = math.prod(max(1, d) for d in f.inner_shape) * dtype.itemsize
         self._check_array(key, arr, None if f.variable else n, max_chunk_bytes(self._chunk_size, row_bytes))
         values = ZarrValues(self, key, tuple(arr.shape), dtype, int(arr.chunks[0]))
+        self._values.append(values)
         if not f.variable:
             if len(values) != n:
                 raise CorruptShardError(
@@ -543,6 +547,12 @@ class ZarrValues:
         if self._keyed is None or self._keyed[0] is not cache:
             self._keyed = (cache, *cache.table((reader._identity, self.key), self.num_chunks))
         return self._keyed
+
+    def release(self) -> None:
+        """Let the cache drop this array's chunk table (its shard is closed; cached chunks stay, by key)."""
+        if self._keyed is not None:
+            self._keyed[0].release(self._keyed[1])
+            self._keyed = None
 
     def _chunk(self, c: int) -> np.ndarray:
         cache, base, _ = self._cache()
