@@ -82,10 +82,12 @@ def refuse_remote_options(out: str | os.PathLike[str], **given: object) -> None:
     Raises:
         InputError: naming the options and the output.
     """
+    flags = {"staging": " (--staging)", "keep_staging": " (--keep-staging)"}  # the command line's spelling
     named = [name for name, value in given.items() if value is not None and value is not False and value != {}]
     if named:
+        listed = ", ".join(f"{name}={flags.get(name, '')}" for name in named)
         raise InputError(
-            f"{', '.join(f'{n}=' for n in named)} {'applies' if len(named) == 1 else 'apply'} only to a URL "
+            f"{listed} {'applies' if len(named) == 1 else 'apply'} only to a URL "
             f"output (s3://..., gs://...), and {os.fsdecode(out)!r} is a local directory: leave "
             f"{'it' if len(named) == 1 else 'them'} out, or give a URL as the output"
         )
