@@ -17,7 +17,7 @@ caller can catch them all with one clause, or one branch of the tree::
      |    +-- PlanMismatchError           ranks disagree: batch counts or plan fingerprints differ
      |    +-- MixtureError                a mixture's weights, sources or fields do not fit together
      +-- WorkerError (RuntimeError)       a DataLoader worker died or sent no batch within the timeout
-     +-- RemoteError (OSError)            object storage kept failing after every retry; names the URL
+     +-- RemoteError (OSError)            object storage kept failing after every retry, or rejected a request; names the URL
      |    +-- RemoteAccessError (PermissionError)  it refused the credentials, or there were none (not retried)
      +-- MissingDependencyError (ImportError)  an optional package a format needs (zarr) is not installed
 
@@ -126,12 +126,14 @@ class WorkerError(ShardloadError, RuntimeError):
 
 
 class RemoteError(ShardloadError, OSError):
-    """Object storage (S3, GCS, Azure, HTTP) kept failing after every retry.
+    """Object storage (S3, GCS, Azure, HTTP) kept failing after every retry, or rejected a request.
 
-    Raised only for failures that may pass (HTTP 5xx, throttling, timeouts,
-    dropped connections) once the retries are spent; the message names the URL,
-    the number of tries and the last error. A missing object or a refused
-    credential is not retried and is reported as what it is.
+    Raised for failures that may pass (HTTP 5xx, throttling, timeouts, dropped
+    connections) once the retries are spent, naming the URL, the number of tries
+    and the last error; and at once for an answer that another try would not
+    change (``400 Bad Request``, a URL with an empty path segment), naming the
+    URL, the call and the status. A missing object or a refused credential is
+    reported as what it is.
 
     Attributes:
         url: the object (or prefix) that could not be read or written.

@@ -144,8 +144,9 @@ def verify(
     A remote set (a URL) is checked through the node cache: each shard is downloaded
     (or found there), its sha256 compared with the manifest's as every download is,
     then checked as a local shard; with a ``cache_limit``, checked shards make room for
-    the next ones. A shard whose object does not match (after one more download) is a
-    ``checksum_mismatch`` naming its URL.
+    the next ones. A shard whose object is not in storage is ``missing``; one whose object does not
+    match (after one more download) is ``checksum_mismatch`` (or ``truncated``/``size_mismatch`` by its
+    size), as for a local set; each names its URL.
 
     Args:
         path: a shard set directory, or a URL (``s3://``, ``gs://``, ``https://``).
@@ -299,8 +300,8 @@ class _ShardChecker:
             return self._check(k)
         try:
             self.cache.acquire(k)
-        except CorruptShardError as exc:
-            return [Problem(k, self.manifest.shards[k].file, "checksum_mismatch", str(exc))], 0
+        except CorruptShardError as exc:  # missing from storage, or not matching it after a second download
+            return [Problem(k, self.manifest.shards[k].file, _reason(exc), str(exc))], 0
         try:
             return self._check(k)
         finally:

@@ -24,7 +24,9 @@ class Exit(IntEnum):
     SHARD_SET = 5  # ShardSetError: the shard set is missing or unusable
     PLAN = 6  # PlanError: batching options are invalid
     LOADER = 7  # WorkerError: a DataLoader worker died or sent no batch within the timeout
-    REMOTE = 8  # RemoteError: object storage refused the credentials, or kept failing after every retry
+    REMOTE = (
+        8  # RemoteError: object storage refused the credentials, kept failing after every retry, or rejected a request
+    )
     INTERNAL = 70  # an unexpected exception: a bug in shardload (EX_SOFTWARE)
 
 
@@ -40,8 +42,8 @@ exit status:
   5   shard set unusable (missing, not a shard set, damaged manifest or shard)
   6   plan error (invalid batching options)
   7   a DataLoader worker died or sent no batch within the timeout (demo)
-  8   object storage (s3://, gs://, https://) refused the credentials, or kept
-      failing after every retry
+  8   object storage (s3://, gs://, https://) refused the credentials, kept
+      failing after every retry, or rejected a request (400 Bad Request)
   70  internal error (a bug: rerun with --debug and report the traceback)
   130 interrupted (Ctrl-C); 143 stopped by SIGTERM: rerun an interrupted prepare with --resume"""
 

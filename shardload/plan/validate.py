@@ -7,10 +7,12 @@ and integer options in range.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.errors import PlanError
+from shardload.errors import PlanError, ShardloadError
 
 __all__ = [
     "MAX_EPOCH",
@@ -20,6 +22,7 @@ __all__ = [
     "check_arrays",
     "check_bool",
     "check_rank",
+    "check_real",
     "check_scalar",
 ]
 
@@ -34,20 +37,41 @@ MAX_EPOCH = (1 << 63) - 1
 MAX_LENGTH = 1 << 40
 
 
-def check_scalar(name: str, value: object, *, low: int, high: int, hint: str = "") -> int:
-    """``value`` as a plain int in ``[low, high]``, else :class:`PlanError` naming ``name``.
+def check_scalar(
+    name: str, value: object, *, low: int, high: int, hint: str = "", error: type[ShardloadError] = PlanError
+) -> int:
+    """``value`` as a plain int in ``[low, high]``, else ``error`` (:class:`PlanError`) naming ``name``.
 
     Bools and floats are refused, even integral ones: ``batch_size=True`` or
     ``seed=1e20`` is a mistake, not a number to round.
     """
     tail = f"; {hint}" if hint else ""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise PlanError(f"{name} must be an integer, got {value!r} ({type(value).__name__}){tail}")
+        raise error(f"{name} must be an integer, got {value!r} ({type(value).__name__}){tail}")
     if value < low:
-        raise PlanError(f"{name} must be >= {low}, got {value}{tail}")
+        raise error(f"{name} must be >= {low}, got {value}{tail}")
     if value > high:
-        raise PlanError(f"{name} must be at most {high:,}, got {value}{tail}")
+        raise error(f"{name} must be at most {high:,}, got {value}{tail}")
     return int(value)
+
+
+def check_real(
+    name: str, value: object, *, low: float, high: float, hint: str = "", error: type[ShardloadError] = PlanError
+) -> float:
+    """``value`` as a float in ``[low, high]``, else ``error`` (:class:`PlanError`) naming ``name``.
+
+    Ints and floats are accepted; bools, strings and NaN are refused.
+
+    >>> check_real("jitter", 1, low=0.0, high=1.0)
+    1.0
+    """
+    tail = f"; {hint}" if hint else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise error(f"{name} must be a number, got {value!r} ({type(value).__name__}){tail}")
+    number = float(value)
+    if math.isnan(number) or not low <= number <= high:
+        raise error(f"{name} must be between {low:g} and {high:g}, got {value!r}{tail}")
+    return number
 
 
 def check_bool(name: str, value: object) -> bool:

@@ -20,7 +20,7 @@ from shardload.prepare.fingerprint import fingerprint_units
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.parts import parse_part, part_dir, refuse_part_into_single_set, refuse_resume_of_merged
 from shardload.prepare.pipeline import PrepareResult, run_prepare
-from shardload.prepare.remote import prepare_to_url, refuse_remote_parts, staging_dir
+from shardload.prepare.remote import prepare_to_url, refuse_remote_options, refuse_remote_parts, staging_dir
 from shardload.prepare.sources import SKIP_REASONS, SourceOptions, discover
 from shardload.remote.retry import RetryPolicy
 from shardload.remote.url import is_remote
@@ -87,9 +87,13 @@ def prepare(
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
+    remote = is_remote(out)
+    if not remote:
+        refuse_remote_options(
+            out, storage_options=storage_options, staging=staging, keep_staging=keep_staging, retry=retry
+        )
     opts = PrepareOptions(**_tupled(options))
     which = None if part is None else parse_part(part)
-    remote = is_remote(out)
     if remote and which is not None:
         refuse_remote_parts(os.fsdecode(out))
     if not remote and which is None and opts.resume:
@@ -194,6 +198,7 @@ def write(
             keep_staging=keep_staging,
             retry=retry,
         )
+    refuse_remote_options(out, storage_options=storage_options, staging=staging, keep_staging=keep_staging, retry=retry)
     return run_prepare(out, options=opts, samples=samples)
 
 

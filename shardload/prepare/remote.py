@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from shardload.errors import OutputError, OutputExistsError
+from shardload.errors import InputError, OutputError, OutputExistsError
 from shardload.manifest import MANIFEST_NAME
 from shardload.output import OutputLock, atomic_write_text
 from shardload.prepare.options import PrepareOptions
@@ -44,8 +44,9 @@ from shardload.prepare.workdir import WORK
 from shardload.remote.options import default_cache_dir
 from shardload.remote.retry import RetryPolicy
 from shardload.remote.upload import SetUploader, UploadRecord
+from shardload.remote.url import normalize_url
 
-__all__ = ["prepare_to_url", "refuse_remote_parts", "staging_dir"]
+__all__ = ["prepare_to_url", "refuse_remote_options", "refuse_remote_parts", "staging_dir"]
 
 _RUN, _RECORD, _LOCK, _SET = "run.json", "uploaded.log", ".upload.lock", "set"
 
@@ -54,7 +55,7 @@ def staging_dir(url: str, staging: str | os.PathLike[str] | None = None) -> Path
     """Where a run into ``url`` stages its set: ``staging`` if given, else one folder per URL in the cache."""
     if staging is not None:
         return Path(staging)
-    return default_cache_dir() / "staging" / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    return default_cache_dir() / "staging" / hashlib.sha256(normalize_url(url).encode()).hexdigest()[:16]
 
 
 def refuse_remote_parts(url: str, what: str = "parts (--part K/N, shardload merge)") -> None:
@@ -71,6 +72,25 @@ def refuse_remote_parts(url: str, what: str = "parts (--part K/N, shardload merg
         "prepare the parts into a shared file system and merge them there, or prepare the whole set in one run "
         f"with -o {url}"
     )
+
+
+def refuse_remote_options(out: str | os.PathLike[str], **given: object) -> None:
+    """Refuse the options of a URL output (``storage_options``, ``staging``, ...) given with a local ``out``.
+
+    ``given``: each option by its name, ``None`` (or ``False``, or an empty dict) when not given.
+
+    Raises:
+        InputError: naming the options and the output.
+    """
+    flags = {"staging": " (--staging)", "keep_staging": " (--keep-staging)"}  # the command line's spelling
+    named = [name for name, value in given.items() if value is not None and value is not False and value != {}]
+    if named:
+        listed = ", ".join(f"{name}={flags.get(name, '')}" for name in named)
+        raise InputError(
+            f"{listed} {'applies' if len(named) == 1 else 'apply'} only to a URL "
+            f"output (s3://..., gs://...), and {os.fsdecode(out)!r} is a local directory: leave "
+            f"{'it' if len(named) == 1 else 'them'} out, or give a URL as the output"
+        )
 
 
 def prepare_to_url(
@@ -105,7 +125,7 @@ def prepare_to_url(
         OutputError: the store refused the credentials, has no such bucket, or the staged set is of another run.
         RemoteError: a call kept failing after every retry (a rerun with ``resume`` goes on).
     """
-    url = url.rstrip("/")
+    url = normalize_url(url)
     uploader = SetUploader(url, storage_options=storage_options, policy=retry, progress=options.progress)
     root = staging_dir(url, staging)
     _refuse_foreign_staging(root)

@@ -53,8 +53,15 @@ from shardload.output import atomic_write_text
 from shardload.remote.options import RemoteOptions
 from shardload.remote.policy import NEVER, choose_victims, next_uses
 from shardload.remote.retry import with_retries
-from shardload.remote.url import join_url, open_filesystem
-from shardload.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES, env_limit, safe_relative_path
+from shardload.remote.url import join_url, normalize_url, open_filesystem
+from shardload.setfiles import (
+    ENV_MAX_MANIFEST_BYTES,
+    MAX_MANIFEST_BYTES,
+    env_limit,
+    reason_of,
+    safe_relative_path,
+    tagged,
+)
 
 __all__ = ["RemoteSet"]
 
@@ -109,7 +116,7 @@ class RemoteSet:
     """
 
     def __init__(self, url: str, options: RemoteOptions) -> None:
-        self.url = url.rstrip("/")
+        self.url = normalize_url(url)
         self.options = options
         self.set_dir = options.directory / "sets" / hashlib.sha256(self.url.encode()).hexdigest()[:16]
         self.mirror = self.set_dir  # the fingerprint's directory, once open() ran
@@ -245,11 +252,24 @@ class RemoteSet:
         return self.url.split("://", 1)[0].lower() in ("http", "https")
 
     def _download_to(self, rel: str, dest: Path, what: str) -> None:
-        """``rel`` of the set, whole, to ``dest`` through a ``.part`` file renamed into place."""
+        """``rel`` of the set, whole, to ``dest`` through a ``.part`` file renamed into place.
+
+        Raises:
+            ShardSetError: storage has no such object (reason ``missing``), naming its URL.
+        """
         dest.parent.mkdir(parents=True, exist_ok=True)
         part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
         try:
-            self._call(what, rel, lambda fs, p: fs.get_file(p, str(part)))
+            try:
+                self._call(what, rel, lambda fs, p: fs.get_file(p, str(part)))
+            except FileNotFoundError:
+                raise tagged(
+                    ShardSetError,
+                    f"{join_url(self.url, rel)}: the manifest of {self.url} names {rel}, and storage has no such "
+                    "object: the set is incomplete (objects deleted, or copied without it). Upload the set again "
+                    "(prepare -o URL --overwrite).",
+                    "missing",
+                ) from None
             os.replace(part, dest)
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -278,8 +298,11 @@ class RemoteSet:
             return
         with _locked(self.set_dir / ".lock", timeout=self.options.wait_timeout, what=f"opening {self.url}"):
             if not (self.mirror / ORIGINS_NAME).is_file():
-                with contextlib.suppress(FileNotFoundError):
+                try:
                     self._download_to(ORIGINS_NAME, self.mirror / ORIGINS_NAME, f"downloading {ORIGINS_NAME}")
+                except ShardSetError as exc:
+                    if reason_of(exc) != "missing":
+                        raise
 
     # -- shards ----------------------------------------------------------------------------------------
     def _path(self, shard: int) -> Path:
@@ -374,15 +397,17 @@ class RemoteSet:
         """Download into ``part``, compare size and sha256 with the manifest (one more try), rename to ``path``."""
         assert self.manifest is not None
         info, url = self.manifest.shards[shard], self.shard_url(shard)
-        found = ""
+        found, size = "", 0
         for _ in range(2):
             try:
                 self._call(f"downloading shard {shard}", info.file, lambda fs, p: fs.get_file(p, str(part)))
             except FileNotFoundError:
                 self._check_stamp(shard, url)
-                raise CorruptShardError(
+                raise tagged(
+                    CorruptShardError,
                     f"shard {shard} ({url}) is missing from storage though the manifest names it: run "
-                    f"`shardload verify {self.url}`, and upload the set again (prepare -o URL)."
+                    f"`shardload verify {self.url}`, and upload the set again (prepare -o URL).",
+                    "missing",
                 ) from None
             size = part.stat().st_size
             found = file_checksum(part) if size == info.bytes else f"{size} bytes"
@@ -392,11 +417,14 @@ class RemoteSet:
                     log.write(f"{shard} {os.getpid()} {info.bytes}\n")
                 return
         self._check_stamp(shard, url)
-        want = info.checksum if found.startswith("sha256:") else f"{info.bytes} bytes"
-        raise CorruptShardError(
+        hashed = found.startswith("sha256:")
+        want = info.checksum if hashed else f"{info.bytes} bytes"
+        raise tagged(
+            CorruptShardError,
             f"shard {shard} ({url}) does not match the manifest, twice: it is {found}, the manifest says {want}. "
             f"The object in storage is damaged or was replaced: run `shardload verify {self.url}`, and upload "
-            "the set again (prepare -o URL)."
+            "the set again (prepare -o URL).",
+            "checksum_mismatch" if hashed else "truncated" if size < info.bytes else "size_mismatch",
         )
 
     def _changed(self) -> bool:

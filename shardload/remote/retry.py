@@ -9,7 +9,11 @@ its causes (fsspec backends wrap botocore and aiohttp errors in ``OSError``);
 jitter and, once the tries are spent, raises
 :class:`~shardload.errors.RemoteError` naming the URL, the tries and the last
 error. The second kind is raised at once: a refused or missing credential as
-:class:`~shardload.errors.RemoteAccessError` naming the URL, anything else as it is.
+:class:`~shardload.errors.RemoteAccessError` naming the URL, a missing object as
+the ``FileNotFoundError`` it is (each caller says what it means there), any
+other answer of the store (``400 Bad Request``, ...) as a ``RemoteError`` naming
+the URL, the call and the status; an error that is not the store's (a full local
+disk, a bug) as it is.
 
 Every remote call of shardload (manifest, lengths index, shard downloads,
 uploads of ``prepare -o s3://...``) goes through :func:`with_retries`.
@@ -25,9 +29,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from shardload.errors import RemoteAccessError, RemoteError
+from shardload.errors import InputError, RemoteAccessError, RemoteError, ShardloadError
+from shardload.plan.validate import check_real, check_scalar
 
-__all__ = ["RetryPolicy", "is_refused", "is_transient", "with_retries"]
+__all__ = ["RetryPolicy", "describe", "is_refused", "is_storage_error", "is_transient", "with_retries"]
 
 T = TypeVar("T")
 
@@ -75,6 +80,9 @@ _TRANSIENT_NAMES = frozenset(
 _TRANSIENT_ERRNOS = frozenset(
     {errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EPIPE, errno.EHOSTUNREACH}
 )
+#: the most tries and the longest wait a RetryPolicy accepts (more is a mistake, not patience)
+MAX_TRIES = 1000
+MAX_DELAY = 3600.0
 #: errors that never pass by waiting, even when a transient one is among their causes
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
@@ -84,11 +92,14 @@ class RetryPolicy:
     """How often and how patiently a remote call is retried.
 
     Attributes:
-        tries: calls in all, the first included (1 = no retry).
+        tries: calls in all, the first included (1 = no retry; at most :data:`MAX_TRIES`).
         base_delay: seconds before the second try; each later wait doubles, up to ``max_delay``.
-        max_delay: longest single wait, in seconds.
+        max_delay: longest single wait, in seconds (at most :data:`MAX_DELAY`).
         jitter: each wait is drawn uniformly from ``[(1 - jitter) * d, d]`` ("full jitter" at 1.0), so
             that the processes of a node that failed together do not retry together.
+
+    Raises:
+        InputError: a field is not a number, or out of its range (named in the message).
     """
 
     tries: int = 6
@@ -97,12 +108,19 @@ class RetryPolicy:
     jitter: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.tries < 1:
-            raise ValueError(f"RetryPolicy.tries must be at least 1, got {self.tries}")
-        if self.base_delay < 0 or self.max_delay < 0:
-            raise ValueError("RetryPolicy delays must not be negative")
-        if not 0.0 <= self.jitter <= 1.0:
-            raise ValueError(f"RetryPolicy.jitter must be in [0, 1], got {self.jitter}")
+        check_scalar(
+            "RetryPolicy.tries",
+            self.tries,
+            low=1,
+            high=MAX_TRIES,
+            hint=f"calls in all, from 1 (no retry) to {MAX_TRIES}",
+            error=InputError,
+        )
+        for name in ("base_delay", "max_delay"):
+            check_real(
+                f"RetryPolicy.{name}", getattr(self, name), low=0.0, high=MAX_DELAY, hint="seconds", error=InputError
+            )
+        check_real("RetryPolicy.jitter", self.jitter, low=0.0, high=1.0, hint="1.0 = full jitter", error=InputError)
 
     def delays(self, rng: random.Random | None = None) -> Iterator[float]:
         """The ``tries - 1`` waits between tries, in seconds."""
@@ -213,6 +231,33 @@ def is_refused(exc: BaseException) -> bool:
     return False
 
 
+#: the packages whose errors are the storage service's answer (or its client's), not a local failure or a bug
+_STORAGE_PACKAGES = frozenset(
+    {"botocore", "aiobotocore", "s3fs", "gcsfs", "adlfs", "fsspec", "aiohttp", "requests", "urllib3", "google", "azure"}
+)
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it wraps) is an answer of the storage service or its client.
+
+    That is: an HTTP status or service error code is among its causes, an error class of a storage
+    package (botocore, s3fs, aiohttp, ...) is, or it is an ``OSError`` with neither an errno nor a
+    file name (what fsspec backends raise for the store). A local failure (a disk full, a file of the
+    cache that cannot be written: these carry an errno), an error of shardload or a bug is not one.
+
+    >>> is_storage_error(OSError("Bad Request")), is_storage_error(OSError(28, "No space left on device"))
+    (True, False)
+    """
+    if isinstance(exc, ShardloadError):
+        return False
+    for e in _chain(exc):
+        if _status(e) != (None, None) or type(e).__module__.split(".")[0] in _STORAGE_PACKAGES:
+            return True
+        if isinstance(e, OSError) and e.errno is None and e.filename is None:
+            return True
+    return False
+
+
 def with_retries(
     call: Callable[[], T],
     *,
@@ -224,6 +269,8 @@ def with_retries(
 ) -> T:
     """``call()``, retried on transient errors with backoff and jitter.
 
+    The one place where an error of the storage service becomes one of shardload's.
+
     Args:
         call: one attempt (a download, an upload, a listing).
         url: the object or prefix, for the message.
@@ -232,9 +279,13 @@ def with_retries(
         sleep, rng: injected by tests.
 
     Raises:
-        RemoteError: every try failed with a transient error; names ``url``, the tries and the last error.
+        RemoteError: every try failed with a transient error (names ``url``, the tries and the last
+            error), or the store answered with an error that another try would not change (a
+            ``400 Bad Request``, a ``405``...; names ``url``, ``what`` and the status).
         RemoteAccessError: the credentials were refused or missing; names ``url``.
-        Exception: the first other non-transient error, as it is (a missing object, a bad request).
+        FileNotFoundError: the object (or bucket) does not exist, as the filesystem raised it: the
+            caller says what a missing object means there (no shard set, a shard deleted, ...).
+        Exception: any other error, as it is (a local one, such as a full disk, or a bug).
     """
     policy = policy or RetryPolicy()
     delays = policy.delays(rng)
@@ -252,7 +303,15 @@ def with_retries(
                     url,
                 ) from exc
             if not is_transient(exc):
-                raise
+                if isinstance(exc, FileNotFoundError) or not is_storage_error(exc):
+                    raise
+                raise RemoteError(
+                    f"{what} ({url}) failed: {describe(exc)}. The storage service rejected the request, and "
+                    "another try would not change its answer: check the URL (bucket and prefix), the endpoint "
+                    "(AWS_ENDPOINT_URL, or storage_options) and that the service supports the call; if the "
+                    "objects of the set were changed by hand, upload the set again (prepare -o URL --overwrite).",
+                    url,
+                ) from exc
             delay = next(delays, None)
             if delay is None:
                 raise RemoteError(

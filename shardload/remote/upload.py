@@ -47,7 +47,7 @@ from shardload.origin import ORIGINS_NAME
 from shardload.prepare.faults import crash_point
 from shardload.progress import Progress
 from shardload.remote.retry import RetryPolicy, with_retries
-from shardload.remote.url import join_url, open_filesystem
+from shardload.remote.url import join_url, normalize_url, open_filesystem
 from shardload.shardtable import SHARD_TABLE_NAME
 
 __all__ = ["AT_URL", "RemoteObject", "SetUploader", "UploadRecord", "is_owned"]
@@ -107,7 +107,7 @@ class SetUploader:
         policy: RetryPolicy | None = None,
         progress: bool | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
+        self.url = normalize_url(url)
         self.policy = policy
         self.progress = progress
         self.fs, path = open_filesystem(self.url, dict(storage_options or {}))

@@ -5,17 +5,23 @@ Every entry point that takes a shard set (``shardload.open``, ``make_loader``,
 :func:`is_remote` first: a local path (``out/``, ``/data/set``,
 ``file:///data/set``) keeps the local code path untouched; anything else with a
 scheme (``s3://``, ``gs://``, ``az://``, ``https://``) goes through fsspec.
+:func:`normalize_url` is the one spelling of a URL that the rest uses (for the
+cache and staging directories too): the scheme in lower case, no trailing
+``/``, and no empty path segment (``s3://bucket/a//set`` is refused).
+:func:`open_filesystem` turns off the S3 client's own retries, so that
+:class:`~shardload.remote.retry.RetryPolicy` is the only retry loop.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
-from shardload.errors import MissingDependencyError
+from shardload.errors import MissingDependencyError, RemoteError
 
-__all__ = ["is_remote", "join_url", "local_path", "open_filesystem"]
+__all__ = ["CONNECT_TIMEOUT", "READ_TIMEOUT", "is_remote", "join_url", "local_path", "normalize_url", "open_filesystem"]
 
 # "scheme://" with a scheme as RFC 3986 spells it; a Windows drive ("C:\\") has no "//"
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -29,6 +35,9 @@ _PACKAGES = {
     "abfs": "adlfs",
     "abfss": "adlfs",
 }
+#: seconds the S3 client waits for a connection, and for each read of an answer, before one try fails
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 15.0
 
 
 def _scheme(path: str | os.PathLike[str]) -> str | None:
@@ -55,6 +64,35 @@ def local_path(path: str | os.PathLike[str]) -> str | os.PathLike[str]:
     return path
 
 
+def normalize_url(url: str) -> str:
+    """``url`` as shardload spells it: the scheme in lower case (schemes are case-insensitive), no trailing ``/``.
+
+    >>> normalize_url("S3://bucket/sets/train/")
+    's3://bucket/sets/train'
+
+    Raises:
+        RemoteError: the path of an object-store URL has an empty segment (``s3://bucket/a//set``,
+            which S3-compatible services answer with ``400 Bad Request``) or no bucket (``s3:///set``).
+    """
+    m = _SCHEME.match(url)
+    if m is None:
+        return url
+    scheme, rest = m.group(1).lower(), url[m.end() :].rstrip("/")
+    if scheme not in ("http", "https", "file", "local") and "" in rest.split("/"):
+        if rest.startswith("/"):
+            raise RemoteError(
+                f"{url}: no bucket (or host) between '{scheme}://' and the path; write {scheme}://BUCKET/PREFIX",
+                url,
+            )
+        fixed = "/".join(part for part in rest.split("/") if part)
+        raise RemoteError(
+            f"{url}: the path has an empty segment ('//'), which object stores refuse (400 Bad Request); "
+            f"write it without one: {scheme}://{fixed}",
+            url,
+        )
+    return f"{scheme}://{rest}"
+
+
 def join_url(url: str, *names: str) -> str:
     """``url`` with ``names`` appended, one ``/`` between each (``join_url("s3://b/set/", "a.arrow")``)."""
     out = url.rstrip("/")
@@ -70,11 +108,22 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
     environment, config files, instance metadata) or from ``storage_options``
     (for S3: ``{"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}``).
 
+    For S3, the client's own retries are off (botocore's ``retries`` in ``config_kwargs``, unless
+    ``storage_options`` or ``$AWS_MAX_ATTEMPTS`` sets them; s3fs's loop around botocore), so that a
+    store that cannot be reached fails within :class:`~shardload.remote.retry.RetryPolicy`'s waits,
+    and ``connect_timeout``/``read_timeout`` are :data:`CONNECT_TIMEOUT`/:data:`READ_TIMEOUT` unless
+    ``config_kwargs`` gives them.
+
     Raises:
+        RemoteError: the URL has an empty path segment (:func:`normalize_url`).
         MissingDependencyError: fsspec, or the package of this scheme (s3fs, gcsfs, adlfs,
             aiohttp for HTTP), is not installed; the message gives the ``pip install`` line.
     """
+    url = normalize_url(url)
     scheme = _scheme(url) or "file"
+    options = dict(storage_options or {})
+    if scheme in ("s3", "s3a"):
+        options["config_kwargs"] = _s3_config(options.get("config_kwargs"))
     try:
         import fsspec
     except ImportError as exc:
@@ -82,7 +131,7 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
             f"reading {url} needs fsspec: pip install 'shardload[remote]' (S3 and HTTP included)"
         ) from exc
     try:
-        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
         package = _PACKAGES.get(
             scheme, "aiohttp" if scheme in ("http", "https") else f"the fsspec backend of {scheme}://"
@@ -94,4 +143,18 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
         raise MissingDependencyError(
             f"{url}: fsspec knows no filesystem for {scheme}:// ({exc}); use s3://, gs://, az:// or https://"
         ) from exc
+    if scheme in ("s3", "s3a") and isinstance(getattr(fs, "retries", None), int):
+        fs.retries = 1  # s3fs retries throttling and timeouts itself, 5 times, inside each of our tries
     return fs, path
+
+
+def _s3_config(given: object) -> Any:
+    """botocore's ``Config`` keywords for s3fs: one attempt per call and the timeouts, unless given."""
+    if given is not None and not isinstance(given, Mapping):
+        return given  # not keywords: s3fs says what is wrong with it
+    config: dict[str, Any] = dict(given or {})
+    if "retries" not in config and not os.environ.get("AWS_MAX_ATTEMPTS", "").strip():
+        config["retries"] = {"total_max_attempts": 1}  # a new dict each time: botocore changes it in place
+    config.setdefault("connect_timeout", CONNECT_TIMEOUT)
+    config.setdefault("read_timeout", READ_TIMEOUT)
+    return config

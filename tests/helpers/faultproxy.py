@@ -13,6 +13,7 @@ next ``times`` matching requests, then the proxy is transparent again::
 Faults:
     ``"503"``: an S3 ``SlowDown`` error (status 503, XML body), upstream not asked.
     ``"500"``: an S3 ``InternalError`` (status 500).
+    ``"400"``: an S3 ``InvalidRequest`` (status 400): an answer no retry changes.
     ``"stall"``: wait ``stall_s`` seconds, then answer normally (a client timeout shorter than that fires).
     ``"drop"``: close the connection without any answer.
     ``"truncate"``: send the headers with the full length, half the body, then close.
@@ -32,10 +33,11 @@ import urllib.parse
 from dataclasses import dataclass, field
 from types import TracebackType
 
-FAULTS = ("503", "500", "stall", "drop", "truncate", "corrupt")
+FAULTS = ("503", "500", "400", "stall", "drop", "truncate", "corrupt")
 _ERROR_BODIES = {
     "503": (503, "SlowDown", "Please reduce your request rate."),
     "500": (500, "InternalError", "We encountered an internal error. Please try again."),
+    "400": (400, "InvalidRequest", "The request is not valid for this service."),
 }
 # hop-by-hop headers and those the proxy recomputes
 _SKIP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection"}

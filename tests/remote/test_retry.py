@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from shardload.errors import RemoteError
+from shardload.errors import InputError, RemoteError
 from shardload.remote import RetryPolicy, is_transient, with_retries
 
 
@@ -130,3 +130,71 @@ def test_describe_names_the_status_s3fs_hides() -> None:
     assert got == "OSError: [Errno 16] Please reduce your request rate (HTTP 503 SlowDown)"
     assert describe(wrapped("503", "Service Unavailable")).endswith("Service Unavailable (HTTP 503)")  # a HEAD
     assert describe(TimeoutError("read timed out")) == "TimeoutError: read timed out"
+
+
+@pytest.mark.parametrize(
+    ("bad", "field", "accepted"),
+    [
+        ({"tries": 0}, "tries", "from 1"),
+        ({"tries": -3}, "tries", "from 1"),
+        ({"tries": 2.5}, "tries", "an integer"),
+        ({"tries": True}, "tries", "an integer"),
+        ({"tries": 10**6}, "tries", "at most 1,000"),
+        ({"base_delay": -1.0}, "base_delay", "between 0 and 3600"),
+        ({"base_delay": float("nan")}, "base_delay", "between 0 and 3600"),
+        ({"max_delay": float("inf")}, "max_delay", "between 0 and 3600"),
+        ({"max_delay": "5"}, "max_delay", "a number"),
+        ({"jitter": float("nan")}, "jitter", "between 0 and 1"),
+        ({"jitter": 1.5}, "jitter", "between 0 and 1"),
+    ],
+)
+def test_policy_names_the_field_and_its_range(bad: dict[str, object], field: str, accepted: str) -> None:
+    with pytest.raises(InputError, match=rf"RetryPolicy\.{field} must be .*{accepted}"):
+        RetryPolicy(**bad)  # type: ignore[arg-type]
+
+
+def _s3fs_wrapped(status: int, code: str, text: str, errno: int) -> OSError:
+    """What s3fs raises for a botocore ClientError it has no Python error for: OSError(errno, text) from it."""
+    from botocore.exceptions import ClientError
+
+    cause = ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "HeadObject")
+    try:
+        raise OSError(errno, text) from cause
+    except OSError as exc:
+        return exc
+
+
+def test_a_permanent_answer_of_the_store_is_a_remote_error_naming_url_call_and_status() -> None:
+    calls = []
+
+    def call() -> None:
+        calls.append(1)
+        raise _s3fs_wrapped(400, "400", "Bad Request", 22)
+
+    with pytest.raises(
+        RemoteError, match=r"reading k \(s3://b/k\) failed: OSError: .*Bad Request \(HTTP 400\)"
+    ) as info:
+        with_retries(call, url="s3://b/k", what="reading k", sleep=lambda s: None)
+    assert calls == [1] and info.value.url == "s3://b/k" and not isinstance(info.value, FileNotFoundError)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [OSError(28, "No space left on device"), InputError("shardload's own"), KeyError("a bug"), FileNotFoundError("x")],
+)
+def test_errors_that_are_not_the_stores_answer_pass_as_they_are(exc: Exception) -> None:
+    def call() -> None:
+        raise exc
+
+    with pytest.raises(type(exc)) as info:
+        with_retries(call, url="s3://b/k", what="reading k", sleep=lambda s: None)
+    assert info.value is exc
+
+
+@pytest.mark.parametrize("module", ["shardload.remote.retry", "shardload.remote.url"])
+def test_docstring_examples_run(module: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.failed == 0 and result.attempted > 0
