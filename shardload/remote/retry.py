@@ -37,19 +37,33 @@ __all__ = ["RetryPolicy", "describe", "is_refused", "is_storage_error", "is_tran
 T = TypeVar("T")
 
 #: HTTP statuses worth another try: timeouts, throttling and server-side failures
-TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
-#: error codes of S3-like services that mean "try again later"
+TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504, 509})
+#: error codes of S3-like services that mean "try again later": botocore's throttling and transient codes
+#: (which it retried itself before its retries were turned off), and the body checksums an upload can fail
+#: in transit (a 400 that s3fs and botocore retry)
 TRANSIENT_CODES = frozenset(
     {
         "SlowDown",
         "Throttling",
         "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "ProvisionedThroughputExceededException",
+        "RequestLimitExceeded",
+        "BandwidthLimitExceeded",
+        "LimitExceededException",
+        "TransactionInProgressException",
+        "PriorRequestNotComplete",
+        "EC2ThrottledException",
         "RequestTimeout",
+        "RequestTimeoutException",
         "RequestTimeTooSkewed",
         "InternalError",
         "ServiceUnavailable",
-        "RequestLimitExceeded",
-        "TooManyRequestsException",
+        "XAmzContentSHA256Mismatch",
+        "BadDigest",
     }
 )
 #: class names (of botocore, aiohttp, urllib3, requests, fsspec) whose errors are network trouble

@@ -43,6 +43,13 @@ def _wrapped(inner: BaseException) -> OSError:
         (ConnectionResetError(), True),
         (_ClientError("SlowDown", 503), True),
         (_ClientError("InternalError", 500), True),
+        # botocore retried these itself before its retries were turned off: ours must
+        (_ClientError("XAmzContentSHA256Mismatch", 400), True),
+        (_ClientError("BadDigest", 400), True),
+        (_ClientError("RequestThrottled", 400), True),
+        (_ClientError("BandwidthLimitExceeded", 400), True),
+        (_ResponseError(509), True),
+        (_ClientError("InvalidArgument", 400), False),
         (_ClientError("NoSuchKey", 404), False),
         (_ClientError("AccessDenied", 403), False),
         (_ResponseError(503), True),
