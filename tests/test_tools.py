@@ -238,10 +238,10 @@ def check_remote(out: str, tmp: Path) -> None:
     for name, m in rows.items():
         assert float(m.group(2)) <= float(m.group(3)) <= float(m.group(4)), out  # open, first batch, epoch
         assert name == "local" or m.group(7) == "4", out  # every one of the 4 shards downloaded once
-    m = re.search(r"GETs (\{.*?\}), HEADs \d+; open took .*; failed: (\d+)", out)
-    assert m, out
-    gets = ast.literal_eval(m.group(1))
-    assert gets.get("manifest.json") == 1 and m.group(2) == "0", out  # the manifest fetched once for the node
+    opened = re.search(r"GETs (\{.*?\}), HEADs \d+; open took .*; failed: (\d+)", out)
+    assert opened, out
+    gets = ast.literal_eval(opened.group(1))
+    assert gets.get("manifest.json") == 1 and opened.group(2) == "0", out  # the manifest fetched once for the node
 
 
 def check_gpu(out: str, tmp: Path) -> None:

@@ -18,8 +18,8 @@ measures, on ``cuda:0``:
    GPU, and the time the loop spent blocked in ``next()``. A ratio near 1.0
    means the loader keeps the GPU busy.
 
-Nothing here runs in the test suite. ``--device cpu`` runs the same code paths
-at a tiny size as a smoke test (no bandwidth figures: there is no card).
+``--device cpu`` runs the same code paths at a tiny size as a smoke test (no
+bandwidth figures: there is no card); tests/test_tools.py runs it so.
 
     python tools/bench_gpu.py                                # on a GPU machine
     python tools/bench_gpu.py --device cpu --scale 0.005 --steps 3 --workers 0,2 --models small --train-tokens 256
