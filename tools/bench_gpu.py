@@ -18,11 +18,13 @@ measures, on ``cuda:0``:
    GPU, and the time the loop spent blocked in ``next()``. A ratio near 1.0
    means the loader keeps the GPU busy.
 
-Nothing here runs in the test suite. ``--device cpu`` runs the same code paths
-at a tiny size as a smoke test (no bandwidth figures: there is no card).
+``--device cpu`` runs the same code paths at a tiny size as a smoke test (no
+bandwidth figures: there is no card); tests/test_tools.py runs it so.
 
     python tools/bench_gpu.py                                # on a GPU machine
     python tools/bench_gpu.py --device cpu --scale 0.005 --steps 3 --workers 0,2 --models small --train-tokens 256
+    python tools/bench_gpu.py --device cpu --scale 0.001 --steps 2 --warmup 1 --workers 0,2 --models small \
+        --budgets 16384 --train-tokens 256                   # the smallest smoke run (tests/test_tools.py)
 """
 
 from __future__ import annotations
@@ -190,13 +192,13 @@ class TinyLM(nn.Module):
 
 
 def train_steps(
-    model: TinyLM, opt: torch.optim.Optimizer, batches: Any, dev: torch.device, steps: int
+    model: TinyLM, opt: torch.optim.Optimizer, batches: Any, dev: torch.device, steps: int, warmup: int
 ) -> tuple[float, float]:
-    """(seconds for ``steps`` steps, seconds of it blocked in ``next()``), timed after 10 warm-up steps."""
+    """(seconds for ``steps`` steps, seconds of it blocked in ``next()``), timed after ``warmup`` steps."""
     it = iter(batches)
     waited, t_start = 0.0, 0.0
-    for i in range(steps + 10):
-        if i == 10:
+    for i in range(steps + warmup):
+        if i == warmup:
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             waited, t_start = 0.0, time.perf_counter()
@@ -225,19 +227,19 @@ def training(path: Path, dev: torch.device, args: argparse.Namespace, workers: l
         # Reference: the same steps on batches already on the device (the loader out of the picture).
         resident = []
         for i, b in enumerate(loader(path, max_tokens=args.train_tokens, workers=0, pin=False)):
-            if i == args.steps + 10:
+            if i == args.steps + args.warmup:
                 break
             resident.append({k: v.to(dev) for k, v in b.items()})
         # Twice: the first pass meets every batch shape for the first time (kernel choice, allocator
         # growth); the loader runs below see the same shapes again, so they are timed against the second.
-        train_steps(model, opt, resident, dev, args.steps)
-        ref_s, _ = train_steps(model, opt, resident, dev, args.steps)
+        train_steps(model, opt, resident, dev, args.steps, args.warmup)
+        ref_s, _ = train_steps(model, opt, resident, dev, args.steps, args.warmup)
         del resident
         print(f"model {size} ({params / 1e6:.1f}M parameters): {ref_s / args.steps * 1e3:.2f} ms/step on resident data")
         for w in workers:
             # the same batches as the reference, in the same order: epoch 0, from the start
             ld = loader(path, max_tokens=args.train_tokens, workers=w, pin=dev.type == "cuda")
-            fed_s, waited = train_steps(model, opt, ld, dev, args.steps)
+            fed_s, waited = train_steps(model, opt, ld, dev, args.steps, args.warmup)
             row = {
                 "model": size,
                 "params_m": round(params / 1e6, 1),
@@ -300,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budgets", default="16384,131072", help="max_tokens values of the copy runs")
     p.add_argument("--train-tokens", type=int, default=16384, help="max_tokens of the training runs")
     p.add_argument("--steps", type=int, default=300, help="timed training steps per run")
+    p.add_argument("--warmup", type=int, default=10, help="untimed training steps before them")
     p.add_argument("--models", default="small,medium", help=f"models to train, from {sorted(MODELS)}")
     p.add_argument("--copy-mib", type=int, default=1024, help="size of the bandwidth probe")
     p.add_argument("--repeats", type=int, default=5)

@@ -7,11 +7,13 @@
 (2) The set id: CRC-32 of every staged chunk, as a share of a whole prepare
     of long-tailed int32 token samples.
 
-    python tools/bench_integrity.py            # ~10 s on 2 cores
+    python tools/bench_integrity.py               # ~10 s on 2 cores
+    python tools/bench_integrity.py --scale 0.05  # smoke run: fewer timed calls, a smaller prepare
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import tempfile
@@ -26,14 +28,14 @@ from shardload.dataset import ShardBatchDataset
 from shardload.testing import synthetic_samples
 
 
-def per_batch(tmp: str) -> None:
+def per_batch(tmp: str, scale: float) -> None:
     shardload.write(synthetic_samples(4000, seed=3), f"{tmp}/a", num_shards=8, progress=False)
     ds = ShardBatchDataset(f"{tmp}/a")
     ss = ds.shard_set
     for k in range(8):
         ss.shard_columns(k)
     reader = ss._readers[1]
-    n = 200_000
+    n = max(1000, int(200_000 * scale))
     fd = reader.fileno()
     assert fd is not None
     print(f"os.fstat: {timeit.timeit(lambda: os.fstat(fd), number=n) / n * 1e6:.2f} us")
@@ -43,11 +45,12 @@ def per_batch(tmp: str) -> None:
         ids = np.sort(rng.choice(pool, b, replace=False)).astype(np.int64)
         w = np.ones(b, np.float32)
         shards = len(np.unique(ss.index.locate(ids)[0]))
-        t = min(timeit.repeat(lambda ids=ids, w=w: ds.fetch(ids, w), number=500, repeat=5)) / 500 * 1e6
+        k = max(10, int(500 * scale))
+        t = min(timeit.repeat(lambda ids=ids, w=w: ds.fetch(ids, w), number=k, repeat=5)) / k * 1e6
         print(f"fetch of {b} samples over {shards} shards: {t:.0f} us (includes {2 * shards} stamp checks)")
 
 
-def set_id_share(tmp: str) -> None:
+def set_id_share(tmp: str, scale: float) -> None:
     pipeline: Any = importlib.import_module("shardload.prepare.pipeline")
     original, spent = pipeline.set_id_of, [0.0]
 
@@ -59,7 +62,7 @@ def set_id_share(tmp: str) -> None:
 
     pipeline.set_id_of = timed
     rng = np.random.default_rng(0)
-    lengths = rng.lognormal(6, 1, 40_000).clip(1, 20_000).astype(int)
+    lengths = rng.lognormal(6, 1, max(500, int(40_000 * scale))).clip(1, 20_000).astype(int)
     samples = [{"tokens": rng.integers(0, 50_000, n, dtype=np.int32)} for n in lengths]
     t = time.perf_counter()
     result = shardload.write(samples, f"{tmp}/p", num_shards=4, progress=False)
@@ -71,6 +74,9 @@ def set_id_share(tmp: str) -> None:
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply the timed calls and the prepare by this")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        per_batch(tmp)
-        set_id_share(tmp)
+        per_batch(tmp, args.scale)
+        set_id_share(tmp, args.scale)

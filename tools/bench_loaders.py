@@ -668,6 +668,9 @@ def main(argv: list[str] | None = None) -> int:
     specs = [SPECS[s] for s in args.datasets.split(",")]
     specs = [DataSpec(**{**asdict(s), "samples": max(64, int(s.samples * args.scale))}) for s in specs]
     workers = [int(w) for w in args.workers.split(",")]
+    unknown = sorted(set(args.only.split(",")) - set(CONTESTANTS)) if args.only is not None else []
+    if unknown:  # a misspelt name would otherwise drop its row without a word
+        p.error(f"--only: unknown contestant(s) {', '.join(unknown)}; choose from {', '.join(CONTESTANTS)}")
     names = [c for c in CONTESTANTS if args.only is None or c in args.only.split(",")]
     max_tokens = {s.name: args.max_tokens or int(args.batch_size * s.median) for s in specs}
     opts = {"batch_size": args.batch_size, "seed": args.seed, "max_tokens": max_tokens}

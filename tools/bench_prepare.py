@@ -19,7 +19,7 @@ files): shardload with 1 and 2 workers against HF datasets (``load_dataset("json
 pyarrow's JSON parse alone, and ``pyarrow.parquet.read_table`` + writing the same Arrow IPC bytes. It reports
 input MB/s (bytes of the source files) and output MB/s (bytes written) separately, the CPU seconds of each
 step (this process and its worker processes: the work done, which the load of a shared machine does not
-inflate as it does wall time), and ratios against the baselines of the same run. LitData and Mosaic Streaming run when installed (``pip install shardload[bench]``).
+inflate as it does wall time), and ratios against the baselines of the same run. HF datasets (the JSONL baseline), LitData and Mosaic Streaming come with ``pip install shardload[bench]``; a missing one is skipped and said so (no JSONL ratios without HF datasets).
 
     python tools/bench_prepare.py                  # 50k samples, ~70 MB, ~1 min on 2 cores
     python tools/bench_prepare.py --scale 5 --workers 8
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
 import platform
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
     p.add_argument("--big", type=float, metavar="MB", help="run the big-file suite on a JSONL file of about MB MB")
     args = p.parse_args(argv)
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
     if args.big:
         return big_file_suite(args)
 
@@ -260,12 +263,15 @@ def big_file_suite(args: argparse.Namespace) -> int:
                 step(f"{kind}: shardload prepare, workers={w}", src, out, run)
 
         ours("JSONL", jsonl, "j")
-        step(
-            "JSONL: HF datasets load_dataset + save_to_disk",
-            jsonl,
-            root / "hf",
-            lambda: hf_datasets(jsonl, root / "hf"),
-        )
+        if importlib.util.find_spec("datasets") is None:  # not imported here: its import is part of its step
+            print("  HF datasets: not installed, skipped (pip install shardload[bench]); JSONL rows have no baseline")
+        else:
+            step(
+                "JSONL: HF datasets load_dataset + save_to_disk",
+                jsonl,
+                root / "hf",
+                lambda: hf_datasets(jsonl, root / "hf"),
+            )
         step("JSONL: pyarrow.json.read_json (parse only)", jsonl, None, lambda: pyarrow_json_parse(jsonl))
         ours("Parquet", parquet, "p")
         step(
@@ -288,7 +294,7 @@ def big_file_suite(args: argparse.Namespace) -> int:
             print(f"kept: {root}")
     secs = {r["step"]: r["seconds"] for r in rows}
     base = {
-        "JSONL": secs["JSONL: HF datasets load_dataset + save_to_disk"],
+        "JSONL": secs.get("JSONL: HF datasets load_dataset + save_to_disk"),
         "Parquet": secs["Parquet: pq.read_table + write Arrow IPC"],
         "npy dir": secs["npy dir: shardload prepare, workers=1"],
     }
@@ -296,12 +302,13 @@ def big_file_suite(args: argparse.Namespace) -> int:
     for r in rows:
         kind = r["step"].split(":")[0]
         out = f"{r['out'] / r['seconds'] / 1e6:.1f}" if r["out"] else "-"
-        ratio = base[kind] / r["seconds"]
+        ratio = "-" if base[kind] is None else f"{base[kind] / r['seconds']:.2f}x"
         mb_in = r["in"] / r["seconds"] / 1e6
-        print(f"| {r['step']} | {r['seconds']:.2f} | {r['cpu']:.2f} | {mb_in:.1f} | {out} | {ratio:.2f}x |")
+        print(f"| {r['step']} | {r['seconds']:.2f} | {r['cpu']:.2f} | {mb_in:.1f} | {out} | {ratio} |")
     w1, w2 = secs["JSONL: shardload prepare, workers=1"], secs["JSONL: shardload prepare, workers=2"]
+    vs_hf = "-" if base["JSONL"] is None else f"{base['JSONL'] / w2:.2f}x"
     print(
-        f"\nJSONL workers=2 vs HF datasets: {base['JSONL'] / w2:.2f}x (target 2x); vs workers=1: {w1 / w2:.2f}x "
+        f"\nJSONL workers=2 vs HF datasets: {vs_hf} (target 2x); vs workers=1: {w1 / w2:.2f}x "
         f"(target 1.7x). Parquet workers=2 vs read_table+write: {secs['Parquet: shardload prepare, workers=2'] / base['Parquet']:.2f}x "
         f"the time (target at most 1.5x). Baselines: HF datasets (JSONL), read_table+write (Parquet), workers=1 "
         f"(npy). Load average now {os.getloadavg()[0]:.1f}."

@@ -142,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import shardload
 
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
         f"numpy {np.__version__}, shardload {shardload.__version__}, load average {os.getloadavg()[0]:.1f}"

@@ -18,6 +18,7 @@ and lengths indexes must be fetched once for the node (GETs in the proxy log).
 
     PYTHONPATH=. python tools/bench_remote.py                 # 1,000 shards
     PYTHONPATH=. python tools/bench_remote.py --shards 50     # smoke run
+    PYTHONPATH=. python tools/bench_remote.py --shards 4 --procs 2 --start-delay 3   # smallest run
 
 The figures are wall-clock seconds on this machine, with the server on the
 same machine (no network latency: a real object store adds ~10-50 ms per request).
@@ -98,6 +99,9 @@ def main() -> int:
     parser.add_argument("--samples-per-shard", type=int, default=10)
     parser.add_argument("--procs", type=int, default=4, help="processes opening the set at once")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--start-delay", type=float, default=8.0, help="seconds the --procs processes get to import before they open"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--cache", help=argparse.SUPPRESS)
@@ -145,7 +149,7 @@ def main() -> int:
 
             with FaultProxy(s3.endpoint) as proxy:  # no fault: it counts the requests
                 penv = {**env, "AWS_ENDPOINT_URL": proxy.url}
-                start = time.time() + 8.0  # every process imported by then; they open together
+                start = time.time() + args.start_delay  # every process imported by then; they open together
                 cache = work / "cache-shared"
                 procs = [
                     subprocess.Popen(
