@@ -13,7 +13,7 @@ Layout, one mirror per (URL, manifest fingerprint)::
         <fingerprint>/          the mirror: manifest.json, lengths indexes, shards at their manifest paths
             .space.lock         taken while a process makes room and reserves it (cache_limit)
             .downloads          one line per shard downloaded on this node (for operators and tests)
-            .readers/<pid>.npy  each rank's shard read order this epoch; <pid>.pos its position in it
+            .readers/<pid>.<n>.npy  each loader's shard read order this epoch; .pos its position in it
 
 Rules between the processes of a node (ranks, loader workers), all by ``fcntl.flock``:
 

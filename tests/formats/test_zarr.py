@@ -531,6 +531,38 @@ def test_the_cache_keeps_no_table_for_shards_closed_long_ago(tmp_path: Path) -> 
     assert big.loads == loads and len(big._tables) == len(ss.schema.fields)
 
 
+@pytest.mark.parametrize("compression", ["blosc-lz4", "none"])
+def test_a_batch_over_more_shards_than_stay_open_leaves_no_table_behind(tmp_path: Path, compression: str) -> None:
+    # The batch's first shards are closed to open its later ones, then read: their tables must still be
+    # released once (they were taken again and never released), and a raw array's chunks (slices of the
+    # closed shard's mapping) leave the cache with its table.
+    import gc
+
+    from shardload.dataset import ShardBatchDataset
+
+    out = tmp_path / "s"
+    samples = synthetic_samples(400, seed=15)
+    options = ZarrOptions(compression=compression, chunk_size=1024)
+    shardload.write(samples, out, shard_format=options, num_shards=4, shuffle=False)
+    cache = ChunkCache(1 << 30)
+    ss = shardload.ShardSet(out, max_open_shards=1)
+    ss._reader_cls = lambda path, schema, **kw: ZarrShardReader(path, schema, cache=cache, **kw)  # type: ignore[assignment]
+    ids = np.array([0, 150, 250, 390], dtype=np.int64)
+    for _ in range(5):
+        batch = ShardBatchDataset(ss).fetch(ids, np.ones(len(ids), np.float32))
+        for j, i in enumerate(ids.tolist()):
+            n = len(samples[i]["tokens"])
+            np.testing.assert_array_equal(batch["tokens"][j, :n], samples[i]["tokens"])
+    fields = len(ss.schema.fields)
+    assert len(cache._tables) <= fields  # the one open shard's arrays
+    del batch
+    ss.close()
+    gc.collect()
+    # Invariant: no table outlives the arrays that hold it; a raw chunk outlives no table
+    assert len(cache._tables) == 0 and not cache._users
+    assert (len(cache) == 0) == (compression == "none")
+
+
 def test_shared_cache_bound_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cache_module, "_shared", None)
     monkeypatch.setenv(cache_module.CACHE_ENV, "12345")

@@ -3,8 +3,8 @@
 Samples that sit next to each other in a shard share a chunk; without a cache
 a batch of neighbours would decompress that chunk once per sample. Every
 :class:`~shardload.formats.zarr.ZarrShardReader` of a process shares one
-:class:`ChunkCache` (least recently used chunks are evicted first) unless it
-is given its own.
+:class:`ChunkCache` unless it is given its own. Eviction is second chance
+(an approximation of least recently used, see :class:`ChunkCache`).
 
 The bound is ``SHARDLOAD_ZARR_CACHE_BYTES`` (bytes, default 64 MiB, ``0``
 turns caching off), read when the shared cache is first used; change it
@@ -50,6 +50,12 @@ class ChunkTable:
     def __init__(self, chunks: int) -> None:
         self.slots: list[np.ndarray | None] = [None] * chunks
         self.used = np.zeros(chunks, dtype=np.uint8)
+
+    def grow(self, chunks: int) -> None:
+        """Make room for ``chunks`` chunks, in place (a reader holding this table keeps seeing it)."""
+        if chunks > len(self.slots):
+            self.slots.extend([None] * (chunks - len(self.slots)))
+            self.used = np.concatenate([self.used, np.zeros(chunks - len(self.used), dtype=np.uint8)])
 
 
 class ChunkCache:
@@ -104,24 +110,29 @@ class ChunkCache:
                 self._next_space += 1
                 self._spaces[name], self._names[base] = base, name
             table = self._tables.get(base)
-            if table is None or len(table.slots) < chunks:
-                old, table = table, ChunkTable(chunks)
-                if old is not None:
-                    table.slots[: len(old.slots)] = old.slots
-                    table.used[: len(old.used)] = old.used
-                self._tables[base] = table
+            if table is None:
+                table = self._tables[base] = ChunkTable(chunks)
+            table.grow(chunks)
             self._users[base] = self._users.get(base, 0) + 1
             return base, table
 
-    def release(self, base: int) -> None:
-        """A reader is done with the table of ``base``: the last one drops it (chunks cached stay, by key)."""
+    def release(self, base: int, *, drop: bool = False) -> None:
+        """A reader is done with the table of ``base``: the last one drops it.
+
+        Its cached chunks stay, by key (a reopened shard finds them), unless ``drop``.
+        """
         with self._lock:
             users = self._users.get(base, 0) - 1
             if users > 0:
                 self._users[base] = users
                 return
             self._users.pop(base, None)
-            self._tables.pop(base, None)
+            table = self._tables.pop(base, None)
+            if drop and table is not None:
+                for c, chunk in enumerate(table.slots):
+                    if chunk is not None and self._chunks.pop(base + c, None) is not None:
+                        self.nbytes -= chunk.nbytes
+                        self._counts[base] -= 1
             if not self._counts.get(base):
                 self._forget(base)
 
@@ -175,7 +186,7 @@ class ChunkCache:
 
     def _evict(self) -> None:
         """Evict until the cache fits its bound (the lock held)."""
-        while self.nbytes > self.max_bytes:
+        while self.nbytes > self.max_bytes and self._chunks:
             key, old = self._chunks.popitem(last=False)
             base, table, c = self._slot(key)
             if table is not None and table.used[c]:
@@ -214,8 +225,16 @@ class ChunkCache:
         return len(self._chunks)
 
     def _after_fork(self) -> None:
-        # A thread of the parent may have held the lock at the fork; the child starts with a free one.
+        # A thread of the parent may have held the lock at the fork (even in the middle of an eviction):
+        # the child starts with a free lock and totals recounted from the chunks it holds.
         self._lock = threading.Lock()
+        self.nbytes = sum(chunk.nbytes for chunk in self._chunks.values())
+        counts: dict[int, int] = {}
+        for key in self._chunks:
+            base, _, _ = self._slot(key)
+            if base >= 0:
+                counts[base] = counts.get(base, 0) + 1
+        self._counts = counts
 
 
 _shared: ChunkCache | None = None

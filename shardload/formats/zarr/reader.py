@@ -14,6 +14,7 @@ import errno
 import math
 import os
 import struct
+import weakref
 import zipfile
 from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
@@ -90,7 +91,6 @@ class ZarrShardReader(ShardReader):
         self._mapped: memoryview | None = None  # the shard file, mapped read-only (chunks are slices of it)
         self._arrays: dict[str, Any] = {}
         self._decoders: dict[str, _ChunkDecoder | None] = {}
-        self._values: list[ZarrValues] = []  # each holds its chunk table in the cache until close()
         self._pid = -1
         self._identity: tuple[Hashable, ...] = ()
 
@@ -100,9 +100,7 @@ class ZarrShardReader(ShardReader):
 
     def close(self) -> None:
         super().close()
-        for values in self._values:
-            values.release()
-        self._arrays, self._decoders, self._values = {}, {}, []
+        self._arrays, self._decoders = {}, {}
         if self._store is not None and self._pid == os.getpid():
             self._store.close()
             if self._zip is not None:
@@ -201,6 +199,14 @@ class ZarrShardReader(ShardReader):
             self._arrays[key] = arr
         return arr
 
+    def stored_raw(self, key: str) -> bool:
+        """Whether array ``key``'s chunks are stored uncompressed (then a chunk is a slice of the mapping)."""
+        try:
+            codecs = self.array(key).metadata.to_dict()["codecs"]
+            return [c["name"] for c in codecs] == ["bytes"]
+        except (KeyError, TypeError, AttributeError):
+            return False
+
     # -- bounds: what the shard declares, checked before it is decoded (see bounds.py) -------------------
     def _refuse(self, problem: str) -> CorruptShardError:
         return CorruptShardError(
@@ -248,7 +254,6 @@ class ZarrShardReader(ShardReader):
         row_bytes = math.prod(max(1, d) for d in f.inner_shape) * dtype.itemsize
         self._check_array(key, arr, None if f.variable else n, max_chunk_bytes(self._chunk_size, row_bytes))
         values = ZarrValues(self, key, tuple(arr.shape), dtype, int(arr.chunks[0]))
-        self._values.append(values)
         if not f.variable:
             if len(values) != n:
                 raise CorruptShardError(
@@ -336,9 +341,9 @@ class _ChunkDecoder:
     a thread pool; for one small chunk that costs several times the
     decompression itself. For the exact codec chains the writer produces
     (``bytes`` little-endian, then zstd, blosc or nothing) and the default
-    chunk key encoding, the chunk is read from the zip (which checks its
-    CRC-32) and decompressed with numcodecs, the codec library zarr itself
-    uses. Any other layout returns ``None`` from :meth:`for_array` (and is
+    chunk key encoding, the chunk's stored bytes are a slice of the shard's
+    read-only mapping (found through the zip directory, their CRC-32 checked)
+    and are decompressed with numcodecs, the codec library zarr itself uses. Any other layout returns ``None`` from :meth:`for_array` (and is
     refused when the shard is opened, see :mod:`.bounds`); then, as in tests
     that compare both paths, it is read through zarr.
     """
@@ -541,18 +546,20 @@ class ZarrValues:
         return self.reader.read(self.key, slice(start, stop), chunk=c)
 
     def _cache(self) -> tuple[ChunkCache, int, ChunkTable]:
-        """The cache of this array's chunks, the key of its chunk 0 there (chunk ``c`` is key + ``c``), its table."""
+        """The cache of this array's chunks, the key of its chunk 0 there (chunk ``c`` is key + ``c``), its table.
+
+        The table is held for as long as this object lives (released when it is garbage, not when its
+        shard is closed: a batch may still read a shard closed to open another one it needs). The chunks
+        of an array stored raw are slices of the shard's mapping, cheap to take again: they leave the cache
+        with the table, so a closed shard's file is not kept mapped by them.
+        """
         reader = self.reader
         cache = reader.cache if reader.cache is not None else chunk_cache()
         if self._keyed is None or self._keyed[0] is not cache:
-            self._keyed = (cache, *cache.table((reader._identity, self.key), self.num_chunks))
+            base, table = cache.table((reader._identity, self.key), self.num_chunks)
+            weakref.finalize(self, cache.release, base, drop=reader.stored_raw(self.key))
+            self._keyed = (cache, base, table)
         return self._keyed
-
-    def release(self) -> None:
-        """Let the cache drop this array's chunk table (its shard is closed; cached chunks stay, by key)."""
-        if self._keyed is not None:
-            self._keyed[0].release(self._keyed[1])
-            self._keyed = None
 
     def _chunk(self, c: int) -> np.ndarray:
         cache, base, _ = self._cache()
