@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -166,19 +166,32 @@ def python(*args: str) -> list[str]:
 
 
 def together(commands: list[list[str]], envs: list[dict[str, str]] | None = None) -> list[str]:
-    """One command that runs ``commands`` side by side and exits with the first non-zero status.
+    """One command that runs ``commands`` side by side; the first to fail stops the others and sets the status.
 
-    Each is waited for by its own pid: ``wait -n`` loses a child that exited before it was called
-    (status 127 though every rank succeeded).
+    A small Python supervisor polls each process: bash's ``wait -n`` loses a child that exited before
+    it was called (status 127 though every rank succeeded), and waiting for the ranks in order turns a
+    rank 0 that failed while rank 1 waits for it into a hang with no status.
     """
     envs = envs or [{} for _ in commands]
-    parts = []
-    for i, (cmd, env) in enumerate(zip(commands, envs, strict=True)):
-        assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-        parts.append(f"{assigns} {shlex.join(cmd)} & p{i}=$!")
-    waits = "; ".join(f"wait $p{i}; r{i}=$?" for i in range(len(commands)))
-    first = "".join(f"[ $r{i} -ne 0 ] && exit $r{i}; " for i in range(len(commands)))
-    return ["bash", "-c", "; ".join(parts) + "; " + waits + "; " + first + "exit 0"]
+    jobs = [{"args": cmd, "env": env} for cmd, env in zip(commands, envs, strict=True)]
+    return [sys.executable, "-c", _SUPERVISE, json.dumps(jobs)]
+
+
+_SUPERVISE = """
+import json, os, subprocess, sys, time
+procs = [subprocess.Popen(j["args"], env={**os.environ, **j["env"]}) for j in json.loads(sys.argv[1])]
+while procs:
+    for p in list(procs):
+        code = p.poll()
+        if code is None:
+            continue
+        procs.remove(p)
+        if code != 0:
+            for other in procs:
+                other.kill()
+            sys.exit(code if code > 0 else 128 - code)
+    time.sleep(0.05)
+"""
 
 
 def stacks(output: str, *, frames: int = 10) -> str:

@@ -1,0 +1,42 @@
+"""The test watchdog itself: a stuck job is stopped soon after its timeout with every process's stack, a
+busy one only at its limit, and ranks run together report the first failure at once."""
+
+from __future__ import annotations
+
+import time
+
+from tests.distributed.watchdog import python, run_with_watchdog, together
+
+SLEEP = "import time, threading; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
+SPIN = "import time\nt = time.time()\nwhile time.time() - t < 60: pass"
+
+
+def test_an_idle_job_is_stopped_after_its_timeout_with_the_stacks_of_each_process() -> None:
+    started = time.monotonic()
+    res = run_with_watchdog(together([python("-c", SLEEP), python("-c", SLEEP)]), timeout=2)
+    assert res.hung and time.monotonic() - started < 15
+    assert res.output.count("Fatal Python error: Aborted") == 3  # both ranks and the supervisor
+    assert "idle" in res.output and "stacks at the watchdog" in res.tail()
+
+
+def test_a_busy_job_runs_to_the_busy_limit() -> None:
+    started = time.monotonic()
+    res = run_with_watchdog(python("-c", SPIN), timeout=1, busy_limit=4)
+    took = time.monotonic() - started
+    assert res.hung and 4 <= took < 12, took
+    assert "using the CPU" in res.output
+
+
+def test_a_slow_job_that_keeps_working_is_not_called_a_hang() -> None:
+    res = run_with_watchdog(python("-c", SPIN.replace("60", "4") + "\nprint('done')"), timeout=1, busy_limit=10)
+    assert res.returncode == 0 and "done" in res.output
+
+
+def test_ranks_together_report_the_first_failure_at_once() -> None:
+    started = time.monotonic()
+    res = run_with_watchdog(together([python("-c", "raise SystemExit(3)"), python("-c", SLEEP)]), timeout=30)
+    assert res.returncode == 3 and time.monotonic() - started < 10
+    ok = run_with_watchdog(
+        together([python("-c", "import os; print(os.environ['R'])")] * 2, [{"R": "a"}, {"R": "b"}]), timeout=30
+    )
+    assert ok.returncode == 0 and sorted(ok.output.split()) == ["a", "b"]
