@@ -237,8 +237,9 @@ class WorkDir:
                 diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
                 raise OutputError(
                     f"{self.out}: the interrupted prepare used different sources or options ({', '.join(diff)} "
-                    f"differ{_first_difference(old.get('units'), new.get('units'))}); rerun it exactly as before "
-                    "with --resume, or use --overwrite to start over"
+                    f"differ{_first_difference(old.get('units'), new.get('units'))}{_option_changes(old, new)}); "
+                    "rerun it exactly as before with --resume (an option whose default changed since: give the "
+                    "interrupted run's value), or use --overwrite to start over"
                 )
         else:
             atomic_write_text(path, json.dumps(state, indent=1, sort_keys=True))
@@ -301,6 +302,21 @@ def _first_difference(old: Any, new: Any) -> str:
         if a != b:
             return f": source unit {k} was {a!r} in the interrupted run, {b!r} now"
     return f": the interrupted run had {len(old)} source units, this one {len(new)}"
+
+
+def _option_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> str:
+    """``": compression was 'zstd', now 'blosc-lz4'"`` for the recorded options that differ, or ``""``."""
+    found = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if key == "units" or a == b or not (isinstance(a, dict) and isinstance(b, dict)):
+            continue
+        found += [
+            f"{name} was {a.get(name)!r}, now {b.get(name)!r}"
+            for name in sorted(set(a) | set(b))
+            if a.get(name) != b.get(name)
+        ]
+    return f": {'; '.join(found[:limit])}" if found else ""
 
 
 def _check_output_path(out: Path) -> None:

@@ -563,6 +563,39 @@ def test_a_batch_over_more_shards_than_stay_open_leaves_no_table_behind(tmp_path
     assert (len(cache) == 0) == (compression == "none")
 
 
+_FAIL_AT: list[int] = []
+
+
+def _fail_once(sample: dict[str, Any]) -> dict[str, Any]:
+    """A map that stops the prepare at one sample while ``_FAIL_AT`` names it (an interrupted run)."""
+    if _FAIL_AT and len(next(iter(sample.values()))) == _FAIL_AT[0]:
+        raise ValueError("interrupted")
+    return sample
+
+
+def test_resuming_a_prepare_interrupted_under_other_zarr_defaults_names_what_changed(tmp_path: Path) -> None:
+    # A run made with the earlier defaults (zstd, 64 KiB), resumed with `--format zarr` alone after they
+    # changed: the refusal must say which options differ, with both values, so the user can pin them.
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(12):
+        np.save(src / f"{i:02d}.npy", np.arange(5 + i, dtype=np.int32))
+    out = tmp_path / "s"
+    old = ZarrOptions(compression="zstd", chunk_size=64 << 10)
+    _FAIL_AT[:] = [5 + 9]
+    try:
+        with pytest.raises(shardload.InputError, match="interrupted"):
+            shardload.prepare(src, out, shard_format=old, map=_fail_once, chunk_bytes=64, progress=False)
+    finally:
+        _FAIL_AT.clear()
+    with pytest.raises(shardload.OutputError) as err:
+        shardload.prepare(src, out, shard_format="zarr", map=_fail_once, resume=True, progress=False)
+    assert "compression was 'zstd', now 'blosc-lz4'" in str(err.value)
+    assert "chunk_size was 65536, now 262144" in str(err.value)
+    result = shardload.prepare(src, out, shard_format=old, map=_fail_once, chunk_bytes=64, resume=True, progress=False)
+    assert result.samples == 12 and shardload.open(out).manifest.options["compression"] == "zstd"
+
+
 def test_shared_cache_bound_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cache_module, "_shared", None)
     monkeypatch.setenv(cache_module.CACHE_ENV, "12345")
