@@ -81,7 +81,7 @@ def normalize_url(url: str) -> str:
         return url
     scheme, rest = m.group(1).lower(), url[m.end() :].rstrip("/")
     if scheme not in ("http", "https", "file", "local") and "" in rest.split("/"):
-        if rest.startswith("/"):
+        if rest.startswith("/") or not rest:
             raise RemoteError(
                 f"{url}: no bucket (or host) between '{scheme}://' and the path; write {scheme}://BUCKET/PREFIX",
                 url,

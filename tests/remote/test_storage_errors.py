@@ -163,3 +163,11 @@ def test_the_s3_client_retries_once_unless_told_otherwise(monkeypatch: pytest.Mo
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
     fs, _ = open_filesystem("s3://bucket/set", base)
     assert "retries" not in fs.config_kwargs  # the environment's setting stands
+
+
+@pytest.mark.parametrize("url", ["s3://", "s3:///", "s3:///set", "gs:///set"])
+def test_a_url_without_a_bucket_says_so(url: str) -> None:
+    from shardload.remote.url import normalize_url
+
+    with pytest.raises(RemoteError, match=r"no bucket \(or host\) between '\w+://' and the path"):
+        normalize_url(url)
