@@ -38,8 +38,9 @@ _PACKAGES = {
 #: seconds the S3 client waits for a connection, and for each read of an answer, before one try fails
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 15.0
-#: tries of s3fs's own loop inside each of ours (it resumes dropped reads and retries failed upload parts)
-S3FS_RETRIES = 3
+#: tries of s3fs's own loop inside each of ours: one, so that throttling (503 SlowDown) is retried with
+#: our backoff only, not hammered by an inner loop; a read dropped midway restarts its object (a shard)
+S3FS_RETRIES = 1
 
 
 def _scheme(path: str | os.PathLike[str]) -> str | None:
@@ -146,9 +147,7 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
             f"{url}: fsspec knows no filesystem for {scheme}:// ({exc}); use s3://, gs://, az:// or https://"
         ) from exc
     if scheme in ("s3", "s3a") and isinstance(getattr(fs, "retries", None), int):
-        # s3fs's own loop (5 tries by default, inside each of ours) also retries one failed part of a multipart
-        # upload and resumes a dropped read where it stopped: kept, but short (botocore's retries are off).
-        fs.retries = S3FS_RETRIES
+        fs.retries = S3FS_RETRIES  # s3fs retries throttling and timeouts itself, 5 times, inside each of ours
     return fs, path
 
 

@@ -23,7 +23,6 @@ import shardload
 from shardload.cli import main
 from shardload.errors import InputError, RemoteError, ShardSetError
 from shardload.remote import RemoteOptions, RetryPolicy, open_filesystem
-from shardload.remote.url import S3FS_RETRIES
 from shardload.verify import verify
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.servers import S3Server, free_port
@@ -155,7 +154,7 @@ def test_the_s3_client_retries_once_unless_told_otherwise(monkeypatch: pytest.Mo
     monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
     base: dict[str, Any] = {"key": "k", "secret": "s", "skip_instance_cache": True}
     fs, _ = open_filesystem("s3://bucket/set", base)
-    assert fs.retries == S3FS_RETRIES and fs.config_kwargs["retries"]["total_max_attempts"] == 1
+    assert fs.retries == 1 and fs.config_kwargs["retries"]["total_max_attempts"] == 1
     assert fs.config_kwargs["connect_timeout"] > 0 and fs.config_kwargs["read_timeout"] > 0
     mine = {"retries": {"max_attempts": 7}, "read_timeout": 120}
     fs, _ = open_filesystem("s3://bucket/set", {**base, "config_kwargs": mine})
