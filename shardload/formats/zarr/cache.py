@@ -101,7 +101,7 @@ class ChunkCache:
         """The base key and the :class:`ChunkTable` of array ``name`` (one array of one file), of ``chunks`` chunks.
 
         Chunk ``c`` of that array is cached under the integer key ``base + c``. The caller holds the
-        table until it calls :meth:`release` (a reader, when its shard is closed).
+        table until it calls :meth:`release` (a Zarr array's values, when they are garbage).
         """
         with self._lock:
             base = self._spaces.get(name)

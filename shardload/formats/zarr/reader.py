@@ -343,7 +343,8 @@ class _ChunkDecoder:
     (``bytes`` little-endian, then zstd, blosc or nothing) and the default
     chunk key encoding, the chunk's stored bytes are a slice of the shard's
     read-only mapping (found through the zip directory, their CRC-32 checked)
-    and are decompressed with numcodecs, the codec library zarr itself uses. Any other layout returns ``None`` from :meth:`for_array` (and is
+    and are decompressed with numcodecs, the codec library zarr itself uses.
+    Any other layout returns ``None`` from :meth:`for_array` (and is
     refused when the shard is opened, see :mod:`.bounds`); then, as in tests
     that compare both paths, it is read through zarr.
     """
