@@ -136,7 +136,7 @@ class RemoteSet:
         self.forget_inherited()
 
     def forget_inherited(self) -> None:
-        """In a process forked from the one that took them: close the copies of its lock descriptors, unlocked not.
+        """In a forked process: close, without unlocking, the lock descriptors inherited from the parent.
 
         A copy shares the parent's lock (``flock`` locks belong to the open file, not the process):
         unlocked here, it would release the parent's; kept, it would only hold a descriptor (and the
