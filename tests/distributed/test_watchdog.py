@@ -8,6 +8,7 @@ import time
 from tests.distributed.watchdog import python, run_with_watchdog, together
 
 SLEEP = "import time, threading; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
+WRITE_R = "import os; os.write(1, (os.environ['R'] + '\\n').encode())"
 SPIN = "import time\nt = time.time()\nwhile time.time() - t < 60: pass"
 
 
@@ -37,6 +38,8 @@ def test_ranks_together_report_the_first_failure_at_once() -> None:
     res = run_with_watchdog(together([python("-c", "raise SystemExit(3)"), python("-c", SLEEP)]), timeout=30)
     assert res.returncode == 3 and time.monotonic() - started < 10
     ok = run_with_watchdog(
-        together([python("-c", "import os; print(os.environ['R'])")] * 2, [{"R": "a"}, {"R": "b"}]), timeout=30
+        # One write each: the ranks share the pipe unbuffered, where print's two writes may interleave.
+        together([python("-c", WRITE_R)] * 2, [{"R": "a"}, {"R": "b"}]),
+        timeout=30,
     )
     assert ok.returncode == 0 and sorted(ok.output.split()) == ["a", "b"]

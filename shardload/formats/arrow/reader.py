@@ -45,7 +45,10 @@ class ArrowShardReader(ShardReader):
             self._mmap = pa.memory_map(str(self.path), "r")
             self._fd = int(self._mmap.fileno())
             whole = self._check_layout(self._mmap)
-            reader = pa.ipc.open_file(self._mmap)
+            # Read from the buffer, not the map: pyarrow reads a file's footer through its I/O threads,
+            # which hold the map for a moment after; a process forked then (a loader worker) inherits
+            # that hold from a thread it does not have, and could never unmap the shard.
+            reader = pa.ipc.open_file(whole)
             self._check_schema(reader.schema)
             batch = reader.get_batch(0)
             batch.validate()
