@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from shardload.envvars import env_int
-from shardload.errors import ShardSetError
-from shardload.plan.validate import check_scalar
+from shardload.errors import InputError
+from shardload.plan.validate import check_real, check_scalar
 from shardload.remote.retry import RetryPolicy
 
 __all__ = ["ENV_CACHE_DIR", "ENV_CACHE_LIMIT", "RemoteOptions", "default_cache_dir"]
@@ -29,6 +29,8 @@ ENV_CACHE_LIMIT = "SHARDLOAD_CACHE_LIMIT"
 PREFETCH_DOWNLOADS = 4
 #: bytes of shards the prefetcher fetches ahead of the rank, unless the cache limit is lower (half of it then)
 PREFETCH_BYTES = 2 << 30
+#: the longest ``wait_timeout``, in seconds (a week): longer is a hang with extra steps
+MAX_WAIT = 7 * 24 * 3600.0
 
 
 def default_cache_dir() -> Path:
@@ -67,20 +69,34 @@ class RemoteOptions:
     retry: RetryPolicy | None = field(default=None)
 
     def __post_init__(self) -> None:
+        """Every field checked at once: a misused one is an :class:`InputError` naming it and what it takes."""
         if self.storage_options is not None:
             if not isinstance(self.storage_options, Mapping):
-                raise ShardSetError(
-                    f"storage_options must be a dict of the filesystem's keywords, got "
+                raise InputError(
+                    f"RemoteOptions.storage_options must be a dict of the filesystem's keywords, got "
                     f"{type(self.storage_options).__name__}"
                 )
             object.__setattr__(self, "storage_options", dict(self.storage_options))
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise InputError(
+                f"RemoteOptions.cache_dir must be a directory path, got {self.cache_dir!r} "
+                f"({type(self.cache_dir).__name__})"
+            )
         if self.cache_limit is not None:
-            check_scalar("cache_limit", self.cache_limit, low=1, high=1 << 62, hint="bytes, or None for no limit")
-        check_scalar("prefetch_downloads", self.prefetch_downloads, low=0, high=256)
+            hint = "bytes, or None for no limit"
+            check_scalar(
+                "RemoteOptions.cache_limit", self.cache_limit, low=1, high=1 << 62, hint=hint, error=InputError
+            )
+        check_scalar("RemoteOptions.prefetch_downloads", self.prefetch_downloads, low=0, high=256, error=InputError)
         if self.prefetch_bytes is not None:
-            check_scalar("prefetch_bytes", self.prefetch_bytes, low=0, high=1 << 62)
-        if not isinstance(self.wait_timeout, (int, float)) or not self.wait_timeout > 0:
-            raise ShardSetError(f"wait_timeout must be a positive number of seconds, got {self.wait_timeout!r}")
+            check_scalar("RemoteOptions.prefetch_bytes", self.prefetch_bytes, low=0, high=1 << 62, error=InputError)
+        check_real(
+            "RemoteOptions.wait_timeout", self.wait_timeout, low=1e-3, high=MAX_WAIT, hint="seconds", error=InputError
+        )
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise InputError(
+                f"RemoteOptions.retry must be a shardload.remote.RetryPolicy or None, got {type(self.retry).__name__}"
+            )
 
     @property
     def directory(self) -> Path:
@@ -92,7 +108,7 @@ class RemoteOptions:
         """The cache limit in bytes (``None``: no limit)."""
         if self.cache_limit is not None:
             return self.cache_limit
-        value = env_int(ENV_CACHE_LIMIT, 0, minimum=1, size=True, error=ShardSetError)
+        value = env_int(ENV_CACHE_LIMIT, 0, minimum=1, size=True, error=InputError)
         return value or None
 
     @property

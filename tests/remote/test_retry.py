@@ -205,3 +205,33 @@ def test_docstring_examples_run(module: str) -> None:
 
     result = doctest.testmod(importlib.import_module(module))
     assert result.failed == 0 and result.attempted > 0
+
+
+@pytest.mark.parametrize(
+    ("bad", "field", "accepted"),
+    [
+        ({"wait_timeout": float("inf")}, "wait_timeout", "between 0.001 and 604800"),
+        ({"wait_timeout": 0}, "wait_timeout", "between 0.001"),
+        ({"wait_timeout": "60"}, "wait_timeout", "a number"),
+        ({"cache_limit": 0}, "cache_limit", ">= 1"),
+        ({"cache_limit": 1.5e9}, "cache_limit", "an integer"),
+        ({"prefetch_downloads": -1}, "prefetch_downloads", ">= 0"),
+        ({"prefetch_bytes": True}, "prefetch_bytes", "an integer"),
+        ({"storage_options": "key=x"}, "storage_options", "a dict"),
+        ({"cache_dir": 3}, "cache_dir", "a directory path"),
+        ({"retry": {"tries": 3}}, "retry", "a shardload.remote.RetryPolicy"),
+    ],
+)
+def test_remote_options_name_the_field_and_what_it_takes(bad: dict[str, object], field: str, accepted: str) -> None:
+    from shardload.remote import RemoteOptions
+
+    with pytest.raises(InputError, match=rf"RemoteOptions\.{field} must be .*{accepted}"):
+        RemoteOptions(**bad)  # type: ignore[arg-type]
+
+
+def test_a_bad_cache_limit_in_the_environment_is_an_input_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardload.remote import RemoteOptions
+
+    monkeypatch.setenv("SHARDLOAD_CACHE_LIMIT", "lots")
+    with pytest.raises(InputError, match="SHARDLOAD_CACHE_LIMIT"):
+        _ = RemoteOptions().limit
