@@ -3,12 +3,21 @@ busy one only at its limit, and ranks run together report the first failure at o
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 from tests.distributed.watchdog import python, run_with_watchdog, together
 
 SLEEP = "import time, threading; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
 WRITE_R = "import os; os.write(1, (os.environ['R'] + '\\n').encode())"
+#: starts ``CODE`` in a session of its own, as torchrun starts its ranks, says its pid, and waits for it
+IN_NEW_SESSION = (
+    "import subprocess, sys\n"
+    "p = subprocess.Popen([sys.executable, '-c', CODE], start_new_session=True)\n"
+    "print('pid', p.pid, flush=True)\n"
+    "sys.exit(p.wait())"
+)
 SPIN = "import time\nt = time.time()\nwhile time.time() - t < 60: pass"
 
 
@@ -43,3 +52,26 @@ def test_ranks_together_report_the_first_failure_at_once() -> None:
         timeout=30,
     )
     assert ok.returncode == 0 and sorted(ok.output.split()) == ["a", "b"]
+
+
+def test_processes_in_sessions_of_their_own_are_watched_and_killed() -> None:
+    # Work done by a descendant outside the process group (torchrun's ranks) keeps a slow job alive...
+    busy = SPIN.replace("60", "4") + "\nprint('done')"
+    res = run_with_watchdog(python("-c", IN_NEW_SESSION.replace("CODE", repr(busy))), timeout=1, busy_limit=10)
+    assert res.returncode == 0 and "done" in res.output, res.tail()
+    # ... and a stuck one is stopped with its stack, and does not outlive the job.
+    res = run_with_watchdog(python("-c", IN_NEW_SESSION.replace("CODE", repr(SLEEP))), timeout=2)
+    assert res.hung and res.output.count("Fatal Python error: Aborted") == 2, res.tail()
+    pid = int(res.output.split("pid ", 1)[1].split()[0])
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), f"the watchdog left process {pid} running"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z" and os.getpid() != pid

@@ -84,7 +84,11 @@ def run_with_watchdog(
         reader.join(timeout=15)
         code = None
         chunks.append(f"\n--- the watchdog stopped the job: {why}. It aborted, in this order: " + "; ".join(order))
-    # No orphans: whatever the command started (ranks, loader workers) is gone.
+    # No orphans: whatever the command started (ranks, loader workers, torchrun's ranks in their own
+    # sessions) is gone, including processes seen earlier whose parent has died since.
+    cpu.sample()
+    for pid, started in cpu.seen.items():
+        _kill(pid, started, signal.SIGKILL)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -100,23 +104,25 @@ WINDOW = 10.0
 
 
 class _GroupCpu:
-    """CPU time used by the processes of one group, sampled from ``/proc``."""
+    """CPU time used by a command and every process it started, sampled from ``/proc``.
 
-    def __init__(self, group: int) -> None:
-        self.group = group
+    The command's processes are its process group and its descendants: torchrun starts each rank in a
+    session of its own, outside the group, and a job that is only slow must not read as idle because
+    the ranks doing its work were not counted.
+    """
+
+    def __init__(self, root: int) -> None:
+        self.root = root
         self.ticks: dict[int, int] = {}
+        self.seen: dict[int, int] = {}  # pid -> start time: every process of the job seen so far
         self.total = 0.0
         self.history: list[tuple[float, float]] = []
 
     def sample(self) -> None:
-        for pid in _members(self.group):
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except (FileNotFoundError, ProcessLookupError, IndexError):
-                continue
-            ticks = int(fields[11]) + int(fields[12])  # utime + stime (fields 14 and 15 of stat)
-            self.total += max(0, ticks - self.ticks.get(pid, 0)) / os.sysconf("SC_CLK_TCK")
-            self.ticks[pid] = ticks
+        for pid, stat in _processes(self.root).items():
+            self.seen[pid] = stat.started
+            self.total += max(0, stat.ticks - self.ticks.get(pid, 0)) / os.sysconf("SC_CLK_TCK")
+            self.ticks[pid] = stat.ticks
         self.history.append((time.monotonic(), self.total))
 
     def used(self, window: float) -> float:
@@ -128,15 +134,17 @@ class _GroupCpu:
         return total - then
 
 
-def dump_stacks(group: int) -> list[str]:
-    """Make every process of ``group`` print its threads' stacks (faulthandler), one at a time.
+def dump_stacks(root: int) -> list[str]:
+    """Make every process of the job started as ``root`` print its threads' stacks (faulthandler), one at a time.
 
-    The group is frozen first, so no rank reacts to a peer's death before its own stack is taken, and
+    The job is frozen first, so no rank reacts to a peer's death before its own stack is taken, and
     the dumps, written to one pipe, do not interleave. Returns each aborted process's pid and command.
     """
-    os.killpg(group, signal.SIGSTOP)
+    members = _processes(root)
+    for pid, stat in members.items():
+        _kill(pid, stat.started, signal.SIGSTOP)
     order = []
-    for pid in sorted(_members(group), reverse=True):  # children (later pids) before their parents
+    for pid in sorted(members, reverse=True):  # children (later pids) before their parents
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             os.kill(pid, signal.SIGABRT)
@@ -145,20 +153,53 @@ def dump_stacks(group: int) -> list[str]:
             continue
         order.append(f"pid {pid}: {cmd[:120].strip()}")
         time.sleep(0.5)
-    os.killpg(group, signal.SIGCONT)
+    for pid, stat in members.items():
+        _kill(pid, stat.started, signal.SIGCONT)
     return order
 
 
-def _members(group: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getpgid(int(entry.name)) == group:
-                    pids.append(int(entry.name))
-            except ProcessLookupError:
-                pass
-    return pids
+@dataclass(frozen=True)
+class _Stat:
+    parent: int
+    group: int
+    ticks: int  # user + system CPU, in clock ticks
+    started: int  # in clock ticks after boot: with the pid, names one process (pids are reused)
+
+
+def _stat(pid: int) -> _Stat | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    # fields[k] is field k + 3 of proc(5): ppid 4, pgrp 5, utime 14, stime 15, starttime 22
+    return _Stat(int(fields[1]), int(fields[2]), int(fields[11]) + int(fields[12]), int(fields[19]))
+
+
+def _processes(root: int) -> dict[int, _Stat]:
+    """The process group ``root`` leads and every descendant of ``root``, by pid."""
+    table = {int(e.name): st for e in Path("/proc").iterdir() if e.name.isdigit() and (st := _stat(int(e.name)))}
+    children: dict[int, list[int]] = {}
+    for pid, st in table.items():
+        children.setdefault(st.parent, []).append(pid)
+    found = {pid for pid, st in table.items() if st.group == root}
+    todo = [pid for pid in found | {root} if pid in table]
+    visited: set[int] = set()
+    while todo:
+        pid = todo.pop()
+        if pid not in visited:
+            visited.add(pid)
+            todo.extend(children.get(pid, []))
+    return {pid: table[pid] for pid in found | visited}
+
+
+def _kill(pid: int, started: int, sig: signal.Signals) -> None:
+    """Send ``sig`` to ``pid`` if it is still the process that started at ``started``."""
+    now = _stat(pid)
+    if now is not None and now.started == started:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def python(*args: str) -> list[str]:
