@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.verify:
         exact, count = exact_loss(model.model.cpu(), args.val, args.max_tokens)
         report.update(exact_val_loss=exact, exact_val_count=count)
-    print("RESULT " + json.dumps(report), flush=True)
+    print("RESULT " + json.dumps(report) + "\n", end="", flush=True)  # one write: ranks share the output
 
 
 if __name__ == "__main__":

@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
             "tokens_per_s": tokens / max(seconds, 1e-9),
             "fill": tokens / max(total_slots, 1.0),
         }
-        print("RESULT " + json.dumps(result), flush=True)
+        print("RESULT " + json.dumps(result) + "\n", end="", flush=True)  # one write: ranks share the output
     leave_process_group()
 
 

@@ -133,10 +133,8 @@ def main(argv: list[str] | None = None) -> None:
             break
 
     if rank == 0:
-        print(
-            "RESULT " + json.dumps({"world_size": world, "steps": step, "val_loss": val_loss, "val_count": val_count}),
-            flush=True,
-        )
+        result = {"world_size": world, "steps": step, "val_loss": val_loss, "val_count": val_count}
+        print("RESULT " + json.dumps(result) + "\n", end="", flush=True)  # one write: ranks share the output
     leave_process_group()
 
 

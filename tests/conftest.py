@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 import shardload
 from shardload.testing import synthetic_samples
@@ -17,6 +18,11 @@ from shardload.testing import synthetic_samples
 # reset to its default in an exec'd child, so handling it here gives each child Python its KeyboardInterrupt.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# No per-example deadline: on a loaded 2-core machine a scheduling stall of a few hundred milliseconds is not a
+# slow example; a failure prints the blob that reproduces it.
+settings.register_profile("shardload", deadline=None, print_blob=True)
+settings.load_profile("shardload")
 
 
 @pytest.fixture

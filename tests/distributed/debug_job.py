@@ -15,8 +15,9 @@ import torch.multiprocessing as mp
 import shardload
 
 
-def rank_main(rank: int, set_a: str, set_b: str, out: str, port: int) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+def rank_main(rank: int, set_a: str, set_b: str, out: str) -> None:
+    # A rendezvous file, not a port: a fixed port can be taken by another job on the machine.
+    dist.init_process_group("gloo", init_method=f"file://{Path(out, 'rendezvous')}", rank=rank, world_size=2)
     loader = shardload.make_loader(
         set_a if rank == 0 else set_b, batch_size=4, loader_options=shardload.LoaderOptions(debug=True)
     )
@@ -27,8 +28,11 @@ def rank_main(rank: int, set_a: str, set_b: str, out: str, port: int) -> None:
     except shardload.PlanMismatchError as exc:
         Path(out, f"rank{rank}.txt").write_text(f"mismatch: {exc}")
     dist.destroy_process_group()
+    # Exit without interpreter teardown, where torch+gloo on CPU sometimes aborts after the group is gone.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    port = 29500 + os.getpid() % 1000
-    mp.start_processes(rank_main, args=(*sys.argv[1:4], port), nprocs=2, start_method="spawn")
+    mp.start_processes(rank_main, args=tuple(sys.argv[1:4]), nprocs=2, start_method="spawn")

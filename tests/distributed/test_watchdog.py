@@ -24,28 +24,28 @@ SPIN = "import time\nt = time.time()\nwhile time.time() - t < 60: pass"
 def test_an_idle_job_is_stopped_after_its_timeout_with_the_stacks_of_each_process() -> None:
     started = time.monotonic()
     res = run_with_watchdog(together([python("-c", SLEEP), python("-c", SLEEP)]), timeout=2)
-    assert res.hung and time.monotonic() - started < 15
+    assert res.hung and time.monotonic() - started < 30  # ~6 s: 2 s, the idle window, a dump per process
     assert res.output.count("Fatal Python error: Aborted") == 3  # both ranks and the supervisor
     assert "idle" in res.output and "stacks at the watchdog" in res.tail()
 
 
 def test_a_busy_job_runs_to_the_busy_limit() -> None:
     started = time.monotonic()
-    res = run_with_watchdog(python("-c", SPIN), timeout=1, busy_limit=4)
+    res = run_with_watchdog(python("-c", SPIN), timeout=2, busy_limit=4)
     took = time.monotonic() - started
-    assert res.hung and 4 <= took < 12, took
+    assert res.hung and 8 <= took < 25, took
     assert "using the CPU" in res.output
 
 
 def test_a_slow_job_that_keeps_working_is_not_called_a_hang() -> None:
-    res = run_with_watchdog(python("-c", SPIN.replace("60", "4") + "\nprint('done')"), timeout=1, busy_limit=10)
+    res = run_with_watchdog(python("-c", SPIN.replace("60", "4") + "\nprint('done')"), timeout=2, busy_limit=10)
     assert res.returncode == 0 and "done" in res.output
 
 
 def test_ranks_together_report_the_first_failure_at_once() -> None:
     started = time.monotonic()
     res = run_with_watchdog(together([python("-c", "raise SystemExit(3)"), python("-c", SLEEP)]), timeout=30)
-    assert res.returncode == 3 and time.monotonic() - started < 10
+    assert res.returncode == 3 and time.monotonic() - started < 20  # not the 60 s of the sleeping rank
     ok = run_with_watchdog(
         # One write each: the ranks share the pipe unbuffered, where print's two writes may interleave.
         together([python("-c", WRITE_R)] * 2, [{"R": "a"}, {"R": "b"}]),

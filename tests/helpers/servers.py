@@ -114,9 +114,31 @@ class S3Server:
 def s3_server(root: Path) -> Iterator[S3Server]:
     """Start ``rclone serve s3`` over ``root`` (a bucket directory is made) and stop it on exit."""
     (root / "bucket").mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log = open(root.parent / f"rclone-{port}.log", "wb")  # noqa: SIM115  closed below
-    proc = subprocess.Popen(
+    for attempt in range(3):  # the free port can be taken by another process before rclone binds it
+        port = free_port()
+        log = open(root.parent / f"rclone-{port}.log", "wb")  # noqa: SIM115  closed below
+        proc = _start_rclone(root, port, log)
+        try:
+            _wait_port(port, proc)
+        except RuntimeError:
+            _stop(proc)
+            log.close()
+            if attempt == 2:
+                raise
+            continue
+        break
+    try:
+        for name, value in S3Server(f"http://127.0.0.1:{port}", root, proc).env().items():
+            if name.startswith("AWS_RESPONSE") or name.startswith("AWS_REQUEST"):
+                os.environ.setdefault(name, value)  # ranged reads of rclone's objects fail boto's own check
+        yield S3Server(f"http://127.0.0.1:{port}", root, proc)
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def _start_rclone(root: Path, port: int, log: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
         [
             rclone_binary(),
             "serve",
@@ -134,21 +156,16 @@ def s3_server(root: Path) -> Iterator[S3Server]:
         start_new_session=True,
         preexec_fn=_die_with_parent,
     )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
     try:
-        _wait_port(port, proc)
-        for name, value in S3Server(f"http://127.0.0.1:{port}", root, proc).env().items():
-            if name.startswith("AWS_RESPONSE") or name.startswith("AWS_REQUEST"):
-                os.environ.setdefault(name, value)  # ranged reads of rclone's objects fail boto's own check
-        yield S3Server(f"http://127.0.0.1:{port}", root, proc)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 import shardload
 from shardload.remote import RemoteOptions
+from tests.distributed.torchrun_job import finish
 from tests.remote.shared_cache_digest import READS, digest
 
 
@@ -31,9 +32,8 @@ def main(url: str, cache: str, out: str, port: str) -> None:
     for name, kw in READS.items():
         loader = shardload.make_loader(url, rank=rank, world_size=world, remote=remote, **kw)
         record[name] = [digest(b) for b in loader]
-    dist.barrier()
-    dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    finish()  # barrier, leave the group, exit without gloo's teardown (which sometimes aborts)
 
 
 if __name__ == "__main__":

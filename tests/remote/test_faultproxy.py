@@ -15,12 +15,15 @@ from tests.helpers.servers import S3Server
 FAST = RetryPolicy(tries=4, base_delay=0.01, max_delay=0.02)
 
 
-def _open(url: str, s3: S3Server, proxy: FaultProxy) -> tuple[Any, str]:
-    """The object through the proxy, with botocore's and s3fs's own retries off: what is retried is ours."""
+def _open(url: str, s3: S3Server, proxy: FaultProxy, read_timeout: float = 10.0) -> tuple[Any, str]:
+    """The object through the proxy, with botocore's and s3fs's own retries off: what is retried is ours.
+
+    The timeout is long enough that a slow answer on a loaded machine is not a fault the tests did not inject.
+    """
     options = {
         **s3.storage_options,
         "client_kwargs": {"endpoint_url": proxy.url},
-        "config_kwargs": {"retries": {"max_attempts": 1}, "read_timeout": 2, "connect_timeout": 2},
+        "config_kwargs": {"retries": {"max_attempts": 1}, "read_timeout": read_timeout, "connect_timeout": 10},
     }
     fs, path = open_filesystem(url, options)
     fs.retries = 1
@@ -78,7 +81,7 @@ def test_persistent_503_ends_in_remote_error(s3: S3Server, obj: tuple[str, bytes
 def test_stall_past_the_client_timeout_is_retried(s3: S3Server, obj: tuple[str, bytes]) -> None:
     url, data = obj
     with FaultProxy(s3.endpoint) as proxy:
-        fs, path = _open(url, s3, proxy)
-        proxy.inject("stall", method="GET", path=r"obj\.bin$", stall_s=4.0)
+        fs, path = _open(url, s3, proxy, read_timeout=2.0)
+        proxy.inject("stall", method="GET", path=r"obj\.bin$", stall_s=4.0)  # past the 2 s read timeout
         got = with_retries(lambda: fs.cat_file(path), url=url, what="reading obj", policy=FAST)
         assert got == data and proxy.hits("stall") == 1

@@ -146,8 +146,9 @@ def test_an_unreachable_endpoint_fails_within_our_policy(tmp_path: Path) -> None
         shardload.open(
             "s3://bucket/set", remote=RemoteOptions(storage_options=storage, cache_dir=tmp_path, retry=policy)
         )
-    # botocore's 5 attempts with backoff inside each try took ~10 s a try (s3fs 2026.9, botocore 1.43)
-    assert time.monotonic() - started < 4.0
+    # botocore's 5 attempts with backoff inside each try took ~10 s a try (s3fs 2026.9, botocore 1.43): two
+    # tries of that are 20 s; ours take well under a second on a quiet machine (the bound allows a loaded one)
+    assert time.monotonic() - started < 12.0
 
 
 def test_the_s3_client_retries_once_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
