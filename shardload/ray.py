@@ -154,13 +154,17 @@ class ShardSink(Datasink["dict[str, Any] | None"]):
             yield first
             yield from rows
 
-        result = run_prepare(
-            self.out / PARTS_DIR / folder,
-            options=options,
-            samples=samples(),
-            describe={"source": "ray.data", **part_record(int(ctx.task_idx), 0, self.run)},
-            part=None,
-        )
+        try:
+            result = run_prepare(
+                self.out / PARTS_DIR / folder,
+                options=options,
+                samples=samples(),
+                describe={"source": "ray.data", **part_record(int(ctx.task_idx), 0, self.run)},
+                part=None,
+            )
+        except BaseException:  # a bad row, or Ray cancelling this task after another failed: leave no part
+            shutil.rmtree(self.out / PARTS_DIR / folder, ignore_errors=True)
+            raise
         return {"task": int(ctx.task_idx), "dir": folder, "samples": result.samples}
 
 
