@@ -101,7 +101,8 @@ def copy_bandwidth(dev: torch.device, nbytes: int, repeats: int) -> dict[str, fl
             src = src.pin_memory()
         best = float("inf")
         for _ in range(repeats + 1):  # the first copy warms up
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start.record()
             dst.copy_(src, non_blocking=kind == "pinned")
             end.record()
@@ -169,7 +170,8 @@ class Block(nn.Module):
         # Padding sits at the end of each row, so causal attention never lets a real token see it.
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(b, n, d))
-        return x + self.mlp(self.ln2(x))
+        out: torch.Tensor = x + self.mlp(self.ln2(x))
+        return out
 
 
 class TinyLM(nn.Module):
@@ -209,7 +211,7 @@ def train_steps(
         lengths = batch["tokens_lengths"].to(dev, non_blocking=True)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             loss = model.loss(tokens, lengths)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         opt.zero_grad(set_to_none=True)
     if dev.type == "cuda":

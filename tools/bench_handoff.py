@@ -34,7 +34,7 @@ class Batches(Dataset[Any]):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         if self.mode == "shared":
-            buf = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(self.nbytes + 1536))
+            buf = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(self.nbytes + 1536))  # type: ignore[no-untyped-call]
             buf.numpy()[: self.nbytes].fill(1)
             return {"data": buf[: self.nbytes], "ids": buf[self.nbytes : self.nbytes + 512].view(torch.int64)}
         data = np.empty(self.nbytes, np.uint8)

@@ -51,7 +51,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -104,6 +104,7 @@ def generate(spec: DataSpec) -> tuple[np.ndarray, np.ndarray]:
     np.cumsum(lengths, out=offsets[1:])
     rng = np.random.default_rng(spec.seed + 100)
     shape = (int(offsets[-1]), *spec.inner)
+    values: np.ndarray
     if spec.dtype == "int32":
         values = rng.integers(0, 50_000, size=shape, dtype=np.int32)
     else:
@@ -115,7 +116,7 @@ def write_raw(values: np.ndarray, offsets: np.ndarray, out: Path) -> None:
     """Baseline writer: all samples concatenated in one file, plus the offsets."""
     out.mkdir(parents=True)
     with open(out / "values.bin", "wb") as fh:
-        fh.write(memoryview(np.ascontiguousarray(values)).cast("B"))
+        fh.write(np.ascontiguousarray(values).data.cast("B"))
         os.fsync(fh.fileno())
     np.save(out / "offsets.npy", offsets)
 
@@ -163,7 +164,7 @@ def pad_collate(arrays: Sequence[np.ndarray], field: str) -> dict[str, Any]:
 class _Collate:
     """Picklable ``collate_fn`` around :func:`pad_collate`, optionally picking a key out of each sample."""
 
-    def __init__(self, field: str, key: str | None = None) -> None:
+    def __init__(self, field: str, key: str | int | None = None) -> None:
         self.field, self.key = field, key
 
     def __call__(self, samples: Sequence[Any]) -> dict[str, Any]:
@@ -339,24 +340,23 @@ def _batch_loader(fetch: Callable[[np.ndarray], Sequence[np.ndarray]], spec: Dat
     from torch.utils.data import DataLoader
 
     batches = epoch_batches(spec, opts)
-    return DataLoader(
-        _BatchDataset(spec.field, fetch), sampler=batches, batch_size=None, num_workers=opts["num_workers"]
-    )
+    dataset: Any = _BatchDataset(spec.field, fetch)  # map-style: what DataLoader calls is __getitem__
+    return DataLoader(dataset, sampler=batches, batch_size=None, num_workers=opts["num_workers"])
 
 
-def read_memmap(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Iterable[dict[str, Any]]:
+def read_memmap(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Any:  # a loader of batches
     return _batch_loader(_MemmapFetch(d, spec), spec, opts)
 
 
-def read_npy(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Iterable[dict[str, Any]]:
+def read_npy(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Any:  # a loader of batches
     return _batch_loader(_NpyFetch(d), spec, opts)
 
 
-def read_hf(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Iterable[dict[str, Any]]:
+def read_hf(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Any:  # a loader of batches
     return _batch_loader(_HFFetch(d, spec.field), spec, opts)
 
 
-def read_shardload(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Iterable[dict[str, Any]]:
+def read_shardload(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Any:  # a loader of batches
     import shardload
     from shardload.plan import Batching
 
@@ -377,7 +377,7 @@ def read_shardload(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Iterable[di
     )
 
 
-def read_litdata(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Iterable[dict[str, Any]]:
+def read_litdata(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Any:  # a loader of batches
     import litdata
 
     ds = litdata.StreamingDataset(str(d), shuffle=True, seed=opts["seed"], cache_dir=str(d) + ".cache")
@@ -386,7 +386,7 @@ def read_litdata(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Iterable[dict
     )
 
 
-def read_streaming(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Iterable[dict[str, Any]]:
+def read_streaming(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Any:  # a loader of batches
     import torch.utils.data
 
     streaming = import_streaming()
@@ -401,7 +401,7 @@ def read_streaming(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Iterable[di
     )
 
 
-def read_webdataset(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Iterable[dict[str, Any]]:
+def read_webdataset(d: Path, spec: DataSpec, opts: dict[str, Any]) -> Any:  # a loader of batches
     import webdataset as wds
 
     urls = sorted(str(p) for p in d.glob("shard-*.tar"))
@@ -458,7 +458,7 @@ WRITERS: dict[str, Callable[..., None]] = {
     "webdataset": write_webdataset,
     "hf": write_hf,
 }
-READERS: dict[str, Callable[[Path, DataSpec, dict[str, Any]], Iterable[dict[str, Any]]]] = {
+READERS: dict[str, Callable[[Path, DataSpec, dict[str, Any]], Any]] = {
     "memmap": read_memmap,
     "npy": read_npy,
     "shardload": read_shardload,
@@ -707,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"median length {np.median(lengths):.0f}, payload {payload / 1e6:,.1f} MB "
                 f"(generated in {time.perf_counter() - t0:.1f} s)"
             )
-            job = {"root": str(root), "spec": asdict(spec), "opts": opts}
+            job: dict[str, Any] = {"root": str(root), "spec": asdict(spec), "opts": opts}
             shutil.rmtree(root / spec.name, ignore_errors=True)
             os.sync()
             t0 = time.perf_counter()

@@ -138,7 +138,7 @@ def read_mem(pid: int) -> Mem:
 
 def tree_mem(pid: int) -> Mem:
     """A rank's memory plus that of its child processes (DataLoader workers)."""
-    import psutil  # type: ignore[import-untyped]
+    import psutil
 
     total = Mem()
     try:
@@ -183,6 +183,7 @@ def rank_main(job: dict[str, Any]) -> None:
         # with workers the main process maps nothing; each worker holds its own ShardSet
         dataset = loader.dataset
         assert isinstance(dataset, ShardBatchDataset)
+        assert isinstance(dataset.shard_set, shardload.ShardSet)
         opened = len(dataset.shard_set.open_shards) if job["workers"] == 0 else None
     else:
         # Baseline: the whole shard set in this process's memory, then this rank's planned batches.
@@ -224,7 +225,7 @@ def rank_main(job: dict[str, Any]) -> None:
 
 def _columns_in_memory(raw: np.ndarray) -> Any:
     """Arrow IPC bytes already in memory -> :class:`Columns` of views into ``raw`` (token sets only)."""
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow as pa
 
     from shardload.formats import Columns
     from shardload.formats.base import FieldData
@@ -346,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         rank_main(json.loads(args.rank_job))
         return 0
 
-    import psutil  # type: ignore[import-untyped]
+    import psutil
 
     print("$ " + shlex.join(["python", *sys.argv]))
     print(

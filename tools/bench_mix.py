@@ -71,7 +71,7 @@ def main() -> None:
             for run in range(args.runs):
                 sources = tuple(PlanInputs(x, s, digest=f"src{k}") for k, (x, s) in enumerate(zip(lengths, shards)))
                 mix = MixInputs(sources, names, weights)
-                spec = EpochSpec(world_size=args.world_size, stage=stage, epoch=1)  # type: ignore[arg-type]
+                spec = EpochSpec(world_size=args.world_size, stage=stage, epoch=1)
                 t0 = time.perf_counter()
                 plan = plan_rank(mix, spec, batching, rank=0)
                 t1 = time.perf_counter()

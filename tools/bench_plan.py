@@ -199,7 +199,12 @@ def main(argv: list[str] | None = None) -> None:
 
             def run(digest_arg: str | None = None, batching: Batching = batching) -> RankPlan:
                 # without a digest, PlanInputs hashes the lengths: what a caller without one pays
-                return plan_rank(PlanInputs(lengths, shard_sizes, digest_arg), spec, batching, rank=args.rank)
+                inputs = (
+                    PlanInputs(lengths, shard_sizes)
+                    if digest_arg is None
+                    else PlanInputs(lengths, shard_sizes, digest_arg)
+                )
+                return plan_rank(inputs, spec, batching, rank=args.rank)
 
             full = median_time(run, repeats) if batching.bucketing else None
             cached = median_time(lambda: run(digest), repeats)

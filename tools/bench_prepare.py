@@ -88,7 +88,7 @@ def write_raw(samples: list[dict[str, np.ndarray]], d: Path) -> None:
     np.cumsum([len(s["tokens"]) for s in samples], out=offsets[1:])
     with open(d / "values.bin", "wb") as fh:
         for s in samples:
-            fh.write(memoryview(s["tokens"]))
+            fh.write(np.ascontiguousarray(s["tokens"]).data)
         os.fsync(fh.fileno())
     offsets.tofile(d / "offsets.bin")
 

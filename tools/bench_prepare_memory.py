@@ -95,7 +95,7 @@ def child(dtype: str, method: str, shard_mb: float, median: int, seed: int, work
 
     pipeline = importlib.import_module("shardload.prepare.pipeline")  # shardload.prepare is also a function
     if method == "legacy":
-        pipeline.gather = legacy_gather
+        pipeline.gather = legacy_gather  # type: ignore[attr-defined]  # what pipeline calls, by its module name
     payload = int(shard_mb * 1e6)
     out = Path(tempfile.mkdtemp(prefix="bench_prepare_memory-", dir=workdir)) / "set"
     before = proc_status()["VmRSS"]
@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.child:
         workdir = args.workdir or tempfile.gettempdir()
-        print(json.dumps(child(*args.child, args.shard_mb[0], args.median, args.seed, workdir)))
+        dtype, method = args.child
+        print(json.dumps(child(dtype, method, args.shard_mb[0], args.median, args.seed, workdir)))
         return 0
 
     import shardload

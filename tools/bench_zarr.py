@@ -78,6 +78,7 @@ def read_every_chunk(stores: list[Any], seed: int = 0) -> tuple[float, int, int]
         group = zarr.open_group(store, mode="r")
         for name in ("tokens", "features", "label"):
             arr = group[f"{name}/values"]
+            assert isinstance(arr, zarr.Array)
             rows = arr.chunks[0]
             jobs += [(arr, c * rows, min((c + 1) * rows, arr.shape[0])) for c in range(-(-arr.shape[0] // rows))]
     order = np.random.default_rng(seed).permutation(len(jobs))
