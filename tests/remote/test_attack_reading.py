@@ -98,12 +98,12 @@ def test_download_killed_midway_leaves_no_part_file(tmp_path: Path, s3: S3Server
 
 
 def test_a_zero_cache_limit_in_the_environment_suggests_a_valid_value(monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardload.errors import ShardSetError
+    from shardload.errors import InputError
     from shardload.remote.options import ENV_CACHE_LIMIT, RemoteOptions
 
     monkeypatch.setenv(ENV_CACHE_LIMIT, "0")
-    with pytest.raises(ShardSetError, match=f"{ENV_CACHE_LIMIT}='0' is not a positive size") as info:
-        RemoteOptions().limit()
+    with pytest.raises(InputError, match=f"{ENV_CACHE_LIMIT}='0' is not a positive size") as info:
+        _ = RemoteOptions().limit
     assert f"set e.g. {ENV_CACHE_LIMIT}=100GiB" in str(info.value)  # never the refused value itself
 
 

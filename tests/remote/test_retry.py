@@ -228,10 +228,3 @@ def test_remote_options_name_the_field_and_what_it_takes(bad: dict[str, object],
     with pytest.raises(InputError, match=rf"RemoteOptions\.{field} must be .*{accepted}"):
         RemoteOptions(**bad)  # type: ignore[arg-type]
 
-
-def test_a_bad_cache_limit_in_the_environment_is_an_input_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardload.remote import RemoteOptions
-
-    monkeypatch.setenv("SHARDLOAD_CACHE_LIMIT", "lots")
-    with pytest.raises(InputError, match="SHARDLOAD_CACHE_LIMIT"):
-        _ = RemoteOptions().limit
