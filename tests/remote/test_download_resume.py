@@ -39,13 +39,18 @@ def only(info: ShardInfo) -> str:
     return re.escape(info.file) + "$"
 
 
+def shard_of(uploaded: tuple[Path, str], shard: int) -> tuple[Path, str, ShardInfo]:
+    """The uploaded set's local copy, its URL and the manifest entry of its shard ``shard``."""
+    local, url = uploaded
+    return local, url, shardload.open(local).shards[shard]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("block_size", [None, 1024], ids=["default", "small-blocks"])
 def test_a_cut_get_is_completed_by_one_ranged_get_for_the_rest(
     s3: S3Server, proxy: FaultProxy, uploaded: tuple[Path, str], tmp_path: Path, block_size: int | None
 ) -> None:
-    local, url = uploaded
-    info = shardload.open(local).shards[1]
+    local, url, info = shard_of(uploaded, 1)
     proxy.inject("truncate", method="GET", path=only(info))
     # a default_block_size below the shard's size: s3fs's get_file would fetch it in concurrent ranged GETs
     extra = {"default_block_size": block_size} if block_size else {}
@@ -61,8 +66,7 @@ def test_a_cut_get_is_completed_by_one_ranged_get_for_the_rest(
 def test_a_continuation_onto_a_damaged_prefix_is_downloaded_again_whole(
     s3: S3Server, proxy: FaultProxy, uploaded: tuple[Path, str], tmp_path: Path
 ) -> None:
-    local, url = uploaded
-    info = shardload.open(local).shards[1]
+    local, url, info = shard_of(uploaded, 1)
     proxy.inject("truncate-corrupt", method="GET", path=only(info))
     assert_same(batches(url, proxied(s3, proxy, tmp_path / "cache")), batches(local))
     got = gets(proxy, info)
@@ -76,8 +80,7 @@ def test_a_continuation_onto_a_damaged_prefix_is_downloaded_again_whole(
 def test_cuts_that_get_further_do_not_use_up_the_tries(
     s3: S3Server, proxy: FaultProxy, uploaded: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    local, url = uploaded
-    info = shardload.open(local).shards[1]
+    local, url, info = shard_of(uploaded, 1)
     chunk = 256
     monkeypatch.setattr(download, "CHUNK", chunk)  # a continuation reads this shard in several requests
     cuts = FAST.tries + 2  # more cut tries than the policy has tries
@@ -97,8 +100,7 @@ def test_cuts_that_get_further_do_not_use_up_the_tries(
 def test_cuts_that_get_no_further_end_in_remote_error_after_the_tries(
     s3: S3Server, proxy: FaultProxy, uploaded: tuple[Path, str], tmp_path: Path
 ) -> None:
-    local, url = uploaded
-    info = shardload.open(local).shards[2]  # sample 59's
+    _, url, info = shard_of(uploaded, 2)  # sample 59's
     proxy.inject("truncate", method="GET", path=only(info))
     proxy.inject("drop", method="GET", path=only(info), times=1000)
     ss = shardload.open(url, remote=proxied(s3, proxy, tmp_path / "cache"))
@@ -116,8 +118,7 @@ def test_cuts_that_get_no_further_end_in_remote_error_after_the_tries(
 def test_an_object_replaced_between_two_tries_is_not_spliced(
     s3: S3Server, proxy: FaultProxy, uploaded: tuple[Path, str], tmp_path: Path
 ) -> None:
-    local, url = uploaded
-    info = shardload.open(local).shards[2]
+    local, url, info = shard_of(uploaded, 2)
     other = bytearray((local / info.file).read_bytes())
     other[-10] ^= 0xFF  # same size, another tail
     (tmp_path / "other.arrow").write_bytes(other)
