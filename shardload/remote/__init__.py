@@ -13,6 +13,7 @@ Modules:
     policy: which cached shards to evict, by the plan's read order (Belady's rule).
     options: RemoteOptions, the credentials, node cache and prefetch settings of a remote set.
     cache: the node-local cache (RemoteSet): a mirror of the set, shards downloaded once per node.
+    download: one shard into its ``.part`` file, a try cut midway continued from the bytes received.
     prefetch: the plan-driven prefetcher of a rank's shards.
 """
 

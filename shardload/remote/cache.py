@@ -20,8 +20,9 @@ Rules between the processes of a node (ranks, loader workers), all by ``fcntl.fl
 * the manifest and lengths indexes are fetched once, under ``.lock``; each open costs one ``info()``
   (HEAD) of the remote manifest, and a re-prepared set (another ETag, size or mtime, and then another
   fingerprint) gets a mirror of its own;
-* a shard is downloaded once, under its own ``.<name>.lock``, to ``.<name>.<pid>.part``, its sha256
-  compared with the manifest's, then renamed into place: a partial download never has the final name;
+* a shard is downloaded once, under its own ``.<name>.lock``, to ``.<name>.<pid>.part`` (a try cut
+  midway continued from the bytes received, :mod:`shardload.remote.download`), its sha256 compared
+  with the manifest's, then renamed into place: a partial download never has the final name;
 * a process that maps a shard holds a shared lock on the file until it closes it; eviction removes only
   a file it can lock exclusively (non-blocking), so never one in use on the node;
 * with a ``cache_limit``, room is made (and reserved, as the ``.part`` file) under ``.space.lock``,
@@ -50,6 +51,7 @@ from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedEr
 from shardload.manifest import MANIFEST_NAME, Manifest, file_checksum, metadata_files
 from shardload.origin import ORIGINS_NAME
 from shardload.output import atomic_write_text
+from shardload.remote.download import fetch_to
 from shardload.remote.options import RemoteOptions
 from shardload.remote.policy import NEVER, choose_victims, next_uses
 from shardload.remote.retry import with_retries
@@ -394,13 +396,26 @@ class RemoteSet:
         return True
 
     def _fetch_checked(self, shard: int, part: Path, path: Path) -> None:
-        """Download into ``part``, compare size and sha256 with the manifest (one more try), rename to ``path``."""
+        """Download into ``part``, compare size and sha256 with the manifest (one more try), rename to ``path``.
+
+        A try cut midway is continued from the bytes received (:func:`~shardload.remote.download.fetch_to`);
+        the check here decides, and a mismatch is downloaded again whole, from byte 0.
+        """
         assert self.manifest is not None
         info, url = self.manifest.shards[shard], self.shard_url(shard)
         found, size = "", 0
-        for _ in range(2):
+        fs, root = self._filesystem()
+        for _ in range(2):  # the second download starts again from byte 0
             try:
-                self._call(f"downloading shard {shard}", info.file, lambda fs, p: fs.get_file(p, str(part)))
+                fetch_to(
+                    fs,
+                    f"{root}/{info.file}",
+                    part,
+                    info.bytes,
+                    url=url,
+                    what=f"downloading shard {shard}",
+                    policy=self.options.policy,
+                )
             except FileNotFoundError:
                 self._check_stamp(shard, url)
                 raise tagged(

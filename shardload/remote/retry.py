@@ -280,10 +280,18 @@ def with_retries(
     policy: RetryPolicy | None = None,
     sleep: Callable[[float], None] = time.sleep,
     rng: random.Random | None = None,
+    progress: Callable[[], int] | None = None,
 ) -> T:
     """``call()``, retried on transient errors with backoff and jitter.
 
     The one place where an error of the storage service becomes one of shardload's.
+
+    With ``progress`` (a download that continues where a failed try stopped), the policy's tries
+    count from the last try that got further than every try before it (that try included), and
+    the waits start again from ``base_delay`` after it: a long transfer over a link that drops
+    now and then finishes, while one that keeps failing without getting further still ends in
+    :class:`~shardload.errors.RemoteError` after ``policy.tries`` tries. Without it, every
+    failed try counts.
 
     Args:
         call: one attempt (a download, an upload, a listing).
@@ -291,6 +299,8 @@ def with_retries(
         what: what the call does, for the message (``"downloading shard 3"``).
         policy: tries and waits (default :class:`RetryPolicy`).
         sleep, rng: injected by tests.
+        progress: how far the work has got (bytes received, say), read before the first try and
+            after each failed one; it must be bounded, so that progress cannot go on for ever.
 
     Raises:
         RemoteError: every try failed with a transient error (names ``url``, the tries and the last
@@ -303,9 +313,11 @@ def with_retries(
     """
     policy = policy or RetryPolicy()
     delays = policy.delays(rng)
-    tries = 0
+    tries = counted = 0  # every try; the tries counted against the policy (since the last progress)
+    best = progress() if progress is not None else 0
     while True:
         tries += 1
+        counted += 1
         try:
             return call()
         except Exception as exc:
@@ -326,10 +338,13 @@ def with_retries(
                     "objects of the set were changed by hand, upload the set again (prepare -o URL --overwrite).",
                     url,
                 ) from exc
+            if progress is not None and (got := progress()) > best:
+                best, counted, delays = got, 1, policy.delays(rng)
             delay = next(delays, None)
             if delay is None:
+                since = f" (the last {counted} without getting further)" if counted < tries else ""
                 raise RemoteError(
-                    f"{what} ({url}) failed {tries} time{'s' if tries > 1 else ''}; the last error: "
+                    f"{what} ({url}) failed {tries} time{'s' if tries > 1 else ''}{since}; the last error: "
                     f"{describe(exc)}. The storage service is unreachable, throttling or failing: "
                     "check the endpoint and the network, then rerun (a prepare upload resumes with --resume).",
                     url,

@@ -39,7 +39,8 @@ _PACKAGES = {
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 15.0
 #: tries of s3fs's own loop inside each of ours: one, so that throttling (503 SlowDown) is retried with
-#: our backoff only, not hammered by an inner loop; a read dropped midway restarts its object (a shard)
+#: our backoff only, not hammered by an inner loop; a shard download dropped midway is continued from the
+#: bytes received by our next try (shardload.remote.download)
 S3FS_RETRIES = 1
 
 

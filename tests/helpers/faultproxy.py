@@ -17,7 +17,11 @@ Faults:
     ``"stall"``: wait ``stall_s`` seconds, then answer normally (a client timeout shorter than that fires).
     ``"drop"``: close the connection without any answer.
     ``"truncate"``: send the headers with the full length, half the body, then close.
+    ``"truncate-corrupt"``: as ``"truncate"``, with one byte of the half sent changed.
     ``"corrupt"``: answer normally with one byte of the body changed (same length).
+
+Each request is logged with its ``Range`` header (``None`` without one), so a test can tell a
+whole GET from a ranged one and see where a ranged one starts.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from types import TracebackType
 
-FAULTS = ("503", "500", "400", "stall", "drop", "truncate", "corrupt")
+FAULTS = ("503", "500", "400", "stall", "drop", "truncate", "truncate-corrupt", "corrupt")
 _ERROR_BODIES = {
     "503": (503, "SlowDown", "Please reduce your request rate."),
     "500": (500, "InternalError", "We encountered an internal error. Please try again."),
@@ -50,16 +54,25 @@ class _Fault:
     path: re.Pattern[str]
     times: int
     stall_s: float
+    skip: int = 0
     hits: int = 0
 
 
 @dataclass
 class Request:
-    """One request the proxy saw, and the fault it got (``None``: passed through)."""
+    """One request the proxy saw, the fault it got (``None``: passed through) and its ``Range`` header."""
 
     method: str
     path: str
     fault: str | None
+    range: str | None = None
+
+    @property
+    def range_start(self) -> int | None:
+        """The first byte a ``bytes=N-...`` range asks for (``None``: a whole GET)."""
+        if self.range is None:
+            return None
+        return int(self.range.removeprefix("bytes=").split("-", 1)[0])
 
 
 @dataclass
@@ -69,15 +82,18 @@ class _State:
     log: list[Request] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def take(self, method: str, path: str) -> _Fault | None:
+    def take(self, method: str, path: str, range_: str | None) -> _Fault | None:
         with self.lock:
+            taken = None
             for f in self.faults:
-                if f.hits < f.times and (f.method is None or f.method == method) and f.path.search(path):
-                    f.hits += 1
-                    self.log.append(Request(method, path, f.kind))
-                    return f
-            self.log.append(Request(method, path, None))
-            return None
+                if (f.method is None or f.method == method) and f.path.search(path):
+                    if f.skip > 0:  # every matching request counts, whichever fault it gets
+                        f.skip -= 1
+                    elif taken is None and f.hits < f.times:
+                        f.hits += 1
+                        taken = f
+            self.log.append(Request(method, path, taken.kind if taken else None, range_))
+            return taken
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -103,7 +119,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _forward(self) -> None:
         body = self._body()
-        fault = self.state.take(self.command, urllib.parse.urlsplit(self.path).path)
+        fault = self.state.take(self.command, urllib.parse.urlsplit(self.path).path, self.headers.get("Range"))
         kind = fault.kind if fault else None
         if kind == "drop":
             self.close_connection = True
@@ -126,8 +142,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if kind == "stall" and fault is not None:
             time.sleep(fault.stall_s)
         status, headers, payload = self._upstream(body)
-        if kind == "corrupt" and payload:
-            i = len(payload) // 2
+        if kind in ("corrupt", "truncate-corrupt") and payload:
+            i = len(payload) // (2 if kind == "corrupt" else 4)  # within the half a truncation sends
             payload = payload[:i] + bytes([payload[i] ^ 0xFF]) + payload[i + 1 :]
         self.send_response(status)
         for name, value in headers:
@@ -138,7 +154,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
-        if kind == "truncate":
+        if kind in ("truncate", "truncate-corrupt"):
             self.wfile.write(payload[: len(payload) // 2])
             self.wfile.flush()
             self.close_connection = True
@@ -181,13 +197,23 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def inject(
-        self, kind: str, *, method: str | None = None, path: str = "", times: int = 1, stall_s: float = 5.0
+        self,
+        kind: str,
+        *,
+        method: str | None = None,
+        path: str = "",
+        times: int = 1,
+        stall_s: float = 5.0,
+        skip: int = 0,
     ) -> None:
-        """Make the next ``times`` requests whose path matches ``path`` (a regex) get fault ``kind``."""
+        """Make the next ``times`` requests whose path matches ``path`` (a regex) get fault ``kind``.
+
+        ``skip``: let that many matching requests pass first (or get the faults injected before).
+        """
         if kind not in FAULTS:
             raise ValueError(f"unknown fault {kind!r}; one of {FAULTS}")
         with self._state.lock:
-            self._state.faults.append(_Fault(kind, method, re.compile(path), times, stall_s))
+            self._state.faults.append(_Fault(kind, method, re.compile(path), times, stall_s, skip))
 
     def clear(self) -> None:
         """Forget the faults not yet used, and the request log."""

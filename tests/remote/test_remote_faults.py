@@ -10,8 +10,8 @@ storage answering 503 for good ends in RemoteError naming the URL, and ``shardlo
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,26 +22,20 @@ from shardload.manifest import ShardInfo
 from shardload.remote import RemoteOptions, RetryPolicy
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.servers import S3Server
-from tests.remote.test_remote_sets import assert_same, batches, make_set
+from tests.remote.test_remote_sets import assert_same, batches
 
 FAST = RetryPolicy(tries=4, base_delay=0.01, max_delay=0.02)
 SHARD_GET = r"shards/shard-\d+\.arrow$"
 
 
-@pytest.fixture
-def proxy(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
-    """A fault proxy in front of the session's S3 server; s3fs's own retries off for this test."""
-    import s3fs
+def proxied(s3: S3Server, proxy: FaultProxy, cache: Path, **storage_options: Any) -> RemoteOptions:
+    """Options reaching ``s3`` through ``proxy``: one botocore attempt per call, short timeouts, FAST retries.
 
-    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
-    with FaultProxy(s3.endpoint) as p:
-        yield p
-
-
-def proxied(s3: S3Server, proxy: FaultProxy, cache: Path) -> RemoteOptions:
-    """Options reaching ``s3`` through ``proxy``: one botocore attempt per call, short timeouts, FAST retries."""
+    ``storage_options``: more keywords of the filesystem.
+    """
     storage = {
         **s3.storage_options,
+        **storage_options,
         "client_kwargs": {"endpoint_url": proxy.url},
         "config_kwargs": {"retries": {"total_max_attempts": 1}, "read_timeout": 5, "connect_timeout": 5},
     }
@@ -51,13 +45,6 @@ def proxied(s3: S3Server, proxy: FaultProxy, cache: Path) -> RemoteOptions:
 def shard_gets(proxy: FaultProxy, file: str) -> int:
     """GETs of the object whose path ends with ``file`` that the proxy saw."""
     return sum(1 for r in proxy.requests if r.method == "GET" and r.path.endswith("/" + file))
-
-
-@pytest.fixture
-def uploaded(s3: S3Server, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Path, str]:
-    """A small set on disk and its copy on the S3 server, under a prefix of this test's own."""
-    local = make_set(tmp_path, n=60, shards=3)
-    return local, s3.upload(local, f"faults/{request.node.name}/set")
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ import pytest
 import shardload
 from shardload.cli import main
 from shardload.errors import CorruptShardError, PlanError, ShardSetChangedError, ShardSetError
-from shardload.remote import RemoteOptions
+from shardload.remote import RemoteOptions, cache
 from shardload.remote.cache import RemoteSet
 from shardload.testing import synthetic_samples
 from tests.helpers.servers import S3Server
@@ -158,13 +158,13 @@ def test_damaged_object_is_fetched_twice_then_reported(
     (damaged / info.file).write_bytes(bytes(data))
     url = s3.upload(damaged, "damaged/set")  # uploaded once: rclone can stall on an overwrite
     gets: list[str] = []
-    orig = RemoteSet._call
+    orig = cache.fetch_to
 
-    def counted(self: RemoteSet, what: str, rel: str, call: Any) -> Any:
+    def counted(*args: Any, what: str, **kw: Any) -> None:  # each download of a shard, from byte 0
         gets.append(what)
-        return orig(self, what, rel, call)
+        orig(*args, what=what, **kw)
 
-    monkeypatch.setattr(RemoteSet, "_call", counted)
+    monkeypatch.setattr(cache, "fetch_to", counted)
     ss = shardload.open(url, remote=options(s3, tmp_path / "cache"))
     ss[0]  # the sound shard
     with pytest.raises(CorruptShardError) as err:

@@ -94,6 +94,40 @@ def test_last_error_names_url_and_tries() -> None:
     assert isinstance(info.value, OSError)
 
 
+def test_tries_that_get_further_start_the_count_afresh() -> None:
+    waits: list[float] = []
+    received = iter([0, 10, 20, 30, 30, 30, 30])  # before the first try, then after each failed one
+
+    def call() -> None:
+        raise TimeoutError("cut")
+
+    policy = RetryPolicy(tries=4, base_delay=1.0, max_delay=100.0, jitter=0.0)
+    with pytest.raises(RemoteError, match=r"failed 6 times \(the last 4 without getting further\); the last"):
+        with_retries(
+            call, url="s3://b/k", what="reading k", policy=policy, sleep=waits.append, progress=lambda: next(received)
+        )
+    assert waits == [1.0, 1.0, 1.0, 2.0, 4.0]  # the waits start again after each try that got further
+
+
+def test_tries_that_get_no_further_end_after_the_policys_tries() -> None:
+    calls: list[int] = []
+
+    def call() -> None:
+        calls.append(1)
+        raise TimeoutError("cut")
+
+    with pytest.raises(RemoteError, match=r"failed 3 times; the last"):
+        with_retries(
+            call,
+            url="s3://b/k",
+            what="reading k",
+            policy=RetryPolicy(tries=3),
+            sleep=lambda s: None,
+            progress=lambda: 5,
+        )
+    assert len(calls) == 3
+
+
 def test_permanent_error_is_not_retried() -> None:
     calls = []
 

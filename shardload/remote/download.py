@@ -1,0 +1,151 @@
+"""Downloading one shard into its ``.part`` file, continuing a try cut midway from the bytes received.
+
+Where it sits: in the storage layer, below :class:`~shardload.remote.cache.RemoteSet`.
+``RemoteSet._fetch_checked`` holds the shard's lock, reserves its ``.part`` file, calls
+:func:`fetch_to`, and then compares the part's size and sha256 with the manifest (a
+mismatch is fetched once more, by a new :func:`fetch_to` call, from byte 0) before it
+renames the part into place. That final check decides; this module only makes a try
+cut midway cheaper.
+
+Rules:
+
+* The first try is the filesystem's ``get_file``: one streaming GET (for backends whose
+  ``get_file`` splits a large object into concurrent ranged GETs, such as s3fs, one stream
+  is asked for, so that the part holds exactly the bytes received, in order, and memory
+  stays small).
+* A try that fails with an error :func:`~shardload.remote.retry.with_retries` retries,
+  after the part received some bytes, is continued by the next try from the part's size:
+  the object is opened for ranged reads (``cache_type="none"``), sought to that offset and
+  read in :data:`CHUNK`-byte requests appended to the part, so memory stays bounded
+  whatever the shard size.
+* The continuation is given up for a restart from byte 0 (the part rewritten whole by
+  ``get_file``) when it cannot be trusted to append the right bytes: the object's size is
+  no longer the manifest's, the server ignores ranges (answers ``200`` with the whole body)
+  or the file cannot seek (an HTTP source without a known size), or the object changed
+  during the continuation (s3fs's ``If-Match`` on its ETag). After a restart the rest of
+  this download asks for no range again.
+* Retry accounting (``progress`` of :func:`with_retries`): a try that leaves more bytes in
+  the part than any try before it starts the policy's count afresh; tries that get no
+  further use it up, and ``policy.tries`` of them in a row end in
+  :class:`~shardload.errors.RemoteError`. Progress is capped at the shard's size, so it
+  cannot go on for ever.
+
+A continuation appended to a damaged prefix, or to the prefix of an object replaced
+between tries, gives a file whose sha256 is not the manifest's: the caller's check
+catches it and downloads the whole shard again.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from shardload.remote.retry import RetryPolicy, with_retries
+
+__all__ = ["CHUNK", "fetch_to"]
+
+#: bytes asked for (and held in memory) by each ranged read of a continuation
+CHUNK = 8 << 20
+
+
+class _Restart(Exception):
+    """The continuation cannot be trusted to append the right bytes: download from byte 0 instead."""
+
+
+def _expired_errors() -> tuple[type[BaseException], ...]:
+    """fsspec's error for an object that changed while a file of it was open (its ETag differs)."""
+    try:
+        from fsspec.exceptions import FileExpired
+    except ImportError:  # pragma: no cover  an fsspec without it
+        return ()
+    return (FileExpired,)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+class _Download:
+    """The state of one :func:`fetch_to` call across its tries."""
+
+    def __init__(self, fs: Any, remote_path: str, part: Path, size: int) -> None:
+        self.fs, self.remote, self.part, self.size = fs, remote_path, part, size
+        self.tries = 0
+        self.ranges = True  # False once the server was seen ignoring a range
+        self.whole_kw: dict[str, Any] = {}
+        try:
+            if "max_concurrency" in inspect.signature(fs._get_file).parameters:
+                self.whole_kw["max_concurrency"] = 1  # one stream, written in order (s3fs, adlfs)
+        except (AttributeError, TypeError, ValueError):  # not an async filesystem, or no signature
+            pass
+
+    def progress(self) -> int:
+        """Bytes received so far, capped at the shard's size."""
+        return min(_size(self.part), self.size)
+
+    def attempt(self) -> None:
+        """One try: the whole object on the first, else a continuation where it can be trusted."""
+        self.tries += 1
+        have = _size(self.part)
+        if self.tries > 1 and self.ranges and 0 < have < self.size:
+            try:
+                self._continue(have)
+                return
+            except _Restart:
+                self.ranges = False  # restart, and this download asks for no range again
+        self.fs.get_file(self.remote, str(self.part), **self.whole_kw)
+
+    def _continue(self, have: int) -> None:
+        """Append the object's bytes from ``have`` on to the part, :data:`CHUNK` bytes per ranged read.
+
+        Raises:
+            _Restart: the object's size is not the manifest's, ranges are not honoured, the file
+                cannot seek, or the object changed meanwhile.
+        """
+        try:
+            with self.fs.open(self.remote, "rb", block_size=CHUNK, cache_type="none") as src:
+                if getattr(src, "size", None) != self.size:
+                    raise _Restart  # not the manifest's object (or a size the server does not give)
+                src.seek(have)
+                with open(self.part, "ab") as out:
+                    while have < self.size:
+                        want = min(CHUNK, self.size - have)
+                        data = src.read(want)
+                        if len(data) > want:  # a server that ignored the range: never append a whole body
+                            raise _Restart
+                        if not data:
+                            return  # the object ended early: the caller's size check says so
+                        out.write(data)
+                        have += len(data)
+        except ValueError as exc:  # fsspec: "doesn't appear to support range requests", "Cannot seek"
+            raise _Restart from exc
+        except _expired_errors() as exc:
+            raise _Restart from exc
+
+
+def fetch_to(fs: Any, remote_path: str, part: Path, size: int, *, url: str, what: str, policy: RetryPolicy) -> None:
+    """Download ``remote_path`` of ``fs`` into ``part`` (rewritten from byte 0), continuing cut tries.
+
+    Args:
+        fs: the fsspec filesystem of the set.
+        remote_path: the object's path on ``fs``.
+        part: the local ``.part`` file; only the caller (the holder of the shard's lock) writes it.
+        size: the object's size in the manifest; a continuation never reads past it.
+        url: the object's URL, for messages.
+        what: what the download is, for messages (``"downloading shard 3"``).
+        policy: tries and waits, counted as the module docstring says.
+
+    Raises:
+        RemoteError: ``policy.tries`` tries in a row failed without getting further, or the store
+            answered with an error another try would not change.
+        RemoteAccessError: the credentials were refused.
+        FileNotFoundError: the object does not exist.
+    """
+    with open(part, "wb"):
+        pass  # a new download starts from byte 0, whatever an earlier one left
+    job = _Download(fs, remote_path, part, size)
+    with_retries(job.attempt, url=url, what=what, policy=policy, progress=job.progress)
