@@ -261,4 +261,3 @@ def test_remote_options_name_the_field_and_what_it_takes(bad: dict[str, object],
 
     with pytest.raises(InputError, match=rf"RemoteOptions\.{field} must be .*{accepted}"):
         RemoteOptions(**bad)  # type: ignore[arg-type]
-
