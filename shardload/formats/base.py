@@ -205,6 +205,14 @@ class ShardWriter(ABC, Generic[OptionsT]):
         :attr:`ShardReader.stored_identity`.
         """
 
+    def write_checksummed(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> str:
+        """:meth:`write`, and the checksum of the file written (what :func:`~shardload.manifest.file_checksum`
+        gives). Here the file is read back; a format whose writer can hash its bytes as it writes them does so."""
+        from shardload.manifest import file_checksum  # the manifest's rule; imported here, not at load
+
+        self.write(path, columns, identity=identity)
+        return file_checksum(path)
+
 
 class ShardReader(ABC):
     """Reads one shard back as :class:`Columns` (zero-copy where possible).

@@ -9,6 +9,7 @@ from typing import ClassVar
 import numpy as np
 import pyarrow as pa
 
+from shardload.checksum import DigestingFile
 from shardload.formats.arrow.options import ArrowOptions
 from shardload.formats.base import Columns, ShardWriter
 from shardload.identity import ARROW_IDENTITY_KEY, ShardIdentity
@@ -64,11 +65,26 @@ class ArrowShardWriter(ShardWriter[ArrowOptions]):
     suffix: ClassVar[str] = ".arrow"
     bounds_field_values: ClassVar[bool] = True
 
-    def write(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> None:
+    def write(
+        self,
+        path: Path,
+        columns: Columns,
+        *,
+        identity: ShardIdentity | None = None,
+        digesting: DigestingFile | None = None,
+    ) -> None:
+        """Write ``columns`` to ``path``, or through ``digesting`` (a :class:`DigestingFile` open on ``path``)."""
         schema = arrow_schema(self.schema, identity)
         arrays = [
             to_arrow(f, columns.fields[f.name].values, columns.fields[f.name].offsets) for f in self.schema.fields
         ]
         batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        sink = pa.OSFile(str(path), "wb") if digesting is None else pa.PythonFile(digesting, mode="w")
+        with sink, pa.ipc.new_file(sink, schema) as writer:
             writer.write_batch(batch)
+
+    def write_checksummed(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> str:
+        """:meth:`write`, hashing the bytes on their way to the file (nothing is read back)."""
+        with DigestingFile(path) as digesting:
+            self.write(path, columns, identity=identity, digesting=digesting)
+            return digesting.checksum
