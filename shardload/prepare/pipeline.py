@@ -189,12 +189,12 @@ def ingest(
         chunks.append(path.name)
         skip += guards.skip_staged(it, ArrowShardReader(path, schema).columns(), check, source, skip)
 
-    def write(cols: Columns, origins: list[pa.Table]) -> None:
+    def write(pieces: list[Columns], origins: list[pa.Table]) -> None:
         path = staging / chunk_name(unit_key, len(chunks))
         with output_errors(staging.parents[1], f"staging the samples of {source}"):
             write_chunk_origins(path, origins)  # before the chunk, whose presence means done
             with atomic_file(path, tmp=path.with_suffix(".tmp")) as tmp:
-                writer.write(tmp, cols)
+                writer.write_concatenated(tmp, pieces)
         chunks.append(path.name)
         crash_point(f"staged:{len(chunks)}")
 
