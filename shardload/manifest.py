@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from shardload.checksum import checksum_text
 from shardload.errors import ManifestError
 from shardload.identity import SET_ID_CHARS, is_set_id
 from shardload.output import atomic_file, atomic_write_text
@@ -497,4 +498,4 @@ def _sha256_of(fh: BinaryIO, chunk: int) -> str:
     h = hashlib.sha256()
     while block := fh.read(chunk):
         h.update(block)
-    return "sha256:" + h.hexdigest()
+    return checksum_text(h)

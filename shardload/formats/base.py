@@ -138,13 +138,18 @@ def concat_columns(schema: Schema, parts: Sequence[Columns]) -> Columns:
             fields[f.name] = FieldData(values, None)
             continue
         values = np.concatenate([d.values for d in datas]) if datas else _empty(f, 0)
-        lens: np.ndarray = (
-            np.concatenate([np.diff(d.offsets) for d in datas if d.offsets is not None])
-            if datas
-            else np.zeros(0, dtype=np.int64)
-        )
-        fields[f.name] = FieldData(values, offsets_from_lengths(lens))
+        fields[f.name] = FieldData(values, concat_offsets(datas))
     return Columns(num_samples=sum(p.num_samples for p in parts), fields=fields)
+
+
+def concat_offsets(datas: Sequence[FieldData]) -> NDArray[np.int64]:
+    """The offsets of one field of several chunks, concatenated sample-wise (int64, from 0)."""
+    lens: np.ndarray = (
+        np.concatenate([np.diff(d.offsets) for d in datas if d.offsets is not None])
+        if datas
+        else np.zeros(0, dtype=np.int64)
+    )
+    return offsets_from_lengths(lens)
 
 
 def _empty(f: Field, n: int) -> np.ndarray:
@@ -204,6 +209,14 @@ class ShardWriter(ABC, Generic[OptionsT]):
         chunks) goes into the file's own metadata, where readers give it back as
         :attr:`ShardReader.stored_identity`.
         """
+
+    def write_checksummed(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> str:
+        """:meth:`write`, and the checksum of the file written (what :func:`~shardload.manifest.file_checksum`
+        gives). Here the file is read back; a format whose writer can hash its bytes as it writes them does so."""
+        from shardload.manifest import file_checksum  # the manifest's rule; imported here, not at load
+
+        self.write(path, columns, identity=identity)
+        return file_checksum(path)
 
 
 class ShardReader(ABC):

@@ -23,6 +23,9 @@ from shardload.schema import Schema
 #: rows copied per vectorized step of :func:`gather`: bounds its temporaries (three int64 index
 #: arrays and the rows themselves) to a few MiB, whatever the size of the shard
 GATHER_BLOCK_ROWS = 1 << 18
+#: a block of samples of at least this many rows each on average is copied one slice per sample: a
+#: slice copy costs about what building and applying an index of 64 rows does, and needs no index
+SLICE_MIN_ROWS = 64
 
 
 def gather(
@@ -102,16 +105,18 @@ def _copy_ranges(
     """``dst[dst_starts[k]:+lens[k]] = src[starts[k]:+lens[k]]`` for every k, in blocks of bounded size.
 
     Runs of short samples are copied with one fancy index per block of about
-    :data:`GATHER_BLOCK_ROWS` rows; a sample longer than that is one slice copy.
+    :data:`GATHER_BLOCK_ROWS` rows; a block whose samples average
+    :data:`SLICE_MIN_ROWS` rows or more, and a sample longer than a block, are
+    copied one slice per sample (no index array, no temporary).
     """
     ends = np.cumsum(lens)
     i, m = 0, len(lens)
     while i < m:
         before = int(ends[i - 1]) if i else 0
         j = max(i + 1, int(np.searchsorted(ends, before + GATHER_BLOCK_ROWS, side="right")))
-        if j == i + 1:
-            s, d, k = int(starts[i]), int(dst_starts[i]), int(lens[i])
-            dst[d : d + k] = src[s : s + k]
+        if j == i + 1 or int(ends[j - 1]) - before >= SLICE_MIN_ROWS * (j - i):
+            for s, d, k in zip(starts[i:j].tolist(), dst_starts[i:j].tolist(), lens[i:j].tolist()):
+                dst[d : d + k] = src[s : s + k]
         else:
             block = lens[i:j]
             dst[range_positions(dst_starts[i:j], block)] = src[range_positions(starts[i:j], block)]

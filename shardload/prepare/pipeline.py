@@ -40,7 +40,7 @@ from shardload.errors import InputError, OutputError
 from shardload.formats import Columns, format_of
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
 from shardload.identity import ShardIdentity, set_id_of
-from shardload.manifest import Manifest, file_checksum
+from shardload.manifest import Manifest
 from shardload.origin import ORIGINS_NAME, run_origins, write_chunk_origins, write_set_origins
 from shardload.output import atomic_file, atomic_write_text
 from shardload.plan.ranges import offsets_from_lengths
@@ -189,12 +189,12 @@ def ingest(
         chunks.append(path.name)
         skip += guards.skip_staged(it, ArrowShardReader(path, schema).columns(), check, source, skip)
 
-    def write(cols: Columns, origins: list[pa.Table]) -> None:
+    def write(pieces: list[Columns], origins: list[pa.Table]) -> None:
         path = staging / chunk_name(unit_key, len(chunks))
         with output_errors(staging.parents[1], f"staging the samples of {source}"):
             write_chunk_origins(path, origins)  # before the chunk, whose presence means done
             with atomic_file(path, tmp=path.with_suffix(".tmp")) as tmp:
-                writer.write(tmp, cols)
+                writer.write_concatenated(tmp, pieces)
         chunks.append(path.name)
         crash_point(f"staged:{len(chunks)}")
 
@@ -293,12 +293,12 @@ def write_shard(job: ShardJob) -> ShardRecord:
     cols = gather(job.schema, job.positions, list(job.staged_paths), job.chunk_starts)
     identity = ShardIdentity(job.set_id, job.index, job.first_sample, len(job.positions)) if job.set_id else None
     with atomic_file(final, tmp=final.with_name(final.name + ".tmp")) as tmp:
-        writer_cls(job.schema, job.shard_format).write(tmp, cols, identity=identity)
+        checksum = writer_cls(job.schema, job.shard_format).write_checksummed(tmp, cols, identity=identity)
         record = ShardRecord(
             file=f"shards/{name}",
             samples=len(job.positions),
             bytes=tmp.stat().st_size,
-            checksum=file_checksum(tmp),
+            checksum=checksum,
             tokens=job.tokens,
             set_id=job.set_id,
         )

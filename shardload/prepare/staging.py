@@ -25,7 +25,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from shardload.cast import CastError, cast_exact
-from shardload.formats.base import Columns, FieldData, concat_columns
+from shardload.formats.base import Columns, FieldData
 from shardload.origin import locator_origins
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.prepare.guards import MAX_FIELD_VALUES
@@ -107,9 +107,12 @@ class ChunkStager:
     The one rule of where a chunk ends: after the sample that brings it to
     ``chunk_bytes`` bytes, or before a sample that would bring one field's
     values past an Arrow array's length (:data:`~shardload.prepare.guards.MAX_FIELD_VALUES`).
-    ``write`` stores one chunk's columns and its samples' origins (see
-    :mod:`shardload.origin`: of a sample, from its locator, naming one of
-    ``files``; of a batch, the table given with it), in the same order.
+    ``write`` stores one chunk, given as the pieces whose samples it holds in
+    order (the chunk is their concatenation, see
+    :meth:`~shardload.formats.arrow.ArrowShardWriter.write_concatenated`), and
+    its samples' origins (see :mod:`shardload.origin`: of a sample, from its
+    locator, naming one of ``files``; of a batch, the table given with it), in
+    the same order.
     """
 
     def __init__(
@@ -117,7 +120,7 @@ class ChunkStager:
         schema: Schema,
         chunk_bytes: int,
         files: Sequence[str],
-        write: Callable[[Columns, list[pa.Table]], None],
+        write: Callable[[list[Columns], list[pa.Table]], None],
     ) -> None:
         self.schema, self.chunk_bytes, self.files, self.write = schema, chunk_bytes, files, write
         self._samples: list[dict[str, np.ndarray]] = []
@@ -169,7 +172,7 @@ class ChunkStager:
         self._move_samples()
         parts, origins = self._pieces, self._origins
         self._pieces, self._origins, self._count, self._bytes, self._values = [], [], 0, 0, 0
-        self.write(concat_columns(self.schema, parts) if len(parts) > 1 else _contiguous(parts[0]), origins)
+        self.write(parts if len(parts) > 1 else [_contiguous(parts[0])], origins)
 
     def _add(self, count: int, nbytes: int, values: int) -> None:
         self._count += count

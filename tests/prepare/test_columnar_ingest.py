@@ -20,7 +20,7 @@ import pytest
 
 import shardload
 from shardload.errors import ShardloadError
-from shardload.formats.base import Columns
+from shardload.formats.base import Columns, concat_columns
 from shardload.origin import run_origins
 from shardload.prepare import pipeline, staging
 from shardload.prepare.sources import jsonblocks
@@ -298,12 +298,15 @@ def test_batches_cut_chunks_where_samples_do(chunk_bytes: int, monkeypatch: pyte
     schema = Schema.infer(samples[0])
     files = ("f.parquet",)
     by_sample: list[tuple[Columns, list[pa.Table]]] = []
-    one = staging.ChunkStager(schema, chunk_bytes, files, lambda c, o: by_sample.append((c, o)))
+    # a chunk comes as the pieces it is cut from; what it holds is their concatenation
+    one = staging.ChunkStager(schema, chunk_bytes, files, lambda c, o: by_sample.append((concat_columns(schema, c), o)))
     for i, s in enumerate(samples):
         one.add_sample({"t": s["t"], "y": np.asarray(s["y"])}, f"f.parquet: row {i}")
     one.flush()
     by_batch: list[tuple[Columns, list[pa.Table]]] = []
-    whole = staging.ChunkStager(schema, chunk_bytes, files, lambda c, o: by_batch.append((c, o)))
+    whole = staging.ChunkStager(
+        schema, chunk_bytes, files, lambda c, o: by_batch.append((concat_columns(schema, c), o))
+    )
     one_by_one = [{"t": s["t"], "y": np.asarray(s["y"])} for s in samples[:7]]
     for i, s in enumerate(one_by_one):  # a few samples first, then batches of various sizes
         whole.add_sample(s, f"f.parquet: row {i}")

@@ -20,6 +20,7 @@ import pytest
 
 import shardload
 from shardload.prepare.sources import SourceOptions, discover, read_unit
+from shardload.prepare.sources import jsonl as jsonl_module
 from shardload.prepare.sources.jsonl import line_cuts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,6 +79,18 @@ def test_line_cuts_fall_after_newlines_and_count_lines(tmp_path: Path) -> None:
     for (start, stop, lines), nxt in zip(cuts, cuts[1:] + [(len(data), 0, 0)]):
         assert stop == nxt[0] and data[stop - 1 : stop] == b"\n"
         assert lines == data[:start].count(b"\n")
+
+
+@pytest.mark.parametrize("scan", [1, 7, 64, 1 << 20])
+def test_line_cuts_count_lines_whatever_the_scan_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scan: int
+) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl", 120, blank_every=3)
+    data = path.read_bytes()
+    monkeypatch.setattr(jsonl_module, "_SCAN_BYTES", scan)  # steps that end inside lines, on newlines, past the end
+    cuts = line_cuts(str(path), len(data), 500)
+    assert len(cuts) > 3
+    assert [lines for _, _, lines in cuts] == [data[:start].count(b"\n") for start, _, _ in cuts]
 
 
 @pytest.mark.parametrize(

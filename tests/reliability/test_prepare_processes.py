@@ -313,6 +313,7 @@ def stage(
     lengths=st.lists(st.integers(0, 40), min_size=1, max_size=60),
     per_chunk=st.integers(1, 25),
     block=st.sampled_from([1, 3, 16, 1 << 18]),
+    slice_min=st.sampled_from([1, 8, 1 << 30]),
     dtype=st.sampled_from(["uint8", "int32", "float32", "bool"]),
     seed=st.integers(0, 2**16),
 )
@@ -322,10 +323,12 @@ def test_gather_returns_every_sample_in_the_asked_order(
     lengths: list[int],
     per_chunk: int,
     block: int,
+    slice_min: int,
     dtype: str,
     seed: int,
 ) -> None:
     monkeypatch.setattr(gather_module, "GATHER_BLOCK_ROWS", block)  # short samples in blocks and long ones alone
+    monkeypatch.setattr(gather_module, "SLICE_MIN_ROWS", slice_min)  # blocks copied by slices, by index, or mixed
     rng = np.random.default_rng(seed)
     samples = [
         {

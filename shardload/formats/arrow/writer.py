@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
 
+from shardload.checksum import DigestingFile
 from shardload.formats.arrow.options import ArrowOptions
-from shardload.formats.base import Columns, ShardWriter
+from shardload.formats.arrow.splice import SplicingFile, placeholder
+from shardload.formats.base import Columns, FieldData, ShardWriter, concat_columns, concat_offsets
 from shardload.identity import ARROW_IDENTITY_KEY, ShardIdentity
 from shardload.schema import Field, Schema
 
@@ -64,11 +67,57 @@ class ArrowShardWriter(ShardWriter[ArrowOptions]):
     suffix: ClassVar[str] = ".arrow"
     bounds_field_values: ClassVar[bool] = True
 
-    def write(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> None:
+    def write(
+        self,
+        path: Path,
+        columns: Columns,
+        *,
+        identity: ShardIdentity | None = None,
+        through: DigestingFile | SplicingFile | None = None,
+    ) -> None:
+        """Write ``columns`` to ``path``, or through ``through`` (a sink open on ``path``)."""
         schema = arrow_schema(self.schema, identity)
         arrays = [
             to_arrow(f, columns.fields[f.name].values, columns.fields[f.name].offsets) for f in self.schema.fields
         ]
         batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        sink = pa.OSFile(str(path), "wb") if through is None else pa.PythonFile(through, mode="w")
+        with sink, pa.ipc.new_file(sink, schema) as writer:
             writer.write_batch(batch)
+
+    def write_checksummed(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> str:
+        """:meth:`write`, hashing the bytes on their way to the file (nothing is read back)."""
+        with DigestingFile(path) as digesting:
+            self.write(path, columns, identity=identity, through=digesting)
+            return digesting.checksum
+
+    def write_concatenated(self, path: Path, pieces: Sequence[Columns]) -> None:
+        """``write(path, concat_columns(schema, pieces))``, the same bytes, without the concatenation in memory.
+
+        Numeric values are written piece by piece in place of a placeholder
+        (see :mod:`shardload.formats.arrow.splice`); a text field (checked
+        whole as UTF-8 before it is written) or a placeholder pyarrow did not
+        hand over as it was makes it the plain concatenation.
+        """
+        if len(pieces) == 1:
+            self.write(path, pieces[0])
+            return
+        if any(f.text for f in self.schema.fields) or not self._write_spliced(path, pieces):
+            self.write(path, concat_columns(self.schema, pieces))
+
+    def _write_spliced(self, path: Path, pieces: Sequence[Columns]) -> bool:
+        splices: dict[int, tuple[int, list[np.ndarray]]] = {}
+        fields = {}
+        for f in self.schema.fields:
+            datas = [p.fields[f.name] for p in pieces]
+            parts = [np.ascontiguousarray(d.values) for d in datas]
+            shape = (sum(len(v) for v in parts), *parts[0].shape[1:])
+            if all(shape):
+                values = placeholder(shape, parts[0].dtype)
+                splices[values.ctypes.data] = (values.nbytes, parts)
+            else:  # nothing to write: no placeholder (a mapping cannot be empty)
+                values = np.concatenate(parts)
+            fields[f.name] = FieldData(values, concat_offsets(datas) if f.has_offsets else None)
+        with SplicingFile(path, splices) as splicing:
+            self.write(path, Columns(sum(p.num_samples for p in pieces), fields), through=splicing)
+        return splicing.complete

@@ -360,8 +360,14 @@ class JsonlSource(SourceReader):
 #: (None: there was none)
 _Seen = dict[str, tuple[np.dtype, tuple[int, ...]] | None]
 
-#: bytes scanned per step when counting newlines
-_SCAN_BYTES = 16 << 20
+#: bytes scanned per step when counting newlines (the step's mask of newlines stays in the CPU's cache)
+_SCAN_BYTES = 1 << 20
+
+
+def _count_newlines(mm: mmap.mmap, start: int, stop: int) -> int:
+    """Newlines in ``mm[start:stop]``, counted on the mapping (no copy of the bytes)."""
+    data = np.frombuffer(mm, dtype=np.uint8, count=stop - start, offset=start)
+    return sum(int(np.count_nonzero(data[a : a + _SCAN_BYTES] == 10)) for a in range(0, len(data), _SCAN_BYTES))
 
 
 def line_cuts(path: str, size: int, unit_bytes: int) -> list[tuple[int, int, int]]:
@@ -370,7 +376,7 @@ def line_cuts(path: str, size: int, unit_bytes: int) -> list[tuple[int, int, int
     Each cut is the first line boundary at least ``unit_bytes`` after the
     previous one (a line longer than that stays whole in one range); a last
     range of less than a quarter of ``unit_bytes`` joins the one before. The
-    newlines are counted on the way (memchr speed, no line is decoded).
+    newlines are counted on the way (on the mapping, no line is decoded).
 
     Returns:
         ``(start, stop, lines before start)`` per range, covering the file.
@@ -388,7 +394,7 @@ def line_cuts(path: str, size: int, unit_bytes: int) -> list[tuple[int, int, int
                     break
                 stop = nl + 1
                 cuts.append((start, stop, lines))
-                lines += sum(mm[a : min(a + _SCAN_BYTES, stop)].count(b"\n") for a in range(start, stop, _SCAN_BYTES))
+                lines += _count_newlines(mm, start, stop)
                 start = stop
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None

@@ -1,0 +1,105 @@
+"""A shard file's checksum, computed while the file is written instead of by reading it back.
+
+Where it sits: at the end of prepare's write step
+(:func:`~shardload.prepare.pipeline.write_shard`), where each shard's sha256
+goes into its record and then the manifest. :func:`checksum_text` is the one
+spelling of a checksum (``"sha256:<hex>"``) that
+:func:`~shardload.manifest.file_checksum` gives too, so a checksum made while
+writing and one made by reading the file back compare equal.
+
+:class:`DigestingFile` is a write-only file that feeds every byte written to
+a hash on the way: the bytes are hashed from the writer's own buffers, so the
+file is never read back. A large write is hashed in a helper thread while the
+calling thread hands the same buffer to the kernel (``hashlib`` and the
+``write`` system call both let go of the GIL), so the hash costs little wall
+time on top of the write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+__all__ = ["OVERLAP_BYTES", "DigestingFile", "checksum_text"]
+
+#: a write at least this large is hashed in a helper thread while it is written; smaller ones in line
+OVERLAP_BYTES = 1 << 20
+
+
+def checksum_text(digest: hashlib._Hash) -> str:
+    """The checksum a manifest records for the bytes fed to ``digest`` (a sha256)."""
+    return f"{digest.name}:{digest.hexdigest()}"
+
+
+class DigestingFile:
+    """A new file at ``path``, open for writing, whose :attr:`checksum` is the sha256 of all bytes written.
+
+    It has what ``pyarrow.PythonFile`` needs of a sink (``write``, ``flush``,
+    ``tell``, ``close``, ``closed``), so a pyarrow writer can write through it.
+    The file is created (or truncated); closing it closes the file, and a
+    write that fails (disk full) raises the ``OSError`` of the system call.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._fh = open(path, "wb", buffering=0)  # noqa: SIM115 (closed by close())
+        self._digest = hashlib.sha256()
+        self._pool: ThreadPoolExecutor | None = None
+        self._size = 0
+
+    @property
+    def checksum(self) -> str:
+        """``"sha256:<hex>"`` of the bytes written so far (as :func:`~shardload.manifest.file_checksum` reads it)."""
+        return checksum_text(self._digest)
+
+    @property
+    def closed(self) -> bool:
+        return self._fh.closed
+
+    def write(self, data: Buffer) -> int:
+        """Write all of ``data`` and hash it; a large buffer is hashed in a thread during the write."""
+        view = memoryview(data).cast("B")
+        if view.nbytes < OVERLAP_BYTES:
+            self._digest.update(view)
+            self._write_all(view)
+            return view.nbytes
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="shardload-sha256")
+        hashed = self._pool.submit(self._digest.update, view)
+        try:
+            self._write_all(view)
+        finally:
+            hashed.result()  # the buffer stays the caller's: never return while the thread reads it
+        return view.nbytes
+
+    def _write_all(self, view: memoryview) -> None:
+        done = 0
+        while done < view.nbytes:  # a raw write may take less than it was given
+            done += os.write(self._fh.fileno(), view[done:])
+        self._size += done
+
+    def tell(self) -> int:
+        return self._size
+
+    def flush(self) -> None:
+        """Nothing to do: every write goes straight to the file."""
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        self._fh.close()
+
+    def __enter__(self) -> DigestingFile:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,97 @@
+"""Writing an Arrow IPC file of several pieces' samples without concatenating them in memory first.
+
+Where it sits: under prepare's ingest (step 1), where
+:class:`~shardload.prepare.staging.ChunkStager` hands a staged chunk over as
+the pieces (column batches, packed samples) it was cut from, and
+:meth:`~shardload.formats.arrow.ArrowShardWriter.write_concatenated` writes
+the file :func:`~shardload.formats.base.concat_columns` of them would give,
+byte for byte.
+
+How: each numeric field's values are given to pyarrow as a
+:func:`placeholder` of the concatenated size (an anonymous mapping that is
+never touched, so it costs no memory), the offsets as they are. pyarrow's IPC
+writer hands each body buffer to its sink as it is; :class:`SplicingFile`, the
+sink, writes the pieces' values where a placeholder comes, and everything else
+(metadata, offsets, padding, footer) as pyarrow made it. Only a placeholder
+handed over whole, at its own address and size, is replaced;
+:attr:`SplicingFile.complete` says whether every one was, and the caller
+writes the file the plain way if not, so a pyarrow that copied or cut a
+buffer could cost time, never bytes.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["SplicingFile", "placeholder"]
+
+
+def placeholder(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An array of ``shape`` and ``dtype`` on an anonymous mapping: its pages exist only once touched.
+
+    ``shape[0]`` must be at least 1 and every other dimension too (a mapping has at least one byte).
+    """
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
+
+
+class SplicingFile:
+    """A new file at ``path``, open for writing, where each placeholder buffer is written as its pieces.
+
+    Args:
+        path: the file to create (or truncate).
+        splices: for each placeholder, its address: its size in bytes and the
+            C-contiguous arrays whose bytes, one after the other, replace it.
+    """
+
+    def __init__(self, path: Path, splices: Mapping[int, tuple[int, Sequence[np.ndarray]]]) -> None:
+        self._fh = open(path, "wb")  # noqa: SIM115 (closed by close())
+        self._splices = splices
+        self._done: set[int] = set()
+        self._missed = False
+
+    @property
+    def complete(self) -> bool:
+        """Whether every placeholder was handed over whole, once, and so replaced by its pieces."""
+        return not self._missed and self._done == set(self._splices)
+
+    @property
+    def closed(self) -> bool:
+        return self._fh.closed
+
+    def write(self, data: pa.Buffer | bytes) -> int:
+        if not isinstance(data, pa.Buffer):
+            return self._fh.write(data)
+        start, size = int(data.address), int(data.size)
+        splice = self._splices.get(start)
+        if splice is not None and splice[0] == size and start not in self._done:
+            self._done.add(start)
+            for piece in splice[1]:
+                self._fh.write(piece.data.cast("B"))
+            return size
+        if any(a < start + size and start < a + n for a, (n, _) in self._splices.items()):
+            self._missed = True  # a copy, a part or a second write of a placeholder: its bytes are not the data
+        return self._fh.write(data)
+
+    def tell(self) -> int:
+        return self._fh.tell()
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> SplicingFile:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
