@@ -23,12 +23,16 @@ Rules:
   no longer the manifest's, the server ignores ranges (answers ``200`` with the whole body)
   or the file cannot seek (an HTTP source without a known size), or the object changed
   during the continuation (s3fs's ``If-Match`` on its ETag). After a restart the rest of
-  this download asks for no range again.
-* Retry accounting (``progress`` of :func:`with_retries`): a try that leaves more bytes in
-  the part than any try before it starts the policy's count afresh; tries that get no
-  further use it up, and ``policy.tries`` of them in a row end in
-  :class:`~shardload.errors.RemoteError`. Progress is capped at the shard's size, so it
-  cannot go on for ever.
+  this download asks for no range again, and neither does the download after a mismatch
+  (``ranges=False``): a path that answers ranged GETs with the wrong bytes (a ``206`` of another
+  range) cannot spoil it too.
+* Retry accounting (``progress`` of :func:`with_retries`): a try that leaves the part further
+  than any try before it, by at least one :data:`CHUNK` boundary, starts the policy's count
+  afresh; tries that get no further use it up, and ``policy.tries`` of them in a row end in
+  :class:`~shardload.errors.RemoteError`. Progress is counted in chunks and capped at the
+  shard's size, so a download ends after at most ``policy.tries * (size / CHUNK + 2)`` tries
+  (a 256 MiB shard with the default policy: about 200 tries), even over a link that gives a
+  few more bytes on each try.
 
 A continuation appended to a damaged prefix, or to the prefix of an object replaced
 between tries, gives a file whose sha256 is not the manifest's: the caller's check
@@ -72,10 +76,10 @@ def _size(path: Path) -> int:
 class _Download:
     """The state of one :func:`fetch_to` call across its tries."""
 
-    def __init__(self, fs: Any, remote_path: str, part: Path, size: int) -> None:
+    def __init__(self, fs: Any, remote_path: str, part: Path, size: int, ranges: bool) -> None:
         self.fs, self.remote, self.part, self.size = fs, remote_path, part, size
         self.tries = 0
-        self.ranges = True  # False once the server was seen ignoring a range
+        self.ranges = ranges  # False once the server was seen ignoring a range
         self.whole_kw: dict[str, Any] = {}
         try:
             if "max_concurrency" in inspect.signature(fs._get_file).parameters:
@@ -84,8 +88,13 @@ class _Download:
             pass
 
     def progress(self) -> int:
-        """Bytes received so far, capped at the shard's size."""
-        return min(_size(self.part), self.size)
+        """Whole :data:`CHUNK`\ s received so far (the shard's end counting as one).
+
+        Counted in chunks, not bytes: a try counts as getting further only when it crossed a chunk
+        boundary, so the policy's count restarts at most ``size / CHUNK + 1`` times and a link that
+        gives a few more bytes on each try ends in ``RemoteError`` rather than trying for ever.
+        """
+        return -(-min(_size(self.part), self.size) // CHUNK)
 
     def attempt(self) -> None:
         """One try: the whole object on the first, else a continuation where it can be trusted."""
@@ -127,7 +136,9 @@ class _Download:
             raise _Restart from exc
 
 
-def fetch_to(fs: Any, remote_path: str, part: Path, size: int, *, url: str, what: str, policy: RetryPolicy) -> None:
+def fetch_to(
+    fs: Any, remote_path: str, part: Path, size: int, *, url: str, what: str, policy: RetryPolicy, ranges: bool = True
+) -> None:
     """Download ``remote_path`` of ``fs`` into ``part`` (rewritten from byte 0), continuing cut tries.
 
     Args:
@@ -138,6 +149,9 @@ def fetch_to(fs: Any, remote_path: str, part: Path, size: int, *, url: str, what
         url: the object's URL, for messages.
         what: what the download is, for messages (``"downloading shard 3"``).
         policy: tries and waits, counted as the module docstring says.
+        ranges: whether a cut try may be continued with ranged GETs; ``False`` restarts each try from
+            byte 0 (the download after a mismatch: a path that answers ranges wrongly, say a proxy
+            sending the wrong bytes in a ``206``, must not spoil the second download too).
 
     Raises:
         RemoteError: ``policy.tries`` tries in a row failed without getting further, or the store
@@ -147,5 +161,5 @@ def fetch_to(fs: Any, remote_path: str, part: Path, size: int, *, url: str, what
     """
     with open(part, "wb"):
         pass  # a new download starts from byte 0, whatever an earlier one left
-    job = _Download(fs, remote_path, part, size)
+    job = _Download(fs, remote_path, part, size, ranges)
     with_retries(job.attempt, url=url, what=what, policy=policy, progress=job.progress)
