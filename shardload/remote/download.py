@@ -88,7 +88,7 @@ class _Download:
             pass
 
     def progress(self) -> int:
-        """Whole :data:`CHUNK`\ s received so far (the shard's end counting as one).
+        """How many :data:`CHUNK`-byte pieces the part has reached (a piece begun counts; capped at the end).
 
         Counted in chunks, not bytes: a try counts as getting further only when it crossed a chunk
         boundary, so the policy's count restarts at most ``size / CHUNK + 1`` times and a link that

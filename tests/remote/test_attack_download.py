@@ -10,18 +10,27 @@ with the right bytes or a clear error, and never with a mix of two objects or a 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import shardload.remote.download as download
-from shardload.errors import CorruptShardError, RemoteError
+from shardload.errors import CorruptShardError, RemoteError, ShardSetError
 from shardload.remote import RemoteOptions, RetryPolicy
 from shardload.remote.cache import RemoteSet
+from tests.distributed.watchdog import REPO, python, run_with_watchdog, together
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.servers import S3Server
 from tests.remote.test_remote_faults import proxied
+from tests.remote.test_remote_sets import assert_same, batches, downloads
 
 SHARD = r"shard-000001\.arrow$"
 FAST = RetryPolicy(tries=4, base_delay=0.0, max_delay=0.0)
@@ -226,4 +235,146 @@ def test_a_link_giving_one_more_byte_per_try_does_not_reset_the_count_each_time(
         rs.download(1, urgent=True)
     whole = [s for s in gets(proxy) if s is None]
     assert len(whole) <= policy.tries * (size // download.CHUNK + 2) < 60
+    assert leftovers(rs) == []
+
+
+_READER = """
+import hashlib, json, sys
+import shardload.remote.download as download
+from shardload.remote import RemoteOptions, RetryPolicy
+from shardload.remote.cache import RemoteSet
+url, storage, cache, chunk = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+download.CHUNK = chunk
+rs = RemoteSet(url, RemoteOptions(storage_options=storage, cache_dir=cache, retry=RetryPolicy(4, 0.0, 0.0)))
+rs.open()
+path = rs.acquire(1)
+print("sha256:" + hashlib.sha256(path.read_bytes()).hexdigest(), flush=True)
+"""
+
+
+def reader(url: str, rs: RemoteSet) -> list[str]:
+    """A command reading shard 1 of ``url`` through the cache and options of ``rs``, printing its sha256."""
+    storage = json.dumps(rs.options.storage_options)
+    return python("-c", _READER, url, storage, str(rs.options.directory), str(download.CHUNK))
+
+
+@pytest.mark.slow
+def test_two_processes_and_a_cut_download_one_downloads_both_read_the_right_bytes(
+    s3: S3Server, proxy: FaultProxy, target: tuple[Path, str, int], tmp_path: Path
+) -> None:
+    _, url, size = target
+    rs = opened(s3, proxy, url, tmp_path / "cache")
+    proxy.inject("truncate", method="GET", path=SHARD, ranged=False)
+    proxy.inject("stall", method="GET", path=SHARD, ranged=True, stall_s=1.5)  # the other one arrives meanwhile
+    proxy.inject("truncate", method="GET", path=SHARD, ranged=True, skip=1)
+    out = run_with_watchdog(together([reader(url, rs), reader(url, rs)]), timeout=60)
+    assert out.returncode == 0, out.tail()
+    want = rs.manifest.shards[1].checksum  # type: ignore[union-attr]
+    assert re.findall(r"^sha256:\w+$", out.output, re.M) == [want, want]
+    assert downloads(tmp_path / "cache")[1] == 1
+    starts = gets(proxy)
+    assert starts.count(None) == 1 and size // 2 in starts  # one whole GET, continued
+    assert leftovers(rs) == []
+
+
+def test_a_process_killed_mid_continuation_leaves_nothing_the_next_reader_trips_on(
+    s3: S3Server, proxy: FaultProxy, target: tuple[Path, str, int], tmp_path: Path
+) -> None:
+    local, url, size = target
+    rs = opened(s3, proxy, url, tmp_path / "cache")
+    proxy.inject("truncate", method="GET", path=SHARD, ranged=False)
+    proxy.inject("stall", method="GET", path=SHARD, ranged=True, stall_s=30)
+    victim = subprocess.Popen(reader(url, rs), env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 30
+        while size // 2 not in gets(proxy):  # the continuation has started
+            assert victim.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        part = rs._path(1).with_name(f".{rs._path(1).name}.{victim.pid}.part")
+        assert part.stat().st_size == size // 2
+        victim.send_signal(signal.SIGKILL)
+    finally:
+        victim.kill()
+        victim.wait()
+    assert rs.download(1, urgent=True)
+    assert same(rs, local)
+    assert leftovers(rs) == []
+
+
+@pytest.mark.slow
+def test_a_growing_part_keeps_its_room_in_a_full_cache(
+    s3: S3Server, proxy: FaultProxy, target: tuple[Path, str, int], tmp_path: Path
+) -> None:
+    """With room for one shard, a prefetch of another shard while shard 1's continuation runs finds none."""
+    local, url, size = target
+    sizes = [p.stat().st_size for p in sorted((local / "shards").glob("*.arrow"))]
+    rs = opened(s3, proxy, url, tmp_path / "cache", cache_limit=max(sizes), wait_timeout=0.5)
+    proxy.inject("truncate", method="GET", path=SHARD, ranged=False)
+    proxy.inject("stall", method="GET", path=SHARD, ranged=True, stall_s=3)
+    other = subprocess.Popen(reader(url, rs), env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while size // 2 not in gets(proxy):
+            assert other.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert not rs.download(0, urgent=False)  # the part being continued holds the room
+        with pytest.raises(ShardSetError, match="is full"):
+            rs.download(0, urgent=True)
+        assert other.wait(30) == 0
+    finally:
+        other.kill()
+        other.wait()
+    assert rs.cached(1) and leftovers(rs) == []
+    assert rs.download(0, urgent=True) and not rs.cached(1)  # shard 1 is no longer in use: evicted
+    assert sum(p.stat().st_size for p in rs.mirror.rglob("*.arrow")) <= max(sizes)
+
+
+def test_the_loader_with_two_workers_through_cut_downloads_gives_the_local_batches(
+    s3: S3Server, proxy: FaultProxy, target: tuple[Path, str, int], tmp_path: Path
+) -> None:
+    local, url, _ = target
+    shard_get = r"shards/shard-\d+\.arrow$"
+    proxy.inject("truncate", method="GET", path=shard_get, ranged=False, times=4)
+    proxy.inject("truncate", method="GET", path=shard_get, ranged=True, times=2)
+    remote = opened(s3, proxy, url, tmp_path / "cache").options
+    assert_same(batches(url, remote, num_workers=2), batches(local))
+    assert proxy.hits("truncate") >= 4
+    assert [r for r in proxy.requests if r.range_start and "/shards/" in r.path] != []  # cuts were continued
+
+
+def test_an_http_server_without_ranges_behind_a_cutting_link_gets_a_restart(
+    http_root: tuple[Path, str], uploaded: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python's http.server answers a ranged GET with 200 and the whole body: never appended to the part."""
+    local, _ = uploaded
+    root, base = http_root
+    shutil.copytree(local, root / "set")
+    size = sorted((local / "shards").glob("*.arrow"))[1].stat().st_size
+    monkeypatch.setattr(download, "CHUNK", size // 4)
+    with FaultProxy(base) as proxy:
+        proxy.inject("truncate", method="GET", path=SHARD, ranged=False)
+        rs = RemoteSet(f"{proxy.url}/set", RemoteOptions(cache_dir=tmp_path / "cache", retry=FAST))
+        rs.open()
+        assert rs.download(1, urgent=True)
+        assert same(rs, local)
+        starts = gets(proxy)
+    assert starts == [None, size // 2, None]  # the cut whole GET, the range answered 200, the restart
+    assert leftovers(rs) == []
+
+
+def test_a_link_cutting_every_response_longer_than_a_third_of_a_chunk_still_finishes(
+    s3: S3Server, proxy: FaultProxy, target: tuple[Path, str, int], tmp_path: Path
+) -> None:
+    """A link (a NAT, a proxy) that cuts every response after fewer bytes than a chunk.
+
+    A ranged GET cut midway appends nothing (its body is read whole): with a fixed chunk no
+    continuation could ever get further, and the download failed where ranges of fewer bytes pass.
+    """
+    local, url, size = target
+    carried = download.CHUNK // 3
+    proxy.inject("truncate", method="GET", path=SHARD, ranged=False, keep=carried)
+    proxy.inject("truncate", method="GET", path=SHARD, ranged=True, keep=carried, times=1000)
+    rs = opened(s3, proxy, url, tmp_path / "cache")
+    assert rs.download(1, urgent=True)
+    assert same(rs, local)
     assert leftovers(rs) == []
