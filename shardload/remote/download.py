@@ -17,7 +17,10 @@ Rules:
   after the part received some bytes, is continued by the next try from the part's size:
   the object is opened for ranged reads (``cache_type="none"``), sought to that offset and
   read in :data:`CHUNK`-byte requests appended to the part, so memory stays bounded
-  whatever the shard size.
+  whatever the shard size. A ranged read cut midway appends nothing (its body is read whole),
+  so a continuation try that appended nothing halves the reads of the next one (down to
+  ``CHUNK / MIN_CHUNK_DIVISOR``, 256 KiB): a link that cuts every response after fewer bytes
+  than a chunk still lets the download get further.
 * The continuation is given up for a restart from byte 0 (the part rewritten whole by
   ``get_file``) when it cannot be trusted to append the right bytes: the object's size is
   no longer the manifest's, the server ignores ranges (answers ``200`` with the whole body)
@@ -51,6 +54,8 @@ __all__ = ["CHUNK", "fetch_to"]
 
 #: bytes asked for (and held in memory) by each ranged read of a continuation
 CHUNK = 8 << 20
+#: a continuation try that appended nothing halves the reads of the next, down to CHUNK / this (256 KiB)
+MIN_CHUNK_DIVISOR = 32
 
 
 class _Restart(Exception):
@@ -80,6 +85,7 @@ class _Download:
         self.fs, self.remote, self.part, self.size = fs, remote_path, part, size
         self.tries = 0
         self.ranges = ranges  # False once the server was seen ignoring a range
+        self.chunk = CHUNK  # bytes per ranged read, halved after a continuation that appended nothing
         self.whole_kw: dict[str, Any] = {}
         try:
             if "max_concurrency" in inspect.signature(fs._get_file).parameters:
@@ -106,23 +112,27 @@ class _Download:
                 return
             except _Restart:
                 self.ranges = False  # restart, and this download asks for no range again
+            except Exception:
+                if _size(self.part) == have:  # not one read of this try arrived: ask for fewer bytes next
+                    self.chunk = max(self.chunk // 2, CHUNK // MIN_CHUNK_DIVISOR, 1)
+                raise
         self.fs.get_file(self.remote, str(self.part), **self.whole_kw)
 
     def _continue(self, have: int) -> None:
-        """Append the object's bytes from ``have`` on to the part, :data:`CHUNK` bytes per ranged read.
+        """Append the object's bytes from ``have`` on to the part, ``self.chunk`` bytes per ranged read.
 
         Raises:
             _Restart: the object's size is not the manifest's, ranges are not honoured, the file
                 cannot seek, or the object changed meanwhile.
         """
         try:
-            with self.fs.open(self.remote, "rb", block_size=CHUNK, cache_type="none") as src:
+            with self.fs.open(self.remote, "rb", block_size=self.chunk, cache_type="none") as src:
                 if getattr(src, "size", None) != self.size:
                     raise _Restart  # not the manifest's object (or a size the server does not give)
                 src.seek(have)
                 with open(self.part, "ab") as out:
                     while have < self.size:
-                        want = min(CHUNK, self.size - have)
+                        want = min(self.chunk, self.size - have)
                         data = src.read(want)
                         if len(data) > want:  # a server that ignored the range: never append a whole body
                             raise _Restart
