@@ -399,13 +399,14 @@ class RemoteSet:
         """Download into ``part``, compare size and sha256 with the manifest (one more try), rename to ``path``.
 
         A try cut midway is continued from the bytes received (:func:`~shardload.remote.download.fetch_to`);
-        the check here decides, and a mismatch is downloaded again whole, from byte 0.
+        the check here decides, and a mismatch is downloaded again whole, from byte 0, each try of that
+        second download too (ranges that were answered wrongly are not trusted twice).
         """
         assert self.manifest is not None
         info, url = self.manifest.shards[shard], self.shard_url(shard)
         found, size = "", 0
         fs, root = self._filesystem()
-        for _ in range(2):  # the second download starts again from byte 0
+        for second in (False, True):  # the second download starts again from byte 0, and asks for no range
             try:
                 fetch_to(
                     fs,
@@ -415,6 +416,7 @@ class RemoteSet:
                     url=url,
                     what=f"downloading shard {shard}",
                     policy=self.options.policy,
+                    ranges=not second,
                 )
             except FileNotFoundError:
                 self._check_stamp(shard, url)

@@ -17,18 +17,25 @@ Rules:
   after the part received some bytes, is continued by the next try from the part's size:
   the object is opened for ranged reads (``cache_type="none"``), sought to that offset and
   read in :data:`CHUNK`-byte requests appended to the part, so memory stays bounded
-  whatever the shard size.
+  whatever the shard size. A ranged read cut midway appends nothing (its body is read whole),
+  so a continuation try that appended nothing halves the reads of the next one (down to
+  ``CHUNK / MIN_CHUNK_DIVISOR``, 256 KiB): a link that cuts every response after fewer bytes
+  than a chunk still lets the download get further.
 * The continuation is given up for a restart from byte 0 (the part rewritten whole by
   ``get_file``) when it cannot be trusted to append the right bytes: the object's size is
   no longer the manifest's, the server ignores ranges (answers ``200`` with the whole body)
   or the file cannot seek (an HTTP source without a known size), or the object changed
   during the continuation (s3fs's ``If-Match`` on its ETag). After a restart the rest of
-  this download asks for no range again.
-* Retry accounting (``progress`` of :func:`with_retries`): a try that leaves more bytes in
-  the part than any try before it starts the policy's count afresh; tries that get no
-  further use it up, and ``policy.tries`` of them in a row end in
-  :class:`~shardload.errors.RemoteError`. Progress is capped at the shard's size, so it
-  cannot go on for ever.
+  this download asks for no range again, and neither does the download after a mismatch
+  (``ranges=False``): a path that answers ranged GETs with the wrong bytes (a ``206`` of another
+  range) cannot spoil it too.
+* Retry accounting (``progress`` of :func:`with_retries`): a try that leaves the part further
+  than any try before it, by at least one :data:`CHUNK` boundary, starts the policy's count
+  afresh; tries that get no further use it up, and ``policy.tries`` of them in a row end in
+  :class:`~shardload.errors.RemoteError`. Progress is counted in chunks and capped at the
+  shard's size, so a download ends after at most ``policy.tries * (size / CHUNK + 2)`` tries
+  (a 256 MiB shard with the default policy: about 200 tries), even over a link that gives a
+  few more bytes on each try.
 
 A continuation appended to a damaged prefix, or to the prefix of an object replaced
 between tries, gives a file whose sha256 is not the manifest's: the caller's check
@@ -47,6 +54,8 @@ __all__ = ["CHUNK", "fetch_to"]
 
 #: bytes asked for (and held in memory) by each ranged read of a continuation
 CHUNK = 8 << 20
+#: a continuation try that appended nothing halves the reads of the next, down to CHUNK / this (256 KiB)
+MIN_CHUNK_DIVISOR = 32
 
 
 class _Restart(Exception):
@@ -72,10 +81,11 @@ def _size(path: Path) -> int:
 class _Download:
     """The state of one :func:`fetch_to` call across its tries."""
 
-    def __init__(self, fs: Any, remote_path: str, part: Path, size: int) -> None:
+    def __init__(self, fs: Any, remote_path: str, part: Path, size: int, ranges: bool) -> None:
         self.fs, self.remote, self.part, self.size = fs, remote_path, part, size
         self.tries = 0
-        self.ranges = True  # False once the server was seen ignoring a range
+        self.ranges = ranges  # False once the server was seen ignoring a range
+        self.chunk = CHUNK  # bytes per ranged read, halved after a continuation that appended nothing
         self.whole_kw: dict[str, Any] = {}
         try:
             if "max_concurrency" in inspect.signature(fs._get_file).parameters:
@@ -84,8 +94,13 @@ class _Download:
             pass
 
     def progress(self) -> int:
-        """Bytes received so far, capped at the shard's size."""
-        return min(_size(self.part), self.size)
+        """How many :data:`CHUNK`-byte pieces the part has reached (a piece begun counts; capped at the end).
+
+        Counted in chunks, not bytes: a try counts as getting further only when it crossed a chunk
+        boundary, so the policy's count restarts at most ``size / CHUNK + 1`` times and a link that
+        gives a few more bytes on each try ends in ``RemoteError`` rather than trying for ever.
+        """
+        return -(-min(_size(self.part), self.size) // CHUNK)
 
     def attempt(self) -> None:
         """One try: the whole object on the first, else a continuation where it can be trusted."""
@@ -97,23 +112,27 @@ class _Download:
                 return
             except _Restart:
                 self.ranges = False  # restart, and this download asks for no range again
+            except Exception:
+                if _size(self.part) == have:  # not one read of this try arrived: ask for fewer bytes next
+                    self.chunk = max(self.chunk // 2, CHUNK // MIN_CHUNK_DIVISOR, 1)
+                raise
         self.fs.get_file(self.remote, str(self.part), **self.whole_kw)
 
     def _continue(self, have: int) -> None:
-        """Append the object's bytes from ``have`` on to the part, :data:`CHUNK` bytes per ranged read.
+        """Append the object's bytes from ``have`` on to the part, ``self.chunk`` bytes per ranged read.
 
         Raises:
             _Restart: the object's size is not the manifest's, ranges are not honoured, the file
                 cannot seek, or the object changed meanwhile.
         """
         try:
-            with self.fs.open(self.remote, "rb", block_size=CHUNK, cache_type="none") as src:
+            with self.fs.open(self.remote, "rb", block_size=self.chunk, cache_type="none") as src:
                 if getattr(src, "size", None) != self.size:
                     raise _Restart  # not the manifest's object (or a size the server does not give)
                 src.seek(have)
                 with open(self.part, "ab") as out:
                     while have < self.size:
-                        want = min(CHUNK, self.size - have)
+                        want = min(self.chunk, self.size - have)
                         data = src.read(want)
                         if len(data) > want:  # a server that ignored the range: never append a whole body
                             raise _Restart
@@ -127,7 +146,9 @@ class _Download:
             raise _Restart from exc
 
 
-def fetch_to(fs: Any, remote_path: str, part: Path, size: int, *, url: str, what: str, policy: RetryPolicy) -> None:
+def fetch_to(
+    fs: Any, remote_path: str, part: Path, size: int, *, url: str, what: str, policy: RetryPolicy, ranges: bool = True
+) -> None:
     """Download ``remote_path`` of ``fs`` into ``part`` (rewritten from byte 0), continuing cut tries.
 
     Args:
@@ -138,6 +159,9 @@ def fetch_to(fs: Any, remote_path: str, part: Path, size: int, *, url: str, what
         url: the object's URL, for messages.
         what: what the download is, for messages (``"downloading shard 3"``).
         policy: tries and waits, counted as the module docstring says.
+        ranges: whether a cut try may be continued with ranged GETs; ``False`` restarts each try from
+            byte 0 (the download after a mismatch: a path that answers ranges wrongly, say a proxy
+            sending the wrong bytes in a ``206``, must not spoil the second download too).
 
     Raises:
         RemoteError: ``policy.tries`` tries in a row failed without getting further, or the store
@@ -147,5 +171,5 @@ def fetch_to(fs: Any, remote_path: str, part: Path, size: int, *, url: str, what
     """
     with open(part, "wb"):
         pass  # a new download starts from byte 0, whatever an earlier one left
-    job = _Download(fs, remote_path, part, size)
+    job = _Download(fs, remote_path, part, size, ranges)
     with_retries(job.attempt, url=url, what=what, policy=policy, progress=job.progress)

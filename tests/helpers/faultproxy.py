@@ -19,6 +19,14 @@ Faults:
     ``"truncate"``: send the headers with the full length, half the body, then close.
     ``"truncate-corrupt"``: as ``"truncate"``, with one byte of the half sent changed.
     ``"corrupt"``: answer normally with one byte of the body changed (same length).
+    ``"ignore-range"``: answer a ranged GET with ``200`` and the whole body (a server that ignores
+    ranges; the body is the one of the last whole GET of that path through the proxy).
+    ``"wrong-range"``: answer a ranged GET with a ``206`` of the right length holding the object's
+    first bytes instead of the range asked for (same source of the body).
+
+``keep=`` (``"truncate"``, ``"truncate-corrupt"``): the bytes of the body sent before the
+connection is closed, instead of half (a negative count is from the end: ``-1``, all but the
+last byte).
 
 Each request is logged with its ``Range`` header (``None`` without one), so a test can tell a
 whole GET from a ranged one and see where a ranged one starts.
@@ -37,7 +45,18 @@ import urllib.parse
 from dataclasses import dataclass, field
 from types import TracebackType
 
-FAULTS = ("503", "500", "400", "stall", "drop", "truncate", "truncate-corrupt", "corrupt")
+FAULTS = (
+    "503",
+    "500",
+    "400",
+    "stall",
+    "drop",
+    "truncate",
+    "truncate-corrupt",
+    "corrupt",
+    "ignore-range",
+    "wrong-range",
+)
 _ERROR_BODIES = {
     "503": (503, "SlowDown", "Please reduce your request rate."),
     "500": (500, "InternalError", "We encountered an internal error. Please try again."),
@@ -55,6 +74,8 @@ class _Fault:
     times: int
     stall_s: float
     skip: int = 0
+    keep: int | None = None
+    ranged: bool | None = None
     hits: int = 0
 
 
@@ -80,13 +101,18 @@ class _State:
     upstream: tuple[str, int]
     faults: list[_Fault] = field(default_factory=list)
     log: list[Request] = field(default_factory=list)
+    bodies: dict[str, bytes] = field(default_factory=dict)  # path -> the body of its last whole GET
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take(self, method: str, path: str, range_: str | None) -> _Fault | None:
         with self.lock:
             taken = None
             for f in self.faults:
-                if (f.method is None or f.method == method) and f.path.search(path):
+                if (
+                    (f.method is None or f.method == method)
+                    and (f.ranged is None or f.ranged == (range_ is not None))
+                    and f.path.search(path)
+                ):
                     if f.skip > 0:  # every matching request counts, whichever fault it gets
                         f.skip -= 1
                     elif taken is None and f.hits < f.times:
@@ -141,9 +167,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         if kind == "stall" and fault is not None:
             time.sleep(fault.stall_s)
-        status, headers, payload = self._upstream(body)
+        path = urllib.parse.urlsplit(self.path).path
+        status, headers, payload = self._misanswer(kind, path, *self._upstream(body))
+        sent = len(payload) // 2
+        if fault is not None and fault.keep is not None:
+            sent = max(0, fault.keep if fault.keep >= 0 else len(payload) + fault.keep)
         if kind in ("corrupt", "truncate-corrupt") and payload:
-            i = len(payload) // (2 if kind == "corrupt" else 4)  # within the half a truncation sends
+            i = len(payload) // 2 if kind == "corrupt" else min(sent // 2, len(payload) - 1)  # within what is sent
             payload = payload[:i] + bytes([payload[i] ^ 0xFF]) + payload[i + 1 :]
         self.send_response(status)
         for name, value in headers:
@@ -155,7 +185,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.command == "HEAD":
             return
         if kind in ("truncate", "truncate-corrupt"):
-            self.wfile.write(payload[: len(payload) // 2])
+            self.wfile.write(payload[:sent])
             self.wfile.flush()
             self.close_connection = True
             with contextlib.suppress(OSError):
@@ -178,6 +208,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return resp.status, resp.getheaders(), payload
         finally:
             conn.close()
+
+    def _misanswer(
+        self, kind: str | None, path: str, status: int, headers: list[tuple[str, str]], payload: bytes
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """Remember whole bodies; answer a ranged GET as a server ignoring ranges or misreading them would.
+
+        The request itself is forwarded unchanged (its S3 signature covers the ``Range`` header), and the
+        answer built from the object's whole body, seen on an earlier whole GET through this proxy.
+        """
+        if self.command != "GET":
+            return status, headers, payload
+        if self.headers.get("Range") is None and status == 200:
+            with self.state.lock:
+                self.state.bodies[path] = payload
+            return status, headers, payload
+        whole = self.state.bodies.get(path)
+        if kind not in ("ignore-range", "wrong-range") or status not in (200, 206) or whole is None:  # rclone: 200
+            return status, headers, payload
+        kept = [(k, v) for k, v in headers if k.lower() != "content-range"]
+        if kind == "ignore-range":
+            return 200, kept, whole
+        wrong = whole[: len(payload)]
+        return 206, [*kept, ("Content-Range", f"bytes 0-{len(wrong) - 1}/{len(whole)}")], wrong
 
     do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
 
@@ -205,15 +258,19 @@ class FaultProxy:
         times: int = 1,
         stall_s: float = 5.0,
         skip: int = 0,
+        keep: int | None = None,
+        ranged: bool | None = None,
     ) -> None:
         """Make the next ``times`` requests whose path matches ``path`` (a regex) get fault ``kind``.
 
         ``skip``: let that many matching requests pass first (or get the faults injected before).
+        ``keep``: for a truncation, the bytes of the body sent (negative: from the end); default half.
+        ``ranged``: match only requests with (``True``) or without (``False``) a ``Range`` header.
         """
         if kind not in FAULTS:
             raise ValueError(f"unknown fault {kind!r}; one of {FAULTS}")
         with self._state.lock:
-            self._state.faults.append(_Fault(kind, method, re.compile(path), times, stall_s, skip))
+            self._state.faults.append(_Fault(kind, method, re.compile(path), times, stall_s, skip, keep, ranged))
 
     def clear(self) -> None:
         """Forget the faults not yet used, and the request log."""
