@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from shardload.errors import InputError, MissingDependencyError, OutputError, OutputExistsError
+from shardload.errors import InputError, MissingDependencyError, OutputError, OutputExistsError, OutputLockedError
 from shardload.manifest import MANIFEST_NAME, Manifest
 from shardload.merging import MergeResult, merge
 from shardload.output import withdraw_index
@@ -154,6 +154,7 @@ class ShardSink(Datasink["dict[str, Any] | None"]):
             yield first
             yield from rows
 
+        existed = (self.out / PARTS_DIR / folder).exists()  # another attempt's: never removed by this one
         try:
             result = run_prepare(
                 self.out / PARTS_DIR / folder,
@@ -162,8 +163,9 @@ class ShardSink(Datasink["dict[str, Any] | None"]):
                 describe={"source": "ray.data", **part_record(int(ctx.task_idx), 0, self.run)},
                 part=None,
             )
-        except BaseException:  # a bad row, or Ray cancelling this task after another failed: leave no part
-            shutil.rmtree(self.out / PARTS_DIR / folder, ignore_errors=True)
+        except BaseException as exc:  # a bad row, or Ray cancelling this task after another failed: leave no part
+            if not existed and not isinstance(exc, OutputLockedError):
+                shutil.rmtree(self.out / PARTS_DIR / folder, ignore_errors=True)
             raise
         return {"task": int(ctx.task_idx), "dir": folder, "samples": result.samples}
 

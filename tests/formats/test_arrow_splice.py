@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from shardload.formats.arrow import ArrowOptions, ArrowShardWriter
 from shardload.formats.arrow import writer as writer_module
 from shardload.formats.arrow.splice import SplicingFile
-from shardload.formats.base import Columns, concat_columns
+from shardload.formats.base import Columns, FieldData, concat_columns
 from shardload.schema import Schema
 
 
@@ -93,3 +94,16 @@ def test_text_fields_are_written_from_the_concatenation(tmp_path: Path) -> None:
     writer.write(tmp_path / "plain.arrow", concat_columns(schema, pieces))
     writer.write_concatenated(tmp_path / "pieces.arrow", pieces)
     assert (tmp_path / "pieces.arrow").read_bytes() == (tmp_path / "plain.arrow").read_bytes()
+
+
+def test_a_piece_in_another_byte_order_is_converted_not_spliced(tmp_path: Path) -> None:
+    schema, pieces = pieces_of(numeric_samples(100, 20, seed=3), [40])
+    data = pieces[1].fields["tokens"]
+    swapped = FieldData(data.values.astype(">i4"), data.offsets)  # the same numbers, big-endian bytes
+    pieces[1] = Columns(pieces[1].num_samples, {**pieces[1].fields, "tokens": swapped})
+    writer = ArrowShardWriter(schema, ArrowOptions())
+    writer.write(tmp_path / "plain.arrow", concat_columns(schema, pieces))
+    writer.write_concatenated(tmp_path / "pieces.arrow", pieces)
+    assert (tmp_path / "pieces.arrow").read_bytes() == (tmp_path / "plain.arrow").read_bytes()
+    back = pa.ipc.open_file(pa.memory_map(str(tmp_path / "pieces.arrow"))).get_batch(0).column("tokens")
+    assert back.values.to_numpy()[-len(data.values) :].tolist() == data.values.tolist()

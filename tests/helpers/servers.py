@@ -120,6 +120,9 @@ def s3_server(root: Path) -> Iterator[S3Server]:
         proc = _start_rclone(root, port, log)
         try:
             _wait_port(port, proc)
+            time.sleep(0.3)
+            if proc.poll() is not None:  # another process answered on the port: rclone could not bind it
+                raise RuntimeError(f"rclone exited with status {proc.returncode} on port {port}")
         except RuntimeError:
             _stop(proc)
             log.close()

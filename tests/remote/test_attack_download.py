@@ -301,7 +301,7 @@ def test_a_growing_part_keeps_its_room_in_a_full_cache(
     sizes = [p.stat().st_size for p in sorted((local / "shards").glob("*.arrow"))]
     rs = opened(s3, proxy, url, tmp_path / "cache", cache_limit=max(sizes), wait_timeout=0.5)
     proxy.inject("truncate", method="GET", path=SHARD, ranged=False)
-    proxy.inject("stall", method="GET", path=SHARD, ranged=True, stall_s=3)
+    proxy.inject("stall", method="GET", path=SHARD, ranged=True, stall_s=8)  # the checks below take well under 8 s
     other = subprocess.Popen(reader(url, rs), env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30

@@ -123,7 +123,7 @@ def test_an_object_replaced_between_two_tries_is_not_spliced(
     other[-10] ^= 0xFF  # same size, another tail
     (tmp_path / "other.arrow").write_bytes(other)
     proxy.inject("truncate", method="GET", path=only(info))
-    proxy.inject("stall", method="HEAD", path=only(info), stall_s=2.0)  # the continuation's open
+    proxy.inject("stall", method="HEAD", path=only(info), stall_s=6.0)  # the continuation's open (the upload: ms)
 
     def replace() -> None:  # while the continuation's HEAD is held back
         deadline = time.monotonic() + 60

@@ -38,7 +38,8 @@ def placeholder(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     ``shape[0]`` must be at least 1 and every other dimension too (a mapping has at least one byte).
     """
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
+    anonymous = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS  # private: a page read by mistake is not kept shared
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=anonymous), dtype=dtype).reshape(shape)
 
 
 class SplicingFile:

@@ -111,6 +111,8 @@ class ArrowShardWriter(ShardWriter[ArrowOptions]):
         for f in self.schema.fields:
             datas = [p.fields[f.name] for p in pieces]
             parts = [np.ascontiguousarray(d.values) for d in datas]
+            if any(v.dtype != np.dtype(f.value_dtype) for v in parts):
+                return False  # another byte order (or type): only a concatenation converts it
             shape = (sum(len(v) for v in parts), *parts[0].shape[1:])
             if all(shape):
                 values = placeholder(shape, parts[0].dtype)

@@ -367,7 +367,10 @@ _SCAN_BYTES = 1 << 20
 def _count_newlines(mm: mmap.mmap, start: int, stop: int) -> int:
     """Newlines in ``mm[start:stop]``, counted on the mapping (no copy of the bytes)."""
     data = np.frombuffer(mm, dtype=np.uint8, count=stop - start, offset=start)
-    return sum(int(np.count_nonzero(data[a : a + _SCAN_BYTES] == 10)) for a in range(0, len(data), _SCAN_BYTES))
+    try:
+        return sum(int(np.count_nonzero(data[a : a + _SCAN_BYTES] == 10)) for a in range(0, len(data), _SCAN_BYTES))
+    finally:
+        del data  # the mapping can close, also after an interrupt (a live view would make it a BufferError)
 
 
 def line_cuts(path: str, size: int, unit_bytes: int) -> list[tuple[int, int, int]]:
