@@ -1,30 +1,46 @@
-"""Everything shardload reads from a Lightning ``Trainer``, in one place.
+"""Everything shardload reads from a Lightning ``Trainer`` or writes into it, in one place.
 
-The DataModule needs three facts from the trainer; each is read here and
-nowhere else, so that a change in Lightning is mended in one file. Checked
-against Lightning 2.2 to 2.6 (``lightning.pytorch``):
+The trainer is duck-typed (this module does not import Lightning), and each
+access below is named with the reason no public API serves. Checked against
+Lightning 2.2 and 2.6 (``lightning.pytorch``), the oldest and newest minor
+versions shardload supports: tests/distributed/test_trainer_clock.py runs the
+DataModule under both (tools/lightning_versions.sh installs the oldest).
+
+Read, public:
 
 * rank and world size: ``trainer.global_rank`` and ``trainer.world_size``
-  (public properties since 1.x; they cover ddp, ddp_spawn, fsdp, deepspeed
-  and multi-node);
-* the epoch to plan: ``trainer.current_epoch`` (public);
-* how many training batches of this epoch are finished, for a mid-epoch
-  checkpoint: ``trainer.fit_loop.epoch_loop.batch_progress.current.processed``
-  (the fit loop's progress tracker; not a public API, stable since 2.0).
+  (they cover ddp, ddp_spawn, fsdp, deepspeed and multi-node);
+* the epoch to plan: ``trainer.current_epoch``.
+
+Read, not public:
+
+* the training steps of the current epoch a restore of a checkpoint saved now
+  counts as done (:func:`restored_steps`), from the fit loop's progress tracker
+  ``trainer.fit_loop.epoch_loop.batch_progress.current`` (stable since 2.0).
   Lightning fetches one batch ahead of the step it runs, so the loader's own
-  count of yielded batches is one too many when a checkpoint is saved; the
-  batches a resume must skip are those whose training step finished.
+  count of yielded batches is one too many when a checkpoint is saved; no
+  public attribute says how many steps of *this* epoch finished
+  (``trainer.global_step`` counts optimizer steps of the whole run, and
+  ``batch_idx`` reaches only hooks). A checkpoint saved in
+  ``on_train_batch_end`` (``ModelCheckpoint(every_n_train_steps=...)``) is the
+  case that differs between versions: Lightning 2.2 runs that step again on
+  restore, later versions (the loop's restart stages) count it as done;
 
-And it tells the trainer one: how many training batches the epoch that starts
-has, by setting ``trainer.fit_loop.max_batches`` and the limits of its
-``CombinedLoader`` (``fit_loop._combined_loader.limits``), as a reload of the
-loader would (not a public API, stable since 2.0). Lightning reads a training loader's length once, when it sets the
-loader up, and ends every later epoch when that many batches are ready; but a
-plan's batch count may change from epoch to epoch (token budgets), and after
-an elastic resume the resumed epoch's count differs from the next one's.
-Only with ``limit_train_batches`` at its default (``1.0``: every batch; the int ``1`` is one batch).
-
-The trainer is duck-typed: this module does not import Lightning.
+Written, not public: the length of an epoch whose length differs from the one
+before. A training epoch has the same number of batches in every epoch of a
+run (shardload.plan.length), so Lightning's own clock, computed once from
+``len(loader)`` when it sets the loader up, is right for every epoch. The one
+exception is the epoch after an elastic resume: the resumed epoch's length is
+the batches run before plus the rest planned for the new world size, and the
+next epochs have the new world size's length. Then :func:`train_link` tells
+the trainer what a reload of the loader would compute (Lightning's
+``fit_loop.setup_data``): ``fit_loop.max_batches`` and the limits of its
+``CombinedLoader`` (``fit_loop._combined_loader.limits``) under
+``limit_train_batches``, and ``trainer.val_check_batch`` under a fractional
+``val_check_interval`` (an int interval does not depend on the length).
+Lightning's public way to recompute them, ``reload_dataloaders_every_n_epochs``,
+is a ``Trainer`` flag the user owns and would rebuild the loader (and its
+workers) every epoch.
 """
 
 from __future__ import annotations
@@ -35,7 +51,18 @@ from typing import Any
 
 from shardload.world import World
 
-__all__ = ["TrainerLink", "current_epoch", "train_link", "trainer_world"]
+__all__ = ["TrainerLink", "current_epoch", "limited_batches", "restored_steps", "train_link", "trainer_world"]
+
+
+def limited_batches(length: int, limit: int | float) -> int:
+    """The batches Lightning runs of a loader of ``length`` under ``limit_train_batches`` (its own rule).
+
+    >>> limited_batches(20, 1.0), limited_batches(20, 5), limited_batches(20, 0.25)
+    (20, 5, 5)
+    """
+    if isinstance(limit, int):
+        return min(length, limit)
+    return int(length * limit)
 
 
 def trainer_world(trainer: Any) -> World:
@@ -53,7 +80,7 @@ class TrainerLink:
     """What the training loader reads from the trainer, and tells it.
 
     Attributes:
-        steps_done: the training steps finished in the current epoch (read when called).
+        steps_done: the training steps of the current epoch a checkpoint saved now resumes after.
         epoch_steps: tell the trainer the training batches of the epoch that starts.
     """
 
@@ -61,18 +88,44 @@ class TrainerLink:
     epoch_steps: Callable[[int], None]
 
 
+def restored_steps(progress: Any, restart_stages: bool) -> int:
+    """The steps of the epoch that a restore counts as done, from a batch progress tracker's ``current`` counts.
+
+    ``restart_stages``: the loop restores a checkpoint saved in ``on_train_batch_end`` after that step (Lightning
+    with ``update_restart_stage``, its counts then ``ready == started == processed == completed + 1``); without
+    them (Lightning 2.2) a restore starts after the last completed step.
+    """
+    ready, started, processed, completed = (
+        int(progress.ready),
+        int(progress.started),
+        int(progress.processed),
+        int(progress.completed),
+    )
+    if restart_stages and ready == started == processed == completed + 1:
+        return processed
+    return completed
+
+
 def train_link(trainer: Any) -> TrainerLink:
     """The training loader's :class:`TrainerLink` to ``trainer``."""
 
     def done() -> int:
-        return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        loop = trainer.fit_loop.epoch_loop
+        return restored_steps(loop.batch_progress.current, hasattr(loop, "update_restart_stage"))
 
     def tell(steps: int) -> None:
         loop = trainer.fit_loop
-        combined = getattr(loop, "_combined_loader", None)  # what Lightning would compute on a reload of the loader
-        limit = trainer.limit_train_batches  # 1.0 (a float) is every batch; the int 1 is one batch per epoch
-        if isinstance(limit, float) and limit == 1.0 and isinstance(loop.max_batches, int) and combined is not None:
-            combined.limits = [steps] * len(combined.flattened)
-            loop.max_batches = steps
+        combined = getattr(loop, "_combined_loader", None)
+        if combined is None or not isinstance(loop.max_batches, int):
+            return  # not set up yet (it will read len(loader) itself), or an endless loader
+        batches = limited_batches(steps, trainer.limit_train_batches)
+        if batches == loop.max_batches:
+            return  # the length Lightning computed holds: every epoch of a run but the one after an elastic resume
+        combined.limits = [batches] * len(combined.flattened)
+        loop.max_batches = batches
+        interval = trainer.val_check_interval
+        timed = getattr(trainer, "_val_check_time_interval", None) is not None  # Lightning >= 2.6: time-based
+        if isinstance(interval, float) and not timed and batches > 0:
+            trainer.val_check_batch = max(1, int(batches * interval))
 
     return TrainerLink(done, tell)

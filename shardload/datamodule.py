@@ -171,6 +171,8 @@ class ShardDataModule(pl.LightningDataModule):
             self._train_loader, state = loader, self._train_state
             if state is not None and state.get("epoch") == spec.epoch:
                 loader.load_state_dict(state)  # before the trainer reads len(loader): the resumed epoch's length
+            elif state is not None:  # asked for before the trainer restored its epoch: load it when it is set
+                loader.plan_sampler.defer_state(state)
             self._train_state = None
         return loader
 

@@ -286,23 +286,29 @@ def test_sampler_states_resume_any_chain_and_the_same_world_size_exactly(data: s
 
 
 def test_set_epoch_tells_the_trainer_the_new_epochs_length(data: Path) -> None:
-    # Lightning reads a training loader's length once; a resumed epoch's length differs from the next one's
+    # Lightning reads a training loader's length once; after an elastic resume the next epoch's length differs
     class FakeLoop:
         max_batches = 7
         _combined_loader = type("Combined", (), {"flattened": [None], "limits": [7]})()
         epoch_loop = None
 
-    trainer = type("FakeTrainer", (), {"fit_loop": FakeLoop(), "limit_train_batches": 1.0})()
+    attrs = {"fit_loop": FakeLoop(), "limit_train_batches": 1.0, "val_check_interval": 1.0, "val_check_batch": 7}
+    trainer = type("FakeTrainer", (), attrs)()
     _, state, _ = segment(data, 3, None, 2, max_tokens=900)
     loader = make_loader(data, rank=0, world_size=2, max_tokens=900)
     loader.plan_sampler.trainer = train_link(trainer)
     loader.load_state_dict(state)
     loader.set_epoch(1)
     fresh = len(make_loader(data, rank=0, world_size=2, max_tokens=900, epoch=1))
-    assert (trainer.fit_loop.max_batches, trainer.fit_loop._combined_loader.limits) == (fresh, [fresh])
-    trainer.limit_train_batches = 0.5  # a limit the user set: left to Lightning
+    assert fresh != 7
+    # Invariant: what a reload of the loader would set: the epoch's batches, its limits, the validation point
+    loop = trainer.fit_loop
+    assert (loop.max_batches, loop._combined_loader.limits, trainer.val_check_batch) == (fresh, [fresh], fresh)
+    # under the user's limit_train_batches and val_check_interval, as Lightning computes them
+    trainer.limit_train_batches, trainer.val_check_interval = 0.5, 0.25
     loader.set_epoch(2)
-    assert trainer.fit_loop.max_batches == fresh
-    trainer.limit_train_batches = trainer.fit_loop.max_batches = 1  # the int 1: one batch per epoch, the user's
+    assert (loop.max_batches, trainer.val_check_batch) == (int(fresh * 0.5), max(1, int(fresh * 0.5 * 0.25)))
+    before = trainer.val_check_batch
+    trainer.limit_train_batches, trainer.val_check_interval = 1, 3  # one batch an epoch; an int interval is kept
     loader.set_epoch(3)
-    assert trainer.fit_loop.max_batches == 1
+    assert (loop.max_batches, loop._combined_loader.limits, trainer.val_check_batch) == (1, [1], before)

@@ -19,3 +19,8 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
 fi
 # the test extra holds every optional package the tests use (zarr, webdataset, tokenizers, ...)
 .venv/bin/python -m pip install -q -e ".[test]"
+# the oldest Lightning shardload supports, beside the venv (not in it): tests/distributed/test_trainer_clock.py
+# runs the DataModule under it too (PYTHONPATH first), so a Lightning that moved an attribute fails a test
+if [ ! -d .venv/lightning-oldest/lightning ]; then
+  .venv/bin/python -m pip install -q --no-deps --target .venv/lightning-oldest "lightning==2.2.5" "setuptools<81"
+fi

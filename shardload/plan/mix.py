@@ -33,7 +33,7 @@ import hashlib
 import json
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -44,7 +44,7 @@ from shardload.errors import MixtureError, PlanError
 from shardload.plan.options import Batching
 from shardload.plan.pack import refuse_long_samples
 from shardload.plan.ranges import offsets_from_lengths
-from shardload.plan.request import PlanInputs
+from shardload.plan.request import PlanInputs, memo_in
 from shardload.plan.validate import MAX_LENGTH, check_scalar
 
 __all__ = [
@@ -193,6 +193,10 @@ class MixInputs:
     def __repr__(self) -> str:
         shares = ", ".join(f"{n}={s:.3g}" for n, s in zip(self.names, self.shares))
         return f"MixInputs({shares}, by={self.by!r}, num_samples={self.num_samples})"
+
+    def memo(self, key: Hashable, compute: Callable[[], NDArray[np.int64]]) -> NDArray[np.int64]:
+        """``compute()``, kept with this mixture under ``key`` (as :meth:`PlanInputs.memo`)."""
+        return memo_in(self, key, compute)
 
     @property
     def num_sources(self) -> int:

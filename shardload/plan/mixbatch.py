@@ -118,14 +118,18 @@ class MixBatcher:
         mix: The mixture.
         spec: The epoch (training selects; evaluation uses every sample once).
         batching: How rows become batches.
+        order_seed: The seed of the shard and sample orders (default: ``spec.seed``).
 
     Raises:
         MixtureError: see :func:`~shardload.plan.mix.select_source`.
         PlanError: with packing, a sample longer than a row and no ``pack_split`` (naming its source).
     """
 
-    def __init__(self, mix: MixInputs, spec: EpochSpec, batching: Batching) -> None:
+    def __init__(self, mix: MixInputs, spec: EpochSpec, batching: Batching, *, order_seed: int | None = None) -> None:
         self.mix, self.spec, self.batching = mix, spec, batching
+        #: the seed of the shard and sample orders (a later draw's, :mod:`shardload.plan.length`); the selection
+        #: always takes the run's seed
+        self.order_seed = spec.seed if order_seed is None else order_seed
         self.packed = batching.packing
         # with packing the unit interleaved is a row: each source packs one row per "batch"
         self.unit_batching = dataclasses.replace(batching, rows_per_batch=1) if self.packed else batching
@@ -149,7 +153,7 @@ class MixBatcher:
 
     def _part(self, k: int, selection: Selection) -> SourcePart:
         mix, spec, source = self.mix, self.spec, self.mix.sources[k]
-        seed = source_seed(spec.seed, k)
+        seed = source_seed(self.order_seed, k)
         entries = None
         inputs = source
         if selection.counts is not None:

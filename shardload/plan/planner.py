@@ -8,6 +8,7 @@
        v
     batcher.count_batches()                    every rank's batch count (cheap)
     batcher.build_batches(rank)                this rank's batches (materialised)
+       |  length.epoch_steps                   training: the run's steps per epoch, the same every epoch
        |  equalize.equalize_batches            same count on every rank
        |  steps.order_steps                    training: heaviest first, at positions shared by every rank
        v
@@ -34,6 +35,7 @@ from shardload.plan.assign import assign_shards, balance_by_tokens, shard_order
 from shardload.plan.batcher import Batcher
 from shardload.plan.chunks import ChunkWindows, chunk_identity, resolve_chunk_windows
 from shardload.plan.equalize import equalize_batches
+from shardload.plan.length import MAX_DRAWS, draw_seed, epoch_steps, fits, natural_target, warn_unfit
 from shardload.plan.mix import MixInputs
 from shardload.plan.mixbatch import MixBatcher
 from shardload.plan.options import Batching, Stage
@@ -48,7 +50,7 @@ from shardload.plan.validate import check_rank
 
 __all__ = ["EpochPlanner", "RankPlan", "plan_rank"]
 
-_FORMAT = "shardload.plan/2"  # bump when the same inputs would give a different plan
+_FORMAT = "shardload.plan/3"  # bump when the same inputs would give a different plan
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -193,13 +195,24 @@ class EpochPlanner:
             entries :attr:`rest` maps back to the base's sample ids and starts).
         spec: The epoch to plan: world size, stage, seed, epoch, shard assignment.
         batching: How rows become batches.
+        steady: Training only: plan the epoch to the run's steps per epoch, the same in every epoch
+            (:mod:`shardload.plan.length`). ``False``: the epoch's natural target (the probes of that
+            module, and the replay of a resumed epoch's later segments, which were planned so).
+            A resumed epoch's remainder (:class:`ResumeInputs`) always has its natural target.
 
     Raises:
         PlanError: If an argument is of the wrong type, or ``batching`` does
             not fit ``spec`` (``uneven="drop"`` in an evaluation stage).
     """
 
-    def __init__(self, inputs: PlanInputs | MixInputs | ResumeInputs, spec: EpochSpec, batching: Batching) -> None:
+    def __init__(
+        self,
+        inputs: PlanInputs | MixInputs | ResumeInputs,
+        spec: EpochSpec,
+        batching: Batching,
+        *,
+        steady: bool = True,
+    ) -> None:
         if not isinstance(inputs, (PlanInputs, MixInputs, ResumeInputs)):
             raise PlanError(
                 f"inputs must be a shardload.plan.PlanInputs (or MixInputs), got {type(inputs).__name__}: "
@@ -208,25 +221,40 @@ class EpochPlanner:
         check_request(spec, batching)
         #: a resumed epoch's remainder (a selection step before assignment, plan/resume.py); ``None`` otherwise
         self.rest: Rest | None = None
+        if isinstance(inputs, ResumeInputs) and not inputs.history:  # nothing ran yet: the whole epoch
+            inputs = inputs.base
         if isinstance(inputs, ResumeInputs):
             self.rest = rest_of(inputs, spec, batching)
             inputs = self.rest.inputs
         self.inputs, self.spec, self.batching = inputs, spec, batching
         #: ``(S + 1,)`` shard offsets in the global id space (a mixture's sources one after another)
         self.shard_starts = offsets_from_lengths(inputs.shard_sizes)
-        self.mix: MixBatcher | None = None
-        #: the chunk windows of the set (of each source of a mixture; ``None``: a full shuffle)
-        self.chunks: list[ChunkWindows | None] = []
-        if isinstance(inputs, MixInputs):  # a selection step, then one batcher per source (plan/mixbatch.py)
-            self.mix = MixBatcher(inputs, spec, batching)
-            self.chunks = self.mix.chunks
-            counts = self.mix.count_batches()
-        else:
-            counts = self._single(inputs)
+        #: the draw of the epoch's shard and sample orders (:mod:`shardload.plan.length`; 0: the run's seed)
+        self.draw = 0
+        counts = self._lay_out(0)
+        natural = natural_target(counts, batching.uneven)
+        #: the batch count of every rank: training's steps per epoch (steady), else the natural target
+        self.num_batches = natural
+        if steady and spec.shuffled and self.rest is None:
+            source = inputs
+
+            def natural_of(epoch: int) -> int:
+                if epoch == spec.epoch:
+                    return natural
+                return EpochPlanner(source, spec.at_epoch(epoch), batching, steady=False).num_batches
+
+            steps = epoch_steps(spec, batching, natural_of, inputs.memo)
+            while not fits(natural, steps, batching.uneven) and self.draw + 1 < MAX_DRAWS:
+                counts = self._lay_out(self.draw + 1)
+                natural = natural_target(counts, batching.uneven)
+            if fits(natural, steps, batching.uneven):
+                self.num_batches = steps
+            else:
+                warn_unfit(spec, natural, steps)
+                self.num_batches = natural
         # (W,) before equalisation; read-only, so that every rank's plan shares it (a copy each is O(W**2) memory)
         self.rank_batch_counts = counts.copy()
         self.rank_batch_counts.setflags(write=False)
-        self.num_batches = int(counts.min() if batching.uneven == "drop" else counts.max())
         header = {
             "format": _FORMAT,
             "num_samples": inputs.num_samples,
@@ -238,6 +266,8 @@ class EpochPlanner:
         }
         if isinstance(inputs, MixInputs):
             header["mixture"] = inputs.identity()
+        if self.draw:  # only a redrawn epoch names its draw: other plans keep their digest
+            header["draw"] = self.draw
         windows = chunk_identity(self.chunks)
         if windows is not None:  # only a plan that uses chunk windows names them: other plans keep their digest
             header["chunk_windows"] = windows
@@ -245,13 +275,27 @@ class EpochPlanner:
         digest.update(inputs.shard_sizes.astype("<i8").tobytes())
         self.fingerprint = digest.hexdigest()
 
+    def _lay_out(self, draw: int) -> NDArray[np.int64]:
+        """Lay out and count the epoch at ``draw``: ``(W,)`` every rank's natural batch count."""
+        self.draw = draw
+        #: the seed of the shard and sample orders (the run's seed at draw 0)
+        self.order_seed = draw_seed(self.spec.seed, draw)
+        self.mix: MixBatcher | None = None
+        #: the chunk windows of the set (of each source of a mixture; ``None``: a full shuffle)
+        self.chunks: list[ChunkWindows | None] = []
+        if isinstance(self.inputs, MixInputs):  # a selection step, then one batcher per source (plan/mixbatch.py)
+            self.mix = MixBatcher(self.inputs, self.spec, self.batching, order_seed=self.order_seed)
+            self.chunks = self.mix.chunks
+            return self.mix.count_batches()
+        return self._single(self.inputs)
+
     def _single(self, inputs: PlanInputs) -> NDArray[np.int64]:
         """Lay out and count one shard set: sets :attr:`layout`, :attr:`batcher`, :attr:`lengths`."""
         spec, batching = self.spec, self.batching
         self.lengths = inputs.lengths
         order = shard_order(
             inputs.num_shards,
-            seed=spec.seed,
+            seed=self.order_seed,
             epoch=spec.epoch,
             shuffle=spec.shuffled and spec.shard_assignment == "rotate",
         )
@@ -267,7 +311,7 @@ class EpochPlanner:
             lengths=self.lengths,
             layout=self.layout,
             shuffle=spec.shuffled,
-            seed=spec.seed,
+            seed=self.order_seed,
             epoch=spec.epoch,
             max_length=inputs.max_length,
             chunks=chunks,
@@ -369,7 +413,7 @@ class EpochPlanner:
             lens = np.concatenate([lens[:kept], np.full(len(ids) - kept, self.lengths[filler], dtype=np.int64)])
         else:
             lens = lens[:kept]
-        return order_steps(ids, weights, offsets, lens, multiple=multiple, seed=spec.seed, epoch=spec.epoch)
+        return order_steps(ids, weights, offsets, lens, multiple=multiple, seed=self.order_seed, epoch=spec.epoch)
 
     def _filler_id(self, ids: NDArray[np.int64], lens: NDArray[np.int64] | None = None) -> int:
         """Filler sample: the rank's shortest sample (``lens``: their lengths, when already read), else the

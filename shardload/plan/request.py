@@ -34,10 +34,22 @@ from shardload.plan.options import EVAL_STAGES, MAX_COUNT, Batching, ShardAssign
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.validate import MAX_EPOCH, MAX_SEED, MAX_WORLD_SIZE, check_arrays, check_scalar
 
-__all__ = ["MEMO_ENTRIES", "EpochSpec", "PlanInputs", "check_request", "digest_lengths"]
+__all__ = ["MEMO_ENTRIES", "EpochSpec", "PlanInputs", "check_request", "digest_lengths", "memo_in"]
 
-#: results :meth:`PlanInputs.memo` keeps per inputs (a few epochs' worth of stages)
-MEMO_ENTRIES = 8
+#: results :meth:`PlanInputs.memo` keeps per inputs (a few epochs' worth of stages, and a run's probe epochs)
+MEMO_ENTRIES = 16
+
+
+def memo_in(owner: object, key: Hashable, compute: Callable[[], NDArray[np.int64]]) -> NDArray[np.int64]:
+    """``compute()``, kept in ``owner`` (a frozen inputs object) under ``key``: the last :data:`MEMO_ENTRIES` keys."""
+    cache: dict[Hashable, NDArray[np.int64]] = owner.__dict__.setdefault("_memo", {})
+    if key not in cache:
+        if len(cache) >= MEMO_ENTRIES:
+            cache.pop(next(iter(cache)))
+        value = compute()
+        value.setflags(write=False)
+        cache[key] = value
+    return cache[key]
 
 
 @dataclass(frozen=True)
@@ -224,14 +236,7 @@ class PlanInputs:
         evaluation stage, whose layout never changes). The array is returned
         read-only.
         """
-        cache: dict[Hashable, NDArray[np.int64]] = self.__dict__.setdefault("_memo", {})
-        if key not in cache:
-            if len(cache) >= MEMO_ENTRIES:
-                cache.pop(next(iter(cache)))
-            value = compute()
-            value.setflags(write=False)
-            cache[key] = value
-        return cache[key]
+        return memo_in(self, key, compute)
 
     @property
     def num_samples(self) -> int:

@@ -256,7 +256,9 @@ def rest_of(inputs: ResumeInputs, spec: EpochSpec, batching: Batching) -> Rest:
     starts: NDArray[np.int64] | None = None
     prints = []
     for i, (world, batches) in enumerate(inputs.history):
-        planner = EpochPlanner(current, dataclasses.replace(spec, world_size=world), batching)
+        # the first segment ran the epoch's plan (the run's steps per epoch); each later one ran a remainder,
+        # which has its natural target (shardload.plan.length)
+        planner = EpochPlanner(current, dataclasses.replace(spec, world_size=world), batching, steady=i == 0)
         if batches > planner.num_batches:
             raise PlanError(
                 f"the resume history says segment {i} ran {batches} batches on {world} ranks, but its plan has "

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from shardload.errors import PlanError
 from shardload.plan import Batching, EpochSpec, PlanInputs, RankPlan
+from shardload.plan.length import PROBE_EPOCHS
 from shardload.plan.options import EVAL_STAGES
 from shardload.plan.packrows import SizeRuns, count_rows
 from shardload.plan.packtrack import pack_rows, pack_segments
@@ -273,7 +274,10 @@ def test_evaluation_counts_are_packed_once_per_inputs(monkeypatch: pytest.Monkey
     # Invariant: an evaluation layout is the same every epoch: its counts are packed once, and are the same
     assert len(calls) == 1 and np.array_equal(first.rank_batch_counts, again.rank_batch_counts)
     EpochPlanner(inputs, EpochSpec(world_size=4, stage="train", epoch=1), batching)
-    assert len(calls) == 2  # another layout is counted afresh
+    # training layouts are counted afresh: the run's probe epochs (epoch 1 is one of them)
+    assert len(calls) == 1 + PROBE_EPOCHS
+    EpochPlanner(inputs, EpochSpec(world_size=4, stage="train", epoch=2), batching)
+    assert len(calls) == 1 + PROBE_EPOCHS  # a probe epoch's counts are kept: planning it counts nothing
 
 
 def test_sizes_near_the_capacity_get_a_row_each() -> None:
