@@ -128,9 +128,7 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         """
         epoch = check_scalar("epoch", epoch, low=0, high=MAX_EPOCH)
         deferred, self._deferred = self._deferred, None
-        loaded = deferred is not None and check_state(deferred).epoch == epoch
-        if loaded:
-            assert deferred is not None
+        if deferred is not None and check_state(deferred).epoch == epoch:
             self.load_state_dict(deferred)
         elif epoch != self.spec.epoch:
             if self.history:  # the cached plan is of what the history left: not the epoch's if it is set again

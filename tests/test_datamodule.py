@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
@@ -144,4 +145,33 @@ def test_mid_epoch_checkpoint_resumes_with_the_remaining_batches(tmp_path: Path,
         resumed, datamodule=ShardDataModule(train=train, batch_size=8, num_workers=2, seed=5), ckpt_path=ckpt
     )
     # Invariant: resumability — exactly the batches the uninterrupted run had left
+    assert resumed.train_ids == full.train_ids[step:]
+
+
+def test_a_resume_whose_optimizers_read_the_stepping_estimate_keeps_the_remaining_batches(
+    tmp_path: Path, sets: tuple[Path, Path]
+) -> None:
+    # configure_optimizers reading estimated_stepping_batches (a OneCycleLR) makes Lightning ask for the training
+    # loader before it restores its loops: the loader is made at epoch 0 and the checkpoint's epoch comes later
+    train, _ = sets
+
+    class Scheduled(TinyModel):
+        def configure_optimizers(self) -> Any:
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
+            total = int(self.trainer.estimated_stepping_batches)
+            cycle = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=total)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": cycle, "interval": "step"}}
+
+    ckpt_dir = tmp_path / "ckpt"
+    cb = pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=4, save_top_k=-1)
+    options = {"train": train, "max_tokens": 300, "num_workers": 0, "seed": 5}
+    full = Scheduled()
+    trainer(tmp_path, max_epochs=3, callbacks=[cb]).fit(full, datamodule=ShardDataModule(**options))
+    per_epoch = len(full.train_ids) // 3
+    step = next(s for s in range(4, 3 * per_epoch, 4) if s // per_epoch == 2 and s % per_epoch)
+    resumed = Scheduled()
+    trainer(tmp_path, max_epochs=3).fit(
+        resumed, datamodule=ShardDataModule(**options), ckpt_path=ckpt_dir / f"epoch=2-step={step}.ckpt"
+    )
+    # Invariant: exactly the batches the uninterrupted run had left (the loader waited for the trainer's epoch)
     assert resumed.train_ids == full.train_ids[step:]

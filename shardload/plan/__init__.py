@@ -10,7 +10,8 @@ rank::
     EpochSpec (world_size, stage, seed, epoch, ...)       the epoch asked for
     Batching (batch_size | max_tokens, bucketing, ...)    how rows become batches
        |  assign     shards -> contiguous rank ranges  (locality)
-       |  batcher    fixed | buckets | greedy          (count all ranks, build one)
+       |  batcher    fixed | buckets | greedy | pack   (count all ranks, build one)
+       |  length     training: the run's steps per epoch (the same every epoch)
        |  equalize   split | pad | drop                (equal batch counts)
        v
     RankPlan: sample_ids, weights, batch_offsets, fingerprint
@@ -24,6 +25,7 @@ rank::
 
 from __future__ import annotations
 
+from shardload.plan.length import EpochLengthWarning
 from shardload.plan.mix import MixInputs
 from shardload.plan.options import Batching, ShardAssignment, Stage, Uneven, padded_length
 from shardload.plan.planner import EpochPlanner, RankPlan, plan_rank
@@ -33,6 +35,7 @@ from shardload.plan.summary import PlanSummary, summarize_plan
 
 __all__ = [
     "Batching",
+    "EpochLengthWarning",
     "EpochPlanner",
     "EpochSpec",
     "MixInputs",

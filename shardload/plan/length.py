@@ -13,8 +13,8 @@ rank whose new shard group holds the most batches sets the target (token
 budgets, packing, mixtures; a fixed ``batch_size`` needs the same count every
 epoch). The planner makes it constant in two steps::
 
-    steps  = the largest natural target of the probe epochs 0 .. PROBE_EPOCHS - 1, plus their spread
-             (largest - smallest; with uneven="drop": the smallest minus the spread), once per run
+    steps  = the largest natural target of the probe epochs 0 .. PROBE_EPOCHS - 1 (the smallest with
+             uneven="drop"); a mixture's: plus their spread (largest - smallest), once per run
     epoch e: its natural target fits (<= steps; >= with "drop")?  plan it to exactly `steps`
              (split / pad: a few more, smaller batches; drop: drop to it)
              it does not fit: draw the epoch's shard order and sample order again,
@@ -22,13 +22,15 @@ epoch). The planner makes it constant in two steps::
 
 The draws are part of the plan (every rank makes the same ones: they depend on
 nothing but the request), and the epochs of the probes never need one. Where
-epochs are alike (a fixed ``batch_size``; shards of similar lengths) the
-spread is 0 and ``steps`` is the natural target of every epoch: no step is
-added. Where they differ, the margin of one spread puts ``steps`` about three
-standard deviations above the mean, and a draw that still misses is drawn
-again (a fresh draw of the shard and sample orders is a new sample of the
-same distribution). A mixture's selection is not redrawn (its windows keep
-every sample's uses even over the epochs), so there the margin does the work.
+epochs are alike (a fixed ``batch_size``; shards of similar lengths) ``steps``
+is the natural target of every epoch: no step is added. Where they differ, a
+fresh draw of the shard and sample orders is a new sample of the same
+distribution as the probes, so it fits with probability about ``K / (K + 1)``
+for ``K`` probes, and ``MAX_DRAWS`` draws all miss with probability about
+``(K + 1) ** -MAX_DRAWS``. A mixture's selection of samples is not redrawn (its
+windows keep every sample's uses even over the epochs), and its natural target
+also moves with the selection: there a margin of one spread of the probes
+does that part of the work.
 If all ``MAX_DRAWS`` draws miss (a set whose shards differ wildly), the epoch
 keeps its natural target and an :class:`EpochLengthWarning` says so: every
 rank still has the same count, only the trainer's clock sees another length
@@ -89,6 +91,8 @@ def epoch_steps(
     batching: Batching,
     natural_of: Callable[[int], int],
     memo: Callable[[object, Callable[[], np.ndarray]], np.ndarray],
+    *,
+    margin: bool,
 ) -> int:
     """The run's training steps per epoch (see the module docstring), computed once per run.
 
@@ -97,13 +101,14 @@ def epoch_steps(
         batching: The run's batching.
         natural_of: The natural target of an epoch at draw 0.
         memo: The inputs' memo (:meth:`~shardload.plan.PlanInputs.memo`).
+        margin: Add the probes' spread (a mixture, whose selection is not redrawn).
     """
     key = ("epoch steps", batching, spec.world_size, spec.seed, spec.shard_assignment, PROBE_EPOCHS)
 
     def probe() -> np.ndarray:
         targets = [natural_of(epoch) for epoch in range(PROBE_EPOCHS)]
-        spread = max(targets) - min(targets)  # 0 where epochs are alike: then no margin and no extra step
         low, high = min(targets), max(targets)
+        spread = high - low if margin else 0
         steps = max(low - spread, min(1, low)) if batching.uneven == "drop" else high + spread
         return np.asarray([steps], dtype=np.int64)
 

@@ -50,7 +50,7 @@ from shardload.plan.validate import check_rank
 
 __all__ = ["EpochPlanner", "RankPlan", "plan_rank"]
 
-_FORMAT = "shardload.plan/3"  # bump when the same inputs would give a different plan
+_FORMAT = "shardload.plan/2"  # bump when the same inputs would give a different plan
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -243,7 +243,7 @@ class EpochPlanner:
                     return natural
                 return EpochPlanner(source, spec.at_epoch(epoch), batching, steady=False).num_batches
 
-            steps = epoch_steps(spec, batching, natural_of, inputs.memo)
+            steps = epoch_steps(spec, batching, natural_of, inputs.memo, margin=isinstance(inputs, MixInputs))
             while not fits(natural, steps, batching.uneven) and self.draw + 1 < MAX_DRAWS:
                 counts = self._lay_out(self.draw + 1)
                 natural = natural_target(counts, batching.uneven)

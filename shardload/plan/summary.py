@@ -67,6 +67,8 @@ class PlanSummary:
         ranks_per_node: ``K``: ranks ``kK .. kK + K - 1`` share node ``k``'s cache.
         node_cache_bytes: ``(ceil(W / K),)`` bytes of the distinct shards the
             ranks of each node read; or ``None``.
+        draw: Training: the draw of the epoch's shard and sample orders (0: the first;
+            :mod:`shardload.plan.length`).
     """
 
     world_size: int
@@ -88,6 +90,7 @@ class PlanSummary:
     step_bytes: NDArray[np.int64] | None = None
     ranks_per_node: int = 1
     node_cache_bytes: NDArray[np.int64] | None = None
+    draw: int = 0
 
     @property
     def padding_fraction(self) -> float:
@@ -205,6 +208,9 @@ class PlanSummary:
             f"batches:  {self.num_batches:,} per rank (before equalising {int(counts.min()):,}..{int(counts.max()):,}; "
             f"{int(self.added_batches.sum()):,} added, {int(self.dropped_batches.sum()):,} dropped)",
         ]
+        if self.stage == "train":
+            drawn = f"; this epoch's shard order is draw {self.draw + 1}" if self.draw else ""
+            out.append(f"epochs:   {self.num_batches:,} steps in every training epoch of the run{drawn}")
         if self.budget_fill is not None:
             out.append(f"budget:   token batches are {self.budget_fill:.1%} full on average")
         out.append(
@@ -393,4 +399,5 @@ def summarize_plan(
         step_bytes=None if cache is None else cache.figures[:, 1],
         ranks_per_node=ranks_per_node,
         node_cache_bytes=None if cache is None else cache.nodes,
+        draw=planner.draw,
     )
