@@ -36,11 +36,18 @@ next epochs have the new world size's length. Then :func:`train_link` tells
 the trainer what a reload of the loader would compute (Lightning's
 ``fit_loop.setup_data``): ``fit_loop.max_batches`` and the limits of its
 ``CombinedLoader`` (``fit_loop._combined_loader.limits``) under
-``limit_train_batches``, and ``trainer.val_check_batch`` under a fractional
-``val_check_interval`` (an int interval does not depend on the length).
-Lightning's public way to recompute them, ``reload_dataloaders_every_n_epochs``,
-is a ``Trainer`` flag the user owns and would rebuild the loader (and its
-workers) every epoch.
+``limit_train_batches``, ``trainer.val_check_batch`` under a fractional
+``val_check_interval`` (an int interval does not depend on the length), and
+the count of the data fetcher (``fit_loop._data_fetcher.length``), which ends
+the epoch: a resumed run iterates the fetcher it set up before the restore.
+When the checkpoint was saved at the last step of the epoch before
+(``fit_loop.epoch_loop.restarting``, its restored ``processed`` count at the
+length), Lightning starts the new epoch from step 0 only if that count reaches
+the length it has, so ``max_batches`` changes when the epoch's iteration
+starts (the loader tells it again then). Lightning's public way to recompute
+all of it, ``reload_dataloaders_every_n_epochs``, is a ``Trainer`` flag the
+user owns, would rebuild the loader (and its workers) every epoch, and runs
+before that restart check too.
 """
 
 from __future__ import annotations
@@ -119,9 +126,20 @@ def train_link(trainer: Any) -> TrainerLink:
         if combined is None or not isinstance(loop.max_batches, int):
             return  # not set up yet (it will read len(loader) itself), or an endless loader
         batches = limited_batches(steps, trainer.limit_train_batches)
-        if batches == loop.max_batches:
+        limits = [batches] * len(combined.flattened)
+        fetcher: Any = getattr(loop, "_data_fetcher", None)
+        counted = getattr(fetcher, "length", None)  # the fetcher's count, which ends the epoch
+        if batches == loop.max_batches and list(combined.limits) == limits and counted in (None, batches):
             return  # the length Lightning computed holds: every epoch of a run but the one after an elastic resume
-        combined.limits = [batches] * len(combined.flattened)
+        combined.limits = limits
+        if counted is not None:  # a resumed run iterates the fetcher it made before the restore: it keeps its count
+            fetcher.length = batches
+        epoch_loop = loop.epoch_loop
+        if getattr(epoch_loop, "restarting", False) and epoch_loop.batch_progress.current.processed >= loop.max_batches:
+            # restored from a checkpoint saved at the last step of the epoch before: Lightning starts this epoch
+            # from step 0 only if its restored count reaches the length it has, so that length changes when the
+            # epoch's iteration starts (the loader tells it again then)
+            return
         loop.max_batches = batches
         interval = trainer.val_check_interval
         timed = getattr(trainer, "_val_check_time_interval", None) is not None  # Lightning >= 2.6: time-based

@@ -169,10 +169,12 @@ class ShardDataModule(pl.LightningDataModule):
         )
         if stage == "train":
             self._train_loader, state = loader, self._train_state
-            if state is not None and state.get("epoch") == spec.epoch:
-                loader.load_state_dict(state)  # before the trainer reads len(loader): the resumed epoch's length
-            elif state is not None:  # asked for before the trainer restored its epoch: load it when it is set
-                loader.plan_sampler.defer_state(state)
+            if state is not None:
+                # before the trainer reads len(loader): the resumed epoch's length. Also when the trainer has not
+                # restored its epoch yet (it asks for the loader first when configure_optimizers reads
+                # estimated_stepping_batches): the state moves the loader to its own epoch, the one the trainer
+                # restores (it must count the old epoch's length to tell a checkpoint at its last step)
+                loader.load_state_dict(state)
             self._train_state = None
         return loader
 

@@ -107,7 +107,6 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         self._plan: RankPlan | None = None
         self._loaded: dict[str, Any] | None = None  # the last state loaded (a second load of it changes nothing)
         self._rest_served = False  # a pass over the rest of a resumed epoch ended: the next is all of it (begin_pass)
-        self._deferred: Mapping[str, Any] | None = None  # a state for a later set_epoch (defer_state)
 
     @property
     def epoch(self) -> int:  # type: ignore[override]  # DistributedSampler's attribute, read-only here
@@ -122,15 +121,10 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to plan; :class:`PlanError` if it is not an integer >= 0.
 
-        A state kept by :meth:`defer_state` for this epoch is loaded now (the
-        epoch resumes where it stood); a kept state of another epoch is dropped.
         With a trainer, a new epoch's length is told to it.
         """
         epoch = check_scalar("epoch", epoch, low=0, high=MAX_EPOCH)
-        deferred, self._deferred = self._deferred, None
-        if deferred is not None and check_state(deferred).epoch == epoch:
-            self.load_state_dict(deferred)
-        elif epoch != self.spec.epoch:
+        if epoch != self.spec.epoch:
             if self.history:  # the cached plan is of what the history left: not the epoch's if it is set again
                 self._plan = None
             self.spec = self.spec.at_epoch(epoch)
@@ -139,18 +133,6 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
             return
         if self.trainer is not None:
             self.trainer.epoch_steps(len(self))
-
-    def defer_state(self, state: Mapping[str, Any]) -> None:
-        """Keep a state of an epoch the trainer has not reached yet, for :meth:`set_epoch` to load.
-
-        Lightning can ask for the training loader before it restores its loops
-        from a checkpoint (``trainer.estimated_stepping_batches`` in
-        ``configure_optimizers`` does), so the loader is made at epoch 0 while
-        the checkpoint's epoch is later; the state waits for the trainer's
-        ``set_epoch`` to that epoch. Checked now (:class:`PlanError`).
-        """
-        check_state(state)
-        self._deferred = state
 
     @property
     def offset(self) -> int:
@@ -203,6 +185,8 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         self._rest_served = False
         self.batches_done = self.start
         self._counted_epoch = self.spec.epoch
+        if self.trainer is not None:  # a length set_epoch could not tell yet (see _lightning.train_link)
+            self.trainer.epoch_steps(len(self))
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands, the same on every rank (:mod:`shardload.loader_state`).

@@ -103,6 +103,23 @@ def check_mix(out: str, tmp: Path) -> None:
         assert number(r[2]) >= 0 and number(r[3]) >= 0 and number(r[4]) > 0, r
 
 
+def check_epoch_length(out: str, tmp: Path) -> None:
+    rows = {}
+    for kind in ("alike", "unlike"):
+        section = out.split(f"== {kind}:")[1].split("==")[0]
+        for line in section.splitlines()[2:]:
+            m = re.match(r"(.+?)\s+(\d+)/\s*([\d.]+)/(\d+)\s+(\d+)\s+([\d.]+)x\s+([\d.]+)x\s+(\d+)", line)
+            if m:
+                rows[(kind, m.group(1).strip())] = m.groups()[1:]
+    assert len(rows) == 10, out
+    for (kind, mode), (low, mean, high, steady, steps, padded, draws) in rows.items():
+        # the run's steps reach every epoch's natural count, or that epoch was drawn again; split batches pad no more
+        assert int(steady) >= int(high) or int(draws) > 0, (kind, mode)
+        assert int(steady) >= int(low) and float(steps) == pytest.approx(int(steady) / float(mean), abs=1e-3)
+        assert float(padded) <= 1.001, (kind, mode, padded)
+    assert rows[("alike", "batch_size=32")][4] == "1.000"
+
+
 def check_plan(out: str, tmp: Path) -> None:
     for batching in ("batch_size=32", "max_tokens=16384"):
         m = re.search(rf"plan_rank {batching}: ([\d.]+) s median.*?; (\d+) batches/rank", out)
@@ -296,6 +313,11 @@ def loaders_args(dataset: str, workers: int) -> Callable[[Path], list[str]]:
 CASES = {
     "bench_elastic": Case(
         "bench_elastic.py", lambda t: ["--samples", "20000", "--from", "4", "--to", "3", "--packing"], check_elastic
+    ),
+    "bench_epoch_length": Case(
+        "bench_epoch_length.py",
+        lambda t: ["--samples", "20000", "--shards", "32", "--world-size", "4", "--epochs", "5"],
+        check_epoch_length,
     ),
     "bench_gpu": Case(
         "bench_gpu.py",

@@ -14,7 +14,8 @@ budgets, packing, mixtures; a fixed ``batch_size`` needs the same count every
 epoch). The planner makes it constant in two steps::
 
     steps  = the largest natural target of the probe epochs 0 .. PROBE_EPOCHS - 1 (the smallest with
-             uneven="drop"); a mixture's: plus their spread (largest - smallest), once per run
+             uneven="drop"); a mixture's: of MIX_PROBE_EPOCHS epochs, plus their spread (largest -
+             smallest, at least 1), once per run
     epoch e: its natural target fits (<= steps; >= with "drop")?  plan it to exactly `steps`
              (split / pad: a few more, smaller batches; drop: drop to it)
              it does not fit: draw the epoch's shard order and sample order again,
@@ -31,11 +32,12 @@ for ``K`` probes, and ``MAX_DRAWS`` draws all miss with probability about
 windows keep every sample's uses even over the epochs), and its natural target
 also moves with the selection: there a margin of one spread of the probes
 does that part of the work.
-If all ``MAX_DRAWS`` draws miss (a set whose shards differ wildly), the epoch
-keeps its natural target and an :class:`EpochLengthWarning` says so: every
-rank still has the same count, only the trainer's clock sees another length
-for that epoch (the DataModule tells Lightning, so validation still runs after
-its last step).
+If all ``MAX_DRAWS`` draws miss (a set whose shards differ wildly, a mixture
+whose selection needs more), the epoch is still planned to ``steps``: a rank
+above it leaves its last batches out of the epoch (packed: its lightest rows),
+a rank below it splits, and an :class:`EpochLengthWarning` says how many
+batches were left out. The trainer's clock is never wrong; in that rare epoch
+``uneven="split"`` does not train every sample.
 
 Cost: the probes count ``PROBE_EPOCHS`` epochs once (kept with the inputs,
 :meth:`~shardload.plan.PlanInputs.memo`); a redraw counts one epoch again.
@@ -52,10 +54,22 @@ import numpy as np
 from shardload.plan.options import Batching, Uneven
 from shardload.plan.request import EpochSpec
 
-__all__ = ["MAX_DRAWS", "PROBE_EPOCHS", "EpochLengthWarning", "draw_seed", "epoch_steps", "fits", "natural_target"]
+__all__ = [
+    "MAX_DRAWS",
+    "MIX_PROBE_EPOCHS",
+    "PROBE_EPOCHS",
+    "EpochLengthWarning",
+    "draw_seed",
+    "epoch_steps",
+    "fits",
+    "natural_target",
+    "rank_policy",
+]
 
 #: epochs whose natural targets set a run's steps per epoch
 PROBE_EPOCHS = 4
+#: a mixture's probe epochs (its selection of samples moves the count too, and is never redrawn)
+MIX_PROBE_EPOCHS = 8
 #: draws of an epoch's orders tried before it keeps its natural target
 MAX_DRAWS = 32
 
@@ -101,27 +115,45 @@ def epoch_steps(
         batching: The run's batching.
         natural_of: The natural target of an epoch at draw 0.
         memo: The inputs' memo (:meth:`~shardload.plan.PlanInputs.memo`).
-        margin: Add the probes' spread (a mixture, whose selection is not redrawn).
+        margin: A mixture: probe :data:`MIX_PROBE_EPOCHS` epochs and add their spread, at least 1.
     """
-    key = ("epoch steps", batching, spec.world_size, spec.seed, spec.shard_assignment, PROBE_EPOCHS)
+    probes = MIX_PROBE_EPOCHS if margin else PROBE_EPOCHS
+    key = ("epoch steps", batching, spec.world_size, spec.seed, spec.shard_assignment, probes)
 
     def probe() -> np.ndarray:
-        targets = [natural_of(epoch) for epoch in range(PROBE_EPOCHS)]
+        targets = [natural_of(epoch) for epoch in range(probes)]
         low, high = min(targets), max(targets)
-        spread = high - low if margin else 0
+        spread = max(high - low, 1) if margin and high else 0  # an epoch of nothing stays empty
         steps = max(low - spread, min(1, low)) if batching.uneven == "drop" else high + spread
         return np.asarray([steps], dtype=np.int64)
 
     return int(memo(key, probe)[0])
 
 
-def warn_unfit(spec: EpochSpec, natural: int, steps: int) -> None:
-    """Say that an epoch keeps its natural target (every draw missed the run's steps)."""
+def rank_policy(count: int, steps: int, uneven: Uneven) -> Uneven:
+    """How a rank with ``count`` natural batches reaches the epoch's ``steps``.
+
+    Above: it drops its last batches (only in an epoch no draw could fit); below: the batching's
+    policy, and ``"split"`` for ``"drop"`` (a rank cannot drop up to more batches).
+    """
+    if count > steps:
+        return "drop"
+    return "split" if uneven == "drop" else uneven
+
+
+def warn_unfit(spec: EpochSpec, natural: int, steps: int, left_out: int) -> None:
+    """Say that an epoch was held to the run's steps by leaving batches out (every draw needed more)."""
+    if natural > steps:
+        what = (
+            f"needs up to {natural} steps on a rank; the run's {steps} steps per epoch are kept by leaving "
+            f"{left_out} batches out over all ranks (their samples are not trained this epoch)"
+        )
+    else:
+        what = f"has as few as {natural} batches on a rank; the ranks below {steps} split theirs (nothing is lost)"
     warnings.warn(
-        f"training epoch {spec.epoch} could not be planned to the run's {steps} steps per epoch in {MAX_DRAWS} "
-        f"draws of its shard order; it has {natural} steps (the same on every rank). The shards differ so much "
-        "in length that epochs differ in steps: the trainer's step total (e.g. estimated_stepping_batches) is "
-        "off by the difference. More shards, or a shard set prepared from shuffled input, make epochs alike.",
+        f"training epoch {spec.epoch} {what}. No draw of {MAX_DRAWS} fitted the run's steps per epoch: its "
+        "shards (or a mixture's selection of samples) differ a lot from epoch to epoch. More, smaller shards, or a "
+        "shard set prepared from shuffled input, make epochs alike.",
         EpochLengthWarning,
         stacklevel=3,
     )

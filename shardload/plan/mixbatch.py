@@ -44,7 +44,7 @@ from shardload.plan.batcher import Batcher
 from shardload.plan.chunks import ChunkWindows, resolve_chunk_windows
 from shardload.plan.equalize import equalize_batches
 from shardload.plan.mix import MixInputs, Selection, refuse_long_samples_in, select_source, source_seed
-from shardload.plan.options import Batching
+from shardload.plan.options import Batching, Uneven
 from shardload.plan.pack import PackBatcher
 from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.request import EpochSpec, PlanInputs
@@ -239,8 +239,8 @@ class MixBatcher:
             batch_offsets = np.append(batch_offsets, new_offsets[-1])
         return ids, batch_offsets.astype(np.int64), starts, row_key
 
-    def plan(self, rank: int, *, target: int, counted: int) -> MixedBatches:
-        """One rank's ``target`` batches: interleaved, then equalised (``Batching.uneven``).
+    def plan(self, rank: int, *, target: int, counted: int, uneven: Uneven | None = None) -> MixedBatches:
+        """One rank's ``target`` batches: interleaved, then equalised (``uneven``; default ``Batching.uneven``).
 
         ``counted`` is the rank's count from :meth:`count_batches`, which the build must match.
         """
@@ -248,7 +248,7 @@ class MixBatcher:
         assert len(offsets) - 1 == counted, "count and build disagree"
         real = len(ids)
         ids, weights, offsets = equalize_batches(
-            ids, offsets, target=target, uneven=self.batching.uneven, filler_id=self._filler_id(ids)
+            ids, offsets, target=target, uneven=uneven or self.batching.uneven, filler_id=self._filler_id(ids)
         )
         if starts is None or row_key is None:
             return MixedBatches(ids, weights, offsets, None, None)

@@ -35,7 +35,7 @@ from shardload.plan.assign import assign_shards, balance_by_tokens, shard_order
 from shardload.plan.batcher import Batcher
 from shardload.plan.chunks import ChunkWindows, chunk_identity, resolve_chunk_windows
 from shardload.plan.equalize import equalize_batches
-from shardload.plan.length import MAX_DRAWS, draw_seed, epoch_steps, fits, natural_target, warn_unfit
+from shardload.plan.length import MAX_DRAWS, draw_seed, epoch_steps, fits, natural_target, rank_policy, warn_unfit
 from shardload.plan.mix import MixInputs
 from shardload.plan.mixbatch import MixBatcher
 from shardload.plan.options import Batching, Stage
@@ -247,11 +247,9 @@ class EpochPlanner:
             while not fits(natural, steps, batching.uneven) and self.draw + 1 < MAX_DRAWS:
                 counts = self._lay_out(self.draw + 1)
                 natural = natural_target(counts, batching.uneven)
-            if fits(natural, steps, batching.uneven):
-                self.num_batches = steps
-            else:
-                warn_unfit(spec, natural, steps)
-                self.num_batches = natural
+            if not fits(natural, steps, batching.uneven):  # every rank still reaches the run's steps
+                warn_unfit(spec, natural, steps, int(np.maximum(counts - steps, 0).sum()))
+            self.num_batches = steps
         # (W,) before equalisation; read-only, so that every rank's plan shares it (a copy each is O(W**2) memory)
         self.rank_batch_counts = counts.copy()
         self.rank_batch_counts.setflags(write=False)
@@ -358,7 +356,9 @@ class EpochPlanner:
     def _plan(self, rank: int, packed_rows: RankRows | None) -> RankPlan:
         rows = starts = None
         if self.mix is not None:
-            mixed = self.mix.plan(rank, target=self.num_batches, counted=int(self.rank_batch_counts[rank]))
+            counted = int(self.rank_batch_counts[rank])
+            uneven = rank_policy(counted, self.num_batches, self.batching.uneven)
+            mixed = self.mix.plan(rank, target=self.num_batches, counted=counted, uneven=uneven)
             ids, weights, offsets = mixed.sample_ids, mixed.weights, mixed.batch_offsets
             rows, starts = mixed.rows, mixed.starts
         elif isinstance(self.batcher, PackBatcher):  # equalised at the row level by the batcher itself
@@ -390,9 +390,10 @@ class EpochPlanner:
 
     def _equalized(self, rank: int) -> tuple[NDArray[np.int64], NDArray[np.float32], NDArray[np.int64]]:
         """One rank's batches (not packed, not mixed), equalised; in training put in their steps (plan/steps.py)."""
-        spec, multiple, uneven = self.spec, self.batching.pad_to_multiple_of, self.batching.uneven
+        spec, multiple = self.spec, self.batching.pad_to_multiple_of
         ids, offsets = self.batcher.build_batches(rank)
         assert len(offsets) - 1 == self.rank_batch_counts[rank], "count and build disagree"
+        uneven = rank_policy(len(offsets) - 1, self.num_batches, self.batching.uneven)
         if not spec.shuffled or self.batcher.chunks is not None:
             # Evaluation: no step waits on another rank's. Chunk windows (plan/chunks.py): a rank's batches must
             # stay in window order so that each chunk is decoded about once. Both keep the batcher's order;

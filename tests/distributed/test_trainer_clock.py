@@ -72,6 +72,7 @@ FLAGS: dict[str, dict[str, Any]] = {
     "maxsteps": {"trainer": {"max_steps": 25}, "onecycle": True},
 }
 STOP = (2, 4)  # the mid-epoch checkpoint: after batch_idx 4 of epoch 2
+END = (1,)  # the checkpoint at the last step of epoch 1 (resumed on 2 ranks, whose epochs are longer)
 
 
 def token_set(path: Path, shards: int, seed: int) -> Path:
@@ -114,8 +115,11 @@ def run_job(
                                    onecycle=flags.get("onecycle", False)))  # fmt: skip
         runs.append(run_config("part3", sets, "buckets", {"max_epochs": EPOCHS}, stop=list(STOP)))
         runs.append(run_config("resumed3", sets, "buckets", {"max_epochs": EPOCHS}, resume=str(part)))
+        last = steps_per_epoch(run_config("", sets, "buckets", {}), 3, END[0]) - 1  # a checkpoint at its last step
+        runs.append(run_config("end3", sets, "buckets", {"max_epochs": EPOCHS}, stop=[END[0], last]))
     else:
         runs.append(run_config("elastic2", sets, "buckets", {"max_epochs": EPOCHS}, resume=str(part)))
+        runs.append(run_config("endelastic2", sets, "buckets", {"max_epochs": EPOCHS}, resume=str(out / "end3.ckpt")))
     runs = [run for run in runs if only is None or run["name"] in only]
     config = out / f"config{world}.json"
     config.write_text(json.dumps({"out": str(out), "devices": world, "runs": runs}))
@@ -335,10 +339,42 @@ def test_an_elastic_resume_validates_after_the_last_step_of_every_epoch(clock: d
     assert len(events(elastic["ranks"][0], "val")) == EPOCHS - STOP[0]
 
 
+def test_an_elastic_resume_from_the_last_step_of_an_epoch_runs_the_next_epochs_whole(clock: dict[str, Any]) -> None:
+    # 3 -> 2 ranks: the next epoch is longer than the one the checkpoint ended. Lightning restores its step count
+    # of the old epoch, compares it with the length it has, and iterates the loader it set up before the restore.
+    check_end_of_epoch_resume(clock["runs"]["end3"], clock["runs"]["endelastic2"])
+
+
+def check_end_of_epoch_resume(part: dict[str, Any], resumed: dict[str, Any]) -> None:
+    length = {w: steps_per_epoch(part["config"], w, END[0] + 1) for w in (3, resumed["world"])}
+    assert length[resumed["world"]] != length[3]  # the epochs of the new world size have another length
+    steps = [e["batch_idx"] for e in events(part["ranks"][0], "step") if e["epoch"] == END[0]]
+    first = next(e for e in events(resumed["ranks"][0], "step"))
+    if (first["epoch"], first["batch_idx"]) == (END[0] + 1, 0):  # the restore counts the last step done
+        check_clock(resumed, start=(END[0] + 1, 0))
+        served = docs_by_epoch(resumed["ranks"])
+    else:  # Lightning 2.2 runs the last step again: a resume within the epoch
+        assert (first["epoch"], first["batch_idx"]) == (END[0], steps[-1])
+        check_clock(resumed, start=(END[0], steps[-1]))
+        kept = [
+            [e for e in r if e["ev"] != "step" or e["epoch"] != END[0] or e["batch_idx"] < steps[-1]]
+            for r in part["ranks"]
+        ]
+        served = docs_by_epoch(kept + resumed["ranks"])
+    # Invariant: every later epoch whole (every sample once), validated after its last step
+    samples = samples_of(resumed["config"])
+    for epoch in range(first["epoch"], EPOCHS):
+        assert dict(served[epoch]) == samples, f"epoch {epoch}"
+    vals = {e["epoch"] for e in events(resumed["ranks"][0], "val")}
+    assert set(range(END[0] + 1, EPOCHS)) <= vals
+
+
 def test_the_oldest_supported_lightning_keeps_the_clock(tmp_path: Path, clock: dict[str, Any]) -> None:
     assert (OLDEST / "lightning").is_dir(), f"{OLDEST} is missing: run tools/setup_env.sh"
-    names = {"tokens3", "packing3", "quarter", "accum3", "limithalf", "part3", "resumed3"}
+    names = {"tokens3", "packing3", "quarter", "accum3", "limithalf", "part3", "resumed3", "end3"}
     runs = run_job(tmp_path, clock["sets"], 3, OLDEST, names)
     for name in ("tokens3", "packing3", "quarter", "accum3", "limithalf"):
         check_clock(runs[name])
     check_resume(runs["part3"], runs["resumed3"])
+    runs |= run_job(tmp_path, clock["sets"], 2, OLDEST, {"endelastic2"})
+    check_end_of_epoch_resume(runs["end3"], runs["endelastic2"])

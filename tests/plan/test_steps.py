@@ -23,11 +23,12 @@ def _efficiency(costs: list[np.ndarray]) -> float:
 @settings(max_examples=200, deadline=None)
 @given(cases(stages=("train",)), st.integers(0, 2**32 - 1))
 def test_training_steps_match_every_rank_s_kth_heaviest_batch(case: Case, shuffle_seed: int) -> None:
-    _, plans = plan_all(case)
+    planner, plans = plan_all(case)
     if not plans or not len(plans[0]):
         return
     costs = [batch_costs(plan, case.lengths, case.batching.pad_to_multiple_of) for plan in plans]
-    position = step_positions(len(plans[0]), shuffle=True, seed=case.seed, epoch=case.epoch)
+    # the positions of the epoch's draw of its orders (the run's seed, unless redrawn: shardload/plan/length.py)
+    position = step_positions(len(plans[0]), shuffle=True, seed=planner.order_seed, epoch=case.epoch)
     for rank_costs in costs:
         # Invariant: the step of a rank's k-th heaviest batch is the same on every rank (shared positions)
         assert (np.diff(rank_costs[position]) <= 0).all()
