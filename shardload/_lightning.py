@@ -135,10 +135,14 @@ def train_link(trainer: Any) -> TrainerLink:
         if counted is not None:  # a resumed run iterates the fetcher it made before the restore: it keeps its count
             fetcher.length = batches
         epoch_loop = loop.epoch_loop
-        if getattr(epoch_loop, "restarting", False) and epoch_loop.batch_progress.current.processed >= loop.max_batches:
+        progress = epoch_loop.batch_progress
+        ran = int(progress.current.processed)
+        if getattr(epoch_loop, "restarting", False) and (progress.is_last_batch or ran >= loop.max_batches):
             # restored from a checkpoint saved at the last step of the epoch before: Lightning starts this epoch
-            # from step 0 only if its restored count reaches the length it has, so that length changes when the
-            # epoch's iteration starts (the loader tells it again then)
+            # from step 0 only if its restored count reaches the length it has. Until the epoch's iteration starts
+            # (the loader tells the length again then) that length is the steps the old epoch ran, which can be
+            # fewer than its plan's under limit_train_batches.
+            loop.max_batches = min(loop.max_batches, ran)
             return
         loop.max_batches = batches
         interval = trainer.val_check_interval

@@ -21,6 +21,8 @@ import ast
 import json
 import math
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -432,3 +434,15 @@ def test_benchmark_runs_and_reports(name: str, tmp_path: Path, monkeypatch: pyte
 def test_every_benchmark_script_has_a_case() -> None:
     scripts = {p.name for p in TOOLS.glob("bench_*.py")} | {"sim_cache.py"}
     assert scripts == {case.script for case in CASES.values()}
+
+
+def test_the_import_graph_tool_counts_modules_lines_and_cycles() -> None:
+    out = subprocess.run(
+        [sys.executable, str(TOOLS / "import_graph.py"), "--top-level"], capture_output=True, text=True, check=True
+    ).stdout
+    m = re.match(r"(\d+) modules, ([\d,]+) lines\n", out)
+    files = list((TOOLS.parent / "shardload").rglob("*.py"))
+    assert m and int(m.group(1)) == len(files), out
+    assert int(m.group(2).replace(",", "")) == sum(len(f.read_text().splitlines()) for f in files)
+    cycles = re.search(r"^(\d+) import cycles", out, re.M)
+    assert cycles and len(re.findall(r"^  shardload\S* <-> ", out, re.M)) == int(cycles.group(1)), out

@@ -35,17 +35,24 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _type_checking(stmt: ast.stmt) -> bool:
+    """``if TYPE_CHECKING:``: imports for the type checker only, never run."""
+    test = stmt.test if isinstance(stmt, ast.If) else None
+    if isinstance(test, ast.Attribute):
+        return test.attr == "TYPE_CHECKING"
+    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
+
+
 def imports(path: Path, name: str, modules: set[str], *, top_level: bool) -> set[str]:
     """The package's modules that ``path`` (module ``name``) imports."""
     tree = ast.parse(path.read_text(), str(path))
     is_package = path.name == "__init__.py"
     found: set[str] = set()
-    nodes = tree.body if top_level else list(ast.walk(tree))
-    if top_level:  # module level, including under if/try at module level
-        nodes = [
-            n for stmt in tree.body for n in ast.walk(stmt) if not isinstance(stmt, (ast.FunctionDef, ast.ClassDef))
-        ]
-        nodes += [n for stmt in tree.body if isinstance(stmt, ast.ClassDef) for n in stmt.body]
+    nodes: list[ast.AST] = list(ast.walk(tree))
+    if top_level:  # module level, including under if/try at module level, but not `if TYPE_CHECKING:`
+        body = [stmt for stmt in tree.body if not _type_checking(stmt)]
+        nodes = [n for stmt in body if not isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) for n in ast.walk(stmt)]
+        nodes += [n for stmt in body if isinstance(stmt, ast.ClassDef) for n in stmt.body]
     for node in nodes:
         targets: list[str] = []
         if isinstance(node, ast.Import):

@@ -115,11 +115,15 @@ def run_job(
                                    onecycle=flags.get("onecycle", False)))  # fmt: skip
         runs.append(run_config("part3", sets, "buckets", {"max_epochs": EPOCHS}, stop=list(STOP)))
         runs.append(run_config("resumed3", sets, "buckets", {"max_epochs": EPOCHS}, resume=str(part)))
-        last = steps_per_epoch(run_config("", sets, "buckets", {}), 3, END[0]) - 1  # a checkpoint at its last step
-        runs.append(run_config("end3", sets, "buckets", {"max_epochs": EPOCHS}, stop=[END[0], last]))
+        length = steps_per_epoch(run_config("", sets, "buckets", {}), 3, END[0])  # a checkpoint at its last step:
+        runs.append(run_config("end3", sets, "buckets", {"max_epochs": EPOCHS}, stop=[END[0], length - 1]))
+        half = {"max_epochs": EPOCHS, "limit_train_batches": 0.5}  # the last of the steps the limit leaves
+        runs.append(run_config("endhalf3", sets, "buckets", half, stop=[END[0], limited(length, 0.5) - 1]))
     else:
         runs.append(run_config("elastic2", sets, "buckets", {"max_epochs": EPOCHS}, resume=str(part)))
         runs.append(run_config("endelastic2", sets, "buckets", {"max_epochs": EPOCHS}, resume=str(out / "end3.ckpt")))
+        half = {"max_epochs": EPOCHS, "limit_train_batches": 0.5}
+        runs.append(run_config("endhalfelastic2", sets, "buckets", half, resume=str(out / "endhalf3.ckpt")))
     runs = [run for run in runs if only is None or run["name"] in only]
     config = out / f"config{world}.json"
     config.write_text(json.dumps({"out": str(out), "devices": world, "runs": runs}))
@@ -345,6 +349,13 @@ def test_an_elastic_resume_from_the_last_step_of_an_epoch_runs_the_next_epochs_w
     check_end_of_epoch_resume(clock["runs"]["end3"], clock["runs"]["endelastic2"])
 
 
+def test_an_elastic_resume_from_the_last_step_a_limit_leaves_runs_the_next_epochs_limited(
+    clock: dict[str, Any],
+) -> None:
+    # limit_train_batches=0.5: the old epoch ended at half its plan's batches, which Lightning counts as its end
+    check_end_of_epoch_resume(clock["runs"]["endhalf3"], clock["runs"]["endhalfelastic2"])
+
+
 def check_end_of_epoch_resume(part: dict[str, Any], resumed: dict[str, Any]) -> None:
     length = {w: steps_per_epoch(part["config"], w, END[0] + 1) for w in (3, resumed["world"])}
     assert length[resumed["world"]] != length[3]  # the epochs of the new world size have another length
@@ -361,20 +372,25 @@ def check_end_of_epoch_resume(part: dict[str, Any], resumed: dict[str, Any]) -> 
             for r in part["ranks"]
         ]
         served = docs_by_epoch(kept + resumed["ranks"])
-    # Invariant: every later epoch whole (every sample once), validated after its last step
+    # Invariant: every later epoch whole (every sample once; under a limit, each at most once), validated after
+    # its last step (check_clock: every step the limit leaves, in order)
     samples = samples_of(resumed["config"])
     for epoch in range(first["epoch"], EPOCHS):
-        assert dict(served[epoch]) == samples, f"epoch {epoch}"
+        if "limit_train_batches" in resumed["config"]["trainer"]:
+            assert set(served[epoch]) < set(samples) and all(served[epoch][i] == samples[i] for i in served[epoch])
+        else:
+            assert dict(served[epoch]) == samples, f"epoch {epoch}"
     vals = {e["epoch"] for e in events(resumed["ranks"][0], "val")}
     assert set(range(END[0] + 1, EPOCHS)) <= vals
 
 
 def test_the_oldest_supported_lightning_keeps_the_clock(tmp_path: Path, clock: dict[str, Any]) -> None:
     assert (OLDEST / "lightning").is_dir(), f"{OLDEST} is missing: run tools/setup_env.sh"
-    names = {"tokens3", "packing3", "quarter", "accum3", "limithalf", "part3", "resumed3", "end3"}
+    names = {"tokens3", "packing3", "quarter", "accum3", "limithalf", "part3", "resumed3", "end3", "endhalf3"}
     runs = run_job(tmp_path, clock["sets"], 3, OLDEST, names)
     for name in ("tokens3", "packing3", "quarter", "accum3", "limithalf"):
         check_clock(runs[name])
     check_resume(runs["part3"], runs["resumed3"])
-    runs |= run_job(tmp_path, clock["sets"], 2, OLDEST, {"endelastic2"})
+    runs |= run_job(tmp_path, clock["sets"], 2, OLDEST, {"endelastic2", "endhalfelastic2"})
     check_end_of_epoch_resume(runs["end3"], runs["endelastic2"])
+    check_end_of_epoch_resume(runs["endhalf3"], runs["endhalfelastic2"])
