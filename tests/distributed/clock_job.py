@@ -29,6 +29,7 @@ import lightning.pytorch as pl
 import torch
 
 import shardload
+from tests.distributed.elastic_ddp_job import StopAt
 
 if __name__ in ("__main__", "__mp_main__"):
     warnings.filterwarnings("ignore")
@@ -158,18 +159,6 @@ class Clock(pl.Callback):
         self.record.append({"ev": "epoch_end", "epoch": trainer.current_epoch, "params": digest(pl_module)})
 
 
-class StopAt(pl.Callback):
-    """Saves a checkpoint after training step ``step`` of epoch ``epoch`` and stops the run there."""
-
-    def __init__(self, path: Path, epoch: int, step: int) -> None:
-        self.path, self.epoch, self.step = path, epoch, step
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        if trainer.current_epoch == self.epoch and args[-1] == self.step:
-            trainer.save_checkpoint(self.path)
-            trainer.should_stop = True
-
-
 def fit(run: dict[str, Any], out: Path, devices: int) -> None:
     torch.manual_seed(0)
     record: list[dict[str, Any]] = []
@@ -186,7 +175,8 @@ def fit(run: dict[str, Any], out: Path, devices: int) -> None:
     )
     callbacks: list[pl.Callback] = [Clock(record, out, run["name"])]
     if "stop" in run:
-        callbacks.append(StopAt(out / f"{run['name']}.ckpt", *run["stop"]))
+        epoch, batch_idx = run["stop"]
+        callbacks.append(StopAt(out / f"{run['name']}.ckpt", epoch, batch_idx + 1))  # after that many steps
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=devices,
