@@ -4,7 +4,7 @@ The trainer is duck-typed (this module does not import Lightning), and each
 access below is named with the reason no public API serves. Checked against
 Lightning 2.2 and 2.6 (``lightning.pytorch``), the oldest and newest minor
 versions shardload supports: tests/distributed/test_trainer_clock.py runs the
-DataModule under both (tools/lightning_versions.sh installs the oldest).
+DataModule under both (tools/setup_env.sh installs the oldest beside the venv).
 
 Read, public:
 
@@ -24,7 +24,7 @@ Read, not public:
   ``batch_idx`` reaches only hooks). A checkpoint saved in
   ``on_train_batch_end`` (``ModelCheckpoint(every_n_train_steps=...)``) is the
   case that differs between versions: Lightning 2.2 runs that step again on
-  restore, later versions (the loop's restart stages) count it as done;
+  restore, versions whose loop has restart stages (2.6) count it as done;
 
 Written, not public: the length of an epoch whose length differs from the one
 before. A training epoch has the same number of batches in every epoch of a
@@ -137,7 +137,7 @@ def train_link(trainer: Any) -> TrainerLink:
         epoch_loop = loop.epoch_loop
         progress = epoch_loop.batch_progress
         ran = int(progress.current.processed)
-        if getattr(epoch_loop, "restarting", False) and (progress.is_last_batch or ran >= loop.max_batches):
+        if epoch_loop.restarting and (progress.is_last_batch or ran >= loop.max_batches):
             # restored from a checkpoint saved at the last step of the epoch before: Lightning starts this epoch
             # from step 0 only if its restored count reaches the length it has. Until the epoch's iteration starts
             # (the loader tells the length again then) that length is the steps the old epoch ran, which can be

@@ -124,13 +124,12 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         With a trainer, a new epoch's length is told to it.
         """
         epoch = check_scalar("epoch", epoch, low=0, high=MAX_EPOCH)
-        if epoch != self.spec.epoch:
-            if self.history:  # the cached plan is of what the history left: not the epoch's if it is set again
-                self._plan = None
-            self.spec = self.spec.at_epoch(epoch)
-            self.start, self.history, self._loaded = 0, (), None
-        else:
+        if epoch == self.spec.epoch:
             return
+        if self.history:  # the cached plan is of what the history left: not the epoch's if it is set again
+            self._plan = None
+        self.spec = self.spec.at_epoch(epoch)
+        self.start, self.history, self._loaded = 0, (), None
         if self.trainer is not None:
             self.trainer.epoch_steps(len(self))
 
@@ -186,6 +185,7 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         self.batches_done = self.start
         self._counted_epoch = self.spec.epoch
         if self.trainer is not None:  # a length set_epoch could not tell yet (see _lightning.train_link)
+            # (this runs at the first next() of the loader's iterator, after Lightning's restart check)
             self.trainer.epoch_steps(len(self))
 
     def state_dict(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from itertools import islice
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -285,14 +286,33 @@ def test_sampler_states_resume_any_chain_and_the_same_world_size_exactly(data: s
     assert served == whole
 
 
+def fake_loop(batches: int, *, restarting: bool = False, ran: int = 0, last: bool = False) -> Any:
+    """The parts of Lightning's fit loop the trainer link reads and writes (shardload/_lightning.py)."""
+    progress = SimpleNamespace(current=SimpleNamespace(processed=ran), is_last_batch=last)
+    return SimpleNamespace(
+        max_batches=batches,
+        _combined_loader=SimpleNamespace(flattened=[None], limits=[batches]),
+        _data_fetcher=SimpleNamespace(length=batches),
+        epoch_loop=SimpleNamespace(restarting=restarting, batch_progress=progress),
+    )
+
+
+def test_a_restore_at_the_last_step_of_an_epoch_keeps_its_length_until_the_next_epoch_iterates() -> None:
+    # Lightning starts the epoch after such a checkpoint from step 0 only if its restored count reaches the length
+    # it has; a resumed run iterates the data fetcher it set up before the restore, which keeps its own count
+    loop = fake_loop(9, restarting=True, ran=4, last=True)  # the old epoch ran 4 steps (a limit left 4 of 9)
+    trainer = SimpleNamespace(fit_loop=loop, limit_train_batches=1.0, val_check_interval=1.0, val_check_batch=9)
+    tell = train_link(trainer).epoch_steps
+    tell(12)
+    assert (loop.max_batches, loop._combined_loader.limits, loop._data_fetcher.length) == (4, [12], 12)
+    loop.epoch_loop.restarting, loop.epoch_loop.batch_progress.current.processed = False, 0  # Lightning's reset
+    tell(12)  # the epoch's iteration starts
+    assert (loop.max_batches, trainer.val_check_batch) == (12, 12)
+
+
 def test_set_epoch_tells_the_trainer_the_new_epochs_length(data: Path) -> None:
     # Lightning reads a training loader's length once; after an elastic resume the next epoch's length differs
-    class FakeLoop:
-        max_batches = 7
-        _combined_loader = type("Combined", (), {"flattened": [None], "limits": [7]})()
-        epoch_loop = None
-
-    attrs = {"fit_loop": FakeLoop(), "limit_train_batches": 1.0, "val_check_interval": 1.0, "val_check_batch": 7}
+    attrs = {"fit_loop": fake_loop(7), "limit_train_batches": 1.0, "val_check_interval": 1.0, "val_check_batch": 7}
     trainer = type("FakeTrainer", (), attrs)()
     _, state, _ = segment(data, 3, None, 2, max_tokens=900)
     loader = make_loader(data, rank=0, world_size=2, max_tokens=900)

@@ -33,8 +33,9 @@ windows keep every sample's uses even over the epochs), and its natural target
 also moves with the selection: there a margin of one spread of the probes
 does that part of the work.
 If all ``MAX_DRAWS`` draws miss (a set whose shards differ wildly, a mixture
-whose selection needs more), the epoch is still planned to ``steps``: a rank
-above it leaves its last batches out of the epoch (packed: its lightest rows),
+whose selection needs more), the epoch (its last draw) is still planned to
+``steps``: a rank above it leaves its last batches out of the epoch (a packed
+set: its lightest rows),
 a rank below it splits, and an :class:`EpochLengthWarning` says how many
 batches were left out. The trainer's clock is never wrong; in that rare epoch
 ``uneven="split"`` does not train every sample.
@@ -50,6 +51,7 @@ import warnings
 from collections.abc import Callable
 
 import numpy as np
+from numpy.typing import NDArray
 
 from shardload.plan.options import Batching, Uneven
 from shardload.plan.request import EpochSpec
@@ -70,14 +72,14 @@ __all__ = [
 PROBE_EPOCHS = 4
 #: a mixture's probe epochs (its selection of samples moves the count too, and is never redrawn)
 MIX_PROBE_EPOCHS = 8
-#: draws of an epoch's orders tried before it keeps its natural target
+#: draws of an epoch's orders tried before it is held to the run's steps by leaving batches out
 MAX_DRAWS = 32
 
 _DRAW_STREAM = 0x4452  # tag of the seeds of later draws
 
 
 class EpochLengthWarning(UserWarning):
-    """An epoch could not be planned to the run's steps per epoch (see :mod:`shardload.plan.length`)."""
+    """No draw of an epoch fitted the run's steps per epoch: batches were left out to hold it (:mod:`shardload.plan.length`)."""
 
 
 def draw_seed(seed: int, draw: int) -> int:
@@ -88,7 +90,7 @@ def draw_seed(seed: int, draw: int) -> int:
     return int(state[0]) << 32 | int(state[1])
 
 
-def natural_target(counts: np.ndarray, uneven: Uneven) -> int:
+def natural_target(counts: NDArray[np.int64], uneven: Uneven) -> int:
     """The batch count every rank can reach from ``counts`` (``(W,)``): the largest, the smallest for ``drop``."""
     if not len(counts):
         return 0
@@ -104,7 +106,7 @@ def epoch_steps(
     spec: EpochSpec,
     batching: Batching,
     natural_of: Callable[[int], int],
-    memo: Callable[[object, Callable[[], np.ndarray]], np.ndarray],
+    memo: Callable[[object, Callable[[], NDArray[np.int64]]], NDArray[np.int64]],
     *,
     margin: bool,
 ) -> int:
@@ -120,7 +122,7 @@ def epoch_steps(
     probes = MIX_PROBE_EPOCHS if margin else PROBE_EPOCHS
     key = ("epoch steps", batching, spec.world_size, spec.seed, spec.shard_assignment, probes)
 
-    def probe() -> np.ndarray:
+    def probe() -> NDArray[np.int64]:
         targets = [natural_of(epoch) for epoch in range(probes)]
         low, high = min(targets), max(targets)
         spread = max(high - low, 1) if margin and high else 0  # an epoch of nothing stays empty

@@ -41,9 +41,11 @@ MEMO_ENTRIES = 16
 
 
 def memo_in(owner: object, key: Hashable, compute: Callable[[], NDArray[np.int64]]) -> NDArray[np.int64]:
-    """``compute()``, kept in ``owner`` (a frozen inputs object) under ``key``: the last :data:`MEMO_ENTRIES` keys."""
+    """``compute()``, kept in ``owner`` (a frozen inputs object) under ``key``: the :data:`MEMO_ENTRIES` keys used last."""
     cache: dict[Hashable, NDArray[np.int64]] = owner.__dict__.setdefault("_memo", {})
-    if key not in cache:
+    if key in cache:  # kept longest when used most recently (a run's steps stay while epochs come and go)
+        cache[key] = cache.pop(key)
+    else:
         if len(cache) >= MEMO_ENTRIES:
             cache.pop(next(iter(cache)))
         value = compute()

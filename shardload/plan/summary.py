@@ -209,7 +209,7 @@ class PlanSummary:
             f"{int(self.added_batches.sum()):,} added, {int(self.dropped_batches.sum()):,} dropped)",
         ]
         if self.stage == "train":
-            drawn = f"; this epoch's shard order is draw {self.draw + 1}" if self.draw else ""
+            drawn = f" (this epoch's orders drawn again: draw {self.draw})" if self.draw else ""
             out.append(f"epochs:   {self.num_batches:,} steps in every training epoch of the run{drawn}")
         if self.budget_fill is not None:
             out.append(f"budget:   token batches are {self.budget_fill:.1%} full on average")

@@ -303,8 +303,8 @@ def test_trainer_flags_that_read_the_epochs_length(clock: dict[str, Any], name: 
 def resume_start(part: dict[str, Any], resumed: dict[str, Any]) -> tuple[tuple[int, int], dict[int, Counter[int]]]:
     """Where the resumed run started, and the documents of the two runs as one run's.
 
-    A checkpoint saved in ``on_train_batch_end`` counts that step as finished in Lightning >= 2.3 and
-    not in 2.2, which runs it again on resume: the loader follows the trainer's count either way, so
+    A checkpoint saved in ``on_train_batch_end`` counts that step as finished in Lightning with restart stages
+    (2.6) and not in 2.2, which runs it again on resume: the loader follows the trainer's count either way, so
     the part's steps from the resumed start on are the ones the resumed run replaces.
     """
     steps = [e["batch_idx"] for e in events(part["ranks"][0], "step") if e["epoch"] == STOP[0]]

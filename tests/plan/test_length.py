@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -168,13 +169,18 @@ def test_every_epoch_of_a_random_run_has_the_runs_length(case: object, seed: int
     assert len(lengths) == 1, (lengths, [str(w.message) for w in caught])
 
 
-def test_steps_are_computed_once_per_inputs() -> None:
-    inputs, batching = unlike(3000, 24, 5), Batching(max_tokens=900)
+def test_steps_are_computed_once_per_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    real, probed = planner_module.epoch_steps, []
+
+    def counting(spec: EpochSpec, batching: Batching, natural_of: Any, memo: Any, *, margin: bool) -> int:
+        return real(spec, batching, lambda epoch: probed.append(epoch) or natural_of(epoch), memo, margin=margin)
+
+    monkeypatch.setattr(planner_module, "epoch_steps", counting)
+    inputs = unlike(3000, 24, 5)
+    batching = Batching(packing=True, pack_length=256, rows_per_batch=2, pack_split=True)  # keeps counts too
     spec = EpochSpec(world_size=4, seed=1)
-    EpochPlanner(inputs, spec.at_epoch(6), batching)
-    kept = dict(inputs.__dict__["_memo"])
-    EpochPlanner(inputs, spec.at_epoch(9), batching)
-    assert [k for k in inputs.__dict__["_memo"] if k[0] == "epoch steps"] == [k for k in kept if k[0] == "epoch steps"]
-    other = dataclasses.replace(spec, seed=2)  # another run: its own steps
-    EpochPlanner(inputs, other, batching)
-    assert len([k for k in inputs.__dict__["_memo"] if k[0] == "epoch steps"]) == 2
+    for epoch in range(40):  # more epochs than the inputs keep results: the run's steps stay
+        EpochPlanner(inputs, spec.at_epoch(epoch), batching)
+    assert probed == list(range(PROBE_EPOCHS))
+    EpochPlanner(inputs, dataclasses.replace(spec, seed=2), batching)  # another run: its own steps
+    assert probed == list(range(PROBE_EPOCHS)) * 2
