@@ -35,10 +35,10 @@ does that part of the work.
 If all ``MAX_DRAWS`` draws miss (a set whose shards differ wildly, a mixture
 whose selection needs more), the epoch (its last draw) is still planned to
 ``steps``: a rank above it leaves its last batches out of the epoch (a packed
-set: its lightest rows),
-a rank below it splits, and an :class:`EpochLengthWarning` says how many
-batches were left out. The trainer's clock is never wrong; in that rare epoch
-``uneven="split"`` does not train every sample.
+set: its lightest rows), a rank below it splits, and an
+:class:`EpochLengthWarning` says how many batches were left out. The trainer's
+clock is never wrong; in that rare epoch ``uneven="split"`` does not train
+every sample.
 
 Cost: the probes count ``PROBE_EPOCHS`` epochs once (kept with the inputs,
 :meth:`~shardload.plan.PlanInputs.memo`); a redraw counts one epoch again.
