@@ -24,7 +24,7 @@ Read, not public:
   ``batch_idx`` reaches only hooks). A checkpoint saved in
   ``on_train_batch_end`` (``ModelCheckpoint(every_n_train_steps=...)``) is the
   case that differs between versions: Lightning 2.2 runs that step again on
-  restore, versions whose loop has restart stages (2.6) count it as done;
+  restore, versions whose loop has restart stages (2.6) count it as done.
 
 Written, not public: the length of an epoch whose length differs from the one
 before. A training epoch has the same number of batches in every epoch of a

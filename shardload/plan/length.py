@@ -157,5 +157,5 @@ def warn_unfit(spec: EpochSpec, natural: int, steps: int, left_out: int) -> None
         "shards (or a mixture's selection of samples) differ a lot from epoch to epoch. More, smaller shards, or a "
         "shard set prepared from shuffled input, make epochs alike.",
         EpochLengthWarning,
-        stacklevel=3,
+        stacklevel=4,  # the caller of EpochPlanner(...)
     )

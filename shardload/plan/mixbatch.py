@@ -239,8 +239,8 @@ class MixBatcher:
             batch_offsets = np.append(batch_offsets, new_offsets[-1])
         return ids, batch_offsets.astype(np.int64), starts, row_key
 
-    def plan(self, rank: int, *, target: int, counted: int, uneven: Uneven | None = None) -> MixedBatches:
-        """One rank's ``target`` batches: interleaved, then equalised (``uneven``; default ``Batching.uneven``).
+    def plan(self, rank: int, *, target: int, counted: int, uneven: Uneven) -> MixedBatches:
+        """One rank's ``target`` batches: interleaved, then equalised by ``uneven`` (:func:`~shardload.plan.length.rank_policy`).
 
         ``counted`` is the rank's count from :meth:`count_batches`, which the build must match.
         """
@@ -248,7 +248,7 @@ class MixBatcher:
         assert len(offsets) - 1 == counted, "count and build disagree"
         real = len(ids)
         ids, weights, offsets = equalize_batches(
-            ids, offsets, target=target, uneven=uneven or self.batching.uneven, filler_id=self._filler_id(ids)
+            ids, offsets, target=target, uneven=uneven, filler_id=self._filler_id(ids)
         )
         if starts is None or row_key is None:
             return MixedBatches(ids, weights, offsets, None, None)

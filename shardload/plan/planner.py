@@ -236,20 +236,7 @@ class EpochPlanner:
         #: the batch count of every rank: training's steps per epoch (steady), else the natural target
         self.num_batches = natural
         if steady and spec.shuffled and self.rest is None:
-            source = inputs
-
-            def natural_of(epoch: int) -> int:
-                if epoch == spec.epoch:
-                    return natural
-                return EpochPlanner(source, spec.at_epoch(epoch), batching, steady=False).num_batches
-
-            steps = epoch_steps(spec, batching, natural_of, inputs.memo, margin=isinstance(inputs, MixInputs))
-            while not fits(natural, steps, batching.uneven) and self.draw + 1 < MAX_DRAWS:
-                counts = self._lay_out(self.draw + 1)
-                natural = natural_target(counts, batching.uneven)
-            if not fits(natural, steps, batching.uneven):  # every rank still reaches the run's steps
-                warn_unfit(spec, natural, steps, int(np.maximum(counts - steps, 0).sum()))
-            self.num_batches = steps
+            counts = self._hold_to_run_steps(counts, natural)
         # (W,) before equalisation; read-only, so that every rank's plan shares it (a copy each is O(W**2) memory)
         self.rank_batch_counts = counts.copy()
         self.rank_batch_counts.setflags(write=False)
@@ -272,6 +259,25 @@ class EpochPlanner:
         digest = hashlib.sha1(json.dumps(header, sort_keys=True).encode(), usedforsecurity=False)
         digest.update(inputs.shard_sizes.astype("<i8").tobytes())
         self.fingerprint = digest.hexdigest()
+
+    def _hold_to_run_steps(self, counts: NDArray[np.int64], natural: int) -> NDArray[np.int64]:
+        """Plan a training epoch to the run's steps per epoch (:mod:`shardload.plan.length`), drawing its orders
+        again while its natural target does not fit; sets :attr:`num_batches` and returns the counts drawn."""
+        inputs, spec, batching = self.inputs, self.spec, self.batching
+
+        def natural_of(epoch: int) -> int:
+            if epoch == spec.epoch:
+                return natural
+            return EpochPlanner(inputs, spec.at_epoch(epoch), batching, steady=False).num_batches
+
+        steps = epoch_steps(spec, batching, natural_of, inputs.memo, margin=isinstance(inputs, MixInputs))
+        while not fits(natural, steps, batching.uneven) and self.draw + 1 < MAX_DRAWS:
+            counts = self._lay_out(self.draw + 1)
+            natural = natural_target(counts, batching.uneven)
+        if not fits(natural, steps, batching.uneven):  # every rank still reaches the run's steps
+            warn_unfit(spec, natural, steps, int(np.maximum(counts - steps, 0).sum()))
+        self.num_batches = steps
+        return counts
 
     def _lay_out(self, draw: int) -> NDArray[np.int64]:
         """Lay out and count the epoch at ``draw``: ``(W,)`` every rank's natural batch count."""
