@@ -39,6 +39,7 @@ def _interrupted_while_starting() -> None:
 
 
 try:  # the imports below take a few tenths of a second: see _interrupted_while_starting
+    from shardload import _compat
     from shardload.errors import (
         CorruptShardError,
         InputError,
@@ -104,6 +105,8 @@ def __getattr__(name: str) -> object:
 #: ``shardload.open(path)``: public, but left out of ``__all__`` so that ``from shardload import *`` keeps the
 #: builtin ``open``
 open = _open_shard_set
+
+_compat.install()  # the module paths of 0.1.0 (shardload.loader, ...) stay importable
 
 __all__ = [
     "ArrowOptions",

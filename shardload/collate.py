@@ -68,8 +68,8 @@ class PadSpec:
     fields: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        from shardload._base.checks import check_scalar
         from shardload.plan.options import MAX_PAD_MULTIPLE
-        from shardload.plan.validate import check_scalar
 
         if not isinstance(self.pad_values, Mapping):
             raise PlanError(

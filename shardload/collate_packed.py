@@ -91,7 +91,7 @@ class PackSpec:
     position_start: int = 0
 
     def __post_init__(self) -> None:
-        from shardload.plan.validate import check_scalar
+        from shardload._base.checks import check_scalar
 
         check_scalar("pack_length", self.pack_length, low=1, high=MAX_PACKED_TOKENS)
         check_scalar("rows_per_batch", self.rows_per_batch, low=1, high=MAX_PACKED_TOKENS)

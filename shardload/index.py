@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.plan.ranges import offsets_from_lengths
+from shardload._base.ranges import offsets_from_lengths
 
 
 class ShardIndex:

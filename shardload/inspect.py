@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.messages import format_bytes
 from shardload.manifest import Manifest
-from shardload.messages import format_bytes
 from shardload.remote.options import RemoteOptions
 from shardload.shardset import open_shard_set
 from shardload.text import TEXT_DTYPES

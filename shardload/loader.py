@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from shardload._base.checks import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
 from shardload._lightning import TrainerLink
 from shardload.collate import PadSpec
 from shardload.collate_packed import PackSpec
@@ -34,7 +35,6 @@ from shardload.plan import Batching, EpochPlanner, EpochSpec, RankPlan, ShardAss
 from shardload.plan.mix import refuse_long_samples_in
 from shardload.plan.request import check_request
 from shardload.plan.resume import ResumeInputs, run_identity
-from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
 from shardload.remote.options import RemoteOptions
 from shardload.remote.prefetch import Prefetcher, read_orders, start_prefetch
 from shardload.shardset import ShardSet

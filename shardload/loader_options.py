@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from shardload._base.checks import check_bool, check_scalar
 from shardload.errors import PlanError
 from shardload.plan.options import MAX_COUNT
-from shardload.plan.validate import check_bool, check_scalar
 
 __all__ = [
     "MAX_TIMEOUT",

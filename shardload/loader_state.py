@@ -27,12 +27,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shardload._base.checks import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
 from shardload.errors import PlanError, PlanMismatchError
 from shardload.plan import Batching, EpochPlanner, EpochSpec, PlanInputs, RankPlan
 from shardload.plan.mix import MixInputs
 from shardload.plan.options import MAX_COUNT
 from shardload.plan.resume import ResumeInputs, run_identity
-from shardload.plan.validate import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
 from shardload.world import World
 
 __all__ = ["STATE_VERSION", "LoaderState", "check_identity", "check_state", "resume_point"]

@@ -23,14 +23,14 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from shardload.checksum import checksum_text
+from shardload._base.checksum import checksum_text
+from shardload._base.identity import SET_ID_CHARS, is_set_id
+from shardload._base.output import atomic_file, atomic_write_text
+from shardload._base.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES, env_limit, read_small
+from shardload._base.setfiles import resolve_inside as resolve_inside  # re-exported: readers import it from here
+from shardload._base.setfiles import safe_relative_path as safe_relative_path
 from shardload.errors import ManifestError
-from shardload.identity import SET_ID_CHARS, is_set_id
-from shardload.output import atomic_file, atomic_write_text
 from shardload.schema import Schema, schema_problems
-from shardload.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES, env_limit, read_small
-from shardload.setfiles import resolve_inside as resolve_inside  # re-exported: readers import it from here
-from shardload.setfiles import safe_relative_path as safe_relative_path
 from shardload.shardtable import (
     SHARD_TABLE_NAME,
     NameRule,
@@ -99,7 +99,7 @@ class Manifest:
         options: the options prepare was run with.
         stats: summary length statistics (min, max, mean, quantiles).
         set_id: the id every shard of this set carries in its own metadata
-            (see :mod:`shardload.identity`); empty for sets prepared before
+            (see :mod:`shardload._base.identity`); empty for sets prepared before
             shards carried one, whose shards are then not checked. In a set
             merged from parts, a digest of the parts' ids; each shard carries
             its part's (see :meth:`identity_of`).

@@ -38,16 +38,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.output import OutputLock, atomic_file, withdraw_index
+from shardload._base.setfiles import open_index
 from shardload.errors import MergeError, ShardloadError, ShardSetError
 from shardload.manifest import MANIFEST_NAME, Manifest, PartInfo
 from shardload.origin import ORIGINS_NAME, read_origins, write_merged_origins
-from shardload.output import OutputLock, atomic_file, withdraw_index
 from shardload.prepare.index import length_stats
 from shardload.prepare.parts import PART_NAME, PARTS_DIR, part_name
 from shardload.prepare.remote import refuse_remote_parts
 from shardload.prepare.workdir import LOCK, WORK, recorded_failure
 from shardload.remote.url import is_remote
-from shardload.setfiles import open_index
 from shardload.shardtable import ShardTable
 
 __all__ = ["MergeResult", "merge"]

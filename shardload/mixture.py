@@ -30,11 +30,11 @@ from typing import Any, get_args
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.checks import MAX_LENGTH, check_scalar
 from shardload.errors import MixtureError, PlanError, ShardSetError
 from shardload.formats import Columns
 from shardload.index import ShardIndex
 from shardload.plan.mix import MixBy, MixInputs, check_weights
-from shardload.plan.validate import MAX_LENGTH, check_scalar
 from shardload.remote.options import RemoteOptions
 from shardload.remote.url import is_remote
 from shardload.schema import Schema

@@ -30,8 +30,8 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from shardload._base.output import atomic_file
 from shardload.errors import ShardSetError
-from shardload.output import atomic_file
 
 ORIGINS_NAME = "origins.arrow"
 #: what a :class:`SampleOrigin`'s ``position`` / ``key`` is

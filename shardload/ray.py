@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
+from shardload._base.output import withdraw_index
 from shardload.errors import InputError, MissingDependencyError, OutputError, OutputExistsError, OutputLockedError
 from shardload.manifest import MANIFEST_NAME, Manifest
 from shardload.merging import MergeResult, merge
-from shardload.output import withdraw_index
 from shardload.prepare import PrepareOptions
 from shardload.prepare.parts import PART_NAME, PARTS_DIR, part_name, part_record
 from shardload.prepare.pipeline import run_prepare

@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError, ShardSetError
-from shardload.formats import Columns, ShardReader, get_format
-from shardload.identity import (
+from shardload._base.checks import check_scalar
+from shardload._base.identity import (
     FileStamp,
     ShardIdentity,
     describe_change,
@@ -29,15 +28,7 @@ from shardload.identity import (
     identity_problem,
     same_bytes,
 )
-from shardload.index import ShardIndex
-from shardload.manifest import MANIFEST_NAME, Manifest, ShardInfo, resolve_inside
-from shardload.origin import SampleOrigin, read_origin
-from shardload.plan.request import PlanInputs
-from shardload.plan.validate import check_scalar
-from shardload.remote.options import RemoteOptions
-from shardload.remote.url import is_remote
-from shardload.schema import Schema
-from shardload.setfiles import (
+from shardload._base.setfiles import (
     ENV_MAX_OPEN_SHARDS,
     MAX_OPEN_SHARDS,
     check_index_values,
@@ -47,6 +38,15 @@ from shardload.setfiles import (
     reason_of,
     stat_regular,
 )
+from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError, ShardSetError
+from shardload.formats import Columns, ShardReader, get_format
+from shardload.index import ShardIndex
+from shardload.manifest import MANIFEST_NAME, Manifest, ShardInfo, resolve_inside
+from shardload.origin import SampleOrigin, read_origin
+from shardload.plan.request import PlanInputs
+from shardload.remote.options import RemoteOptions
+from shardload.remote.url import is_remote
+from shardload.schema import Schema
 from shardload.text import decode_text
 
 if TYPE_CHECKING:
@@ -472,7 +472,7 @@ class ShardSet:
             f"index) is corrupt. Run `shardload verify {self.path}` and re-run prepare."
         )
 
-    # -- where a shard belongs, and whether it changed while mapped (see shardload.identity) ---------
+    # -- where a shard belongs, and whether it changed while mapped (see shardload._base.identity) ---------
     def _identity_problem(self, shard: int, reader: ShardReader) -> str | None:
         found = ShardIdentity.parse(reader.stored_identity, where=f"{shard} ({reader.path})")
         set_id, index, first = self.manifest.identity_of(shard)
@@ -512,7 +512,7 @@ class ShardSet:
 
         One ``fstat`` of the reader's own descriptor (about 1-2 us in all): a write into
         the mapped file, or a truncation, changes its size, mtime or ctime (see
-        :func:`~shardload.identity.same_bytes`). A file
+        :func:`~shardload._base.identity.same_bytes`). A file
         replaced by a rename leaves the mapped one intact and is not an error
         here (a re-prepare is caught through the manifest, a foreign file by its
         identity when it is next opened). The dataset checks every shard a

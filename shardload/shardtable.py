@@ -32,9 +32,9 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from shardload._base.setfiles import open_regular, os_error
 from shardload.errors import ManifestError
 from shardload.formats.arrow.ipc import LayoutError, check_ipc_layout
-from shardload.setfiles import open_regular, os_error
 
 #: the table's file, beside ``manifest.json``
 SHARD_TABLE_NAME = "shards.arrow"

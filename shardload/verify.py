@@ -32,19 +32,19 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from shardload._base.identity import ShardIdentity, identity_problem
+from shardload._base.messages import one_line
+from shardload._base.pool import map_in_workers
+from shardload._base.progress import Progress
+from shardload._base.setfiles import check_index_values, check_path_encoding, open_index, open_regular, reason_of
 from shardload.errors import CorruptShardError, MissingDependencyError, ShardSetError
 from shardload.formats import Columns, get_format
 from shardload.formats.arrow.writer import to_arrow
-from shardload.identity import ShardIdentity, identity_problem
 from shardload.manifest import Manifest, ShardInfo, file_checksum, resolve_inside
-from shardload.messages import one_line
 from shardload.origin import ORIGINS_NAME, read_origins
-from shardload.prepare.workers import map_in_workers
-from shardload.progress import Progress
 from shardload.remote.options import RemoteOptions
 from shardload.remote.url import is_remote
 from shardload.schema import Field, Schema
-from shardload.setfiles import check_index_values, check_path_encoding, open_index, open_regular, reason_of
 
 if TYPE_CHECKING:
     from shardload.remote.cache import RemoteSet

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from shardload.messages import signal_name
+from shardload._base.messages import signal_name
 from shardload.shardset import ShardSet
 
 __all__ = ["dead_worker", "describe_exit", "describe_stall", "shards_changed_on_disk"]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import shardload
-from shardload import checksum as checksum_module
-from shardload.checksum import OVERLAP_BYTES, DigestingFile
+from shardload._base import checksum as checksum_module
+from shardload._base.checksum import OVERLAP_BYTES, DigestingFile
 from shardload.formats.arrow import ArrowOptions, ArrowShardWriter
 from shardload.formats.base import Columns
 from shardload.manifest import Manifest, file_checksum

@@ -1,10 +1,10 @@
-"""Limits read from environment variables: one rule for every variable (shardload/envvars.py)."""
+"""Limits read from environment variables: one rule for every variable (shardload/_base/envvars.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shardload.envvars import env_int, parse_size_text
+from shardload._base.envvars import env_int, parse_size_text
 from shardload.errors import InputError, ShardSetError
 
 

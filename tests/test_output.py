@@ -1,4 +1,4 @@
-"""shardload.output: the one lock, atomic file and index-last rules of prepare and export."""
+"""shardload._base.output: the one lock, atomic file and index-last rules of prepare and export."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import shardload
-from shardload.output import OutputLock, atomic_file, atomic_write_text, publish_index, withdraw_index
+from shardload._base.output import OutputLock, atomic_file, atomic_write_text, publish_index, withdraw_index
 
 
 def test_a_second_writer_is_refused_until_the_first_lets_go(tmp_path: Path) -> None:
@@ -68,7 +68,7 @@ def test_the_index_goes_first_and_comes_back_last(tmp_path: Path) -> None:
     assert index.read_text() == "new" and not staged.exists()
 
 
-@pytest.mark.parametrize("module", ["shardload.output", "shardload.verify", "shardload.export.webdataset"])
+@pytest.mark.parametrize("module", ["shardload._base.output", "shardload.verify", "shardload.export.webdataset"])
 def test_docstring_examples_run(module: str) -> None:
     result = doctest.testmod(importlib.import_module(module))
     assert result.failed == 0

@@ -1,4 +1,4 @@
-"""shardload.progress: the one progress display of prepare, export and verify."""
+"""shardload._base.progress: the one progress display of prepare, export and verify."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from shardload.progress import Progress
+from shardload._base.progress import Progress
 
 
 @pytest.mark.parametrize(

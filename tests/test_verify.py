@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 import shardload
+from shardload._base.identity import ShardIdentity
 from shardload.errors import ManifestError
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
-from shardload.identity import ShardIdentity
 from shardload.manifest import file_checksum
 from shardload.verify import REASONS, Problem, recompute_lengths, verify
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from enum import IntEnum
 from typing import Any
 
-from shardload.envvars import parse_size_text
+from shardload._base.envvars import parse_size_text
 
 
 class Exit(IntEnum):

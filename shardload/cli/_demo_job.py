@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 import shardload
+from shardload._base.ranges import offsets_from_lengths
 from shardload.cli.demo import DemoConfig
-from shardload.plan.ranges import offsets_from_lengths
 from shardload.testing import long_tailed_lengths
 
 

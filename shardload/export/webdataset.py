@@ -38,7 +38,7 @@ while they run (it is removed when the export ends, and no child process
 keeps it). A non-empty ``DEST`` is refused unless ``overwrite``, and even then
 only if it holds nothing but an earlier export; the earlier export stays
 intact until the new one is written. The lock and the index-last commit are
-the rules of :mod:`shardload.output`, shared with ``prepare``.
+the rules of :mod:`shardload._base.output`, shared with ``prepare``.
 """
 
 from __future__ import annotations
@@ -57,13 +57,13 @@ from typing import Any
 
 import numpy as np
 
+from shardload._base.output import OutputLock, fsync_file, publish_index, withdraw_index
+from shardload._base.progress import Progress
+from shardload._base.ranges import offsets_from_lengths
 from shardload.errors import InputError, OutputError, OutputExistsError, OutputLockedError
 from shardload.manifest import file_checksum
-from shardload.output import OutputLock, fsync_file, publish_index, withdraw_index
-from shardload.plan.ranges import offsets_from_lengths
 from shardload.prepare.sources import EXPORT_INDEX_NAME
 from shardload.prepare.sources.webdataset import split_member_name
-from shardload.progress import Progress
 from shardload.schema import Schema
 from shardload.shardset import ShardSet, open_shard_set
 

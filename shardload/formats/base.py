@@ -27,8 +27,8 @@ from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.identity import ShardIdentity
-from shardload.plan.ranges import offsets_from_lengths, range_positions
+from shardload._base.identity import ShardIdentity
+from shardload._base.ranges import offsets_from_lengths, range_positions
 from shardload.schema import Field, Schema
 
 

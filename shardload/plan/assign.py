@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.plan.ranges import offsets_from_lengths, range_positions
+from shardload._base.ranges import offsets_from_lengths, range_positions
 from shardload.plan.shuffle import epoch_rng
 
 __all__ = ["ShardLayout", "assign_shards", "shard_order"]

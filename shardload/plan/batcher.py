@@ -25,10 +25,10 @@ from abc import ABC, abstractmethod
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.ranges import range_positions
 from shardload.plan.assign import ShardLayout
 from shardload.plan.chunks import ChunkWindows, chunk_blocks, window_batch_order, window_order
 from shardload.plan.options import Batching
-from shardload.plan.ranges import range_positions
 from shardload.plan.shuffle import permute_batches, rank_rng
 
 __all__ = ["Batcher", "Batches", "chunk_offsets"]

@@ -32,10 +32,10 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.ranges import offsets_from_lengths, range_positions
 from shardload.plan.assign import ShardLayout
 from shardload.plan.batcher import Batcher, Batches, chunk_offsets
 from shardload.plan.options import Batching, padded_length
-from shardload.plan.ranges import offsets_from_lengths, range_positions
 
 __all__ = [
     "BucketBatcher",

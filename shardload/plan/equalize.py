@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.ranges import range_positions
 from shardload.plan.options import Uneven
-from shardload.plan.ranges import range_positions
 
 __all__ = ["equalize_batches", "split_batches"]
 

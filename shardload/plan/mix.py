@@ -40,12 +40,12 @@ from typing import Any, Literal, get_args
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.checks import MAX_LENGTH, check_scalar
+from shardload._base.ranges import offsets_from_lengths
 from shardload.errors import MixtureError, PlanError
 from shardload.plan.options import Batching
 from shardload.plan.pack import refuse_long_samples
-from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.request import PlanInputs, memo_in
-from shardload.plan.validate import MAX_LENGTH, check_scalar
 
 __all__ = [
     "MixBy",

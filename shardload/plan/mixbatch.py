@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.ranges import offsets_from_lengths
 from shardload.errors import MixtureError
 from shardload.plan.assign import ShardLayout, assign_shards, balance_by_tokens, shard_order
 from shardload.plan.batcher import Batcher
@@ -46,7 +47,6 @@ from shardload.plan.equalize import equalize_batches
 from shardload.plan.mix import MixInputs, Selection, refuse_long_samples_in, select_source, source_seed
 from shardload.plan.options import Batching, Uneven
 from shardload.plan.pack import PackBatcher
-from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.request import EpochSpec, PlanInputs
 from shardload.plan.shuffle import permute_batches
 from shardload.plan.strategy import layout_key, make_batcher

@@ -31,12 +31,12 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.ranges import offsets_from_lengths, range_positions
 from shardload.errors import PlanError
 from shardload.plan.batcher import Batcher, Batches
 from shardload.plan.options import Batching
 from shardload.plan.packrows import SizeRuns, count_rows, pieces_per_sample
 from shardload.plan.packtrack import pack_segments
-from shardload.plan.ranges import offsets_from_lengths, range_positions
 from shardload.plan.steps import step_positions
 
 __all__ = ["PackBatcher", "PackedBatches", "RankRows", "refuse_long_samples"]

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.plan.ranges import range_positions
+from shardload._base.ranges import range_positions
 
 __all__ = ["BestFit", "SizeRuns", "count_rows", "pieces_per_sample"]
 

@@ -20,9 +20,9 @@ import itertools
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.ranges import range_positions
 from shardload.errors import PlanError
 from shardload.plan.packrows import _EMPTY, BestFit, Placement, SizeRuns, _run_starts
-from shardload.plan.ranges import range_positions
 
 __all__ = ["TrackedBestFit", "pack_rows", "pack_segments"]
 

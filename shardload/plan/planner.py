@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.checks import check_rank
+from shardload._base.ranges import offsets_from_lengths
 from shardload.errors import PlanError
 from shardload.plan.assign import assign_shards, balance_by_tokens, shard_order
 from shardload.plan.batcher import Batcher
@@ -40,13 +42,11 @@ from shardload.plan.mix import MixInputs
 from shardload.plan.mixbatch import MixBatcher
 from shardload.plan.options import Batching, Stage
 from shardload.plan.pack import BUILD_CHUNK, PackBatcher, RankRows
-from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.request import EpochSpec, PlanInputs, check_request
 from shardload.plan.resume import Rest, ResumeInputs, rest_of
 from shardload.plan.shuffle import permute_batches
 from shardload.plan.steps import batch_costs, heaviest_first, order_steps
 from shardload.plan.strategy import layout_key, make_batcher
-from shardload.plan.validate import check_rank
 
 __all__ = ["EpochPlanner", "RankPlan", "plan_rank"]
 

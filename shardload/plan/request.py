@@ -29,10 +29,10 @@ from typing import Any, get_args
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.checks import MAX_EPOCH, MAX_SEED, MAX_WORLD_SIZE, check_arrays, check_scalar
+from shardload._base.ranges import offsets_from_lengths
 from shardload.errors import PlanError
 from shardload.plan.options import EVAL_STAGES, MAX_COUNT, Batching, ShardAssignment, Stage
-from shardload.plan.ranges import offsets_from_lengths
-from shardload.plan.validate import MAX_EPOCH, MAX_SEED, MAX_WORLD_SIZE, check_arrays, check_scalar
 
 __all__ = ["MEMO_ENTRIES", "EpochSpec", "PlanInputs", "check_request", "digest_lengths", "memo_in"]
 

@@ -45,14 +45,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.checks import MAX_WORLD_SIZE, check_scalar
+from shardload._base.ranges import offsets_from_lengths
 from shardload.errors import PlanError
 from shardload.plan.chunks import chunk_identity, resolve_chunk_windows
 from shardload.plan.mix import MixInputs, select_source
 from shardload.plan.options import MAX_COUNT, Batching
 from shardload.plan.packrows import pieces_per_sample
-from shardload.plan.ranges import offsets_from_lengths
 from shardload.plan.request import EpochSpec, PlanInputs
-from shardload.plan.validate import MAX_WORLD_SIZE, check_scalar
 
 if TYPE_CHECKING:
     from shardload.plan.planner import EpochPlanner

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.plan.ranges import offsets_from_lengths, range_positions
+from shardload._base.ranges import offsets_from_lengths, range_positions
 
 __all__ = ["epoch_rng", "permute_batches", "position_rng", "rank_rng"]
 

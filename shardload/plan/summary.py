@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from shardload._base.checks import check_bool, check_scalar
+from shardload._base.messages import format_bytes
 from shardload.errors import PlanError
-from shardload.messages import format_bytes
 from shardload.plan.mix import MixInputs
 from shardload.plan.mixreport import SourceReport, SourceTally
 from shardload.plan.options import Batching, Stage
@@ -25,7 +26,6 @@ from shardload.plan.planner import EpochPlanner, RankPlan
 from shardload.plan.reads import cache_bytes, read_sequence, shards_of, step_bytes
 from shardload.plan.request import EpochSpec, PlanInputs
 from shardload.plan.steps import batch_costs
-from shardload.plan.validate import check_bool, check_scalar
 
 __all__ = ["PlanSummary", "summarize_plan"]
 

@@ -3,10 +3,10 @@
 A resumed run reuses the samples staged by the interrupted one. If a source
 file changed in between, the result would hold some samples of the old file
 and some of the new one, without a word. Each file's identity is recorded in
-the run's state when it starts: its :func:`shardload.identity.file_stamp`
+the run's state when it starts: its :func:`shardload._base.identity.file_stamp`
 (inode, size, modification and change time; not the device, which another
 machine mounting the same file system numbers differently), compared with the one
-rule of :func:`shardload.identity.same_bytes` (a ``chmod``, ``chown`` or new
+rule of :func:`shardload._base.identity.same_bytes` (a ``chmod``, ``chown`` or new
 hard link is accepted; a change time that moved on its own is a write whose
 modification time was put back, ``cp -p`` or ``rsync --inplace -t`` over the
 file, and is refused), and for small files (while a budget lasts) a hash of
@@ -21,7 +21,7 @@ import stat
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from shardload.identity import FileStamp, describe_change, file_stamp, same_bytes
+from shardload._base.identity import FileStamp, describe_change, file_stamp, same_bytes
 from shardload.prepare.sources import SourceUnit
 
 #: files up to this size have their content hashed ...
@@ -33,7 +33,7 @@ HASH_BUDGET = 64 << 20
 def fingerprint_units(units: Sequence[SourceUnit]) -> list[list[list[Any]]]:
     """Per unit, ``[path, stamp, sha256 or None]`` of each of its files, in order.
 
-    ``stamp`` is a :class:`~shardload.identity.FileStamp` as a JSON list, or the
+    ``stamp`` is a :class:`~shardload._base.identity.FileStamp` as a JSON list, or the
     string ``"unreadable: ..."`` when the file could not be ``stat``-ed.
     """
     out: list[list[list[Any]]] = []

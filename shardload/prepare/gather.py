@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.ranges import offsets_from_lengths, range_positions
 from shardload.formats.arrow import ArrowShardReader
 from shardload.formats.base import Columns, FieldData
-from shardload.plan.ranges import offsets_from_lengths, range_positions
 from shardload.schema import Schema
 
 #: rows copied per vectorized step of :func:`gather`: bounds its temporaries (three int64 index

@@ -26,16 +26,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.output import atomic_write_text
+from shardload._base.setfiles import os_level
 from shardload.errors import InputError, OutputError, ShardSetError
 from shardload.formats import Columns, ShardFormat
-from shardload.output import atomic_write_text
 from shardload.prepare.fingerprint import changed_input, fingerprint_units
 from shardload.prepare.layout import assign_samples, count_shards
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.sources import SourceUnit
 from shardload.prepare.workdir import WorkDir, fd_limit_hint, fd_limit_reached
 from shardload.schema import Schema, name_problem, prepare_problems
-from shardload.setfiles import os_level
 from shardload.text import text_kind
 
 #: most values (scalar elements) of one field in one staged chunk or Arrow shard: Arrow IPC cannot write

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.output import atomic_file
 from shardload.manifest import LENGTHS_NAME, Manifest, ShardInfo
-from shardload.output import atomic_file
 from shardload.prepare.jobs import ShardRecord
 from shardload.prepare.options import PrepareOptions
 from shardload.schema import Schema

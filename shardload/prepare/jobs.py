@@ -2,7 +2,7 @@
 
 :mod:`shardload.prepare.pipeline` makes one :class:`IngestJob` per source unit
 (step 1, staging) and one :class:`ShardJob` per shard (step 3, writing); the
-process pool of :mod:`shardload.prepare.workers` pickles them to a worker,
+process pool of :mod:`shardload._base.pool` pickles them to a worker,
 which returns a :class:`StagedUnit` or a :class:`ShardRecord`. The records
 are also what a finished step leaves on disk (``staging/<unit>.done``,
 ``done/<shard>.json``, as JSON), which is how ``--resume`` skips it.

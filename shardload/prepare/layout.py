@@ -11,7 +11,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.plan.ranges import offsets_from_lengths
+from shardload._base.ranges import offsets_from_lengths
 
 
 def count_shards(num_samples: int, total_bytes: int, *, shard_size: int, num_shards: int | None) -> int:

@@ -35,17 +35,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.faults import crash_point
+from shardload._base.identity import ShardIdentity, set_id_of
+from shardload._base.output import atomic_file, atomic_write_text
+from shardload._base.pool import map_in_workers
+from shardload._base.progress import Progress
+from shardload._base.ranges import offsets_from_lengths
 from shardload.cast import CastError, cast_exact
 from shardload.errors import InputError, OutputError
 from shardload.formats import Columns, format_of
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
-from shardload.identity import ShardIdentity, set_id_of
 from shardload.manifest import Manifest
 from shardload.origin import ORIGINS_NAME, run_origins, write_chunk_origins, write_set_origins
-from shardload.output import atomic_file, atomic_write_text
-from shardload.plan.ranges import offsets_from_lengths
 from shardload.prepare import guards
-from shardload.prepare.faults import crash_point
 from shardload.prepare.gather import gather
 from shardload.prepare.index import new_manifest, write_index
 from shardload.prepare.jobs import IngestJob, ShardJob, ShardRecord, StagedUnit
@@ -55,8 +57,6 @@ from shardload.prepare.parts import finished_part, part_record, run_id, split_un
 from shardload.prepare.sources import SampleBatch, SourceOptions, SourceUnit, read_unit, read_unit_batches
 from shardload.prepare.staging import ChunkStager, check_batch
 from shardload.prepare.workdir import WorkDir, output_errors
-from shardload.prepare.workers import map_in_workers
-from shardload.progress import Progress
 from shardload.schema import Schema, as_array
 from shardload.shardtable import SHARD_TABLE_NAME
 

@@ -35,9 +35,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from shardload._base.output import OutputLock, atomic_write_text
 from shardload.errors import InputError, OutputError, OutputExistsError
 from shardload.manifest import MANIFEST_NAME
-from shardload.output import OutputLock, atomic_write_text
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.pipeline import PrepareResult, result_of
 from shardload.prepare.workdir import WORK

@@ -24,10 +24,10 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from shardload._base.ranges import offsets_from_lengths
 from shardload.cast import CastError, cast_exact
 from shardload.formats.base import Columns, FieldData
 from shardload.origin import locator_origins
-from shardload.plan.ranges import offsets_from_lengths
 from shardload.prepare.guards import MAX_FIELD_VALUES
 from shardload.schema import Field, Schema, dtype_name
 

@@ -14,7 +14,7 @@ Layout while a run is in progress::
 ``manifest.json`` is moved into ``OUT`` last, so a directory is a valid shard
 set exactly when it has one, and an interrupted run never looks complete (the
 lock, the atomic writes and the index-last commit are the rules of
-:mod:`shardload.output`, shared with ``export``).
+:mod:`shardload._base.output`, shared with ``export``).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from shardload._base.faults import crash_point
+from shardload._base.output import OutputLock, atomic_write_text, fsync_dir, publish_index, withdraw_index
 from shardload.errors import InputError, OutputError, OutputExistsError, OutputLockedError
 from shardload.manifest import MANIFEST_NAME
-from shardload.output import OutputLock, atomic_write_text, fsync_dir, publish_index, withdraw_index
-from shardload.prepare.faults import crash_point
 from shardload.shardtable import SHARD_TABLE_NAME
 
 WORK = ".prepare"
@@ -149,7 +149,7 @@ class WorkDir:
         self._created = list(reversed(missing))
 
     def _take_lock(self) -> None:
-        """Lock ``OUT/.prepare.lock`` (see :class:`~shardload.output.OutputLock`)."""
+        """Lock ``OUT/.prepare.lock`` (see :class:`~shardload._base.output.OutputLock`)."""
         try:
             self._lock.acquire()
         except OutputLockedError:

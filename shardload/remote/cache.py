@@ -47,16 +47,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError, ShardSetError
-from shardload.manifest import MANIFEST_NAME, Manifest, file_checksum, metadata_files
-from shardload.origin import ORIGINS_NAME
-from shardload.output import atomic_write_text
-from shardload.remote.download import fetch_to
-from shardload.remote.options import RemoteOptions
-from shardload.remote.policy import NEVER, choose_victims, next_uses
-from shardload.remote.retry import with_retries
-from shardload.remote.url import join_url, normalize_url, open_filesystem
-from shardload.setfiles import (
+from shardload._base.output import atomic_write_text
+from shardload._base.setfiles import (
     ENV_MAX_MANIFEST_BYTES,
     MAX_MANIFEST_BYTES,
     env_limit,
@@ -64,6 +56,14 @@ from shardload.setfiles import (
     safe_relative_path,
     tagged,
 )
+from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError, ShardSetError
+from shardload.manifest import MANIFEST_NAME, Manifest, file_checksum, metadata_files
+from shardload.origin import ORIGINS_NAME
+from shardload.remote.download import fetch_to
+from shardload.remote.options import RemoteOptions
+from shardload.remote.policy import NEVER, choose_victims, next_uses
+from shardload.remote.retry import with_retries
+from shardload.remote.url import join_url, normalize_url, open_filesystem
 
 __all__ = ["RemoteSet"]
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardload.envvars import env_int
+from shardload._base.checks import check_real, check_scalar
+from shardload._base.envvars import env_int
 from shardload.errors import InputError
-from shardload.plan.validate import check_real, check_scalar
 from shardload.remote.retry import RetryPolicy
 
 __all__ = ["ENV_CACHE_DIR", "ENV_CACHE_LIMIT", "RemoteOptions", "default_cache_dir"]

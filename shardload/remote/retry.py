@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from shardload._base.checks import check_real, check_scalar
 from shardload.errors import InputError, RemoteAccessError, RemoteError, ShardloadError
-from shardload.plan.validate import check_real, check_scalar
 
 __all__ = ["RetryPolicy", "describe", "is_refused", "is_storage_error", "is_transient", "with_retries"]
 

@@ -2,7 +2,7 @@
 
 Where it sits: the last step of ``prepare -o s3://...`` (see
 :mod:`shardload.prepare.remote`), after the set was prepared and committed in
-a local staging directory. The rules of :mod:`shardload.output` carried over to
+a local staging directory. The rules of :mod:`shardload._base.output` carried over to
 a store that has no rename:
 
 * **The index last.** A reader opens a remote set by reading its
@@ -41,11 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from shardload._base.faults import crash_point
+from shardload._base.progress import Progress
 from shardload.errors import OutputError, OutputExistsError, ShardloadError
 from shardload.manifest import MANIFEST_NAME
 from shardload.origin import ORIGINS_NAME
-from shardload.prepare.faults import crash_point
-from shardload.progress import Progress
 from shardload.remote.retry import RetryPolicy, with_retries
 from shardload.remote.url import join_url, normalize_url, open_filesystem
 from shardload.shardtable import SHARD_TABLE_NAME

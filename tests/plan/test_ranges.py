@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from shardload.plan.ranges import offsets_from_lengths, range_positions
+from shardload._base.ranges import offsets_from_lengths, range_positions
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint16])

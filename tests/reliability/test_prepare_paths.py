@@ -425,8 +425,8 @@ def test_a_new_set_unreadable_for_a_reason_of_the_system_keeps_the_work_for_resu
 ) -> None:
     # Permission denied or an I/O error while the finished set is opened before the commit says nothing
     # about its content: the work is kept and named, and --resume commits it once the cause is fixed.
+    from shardload._base.setfiles import os_error
     from shardload.errors import CorruptShardError
-    from shardload.setfiles import os_error
     from shardload.shardset import ShardSet
 
     real = ShardSet.shard_columns

@@ -90,9 +90,9 @@ def test_signal_names_and_one_line_errors_have_one_definition() -> None:
     import ast
     import doctest
 
-    import shardload.messages
+    import shardload._base.messages
 
-    root = Path(shardload.messages.__file__).parent
+    root = Path(shardload._base.messages.__file__).parent
     defined = {
         (node.name, str(path.relative_to(root)))
         for path in root.rglob("*.py")
@@ -100,4 +100,4 @@ def test_signal_names_and_one_line_errors_have_one_definition() -> None:
         if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") in ("one_line", "signal_name")
     }
     assert defined == {("one_line", "messages.py"), ("signal_name", "messages.py")}
-    assert doctest.testmod(shardload.messages).failed == 0
+    assert doctest.testmod(shardload._base.messages).failed == 0

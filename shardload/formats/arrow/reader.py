@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from shardload._base.identity import ARROW_IDENTITY_KEY
 from shardload.errors import CorruptShardError
 from shardload.formats.arrow.ipc import LayoutError, check_ipc_layout
 from shardload.formats.arrow.writer import arrow_type
 from shardload.formats.base import Columns, FieldData, ShardReader
-from shardload.identity import ARROW_IDENTITY_KEY
 from shardload.schema import Field, Schema
 
 

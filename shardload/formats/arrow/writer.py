@@ -10,11 +10,11 @@ from typing import ClassVar
 import numpy as np
 import pyarrow as pa
 
-from shardload.checksum import DigestingFile
+from shardload._base.checksum import DigestingFile
+from shardload._base.identity import ARROW_IDENTITY_KEY, ShardIdentity
 from shardload.formats.arrow.options import ArrowOptions
 from shardload.formats.arrow.splice import SplicingFile, placeholder
 from shardload.formats.base import Columns, FieldData, ShardWriter, concat_columns, concat_offsets
-from shardload.identity import ARROW_IDENTITY_KEY, ShardIdentity
 from shardload.schema import Field, Schema
 
 #: key of the Arrow schema metadata that holds the shardload schema as JSON

@@ -23,7 +23,7 @@ from functools import partial
 
 import numpy as np
 
-from shardload.envvars import env_int
+from shardload._base.envvars import env_int
 from shardload.errors import InputError
 
 DEFAULT_CACHE_BYTES = 64 << 20

@@ -24,6 +24,9 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from shardload._base.identity import IDENTITY_KEY
+from shardload._base.messages import one_line
+from shardload._base.setfiles import os_error
 from shardload.errors import CorruptShardError, ShardSetError
 from shardload.formats.base import Columns, FieldData, ShardReader
 from shardload.formats.zarr.bounds import (
@@ -40,10 +43,7 @@ from shardload.formats.zarr.bounds import (
 from shardload.formats.zarr.cache import ChunkCache, ChunkTable, chunk_cache
 from shardload.formats.zarr.codecs import require_zarr
 from shardload.formats.zarr.writer import LAYOUT_VERSION, nominal_chunk_rows
-from shardload.identity import IDENTITY_KEY
-from shardload.messages import one_line
 from shardload.schema import Field, Schema
-from shardload.setfiles import os_error
 
 try:  # the same CRC-32, computed with SIMD instructions: ~12x faster per chunk (the zarr extra installs it)
     from zlib_ng.zlib_ng import crc32

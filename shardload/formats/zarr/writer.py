@@ -15,11 +15,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from shardload._base.identity import IDENTITY_KEY, ShardIdentity
 from shardload.errors import InputError
 from shardload.formats.base import Columns, ShardWriter
 from shardload.formats.zarr.codecs import compressors_for, require_zarr
 from shardload.formats.zarr.options import ZarrOptions
-from shardload.identity import IDENTITY_KEY, ShardIdentity
 from shardload.plan.chunks import even_chunk_rows
 from shardload.schema import Field, Schema
 

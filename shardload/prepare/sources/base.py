@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from shardload.envvars import env_int
+from shardload._base.envvars import env_int
+from shardload._base.setfiles import file_kind
 from shardload.errors import InputError
-from shardload.setfiles import file_kind
 
 if TYPE_CHECKING:
     import numpy as np

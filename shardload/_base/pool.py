@@ -13,7 +13,7 @@ For worker processes, three rules keep a killed prepare resumable:
   everywhere (the portable fallback). A worker left behind would keep running
   or wait for work for ever, holding the output open.
 * **The output lock is never kept by a worker**: forked children let go of it
-  (see :mod:`shardload.output`), so it lives exactly as long as the
+  (see :mod:`shardload._base.output`), so it lives exactly as long as the
   main process.
 * **A worker that dies is an error that says so**, with its signal (SIGKILL is
   what the out-of-memory killer sends) and what to do; and when the main
@@ -37,8 +37,8 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TypeVar
 
+from shardload._base.messages import signal_name
 from shardload.errors import OutputError
-from shardload.messages import signal_name
 
 #: prctl option: the signal a process gets when its parent dies (linux/prctl.h)
 PR_SET_PDEATHSIG = 1

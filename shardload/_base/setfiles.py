@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.envvars import env_int
+from shardload._base.checks import MAX_LENGTH
+from shardload._base.envvars import env_int
+from shardload._base.messages import one_line
 from shardload.errors import ManifestError, ShardSetError
-from shardload.messages import one_line
-from shardload.plan.validate import MAX_LENGTH
 
 __all__ = [
     "ENV_MAX_MANIFEST_BYTES",
@@ -301,7 +301,7 @@ def open_index_stat(
 
     Returns:
         The mapped index and the ``fstat`` of the file that was mapped (to
-        notice a change later, see :func:`shardload.identity.file_stamp`).
+        notice a change later, see :func:`shardload._base.identity.file_stamp`).
     """
     missing = tagged(error, f"{path}: {what} is missing; re-run prepare", "missing")
     fd, st = open_regular(path, what=what, error=error, missing=missing)
