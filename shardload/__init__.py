@@ -65,7 +65,7 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
     from shardload.mixture import Mixture
     from shardload.origin import SampleOrigin
     from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
-    from shardload.schema import Field, Schema
+    from shardload.schema.fields import Field, Schema
     from shardload.shardset import ShardSet
     from shardload.shardset import open_shard_set as _open_shard_set
 except KeyboardInterrupt:

@@ -31,6 +31,8 @@ MOVED: dict[str, str] = {
     "shardload.plan.ranges": "shardload._base.ranges",
     "shardload.prepare.workers": "shardload._base.pool",
     "shardload.prepare.faults": "shardload._base.faults",
+    "shardload.text": "shardload.schema.text",
+    "shardload.cast": "shardload.schema.cast",
 }
 
 

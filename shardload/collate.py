@@ -32,13 +32,13 @@ from typing import Any, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.cast import CastError, cast_exact
 from shardload.errors import PlanError
 from shardload.formats import Columns
 from shardload.formats.base import ChunkedValues
 from shardload.plan.options import padded_length
-from shardload.schema import SAMPLE_ID_KEY, WEIGHT_KEY, Schema, lengths_key
-from shardload.text import decode_text
+from shardload.schema.cast import CastError, cast_exact
+from shardload.schema.fields import SAMPLE_ID_KEY, WEIGHT_KEY, Schema, lengths_key
+from shardload.schema.text import decode_text
 
 #: ``(name, shape, dtype, zeroed)`` of each output array, in output order; ``zeroed``: it must start as zeros.
 Layout = list[tuple[str, tuple[int, ...], np.dtype, bool]]
@@ -156,7 +156,7 @@ def check_fields(fields: object) -> tuple[str, ...] | None:
 def fit_pad_value(name: str, value: object, dtype: np.dtype) -> PadValue:
     """``value`` as a Python scalar that ``dtype`` holds exactly, else :class:`PlanError` naming field and dtype.
 
-    The rule is :func:`shardload.cast.cast_exact`, the one prepare applies to
+    The rule is :func:`shardload.schema.cast.cast_exact`, the one prepare applies to
     data: integer fields take whole numbers in their range (``-1.0`` is fine),
     float fields the integers they hold exactly (not ``16777217`` in float32) and
     floats that neither overflow nor underflow (not ``1e-50`` in float32), and

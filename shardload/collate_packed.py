@@ -62,7 +62,7 @@ from shardload.collate import (
 from shardload.errors import PlanError
 from shardload.formats import Columns
 from shardload.plan.options import MAX_COUNT, MAX_PACKED_TOKENS, check_packed_tokens
-from shardload.schema import (
+from shardload.schema.fields import (
     CU_SEQLENS_KEY,
     DOCUMENT_IDS_KEY,
     MAX_SEQLEN_KEY,

@@ -30,7 +30,7 @@ from shardload._base.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES,
 from shardload._base.setfiles import resolve_inside as resolve_inside  # re-exported: readers import it from here
 from shardload._base.setfiles import safe_relative_path as safe_relative_path
 from shardload.errors import ManifestError
-from shardload.schema import Schema, schema_problems
+from shardload.schema.fields import Schema, schema_problems
 from shardload.shardtable import (
     SHARD_TABLE_NAME,
     NameRule,
@@ -474,7 +474,7 @@ def _set_id(value: Any, where: str) -> str:
 
 
 def _check_schema(schema: Schema, where: str) -> None:
-    """Refuse a schema the loader cannot serve (see :func:`shardload.schema.schema_problems`)."""
+    """Refuse a schema the loader cannot serve (see :func:`shardload.schema.fields.schema_problems`)."""
     problems = schema_problems(schema)
     if problems:
         raise ManifestError(f"{where}: {'; '.join(problems)}. Re-run prepare to make a set this version can load.")

@@ -37,7 +37,7 @@ from shardload.index import ShardIndex
 from shardload.plan.mix import MixBy, MixInputs, check_weights
 from shardload.remote.options import RemoteOptions
 from shardload.remote.url import is_remote
-from shardload.schema import Schema
+from shardload.schema.fields import Schema
 from shardload.shardset import ShardSet
 
 __all__ = ["SOURCE_KEY", "MixedSets", "Mixture", "as_source", "open_source"]

@@ -46,8 +46,8 @@ from shardload.origin import SampleOrigin, read_origin
 from shardload.plan.request import PlanInputs
 from shardload.remote.options import RemoteOptions
 from shardload.remote.url import is_remote
-from shardload.schema import Schema
-from shardload.text import decode_text
+from shardload.schema.fields import Schema
+from shardload.schema.text import decode_text
 
 if TYPE_CHECKING:
     from shardload.remote.cache import RemoteSet

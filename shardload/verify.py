@@ -44,7 +44,7 @@ from shardload.manifest import Manifest, ShardInfo, file_checksum, resolve_insid
 from shardload.origin import ORIGINS_NAME, read_origins
 from shardload.remote.options import RemoteOptions
 from shardload.remote.url import is_remote
-from shardload.schema import Field, Schema
+from shardload.schema.fields import Field, Schema
 
 if TYPE_CHECKING:
     from shardload.remote.cache import RemoteSet

@@ -16,7 +16,7 @@ from shardload._base.checksum import OVERLAP_BYTES, DigestingFile
 from shardload.formats.arrow import ArrowOptions, ArrowShardWriter
 from shardload.formats.base import Columns
 from shardload.manifest import Manifest, file_checksum
-from shardload.schema import Schema
+from shardload.schema.fields import Schema
 
 
 def test_digesting_file_hashes_exactly_what_it_writes(tmp_path: Path) -> None:

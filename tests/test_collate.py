@@ -17,7 +17,7 @@ from shardload.index import ShardIndex
 from shardload.loader import make_loader
 from shardload.loader_options import LoaderOptions
 from shardload.plan import Batching, EpochSpec, PlanInputs, padded_length, plan_rank
-from shardload.schema import Field, Schema
+from shardload.schema.fields import Field, Schema
 
 # Sample i has i % 7 == 6 long (40 rows), the others short (1-3 rows): batches of short ids plus
 # one long id are mostly padding (the whole array is filled first); batches of long ids are not.

@@ -295,7 +295,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 def _dtype_item(text: str) -> tuple[str, str]:
     from shardload.errors import InputError
-    from shardload.schema import parse_dtype_overrides
+    from shardload.schema.fields import parse_dtype_overrides
 
     try:
         ((name, dtype),) = parse_dtype_overrides([text]).items()

@@ -64,7 +64,7 @@ from shardload.errors import InputError, OutputError, OutputExistsError, OutputL
 from shardload.manifest import file_checksum
 from shardload.prepare.sources import EXPORT_INDEX_NAME
 from shardload.prepare.sources.webdataset import split_member_name
-from shardload.schema import Schema
+from shardload.schema.fields import Schema
 from shardload.shardset import ShardSet, open_shard_set
 
 __all__ = ["INDEX_NAME", "WebDatasetExport", "to_webdataset"]

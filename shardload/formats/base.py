@@ -8,7 +8,7 @@ column by column. For each field, a shard has:
   ``values[offsets[i]:offsets[i + 1]]``;
 * a fixed field: ``values`` of shape ``(num_samples, *shape)`` and no offsets;
 * a text field: ``values`` the ``uint8`` bytes of every sample end to end and
-  ``offsets`` as for a variable field (:attr:`~shardload.schema.Field.has_offsets`).
+  ``offsets`` as for a variable field (:attr:`~shardload.schema.fields.Field.has_offsets`).
 
 Writers take :class:`Columns`; readers give the same :class:`Columns` back,
 as zero-copy views where the format allows it. Each format also has its own
@@ -29,7 +29,7 @@ from numpy.typing import NDArray
 
 from shardload._base.identity import ShardIdentity
 from shardload._base.ranges import offsets_from_lengths, range_positions
-from shardload.schema import Field, Schema
+from shardload.schema.fields import Field, Schema
 
 
 class ChunkedValues(Protocol):

@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 from shardload._base.ranges import offsets_from_lengths, range_positions
 from shardload.formats.arrow import ArrowShardReader
 from shardload.formats.base import Columns, FieldData
-from shardload.schema import Schema
+from shardload.schema.fields import Schema
 
 #: rows copied per vectorized step of :func:`gather`: bounds its temporaries (three int64 index
 #: arrays and the rows themselves) to a few MiB, whatever the size of the shard

@@ -4,7 +4,7 @@ Everything here runs at the edges of a run, never per value in a loop:
 
 * before anything is created: the output path, the options against the
   first sample's fields, the schema of the first sample (:func:`check_schema`,
-  the same :func:`~shardload.schema.schema_problems` that ``Manifest.load``
+  the same :func:`~shardload.schema.fields.schema_problems` that ``Manifest.load``
   runs, plus what prepare cannot store);
 * per sample: its size against what one Arrow array can hold;
 * on resume: source fingerprints (:func:`check_inputs`) and staged samples
@@ -35,8 +35,8 @@ from shardload.prepare.layout import assign_samples, count_shards
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.sources import SourceUnit
 from shardload.prepare.workdir import WorkDir, fd_limit_hint, fd_limit_reached
-from shardload.schema import Schema, name_problem, prepare_problems
-from shardload.text import text_kind
+from shardload.schema.fields import Schema, name_problem, prepare_problems
+from shardload.schema.text import text_kind
 
 #: most values (scalar elements) of one field in one staged chunk or Arrow shard: Arrow IPC cannot write
 #: a longer array. A test lowers it to try the limit on small data.

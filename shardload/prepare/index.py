@@ -19,7 +19,7 @@ from shardload._base.output import atomic_file
 from shardload.manifest import LENGTHS_NAME, Manifest, ShardInfo
 from shardload.prepare.jobs import ShardRecord
 from shardload.prepare.options import PrepareOptions
-from shardload.schema import Schema
+from shardload.schema.fields import Schema
 
 
 def _index_dtype(max_value: int) -> type[np.signedinteger[Any]]:

@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 from shardload.formats import FormatOptions
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.sources import SourceOptions, SourceUnit
-from shardload.schema import Schema
+from shardload.schema.fields import Schema
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from shardload.errors import InputError
 from shardload.formats import FORMATS, FormatOptions, ShardFormat, format_of
 from shardload.prepare.mapping import map_identity
 from shardload.prepare.sources.base import field_kept
-from shardload.schema import SUPPORTED_DTYPES
+from shardload.schema.fields import SUPPORTED_DTYPES
 
 DEFAULT_SHARD_SIZE = 256 << 20
 

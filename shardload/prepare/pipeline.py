@@ -41,7 +41,6 @@ from shardload._base.output import atomic_file, atomic_write_text
 from shardload._base.pool import map_in_workers
 from shardload._base.progress import Progress
 from shardload._base.ranges import offsets_from_lengths
-from shardload.cast import CastError, cast_exact
 from shardload.errors import InputError, OutputError
 from shardload.formats import Columns, format_of
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
@@ -57,7 +56,8 @@ from shardload.prepare.parts import finished_part, part_record, run_id, split_un
 from shardload.prepare.sources import SampleBatch, SourceOptions, SourceUnit, read_unit, read_unit_batches
 from shardload.prepare.staging import ChunkStager, check_batch
 from shardload.prepare.workdir import WorkDir, output_errors
-from shardload.schema import Schema, as_array
+from shardload.schema.cast import CastError, cast_exact
+from shardload.schema.fields import Schema, as_array
 from shardload.shardtable import SHARD_TABLE_NAME
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ class SampleChecker:
 
 
 def cast_fields(sample: Mapping[str, Any], dtypes: Mapping[str, str], where: str) -> dict[str, Any]:
-    """Apply ``dtypes`` overrides with :func:`~shardload.cast.cast_exact`: a cast never changes a value."""
+    """Apply ``dtypes`` overrides with :func:`~shardload.schema.cast.cast_exact`: a cast never changes a value."""
     if not isinstance(sample, Mapping):
         return sample  # Schema.check reports it
     out = dict(sample)

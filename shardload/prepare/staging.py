@@ -11,7 +11,7 @@ came.
 
 :func:`check_batch` accepts a batch only where the per-sample checks would
 accept every sample of it and give the same arrays (dtype, shape, ``--dtype``
-casts by :func:`~shardload.cast.cast_exact`, ``--reject-nonfinite``, the size
+casts by :func:`~shardload.schema.cast.cast_exact`, ``--reject-nonfinite``, the size
 of one field); otherwise it returns None, and ingest reads the batch's samples
 one by one, so that the first wrong sample is reported as it is today.
 """
@@ -25,11 +25,11 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from shardload._base.ranges import offsets_from_lengths
-from shardload.cast import CastError, cast_exact
 from shardload.formats.base import Columns, FieldData
 from shardload.origin import locator_origins
 from shardload.prepare.guards import MAX_FIELD_VALUES
-from shardload.schema import Field, Schema, dtype_name
+from shardload.schema.cast import CastError, cast_exact
+from shardload.schema.fields import Field, Schema, dtype_name
 
 __all__ = ["CheckedBatch", "ChunkStager", "check_batch"]
 

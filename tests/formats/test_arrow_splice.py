@@ -14,7 +14,7 @@ from shardload.formats.arrow import ArrowOptions, ArrowShardWriter
 from shardload.formats.arrow import writer as writer_module
 from shardload.formats.arrow.splice import SplicingFile
 from shardload.formats.base import Columns, FieldData, concat_columns
-from shardload.schema import Schema
+from shardload.schema.fields import Schema
 
 
 def pieces_of(samples: list[dict[str, Any]], cuts: list[int]) -> tuple[Schema, list[Columns]]:

@@ -24,7 +24,7 @@ from shardload.formats.base import Columns, concat_columns
 from shardload.origin import run_origins
 from shardload.prepare import pipeline, staging
 from shardload.prepare.sources import jsonblocks
-from shardload.schema import Schema
+from shardload.schema.fields import Schema
 
 from .test_split import shard_bytes
 

@@ -21,7 +21,7 @@ from shardload.cli import main
 from shardload.errors import InputError
 from shardload.prepare.sources import SourceOptions, jsonblocks
 from shardload.prepare.sources.jsonl import JsonlSource
-from shardload.schema import Schema
+from shardload.schema.fields import Schema
 
 from .test_columnar_ingest import WRITERS, Counted, compare, jsonl_lines, table, write_lines
 

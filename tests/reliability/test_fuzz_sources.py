@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import shardload
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
-from shardload.schema import Schema
+from shardload.schema.fields import Schema
 
 EXAMPLES = int(os.environ.get("SHARDLOAD_FUZZ_EXAMPLES", "100"))
 

@@ -28,7 +28,7 @@ import shardload
 from shardload.formats.arrow import ArrowOptions, ArrowShardWriter
 from shardload.formats.base import Columns
 from shardload.prepare import gather as gather_module
-from shardload.schema import Schema
+from shardload.schema.fields import Schema
 from shardload.testing import synthetic_samples
 
 REPO = Path(__file__).resolve().parents[2]

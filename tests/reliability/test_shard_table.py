@@ -18,7 +18,7 @@ import shardload.shardtable as shardtable
 from shardload.errors import ManifestError
 from shardload.inspect import describe
 from shardload.manifest import BASE_FORMAT_VERSION, TABLE_FORMAT_VERSION, Manifest, ShardInfo
-from shardload.schema import Schema
+from shardload.schema.fields import Schema
 from shardload.shardtable import SHARD_TABLE_NAME, TABLE_SCHEMA
 from shardload.verify import verify
 

@@ -33,9 +33,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import shardload
-from shardload.cast import CastError, cast_exact
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
-from shardload.schema import SUPPORTED_DTYPES
+from shardload.schema.cast import CastError, cast_exact
+from shardload.schema.fields import SUPPORTED_DTYPES
 
 
 def read_all(kind: str, path: Path, **options: Any) -> list[tuple[str, dict[str, np.ndarray]]]:

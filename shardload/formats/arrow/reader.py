@@ -13,7 +13,7 @@ from shardload.errors import CorruptShardError
 from shardload.formats.arrow.ipc import LayoutError, check_ipc_layout
 from shardload.formats.arrow.writer import arrow_type
 from shardload.formats.base import Columns, FieldData, ShardReader
-from shardload.schema import Field, Schema
+from shardload.schema.fields import Field, Schema
 
 
 class ArrowShardReader(ShardReader):

@@ -15,10 +15,10 @@ from shardload._base.identity import ARROW_IDENTITY_KEY, ShardIdentity
 from shardload.formats.arrow.options import ArrowOptions
 from shardload.formats.arrow.splice import SplicingFile, placeholder
 from shardload.formats.base import Columns, FieldData, ShardWriter, concat_columns, concat_offsets
-from shardload.schema import Field, Schema
+from shardload.schema.fields import Field, Schema
 
 #: key of the Arrow schema metadata that holds the shardload schema as JSON
-SCHEMA_METADATA_KEY = b"shardload.schema"
+SCHEMA_METADATA_KEY = b"shardload.schema.fields"
 
 
 def arrow_type(field: Field) -> pa.DataType:

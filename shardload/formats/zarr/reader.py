@@ -43,7 +43,7 @@ from shardload.formats.zarr.bounds import (
 from shardload.formats.zarr.cache import ChunkCache, ChunkTable, chunk_cache
 from shardload.formats.zarr.codecs import require_zarr
 from shardload.formats.zarr.writer import LAYOUT_VERSION, nominal_chunk_rows
-from shardload.schema import Field, Schema
+from shardload.schema.fields import Field, Schema
 
 try:  # the same CRC-32, computed with SIMD instructions: ~12x faster per chunk (the zarr extra installs it)
     from zlib_ng.zlib_ng import crc32

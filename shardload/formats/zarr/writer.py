@@ -21,7 +21,7 @@ from shardload.formats.base import Columns, ShardWriter
 from shardload.formats.zarr.codecs import compressors_for, require_zarr
 from shardload.formats.zarr.options import ZarrOptions
 from shardload.plan.chunks import even_chunk_rows
-from shardload.schema import Field, Schema
+from shardload.schema.fields import Field, Schema
 
 #: version of the layout inside a Zarr shard, in the root group's ``shardload`` attribute
 LAYOUT_VERSION = 1

@@ -44,7 +44,7 @@ from shardload.prepare.sources.base import (
     SourceUnit,
     check_input_file,
 )
-from shardload.schema import Schema
+from shardload.schema.fields import Schema
 
 __all__ = [
     "READERS",

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from shardload.formats.base import Columns
     from shardload.origin import OriginKind
-    from shardload.schema import Schema
+    from shardload.schema.fields import Schema
 
 Sample = Mapping[str, Any]
 

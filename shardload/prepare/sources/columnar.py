@@ -64,7 +64,7 @@ from shardload.prepare.sources.base import Sample, SampleBatch, SourceOptions, S
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
-    from shardload.schema import Schema
+    from shardload.schema.fields import Schema
 
 __all__ = ["ArrowSource", "ParquetSource", "batch_samples", "column_batches"]
 

@@ -39,9 +39,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pa_json
 
-from shardload.cast import CastError, cast_exact
 from shardload.formats.base import Columns, FieldData
 from shardload.prepare.sources.base import Sample, SampleBatch, SourceOptions
+from shardload.schema.cast import CastError, cast_exact
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from shardload.origin import OriginKind
-    from shardload.schema import Schema
+    from shardload.schema.fields import Schema
 
 __all__ = ["BLOCK_BYTES", "json_batches"]
 

@@ -23,7 +23,7 @@ How JSON values become arrays (JSON has no dtypes):
 * otherwise, integers become **int64** and floats **float32**; a list mixing
   integers and floats is float32, and its integers must fit float32 exactly
   as in a list of integers (``[16777217, 0.5]`` is refused, not rounded);
-* either way the conversion follows :func:`shardload.cast.cast_exact`: no value
+* either way the conversion follows :func:`shardload.schema.cast.cast_exact`: no value
   may change (``3.0`` may become an int32, ``3.5`` may not; ``300`` does not
   fit int8; ``16777217`` does not fit float32; a float may be rounded, but
   ``1e-50`` does not become ``0.0`` in float32, nor ``1e300`` ``inf``);
@@ -57,7 +57,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from shardload.cast import CastError, cast_exact
 from shardload.errors import InputError
 from shardload.prepare.sources.base import (
     Sample,
@@ -69,7 +68,8 @@ from shardload.prepare.sources.base import (
     register,
 )
 from shardload.prepare.sources.jsonblocks import json_batches
-from shardload.schema import Schema
+from shardload.schema.cast import CastError, cast_exact
+from shardload.schema.fields import Schema
 
 __all__ = [
     "JsonlSource",
@@ -186,7 +186,7 @@ def json_to_array(
 
     ``dtype`` forces the dtype; without it, integers are int64, floats float32,
     booleans bool and empty lists int64. Either way the conversion is
-    :func:`~shardload.cast.cast_exact`: it never changes a value silently. A
+    :func:`~shardload.schema.cast.cast_exact`: it never changes a value silently. A
     list mixing ``true``/``false`` with numbers is refused without ``dtype``
     (JSON booleans are not numbers); with one, they count as 1/0.
     ``may_hold_bools=False`` (the JSON text holds no ``true``/``false`` in a

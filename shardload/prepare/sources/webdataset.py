@@ -51,7 +51,7 @@ than a silently shorter dataset. A compressed tar is read to the end of its
 compressed stream, so that the codec's checksum (gzip's CRC) is checked, and
 a member larger than ``SourceOptions.max_record_bytes`` (also once gunzipped)
 is refused before it is read. Numbers in ``txt``/``json`` members convert by
-the one rule of :func:`shardload.cast.cast_exact`.
+the one rule of :func:`shardload.schema.cast.cast_exact`.
 """
 
 from __future__ import annotations

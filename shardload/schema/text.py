@@ -1,6 +1,6 @@
 """Text fields: one ``str`` or ``bytes`` value per sample, stored as its bytes.
 
-Where it sits: :class:`shardload.schema.Schema` infers and checks text
+Where it sits: :class:`shardload.schema.fields.Schema` infers and checks text
 fields with :func:`text_kind` and :func:`text_to_array` when ``prepare``
 reads samples; shards store a text field's bytes with per-sample offsets
 (like a variable ``uint8`` field, as Arrow ``large_string``/``large_binary``);
@@ -17,7 +17,7 @@ import numpy as np
 from shardload.errors import CorruptShardError, InputError
 
 if TYPE_CHECKING:
-    from shardload.schema import Field
+    from shardload.schema.fields import Field
 
 #: dtypes of a text field: one Python ``str`` (stored as UTF-8) or ``bytes`` value per sample
 TEXT_DTYPES = ("str", "bytes")

@@ -27,7 +27,7 @@ import numpy as np
 
 from shardload._base.messages import one_line
 from shardload.errors import InputError
-from shardload.text import TEXT_DTYPES, TEXT_STORAGE, text_kind, text_to_array
+from shardload.schema.text import TEXT_DTYPES, TEXT_STORAGE, text_kind, text_to_array
 
 #: numeric dtypes a field may have; besides them only :data:`TEXT_DTYPES` (object, complex ... are refused).
 SUPPORTED_DTYPES = (
