@@ -33,6 +33,11 @@ MOVED: dict[str, str] = {
     "shardload.prepare.faults": "shardload._base.faults",
     "shardload.text": "shardload.schema.text",
     "shardload.cast": "shardload.schema.cast",
+    "shardload.plan.pack": "shardload.plan.packing.pack",
+    "shardload.plan.packrows": "shardload.plan.packing.rows",
+    "shardload.plan.packtrack": "shardload.plan.packing.track",
+    "shardload.plan.mixbatch": "shardload.plan.mix.batcher",
+    "shardload.plan.mixreport": "shardload.plan.mix.report",
 }
 
 

@@ -32,7 +32,7 @@ from shardload.loader_options import LoaderOptions, with_shortcuts
 from shardload.loader_state import LoaderState, check_state, resume_point
 from shardload.mixture import MixedSets, Source, as_source, open_source
 from shardload.plan import Batching, EpochPlanner, EpochSpec, RankPlan, ShardAssignment, Stage, plan_rank
-from shardload.plan.mix import refuse_long_samples_in
+from shardload.plan.mix.inputs import refuse_long_samples_in
 from shardload.plan.request import check_request
 from shardload.plan.resume import ResumeInputs, run_identity
 from shardload.remote.options import RemoteOptions

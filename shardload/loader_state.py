@@ -30,7 +30,7 @@ from typing import Any
 from shardload._base.checks import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
 from shardload.errors import PlanError, PlanMismatchError
 from shardload.plan import Batching, EpochPlanner, EpochSpec, PlanInputs, RankPlan
-from shardload.plan.mix import MixInputs
+from shardload.plan.mix.inputs import MixInputs
 from shardload.plan.options import MAX_COUNT
 from shardload.plan.resume import ResumeInputs, run_identity
 from shardload.world import World

@@ -34,7 +34,7 @@ from shardload._base.checks import MAX_LENGTH, check_scalar
 from shardload.errors import MixtureError, PlanError, ShardSetError
 from shardload.formats import Columns
 from shardload.index import ShardIndex
-from shardload.plan.mix import MixBy, MixInputs, check_weights
+from shardload.plan.mix.inputs import MixBy, MixInputs, check_weights
 from shardload.remote.options import RemoteOptions
 from shardload.remote.url import is_remote
 from shardload.schema.fields import Schema

@@ -40,9 +40,9 @@ from bench_plan import synthetic_lengths, synthetic_shards
 from numpy.typing import NDArray
 
 from shardload.plan import Batching, EpochPlanner, EpochSpec, PlanInputs, digest_lengths, summarize_plan
-from shardload.plan.pack import PackBatcher
-from shardload.plan.packrows import count_rows
-from shardload.plan.packtrack import pack_rows
+from shardload.plan.packing.pack import PackBatcher
+from shardload.plan.packing.rows import count_rows
+from shardload.plan.packing.track import pack_rows
 
 DATASETS = ("long-tailed", "text-like")
 

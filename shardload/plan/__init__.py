@@ -26,7 +26,7 @@ rank::
 from __future__ import annotations
 
 from shardload.plan.length import EpochLengthWarning
-from shardload.plan.mix import MixInputs
+from shardload.plan.mix.inputs import MixInputs
 from shardload.plan.options import Batching, ShardAssignment, Stage, Uneven, padded_length
 from shardload.plan.planner import EpochPlanner, RankPlan, plan_rank
 from shardload.plan.request import EpochSpec, PlanInputs, digest_lengths

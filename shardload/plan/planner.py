@@ -38,10 +38,10 @@ from shardload.plan.batcher import Batcher
 from shardload.plan.chunks import ChunkWindows, chunk_identity, resolve_chunk_windows
 from shardload.plan.equalize import equalize_batches
 from shardload.plan.length import MAX_DRAWS, draw_seed, epoch_steps, fits, natural_target, rank_policy, warn_unfit
-from shardload.plan.mix import MixInputs
-from shardload.plan.mixbatch import MixBatcher
+from shardload.plan.mix.batcher import MixBatcher
+from shardload.plan.mix.inputs import MixInputs
 from shardload.plan.options import Batching, Stage
-from shardload.plan.pack import BUILD_CHUNK, PackBatcher, RankRows
+from shardload.plan.packing.pack import BUILD_CHUNK, PackBatcher, RankRows
 from shardload.plan.request import EpochSpec, PlanInputs, check_request
 from shardload.plan.resume import Rest, ResumeInputs, rest_of
 from shardload.plan.shuffle import permute_batches
@@ -189,7 +189,7 @@ class EpochPlanner:
 
     Args:
         inputs: The shard set's lengths and shard sizes (checked when built), or
-            a mixture's :class:`~shardload.plan.mix.MixInputs` (one per source), or
+            a mixture's :class:`~shardload.plan.mix.inputs.MixInputs` (one per source), or
             :class:`~shardload.plan.resume.ResumeInputs`: the rest of an epoch after
             segments on other world sizes (planned over the remainder, whose
             entries :attr:`rest` maps back to the base's sample ids and starts).
@@ -460,7 +460,7 @@ def plan_rank(
     Args:
         inputs: The shard set's lengths and shard sizes
             (:meth:`shardload.ShardSet.plan_inputs`, or ``PlanInputs(lengths, shard_sizes)``), or a
-            mixture's :class:`~shardload.plan.mix.MixInputs`.
+            mixture's :class:`~shardload.plan.mix.inputs.MixInputs`.
         spec: The epoch to plan (world size, stage, seed, epoch, shard assignment).
         batching: How rows become batches.
         rank: This rank, ``0 <= rank < spec.world_size``.

@@ -3,7 +3,7 @@
 A plan is a pure function of (inputs, spec, batching), so the samples a run
 consumed before it stopped can be recomputed exactly. Resuming on another
 world size is one more selection step before assignment, beside a mixture's
-(:mod:`shardload.plan.mix`); :class:`ResumeInputs` is the planner's request
+(:mod:`shardload.plan.mix.inputs`); :class:`ResumeInputs` is the planner's request
 for it, planned by the same :class:`~shardload.plan.EpochPlanner`::
 
     ResumeInputs(base, history=((W1, k1), (W2, k2), ...))
@@ -49,9 +49,9 @@ from shardload._base.checks import MAX_WORLD_SIZE, check_scalar
 from shardload._base.ranges import offsets_from_lengths
 from shardload.errors import PlanError
 from shardload.plan.chunks import chunk_identity, resolve_chunk_windows
-from shardload.plan.mix import MixInputs, select_source
+from shardload.plan.mix.inputs import MixInputs, select_source
 from shardload.plan.options import MAX_COUNT, Batching
-from shardload.plan.packrows import pieces_per_sample
+from shardload.plan.packing.rows import pieces_per_sample
 from shardload.plan.request import EpochSpec, PlanInputs
 
 if TYPE_CHECKING:

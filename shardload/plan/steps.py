@@ -20,9 +20,9 @@ per step), and ``predict`` yields in the order the batcher documents. Training
 with chunk windows (:mod:`shardload.plan.chunks`) keeps it too: its batches
 must come window after window for each chunk to be decoded about once.
 
-Packed plans rank their rows themselves (:mod:`shardload.plan.pack`) and take
+Packed plans rank their rows themselves (:mod:`shardload.plan.packing.pack`) and take
 their positions from :func:`step_positions` too. Mixtures keep the order of
-their interleave (:mod:`shardload.plan.mixbatch`), which holds each source's
+their interleave (:mod:`shardload.plan.mix.batcher`), which holds each source's
 share at every step.
 """
 

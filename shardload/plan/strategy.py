@@ -1,7 +1,7 @@
 """Which batcher a :class:`~shardload.plan.Batching` asks for, and the memo key of a layout.
 
 Shared by the planner (one shard set) and the mixture's batcher (one batcher
-per source, :mod:`shardload.plan.mixbatch`), so that both choose the strategy
+per source, :mod:`shardload.plan.mix.batcher`), so that both choose the strategy
 by the same rule.
 """
 
@@ -19,7 +19,7 @@ from shardload.plan.chunks import ChunkWindows
 from shardload.plan.fixed import FixedSizeBatcher
 from shardload.plan.greedy import GreedyTokenBatcher
 from shardload.plan.options import Batching
-from shardload.plan.pack import PackBatcher
+from shardload.plan.packing.pack import PackBatcher
 
 __all__ = ["layout_key", "make_batcher"]
 

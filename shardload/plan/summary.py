@@ -19,8 +19,8 @@ from numpy.typing import ArrayLike, NDArray
 from shardload._base.checks import check_bool, check_scalar
 from shardload._base.messages import format_bytes
 from shardload.errors import PlanError
-from shardload.plan.mix import MixInputs
-from shardload.plan.mixreport import SourceReport, SourceTally
+from shardload.plan.mix.inputs import MixInputs
+from shardload.plan.mix.report import SourceReport, SourceTally
 from shardload.plan.options import Batching, Stage
 from shardload.plan.planner import EpochPlanner, RankPlan
 from shardload.plan.reads import cache_bytes, read_sequence, shards_of, step_bytes
@@ -58,7 +58,7 @@ class PlanSummary:
         plans: Every rank's :class:`~shardload.plan.RankPlan`, when
             :func:`summarize_plan` was asked ``with_ids=True`` (else ``None``).
         sources: A mixture's per-source figures
-            (:class:`~shardload.plan.mixreport.SourceReport`); ``None`` for one shard set.
+            (:class:`~shardload.plan.mix.report.SourceReport`); ``None`` for one shard set.
         cache_bytes: ``(W,)`` bytes of the distinct shards each rank reads this
             epoch: a node-local cache of that size fetches no shard twice;
             ``None`` unless :func:`summarize_plan` was given the shards' bytes.

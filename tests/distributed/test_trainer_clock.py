@@ -42,7 +42,7 @@ import torch
 
 import shardload
 from shardload.plan import Batching, EpochSpec
-from shardload.plan.mix import MixInputs
+from shardload.plan.mix.inputs import MixInputs
 from shardload.plan.planner import EpochPlanner
 from tests.distributed.clock_job import ClockModel
 from tests.distributed.watchdog import REPO, python, run_with_watchdog

@@ -13,8 +13,8 @@ from numpy.typing import NDArray
 
 from shardload.errors import MixtureError, PlanError, PlanMismatchError
 from shardload.plan import Batching, EpochSpec, PlanInputs, RankPlan, summarize_plan
-from shardload.plan.mix import MixInputs, check_weights, select_source
-from shardload.plan.mixbatch import interleave
+from shardload.plan.mix.batcher import interleave
+from shardload.plan.mix.inputs import MixInputs, check_weights, select_source
 from shardload.plan.planner import EpochPlanner
 
 from .strategies import STAGES, batchings, long_tailed, partition

@@ -13,8 +13,8 @@ from shardload.errors import PlanError
 from shardload.plan import Batching, EpochSpec, PlanInputs, RankPlan
 from shardload.plan.length import PROBE_EPOCHS
 from shardload.plan.options import EVAL_STAGES
-from shardload.plan.packrows import SizeRuns, count_rows
-from shardload.plan.packtrack import pack_rows, pack_segments
+from shardload.plan.packing.rows import SizeRuns, count_rows
+from shardload.plan.packing.track import pack_rows, pack_segments
 from shardload.plan.planner import EpochPlanner
 
 from .strategies import STAGES, long_tailed, partition
@@ -233,7 +233,7 @@ def _best_fit_decreasing(sizes: list[int], capacity: int) -> list[int]:
     st.sampled_from([1 << 24, 64, 1]),
 )
 def test_rows_are_those_of_textbook_best_fit_decreasing(groups: list[list[int]], capacity: int, table: int) -> None:
-    import shardload.plan.packrows as packrows
+    import shardload.plan.packing.rows as packrows
 
     sizes = [[min(x, capacity) for x in g] for g in groups]
     seg = np.repeat(np.arange(len(sizes)), [len(g) for g in sizes])
@@ -257,7 +257,7 @@ def _pieces(lengths: np.ndarray, capacity: int) -> np.ndarray:
 
 
 def test_evaluation_counts_are_packed_once_per_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardload.plan.pack import PackBatcher
+    from shardload.plan.packing.pack import PackBatcher
 
     calls: list[int] = []
     real = PackBatcher._count
@@ -343,7 +343,7 @@ def test_lengths_of_any_integer_dtype_pack_as_int64(dtype: str, pack_length: int
 
 
 def test_rows_leave_the_run_once_no_size_of_their_segment_is_left() -> None:
-    from shardload.plan.packrows import BestFit
+    from shardload.plan.packing.rows import BestFit
 
     rng = np.random.default_rng(1)
     sizes = np.concatenate([[60, 60, 50, 45], rng.integers(1, 101, 500)])  # segment 0: 3 sizes; 1: ~100
@@ -390,7 +390,7 @@ def _best_fit_decreasing_rows(sizes: list[int], capacity: int) -> tuple[list[int
 def test_each_item_goes_to_the_row_textbook_best_fit_gives_it(
     groups: list[list[int]], capacity: int, table: int
 ) -> None:
-    import shardload.plan.packrows as packrows
+    import shardload.plan.packing.rows as packrows
 
     sizes = [[min(x, capacity) for x in g] for g in groups]
     flat = np.array([x for g in sizes for x in g], dtype=np.int64)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.plan.mix import MixInputs, select_source
+from shardload.plan.mix.inputs import MixInputs, select_source
 from shardload.plan.options import Batching
 from shardload.plan.planner import RankPlan
 from shardload.plan.request import EpochSpec

@@ -35,8 +35,8 @@ from shardload._base.ranges import offsets_from_lengths, range_positions
 from shardload.errors import PlanError
 from shardload.plan.batcher import Batcher, Batches
 from shardload.plan.options import Batching
-from shardload.plan.packrows import SizeRuns, count_rows, pieces_per_sample
-from shardload.plan.packtrack import pack_segments
+from shardload.plan.packing.rows import SizeRuns, count_rows, pieces_per_sample
+from shardload.plan.packing.track import pack_segments
 from shardload.plan.steps import step_positions
 
 __all__ = ["PackBatcher", "PackedBatches", "RankRows", "refuse_long_samples"]
@@ -137,7 +137,7 @@ class PackBatcher(Batcher):
     def _count(self) -> NDArray[np.int64]:
         """Every rank's ``ceil(rows / rows_per_batch)``: one best-fit run over every rank's size histogram.
 
-        :func:`~shardload.plan.packrows.count_rows` packs each rank as
+        :func:`~shardload.plan.packing.rows.count_rows` packs each rank as
         :meth:`build_packed` packs it alone, so the counts are the built ones.
         """
         runs = self.size_runs()

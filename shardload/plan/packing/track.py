@@ -1,10 +1,10 @@
 """Row tracking: the best-fit run of ``packrows.py`` followed row by row, to give every item its row.
 
-Counting (:func:`~shardload.plan.packrows.count_rows`) needs only the rows
+Counting (:func:`~shardload.plan.packing.rows.count_rows`) needs only the rows
 each rank opens; building one rank or a group of ranks (``PackBatcher``,
 between the rank's sample order and its rows becoming batches) needs the row
 of every item. :class:`TrackedBestFit` runs the same steps as
-:class:`~shardload.plan.packrows.BestFit` and follows the rows one by one, so
+:class:`~shardload.plan.packing.rows.BestFit` and follows the rows one by one, so
 the rows built are exactly the rows counted::
 
     items (sizes, segment)  --pack_segments-->  size runs  --TrackedBestFit.run-->  rows each step fills
@@ -22,13 +22,13 @@ from numpy.typing import NDArray
 
 from shardload._base.ranges import range_positions
 from shardload.errors import PlanError
-from shardload.plan.packrows import _EMPTY, BestFit, Placement, SizeRuns, _run_starts
+from shardload.plan.packing.rows import _EMPTY, BestFit, Placement, SizeRuns, _run_starts
 
 __all__ = ["TrackedBestFit", "pack_rows", "pack_segments"]
 
 
 class TrackedBestFit(BestFit):
-    """A :class:`~shardload.plan.packrows.BestFit` run that also follows every row one by one.
+    """A :class:`~shardload.plan.packing.rows.BestFit` run that also follows every row one by one.
 
     Rows mirror the groups: the gap and segment of each row (grown by
     doubling), and the rows as keys ``(segment, gap, row)`` (see

@@ -1,7 +1,7 @@
 """A mixture's batches: per source assign and batch, per rank interleave, then equalise.
 
 :class:`MixBatcher` is what :class:`~shardload.plan.EpochPlanner` uses in
-place of a single batcher when it is given :class:`~shardload.plan.mix.MixInputs`::
+place of a single batcher when it is given :class:`~shardload.plan.mix.inputs.MixInputs`::
 
     per source k (its own seed, shard order and batcher; shards stay contiguous per rank)
        |  select_source        how many times each sample is used (plan/mix.py)
@@ -44,9 +44,9 @@ from shardload.plan.assign import ShardLayout, assign_shards, balance_by_tokens,
 from shardload.plan.batcher import Batcher
 from shardload.plan.chunks import ChunkWindows, resolve_chunk_windows
 from shardload.plan.equalize import equalize_batches
-from shardload.plan.mix import MixInputs, Selection, refuse_long_samples_in, select_source, source_seed
+from shardload.plan.mix.inputs import MixInputs, Selection, refuse_long_samples_in, select_source, source_seed
 from shardload.plan.options import Batching, Uneven
-from shardload.plan.pack import PackBatcher
+from shardload.plan.packing.pack import PackBatcher
 from shardload.plan.request import EpochSpec, PlanInputs
 from shardload.plan.shuffle import permute_batches
 from shardload.plan.strategy import layout_key, make_batcher
@@ -121,7 +121,7 @@ class MixBatcher:
         order_seed: The seed of the shard and sample orders (default: ``spec.seed``).
 
     Raises:
-        MixtureError: see :func:`~shardload.plan.mix.select_source`.
+        MixtureError: see :func:`~shardload.plan.mix.inputs.select_source`.
         PlanError: with packing, a sample longer than a row and no ``pack_split`` (naming its source).
     """
 

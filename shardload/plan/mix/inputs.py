@@ -44,7 +44,7 @@ from shardload._base.checks import MAX_LENGTH, check_scalar
 from shardload._base.ranges import offsets_from_lengths
 from shardload.errors import MixtureError, PlanError
 from shardload.plan.options import Batching
-from shardload.plan.pack import refuse_long_samples
+from shardload.plan.packing.pack import refuse_long_samples
 from shardload.plan.request import PlanInputs, memo_in
 
 __all__ = [
@@ -356,7 +356,7 @@ def select_source(mix: MixInputs, k: int, *, seed: int, epoch: int, train: bool)
 
 
 def refuse_long_samples_in(inputs: PlanInputs | MixInputs, batching: Batching) -> None:
-    """:func:`~shardload.plan.pack.refuse_long_samples` for a shard set, or each source of a mixture (named).
+    """:func:`~shardload.plan.packing.pack.refuse_long_samples` for a shard set, or each source of a mixture (named).
 
     Raises:
         PlanError: a sample longer than ``pack_length`` without ``pack_split``;

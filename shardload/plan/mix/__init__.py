@@ -1,0 +1,31 @@
+"""Mixtures in the planner: several sources planned as one epoch, by weight.
+
+* ``inputs``: :class:`MixInputs` (one ``PlanInputs`` per source and their weights) and the
+  per-epoch selection of each source's samples.
+* ``batcher``: :class:`~shardload.plan.mix.batcher.MixBatcher`, per source batches interleaved per rank.
+* ``report``: what each source gives an epoch (``shardload plan --source``).
+
+The names of the 0.1.0 module ``shardload.plan.mix`` are re-exported here.
+"""
+
+from __future__ import annotations
+
+from shardload.plan.mix.inputs import (
+    MixBy,
+    MixInputs,
+    Selection,
+    check_weights,
+    refuse_long_samples_in,
+    select_source,
+    source_seed,
+)
+
+__all__ = [
+    "MixBy",
+    "MixInputs",
+    "Selection",
+    "check_weights",
+    "refuse_long_samples_in",
+    "select_source",
+    "source_seed",
+]
