@@ -60,10 +60,10 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
         WorkerError,
     )
     from shardload.formats.arrow import ArrowOptions
+    from shardload.formats.origin import SampleOrigin
     from shardload.formats.zarr import ZarrOptions
     from shardload.merging import MergeResult, merge
     from shardload.mixture import Mixture
-    from shardload.origin import SampleOrigin
     from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
     from shardload.schema.fields import Field, Schema
     from shardload.shardset import ShardSet

@@ -38,6 +38,10 @@ MOVED: dict[str, str] = {
     "shardload.plan.packtrack": "shardload.plan.packing.track",
     "shardload.plan.mixbatch": "shardload.plan.mix.batcher",
     "shardload.plan.mixreport": "shardload.plan.mix.report",
+    "shardload.manifest": "shardload.formats.manifest",
+    "shardload.shardtable": "shardload.formats.shardtable",
+    "shardload.origin": "shardload.formats.origin",
+    "shardload.formats.zarr.codecs": "shardload.formats.zarr.compression",
 }
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload._base.messages import format_bytes
-from shardload.manifest import Manifest
+from shardload.formats.manifest import Manifest
 from shardload.remote.options import RemoteOptions
 from shardload.schema.text import TEXT_DTYPES
 from shardload.shardset import open_shard_set

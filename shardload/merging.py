@@ -41,14 +41,14 @@ from numpy.typing import NDArray
 from shardload._base.output import OutputLock, atomic_file, withdraw_index
 from shardload._base.setfiles import open_index
 from shardload.errors import MergeError, ShardloadError, ShardSetError
-from shardload.manifest import MANIFEST_NAME, Manifest, PartInfo
-from shardload.origin import ORIGINS_NAME, read_origins, write_merged_origins
+from shardload.formats.manifest import MANIFEST_NAME, Manifest, PartInfo
+from shardload.formats.origin import ORIGINS_NAME, read_origins, write_merged_origins
+from shardload.formats.shardtable import ShardTable
 from shardload.prepare.index import length_stats
 from shardload.prepare.parts import PART_NAME, PARTS_DIR, part_name
 from shardload.prepare.remote import refuse_remote_parts
 from shardload.prepare.workdir import LOCK, WORK, recorded_failure
 from shardload.remote.url import is_remote
-from shardload.shardtable import ShardTable
 
 __all__ = ["MergeResult", "merge"]
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from shardload._base.output import withdraw_index
 from shardload.errors import InputError, MissingDependencyError, OutputError, OutputExistsError, OutputLockedError
-from shardload.manifest import MANIFEST_NAME, Manifest
+from shardload.formats.manifest import MANIFEST_NAME, Manifest
 from shardload.merging import MergeResult, merge
 from shardload.prepare import PrepareOptions
 from shardload.prepare.parts import PART_NAME, PARTS_DIR, part_name, part_record

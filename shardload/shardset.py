@@ -40,9 +40,9 @@ from shardload._base.setfiles import (
 )
 from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError, ShardSetError
 from shardload.formats import Columns, ShardReader, get_format
+from shardload.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, resolve_inside
+from shardload.formats.origin import SampleOrigin, read_origin
 from shardload.index import ShardIndex
-from shardload.manifest import MANIFEST_NAME, Manifest, ShardInfo, resolve_inside
-from shardload.origin import SampleOrigin, read_origin
 from shardload.plan.request import PlanInputs
 from shardload.remote.options import RemoteOptions
 from shardload.remote.url import is_remote

@@ -40,8 +40,8 @@ from shardload._base.setfiles import check_index_values, check_path_encoding, op
 from shardload.errors import CorruptShardError, MissingDependencyError, ShardSetError
 from shardload.formats import Columns, get_format
 from shardload.formats.arrow.writer import to_arrow
-from shardload.manifest import Manifest, ShardInfo, file_checksum, resolve_inside
-from shardload.origin import ORIGINS_NAME, read_origins
+from shardload.formats.manifest import Manifest, ShardInfo, file_checksum, resolve_inside
+from shardload.formats.origin import ORIGINS_NAME, read_origins
 from shardload.remote.options import RemoteOptions
 from shardload.remote.url import is_remote
 from shardload.schema.fields import Field, Schema

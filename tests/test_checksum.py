@@ -15,7 +15,7 @@ from shardload._base import checksum as checksum_module
 from shardload._base.checksum import OVERLAP_BYTES, DigestingFile
 from shardload.formats.arrow import ArrowOptions, ArrowShardWriter
 from shardload.formats.base import Columns
-from shardload.manifest import Manifest, file_checksum
+from shardload.formats.manifest import Manifest, file_checksum
 from shardload.schema.fields import Schema
 
 

@@ -107,7 +107,7 @@ def test_rank_opens_only_the_shards_its_plan_touches(tmp_path: Path) -> None:
 
 def test_manifest_is_parsed_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shardload.write(synthetic_samples(60, seed=4), tmp_path / "s", num_shards=3)
-    from shardload.manifest import Manifest
+    from shardload.formats.manifest import Manifest
 
     loads: list[Path] = []
     original = Manifest.load.__func__  # type: ignore[attr-defined]

@@ -215,7 +215,7 @@ def test_zarr_refuses_text_by_field(tmp_path: Path) -> None:
 
 
 def test_old_readers_refuse_and_new_read_old(text_set: Path, tmp_path: Path) -> None:
-    from shardload.manifest import Manifest
+    from shardload.formats.manifest import Manifest
 
     obj = json.loads((text_set / "manifest.json").read_text())
     obj["format_version"] = 1  # a text set claiming the old version is damaged

@@ -14,7 +14,7 @@ import shardload
 from shardload._base.identity import ShardIdentity
 from shardload.errors import ManifestError
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
-from shardload.manifest import file_checksum
+from shardload.formats.manifest import file_checksum
 from shardload.verify import REASONS, Problem, recompute_lengths, verify
 
 

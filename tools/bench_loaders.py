@@ -440,7 +440,7 @@ def import_contestant(name: str) -> None:
         import shardload.loader  # noqa: F401
 
         if name.startswith("shardload-zarr"):  # the reader imports zarr when it opens the first shard
-            from shardload.formats.zarr.codecs import require_zarr
+            from shardload.formats.zarr.compression import require_zarr
 
             require_zarr()
     elif name == "streaming":

@@ -90,7 +90,7 @@ def cached_shard_set(cache: Path, samples: int, shards: int, median: float, seed
 
 def cached_many_shards(cache: Path, shards: int) -> tuple[Path, float]:
     """A set of ``shards`` one-sample shards: manifest and lengths index only; returns its path and write time."""
-    from shardload.manifest import Manifest, ShardInfo
+    from shardload.formats.manifest import Manifest, ShardInfo
     from shardload.schema.fields import Schema
 
     path = cache / f"open-{shards}"

@@ -4,7 +4,7 @@ Where it sits: at the end of prepare's write step
 (:func:`~shardload.prepare.pipeline.write_shard`), where each shard's sha256
 goes into its record and then the manifest. :func:`checksum_text` is the one
 spelling of a checksum (``"sha256:<hex>"``) that
-:func:`~shardload.manifest.file_checksum` gives too, so a checksum made while
+:func:`~shardload.formats.manifest.file_checksum` gives too, so a checksum made while
 writing and one made by reading the file back compare equal.
 
 :class:`DigestingFile` is a write-only file that feeds every byte written to
@@ -55,7 +55,7 @@ class DigestingFile:
 
     @property
     def checksum(self) -> str:
-        """``"sha256:<hex>"`` of the bytes written so far (as :func:`~shardload.manifest.file_checksum` reads it)."""
+        """``"sha256:<hex>"`` of the bytes written so far (as :func:`~shardload.formats.manifest.file_checksum` reads it)."""
         return checksum_text(self._digest)
 
     @property

@@ -61,7 +61,7 @@ from shardload._base.output import OutputLock, fsync_file, publish_index, withdr
 from shardload._base.progress import Progress
 from shardload._base.ranges import offsets_from_lengths
 from shardload.errors import InputError, OutputError, OutputExistsError, OutputLockedError
-from shardload.manifest import file_checksum
+from shardload.formats.manifest import file_checksum
 from shardload.prepare.sources import EXPORT_INDEX_NAME
 from shardload.prepare.sources.webdataset import split_member_name
 from shardload.schema.fields import Schema

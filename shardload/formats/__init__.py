@@ -1,13 +1,19 @@
-"""On-disk shard formats, by name: the registry of :class:`ShardFormat` (writer, reader, options, flags).
+"""The on-disk format of a shard set: its metadata files and its shard encodings.
 
-``arrow`` (default): uncompressed Arrow IPC, memory-mapped, zero-copy reads.
-``zarr``: Zarr v3 arrays in one zip file per shard, compressed (zstd or
-blosc-lz4) and decoded chunk by chunk; needs ``pip install shardload[zarr]``
-(the classes import without zarr, and say so when they are used).
+The set's own files, the same for every shard encoding (docs/format.md):
 
-A format is added by registering it here: ``prepare`` (its options, the
-``--format`` choices and the flags of the format's options) and the readers
-find it by name.
+* ``manifest``: ``manifest.json``, versioned: schema, shard list, checksums, stats.
+* ``shardtable``: ``shards.arrow``, one row per shard, held as columns.
+* ``origin``: ``origin.npy``, where each sample came from.
+
+The shard encodings, by name: the registry of :class:`ShardFormat` (writer,
+reader, options, flags). ``arrow`` (default): uncompressed Arrow IPC,
+memory-mapped, zero-copy reads. ``zarr``: Zarr v3 arrays in one zip file per
+shard, compressed (zstd or blosc-lz4) and decoded chunk by chunk; needs
+``pip install shardload[zarr]`` (the classes import without zarr, and say so
+when they are used). An encoding is added by registering it here: ``prepare``
+(its options, the ``--format`` choices and the flags of the format's options)
+and the readers find it by name.
 """
 
 from __future__ import annotations

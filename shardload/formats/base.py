@@ -211,9 +211,9 @@ class ShardWriter(ABC, Generic[OptionsT]):
         """
 
     def write_checksummed(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> str:
-        """:meth:`write`, and the checksum of the file written (what :func:`~shardload.manifest.file_checksum`
+        """:meth:`write`, and the checksum of the file written (what :func:`~shardload.formats.manifest.file_checksum`
         gives). Here the file is read back; a format whose writer can hash its bytes as it writes them does so."""
-        from shardload.manifest import file_checksum  # the manifest's rule; imported here, not at load
+        from shardload.formats.manifest import file_checksum  # the manifest's rule; imported here, not at load
 
         self.write(path, columns, identity=identity)
         return file_checksum(path)

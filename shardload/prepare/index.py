@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload._base.output import atomic_file
-from shardload.manifest import LENGTHS_NAME, Manifest, ShardInfo
+from shardload.formats.manifest import LENGTHS_NAME, Manifest, ShardInfo
 from shardload.prepare.jobs import ShardRecord
 from shardload.prepare.options import PrepareOptions
 from shardload.schema.fields import Schema

@@ -34,7 +34,7 @@ from shardload.errors import InputError, OutputExistsError, ShardloadError
 from shardload.prepare.sources import SourceUnit
 
 if TYPE_CHECKING:
-    from shardload.manifest import Manifest
+    from shardload.formats.manifest import Manifest
 
 #: the folder of OUT that holds the parts
 PARTS_DIR = "parts"
@@ -132,7 +132,7 @@ def run_id(units: Sequence[SourceUnit], n: int, layout: Mapping[str, Any]) -> st
 
 def _set_at(out: str | os.PathLike[str]) -> Manifest | None:
     """The manifest of the set in ``out``, or None where there is none (or none that can be read)."""
-    from shardload.manifest import Manifest
+    from shardload.formats.manifest import Manifest
 
     try:
         return Manifest.load(Path(out))

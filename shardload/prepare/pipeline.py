@@ -44,8 +44,9 @@ from shardload._base.ranges import offsets_from_lengths
 from shardload.errors import InputError, OutputError
 from shardload.formats import Columns, format_of
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
-from shardload.manifest import Manifest
-from shardload.origin import ORIGINS_NAME, run_origins, write_chunk_origins, write_set_origins
+from shardload.formats.manifest import Manifest
+from shardload.formats.origin import ORIGINS_NAME, run_origins, write_chunk_origins, write_set_origins
+from shardload.formats.shardtable import SHARD_TABLE_NAME
 from shardload.prepare import guards
 from shardload.prepare.gather import gather
 from shardload.prepare.index import new_manifest, write_index
@@ -58,7 +59,6 @@ from shardload.prepare.staging import ChunkStager, check_batch
 from shardload.prepare.workdir import WorkDir, output_errors
 from shardload.schema.cast import CastError, cast_exact
 from shardload.schema.fields import Schema, as_array
-from shardload.shardtable import SHARD_TABLE_NAME
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -164,7 +164,7 @@ def ingest(
 
     ``source`` names the input in messages (the unit's file); ``files`` are the
     unit's paths (none for an iterable), which each sample's origin names
-    (recorded next to each chunk, see :mod:`shardload.origin`). With
+    (recorded next to each chunk, see :mod:`shardload.formats.origin`). With
     ``batches`` (the same samples as column batches, see
     :func:`~shardload.prepare.sources.read_unit_batches`), a batch is checked
     and staged whole where :func:`~shardload.prepare.staging.check_batch`

@@ -37,7 +37,7 @@ from typing import Any
 
 from shardload._base.output import OutputLock, atomic_write_text
 from shardload.errors import InputError, OutputError, OutputExistsError
-from shardload.manifest import MANIFEST_NAME
+from shardload.formats.manifest import MANIFEST_NAME
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.pipeline import PrepareResult, result_of
 from shardload.prepare.workdir import WORK

@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 
 from shardload._base.ranges import offsets_from_lengths
 from shardload.formats.base import Columns, FieldData
-from shardload.origin import locator_origins
+from shardload.formats.origin import locator_origins
 from shardload.prepare.guards import MAX_FIELD_VALUES
 from shardload.schema.cast import CastError, cast_exact
 from shardload.schema.fields import Field, Schema, dtype_name
@@ -110,7 +110,7 @@ class ChunkStager:
     ``write`` stores one chunk, given as the pieces whose samples it holds in
     order (the chunk is their concatenation, see
     :meth:`~shardload.formats.arrow.ArrowShardWriter.write_concatenated`), and
-    its samples' origins (see :mod:`shardload.origin`: of a sample, from its
+    its samples' origins (see :mod:`shardload.formats.origin`: of a sample, from its
     locator, naming one of ``files``; of a batch, the table given with it), in
     the same order.
     """

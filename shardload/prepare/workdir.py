@@ -31,8 +31,8 @@ from typing import Any
 from shardload._base.faults import crash_point
 from shardload._base.output import OutputLock, atomic_write_text, fsync_dir, publish_index, withdraw_index
 from shardload.errors import InputError, OutputError, OutputExistsError, OutputLockedError
-from shardload.manifest import MANIFEST_NAME
-from shardload.shardtable import SHARD_TABLE_NAME
+from shardload.formats.manifest import MANIFEST_NAME
+from shardload.formats.shardtable import SHARD_TABLE_NAME
 
 WORK = ".prepare"
 LOCK = ".prepare.lock"

@@ -57,8 +57,8 @@ from shardload._base.setfiles import (
     tagged,
 )
 from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError, ShardSetError
-from shardload.manifest import MANIFEST_NAME, Manifest, file_checksum, metadata_files
-from shardload.origin import ORIGINS_NAME
+from shardload.formats.manifest import MANIFEST_NAME, Manifest, file_checksum, metadata_files
+from shardload.formats.origin import ORIGINS_NAME
 from shardload.remote.download import fetch_to
 from shardload.remote.options import RemoteOptions
 from shardload.remote.policy import NEVER, choose_victims, next_uses

@@ -44,11 +44,11 @@ from typing import Any, TypeVar
 from shardload._base.faults import crash_point
 from shardload._base.progress import Progress
 from shardload.errors import OutputError, OutputExistsError, ShardloadError
-from shardload.manifest import MANIFEST_NAME
-from shardload.origin import ORIGINS_NAME
+from shardload.formats.manifest import MANIFEST_NAME
+from shardload.formats.origin import ORIGINS_NAME
+from shardload.formats.shardtable import SHARD_TABLE_NAME
 from shardload.remote.retry import RetryPolicy, with_retries
 from shardload.remote.url import join_url, normalize_url, open_filesystem
-from shardload.shardtable import SHARD_TABLE_NAME
 
 __all__ = ["AT_URL", "RemoteObject", "SetUploader", "UploadRecord", "is_owned"]
 

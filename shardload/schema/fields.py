@@ -390,7 +390,7 @@ def parse_dtype_overrides(items: Sequence[str]) -> dict[str, str]:
 def schema_problems(schema: Schema) -> list[str]:
     """What makes ``schema`` unusable by the loader: one line per problem, empty if none.
 
-    The one check of a schema: :meth:`shardload.manifest.Manifest.load` refuses a
+    The one check of a schema: :meth:`shardload.formats.manifest.Manifest.load` refuses a
     manifest with any of these, and prepare refuses them on the first sample,
     before it writes anything (see :func:`prepare_problems`).
     """

@@ -21,7 +21,7 @@ import pytest
 import shardload
 from shardload.errors import ShardloadError
 from shardload.formats.base import Columns, concat_columns
-from shardload.origin import run_origins
+from shardload.formats.origin import run_origins
 from shardload.prepare import pipeline, staging
 from shardload.prepare.sources import jsonblocks
 from shardload.schema.fields import Schema

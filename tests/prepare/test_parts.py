@@ -14,8 +14,8 @@ import pytest
 
 import shardload
 from shardload.errors import InputError, MergeError, OutputExistsError
+from shardload.formats.manifest import Manifest
 from shardload.inspect import describe
-from shardload.manifest import Manifest
 from shardload.prepare.parts import parse_part, split_units
 from shardload.prepare.sources import SourceUnit
 from shardload.verify import verify

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 import shardload
 from shardload.formats import get_format
 from shardload.formats.arrow.writer import arrow_schema, to_arrow
-from shardload.manifest import file_checksum
+from shardload.formats.manifest import file_checksum
 from shardload.testing import synthetic_samples
 from shardload.verify import verify
 

@@ -138,7 +138,7 @@ def test_disk_full_is_an_output_error_and_resume_finishes(
 
 
 def test_disk_full_while_writing_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import shardload.manifest as manifest_module
+    import shardload.formats.manifest as manifest_module
 
     real = manifest_module.atomic_write_text
 

@@ -14,12 +14,12 @@ import pyarrow as pa
 import pytest
 
 import shardload
-import shardload.shardtable as shardtable
+import shardload.formats.shardtable as shardtable
 from shardload.errors import ManifestError
+from shardload.formats.manifest import BASE_FORMAT_VERSION, TABLE_FORMAT_VERSION, Manifest, ShardInfo
+from shardload.formats.shardtable import SHARD_TABLE_NAME, TABLE_SCHEMA
 from shardload.inspect import describe
-from shardload.manifest import BASE_FORMAT_VERSION, TABLE_FORMAT_VERSION, Manifest, ShardInfo
 from shardload.schema.fields import Schema
-from shardload.shardtable import SHARD_TABLE_NAME, TABLE_SCHEMA
 from shardload.verify import verify
 
 SCHEMA = Schema.from_json({"fields": [{"name": "tokens", "dtype": "int32", "shape": [None]}]})

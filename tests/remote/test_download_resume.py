@@ -22,7 +22,7 @@ import pytest
 
 import shardload
 from shardload.errors import CorruptShardError, RemoteError
-from shardload.manifest import ShardInfo
+from shardload.formats.manifest import ShardInfo
 from shardload.remote import RemoteOptions, download
 from tests.helpers.faultproxy import FaultProxy, Request
 from tests.helpers.servers import S3Server

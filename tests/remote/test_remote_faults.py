@@ -18,7 +18,7 @@ import pytest
 import shardload
 from shardload.cli import main
 from shardload.errors import CorruptShardError, RemoteError
-from shardload.manifest import ShardInfo
+from shardload.formats.manifest import ShardInfo
 from shardload.remote import RemoteOptions, RetryPolicy
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.servers import S3Server

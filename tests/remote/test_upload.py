@@ -16,7 +16,7 @@ import pytest
 import shardload
 from shardload.cli import main
 from shardload.errors import OutputError, OutputExistsError, RemoteAccessError, RemoteError
-from shardload.manifest import MANIFEST_NAME
+from shardload.formats.manifest import MANIFEST_NAME
 from shardload.remote import RetryPolicy, open_filesystem
 from shardload.remote.upload import is_owned
 from tests.helpers.faultproxy import FaultProxy

@@ -9,7 +9,7 @@ package imports without it. :data:`ZARR` is its registration: writer, reader,
 
 from shardload.formats.base import OptionFlag, ShardFormat
 from shardload.formats.zarr.cache import CACHE_ENV, ChunkCache, chunk_cache, set_chunk_cache_bytes
-from shardload.formats.zarr.codecs import require_zarr
+from shardload.formats.zarr.compression import require_zarr
 from shardload.formats.zarr.options import COMPRESSIONS, DEFAULT_CHUNK_SIZE, ZarrOptions
 from shardload.formats.zarr.reader import ZarrShardReader, ZarrValues
 from shardload.formats.zarr.writer import ZarrShardWriter

@@ -15,7 +15,7 @@ import numpy as np
 
 from shardload.errors import InputError
 from shardload.formats.base import FormatOptions
-from shardload.formats.zarr.codecs import require_zarr
+from shardload.formats.zarr.compression import require_zarr
 
 #: compression names accepted by ``--compression`` / ``ZarrOptions.compression``
 COMPRESSIONS = ("zstd", "blosc-lz4", "none")

@@ -41,7 +41,7 @@ from shardload.formats.zarr.bounds import (
     max_chunk_bytes,
 )
 from shardload.formats.zarr.cache import ChunkCache, ChunkTable, chunk_cache
-from shardload.formats.zarr.codecs import require_zarr
+from shardload.formats.zarr.compression import require_zarr
 from shardload.formats.zarr.writer import LAYOUT_VERSION, nominal_chunk_rows
 from shardload.schema.fields import Field, Schema
 

@@ -18,7 +18,7 @@ import numpy as np
 from shardload._base.identity import IDENTITY_KEY, ShardIdentity
 from shardload.errors import InputError
 from shardload.formats.base import Columns, ShardWriter
-from shardload.formats.zarr.codecs import compressors_for, require_zarr
+from shardload.formats.zarr.compression import compressors_for, require_zarr
 from shardload.formats.zarr.options import ZarrOptions
 from shardload.plan.chunks import even_chunk_rows
 from shardload.schema.fields import Field, Schema

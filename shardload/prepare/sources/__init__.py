@@ -29,7 +29,7 @@ from dataclasses import field as dc_field
 from pathlib import Path
 
 from shardload.errors import InputError
-from shardload.manifest import MANIFEST_NAME
+from shardload.formats.manifest import MANIFEST_NAME
 from shardload.prepare.sources import columnar as _columnar  # noqa: F401  (registers parquet, arrow)
 from shardload.prepare.sources import jsonl as _jsonl  # noqa: F401  (registers the reader)
 from shardload.prepare.sources import npy as _npy  # noqa: F401  (registers the reader)

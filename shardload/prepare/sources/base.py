@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from shardload.formats.base import Columns
-    from shardload.origin import OriginKind
+    from shardload.formats.origin import OriginKind
     from shardload.schema.fields import Schema
 
 Sample = Mapping[str, Any]
@@ -204,7 +204,7 @@ class SampleBatch:
             ``values[offsets[i]:offsets[i + 1]]``; one without holds it in ``values[i]``.
         samples: the ``(locator, sample)`` pairs of the same samples.
         where: with ``columns``, where the samples are, for their origins
-            (:func:`shardload.origin.run_origins`): the file, ``"row"`` or
+            (:func:`shardload.formats.origin.run_origins`): the file, ``"row"`` or
             ``"line"``, and each sample's row or line number in it, the numbers
             its locator names.
     """

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from numpy.typing import NDArray
 
-    from shardload.origin import OriginKind
+    from shardload.formats.origin import OriginKind
     from shardload.schema.fields import Schema
 
 __all__ = ["BLOCK_BYTES", "json_batches"]

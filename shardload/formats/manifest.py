@@ -5,7 +5,7 @@ without one is never a shard set. Everything read from it is validated before
 use, so a damaged or hostile manifest cannot steer reads outside the shard set
 or cause giant allocations. A set of many shards keeps its shard list in a
 columnar shard table beside the manifest (``shards.arrow``, format version 3;
-see :mod:`shardload.shardtable`), which the manifest names and records the
+see :mod:`shardload.formats.shardtable`), which the manifest names and records the
 digest of.
 """
 
@@ -30,8 +30,7 @@ from shardload._base.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES,
 from shardload._base.setfiles import resolve_inside as resolve_inside  # re-exported: readers import it from here
 from shardload._base.setfiles import safe_relative_path as safe_relative_path
 from shardload.errors import ManifestError
-from shardload.schema.fields import Schema, schema_problems
-from shardload.shardtable import (
+from shardload.formats.shardtable import (
     SHARD_TABLE_NAME,
     NameRule,
     ShardFiles,
@@ -40,7 +39,8 @@ from shardload.shardtable import (
     read_table,
     wants_table,
 )
-from shardload.shardtable import ShardInfo as ShardInfo  # re-exported: readers import it from here
+from shardload.formats.shardtable import ShardInfo as ShardInfo  # re-exported: readers import it from here
+from shardload.schema.fields import Schema, schema_problems
 
 MANIFEST_NAME = "manifest.json"
 LENGTHS_NAME = "lengths.npy"
@@ -88,7 +88,7 @@ class Manifest:
     Attributes:
         schema: fields of a sample.
         shard_format: registry name of the shard format (``"arrow"``).
-        shards: shards in global sample-id order: a :class:`~shardload.shardtable.ShardTable`
+        shards: shards in global sample-id order: a :class:`~shardload.formats.shardtable.ShardTable`
             (a sequence of ``ShardInfo`` built on access; its columns are
             :attr:`table`); any sequence of ``ShardInfo`` given is made one.
         total_samples: sum of ``shard.samples``.

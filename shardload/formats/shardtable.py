@@ -1,6 +1,6 @@
 """The shard table of a shard set: one row per shard, held as columns (numpy arrays).
 
-Where it sits: ``prepare`` and ``merge`` build a :class:`~shardload.manifest.Manifest`
+Where it sits: ``prepare`` and ``merge`` build a :class:`~shardload.formats.manifest.Manifest`
 whose ``shards`` is a :class:`ShardTable`; a set of :data:`SHARD_TABLE_MIN_SHARDS`
 shards or more is written with the table in its own file, ``shards.arrow``
 (format version 3), written before ``manifest.json``, which names it and
