@@ -63,11 +63,11 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
     from shardload.formats.origin import SampleOrigin
     from shardload.formats.zarr import ZarrOptions
     from shardload.merging import MergeResult, merge
-    from shardload.mixture import Mixture
     from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
     from shardload.schema.fields import Field, Schema
-    from shardload.shardset import ShardSet
-    from shardload.shardset import open_shard_set as _open_shard_set
+    from shardload.sets.mixture import Mixture
+    from shardload.sets.shardset import ShardSet
+    from shardload.sets.shardset import open_shard_set as _open_shard_set
 except KeyboardInterrupt:
     _interrupted_while_starting()
     raise

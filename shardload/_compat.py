@@ -42,6 +42,11 @@ MOVED: dict[str, str] = {
     "shardload.shardtable": "shardload.formats.shardtable",
     "shardload.origin": "shardload.formats.origin",
     "shardload.formats.zarr.codecs": "shardload.formats.zarr.compression",
+    "shardload.shardset": "shardload.sets.shardset",
+    "shardload.mixture": "shardload.sets.mixture",
+    "shardload.verify": "shardload.sets.verify",
+    "shardload.inspect": "shardload.sets.describe",
+    "shardload.index": "shardload.sets.index",
 }
 
 

@@ -22,9 +22,9 @@ from shardload.errors import PlanError
 from shardload.loader import ShardLoader, build_loader
 from shardload.loader_options import LoaderOptions, with_shortcuts
 from shardload.loader_state import check_state
-from shardload.mixture import MixedSets, Mixture, Source, as_source, open_source
 from shardload.plan import Batching, EpochSpec, ShardAssignment, Stage
 from shardload.remote.options import RemoteOptions
+from shardload.sets.mixture import MixedSets, Mixture, Source, as_source, open_source
 from shardload.world import World
 
 #: which shard sets each Lightning stage reads

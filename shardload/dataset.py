@@ -39,9 +39,9 @@ from shardload.collate import Allocate, Layout, PadSpec, allocate_separately, co
 from shardload.collate_packed import PackSpec, collate_packed
 from shardload.errors import PlanError, ShardSetChangedError
 from shardload.formats import Columns
-from shardload.mixture import SOURCE_KEY, MixedSets
 from shardload.remote.url import is_remote
-from shardload.shardset import ShardSet
+from shardload.sets.mixture import SOURCE_KEY, MixedSets
+from shardload.sets.shardset import ShardSet
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ class ShardBatchDataset(Dataset[Any]):
         path: the shard set directory, or an opened :class:`ShardSet` to reuse
             (saves parsing the manifest again in the main process; worker
             processes get a copy without mappings and map their own shards),
-            or an opened mixture (:class:`~shardload.mixture.MixedSets`, which
+            or an opened mixture (:class:`~shardload.sets.mixture.MixedSets`, which
             workers get the same way); a mixture's batches also hold
             ``batch["source"]``, the source of each sample.
         pad: padding options (pad values, multiple, fields to load); checked

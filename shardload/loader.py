@@ -30,14 +30,14 @@ from shardload.dataset import BatchKey, ShardBatchDataset, WorkerBatch
 from shardload.errors import PlanError, PlanMismatchError, ShardloadError, WorkerError
 from shardload.loader_options import LoaderOptions, with_shortcuts
 from shardload.loader_state import LoaderState, check_state, resume_point
-from shardload.mixture import MixedSets, Source, as_source, open_source
 from shardload.plan import Batching, EpochPlanner, EpochSpec, RankPlan, ShardAssignment, Stage, plan_rank
 from shardload.plan.mix.inputs import refuse_long_samples_in
 from shardload.plan.request import check_request
 from shardload.plan.resume import ResumeInputs, run_identity
 from shardload.remote.options import RemoteOptions
 from shardload.remote.prefetch import Prefetcher, read_orders, start_prefetch
-from shardload.shardset import ShardSet
+from shardload.sets.mixture import MixedSets, Source, as_source, open_source
+from shardload.sets.shardset import ShardSet
 from shardload.workers import dead_worker, describe_exit, describe_stall
 from shardload.world import World
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from shardload._base.messages import signal_name
-from shardload.shardset import ShardSet
+from shardload.sets.shardset import ShardSet
 
 __all__ = ["dead_worker", "describe_exit", "describe_stall", "shards_changed_on_disk"]
 

@@ -13,11 +13,11 @@ import shardload.dataset
 from shardload.collate import Layout, PadSpec, collate_batch, group_by_shard
 from shardload.dataset import BatchArena, ShardBatchDataset
 from shardload.formats import Columns
-from shardload.index import ShardIndex
 from shardload.loader import make_loader
 from shardload.loader_options import LoaderOptions
 from shardload.plan import Batching, EpochSpec, PlanInputs, padded_length, plan_rank
 from shardload.schema.fields import Field, Schema
+from shardload.sets.index import ShardIndex
 
 # Sample i has i % 7 == 6 long (40 rows), the others short (1-3 rows): batches of short ids plus
 # one long id are mostly padding (the whole array is filled first); batches of long ids are not.

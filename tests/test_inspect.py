@@ -1,4 +1,4 @@
-"""shardload.inspect: a description from the manifest and lengths index alone."""
+"""shardload.sets.describe: a description from the manifest and lengths index alone."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 import shardload
 from shardload.errors import ManifestError
-from shardload.inspect import (
+from shardload.sets.describe import (
     describe,
     format_description,
     length_distribution,

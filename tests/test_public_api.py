@@ -64,7 +64,7 @@ def test_star_import_keeps_the_builtin_open() -> None:
     exec("from shardload import *", namespace)
     # Invariant: `from shardload import *` shadows no builtin; the shard-set opener stays shardload.open
     assert not set(namespace) & set(vars(builtins)) - {"__builtins__"}
-    assert "open" not in namespace and shardload.open is shardload.shardset.open_shard_set
+    assert "open" not in namespace and shardload.open is shardload.sets.shardset.open_shard_set
 
 
 def test_lazy_names_are_exported_and_resolve_to_their_module() -> None:

@@ -12,7 +12,7 @@ import ray  # the test extra installs it (shardload[ray])
 
 import shardload
 import shardload.ray as sr
-from shardload.verify import verify
+from shardload.sets.verify import verify
 
 pytestmark = pytest.mark.slow
 

@@ -227,8 +227,8 @@ def test_old_readers_refuse_and_new_read_old(text_set: Path, tmp_path: Path) -> 
 
 def test_inspect_verify_and_export_handle_text(text_set: Path, tmp_path: Path) -> None:
     from shardload.export.webdataset import to_webdataset
-    from shardload.inspect import describe, format_description
-    from shardload.verify import verify
+    from shardload.sets.describe import describe, format_description
+    from shardload.sets.verify import verify
 
     info = describe(text_set)
     kinds = {f["name"]: f for f in info["fields"]}

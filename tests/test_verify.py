@@ -1,4 +1,4 @@
-"""shardload.verify: every kind of damage is reported against the right shard, never raised."""
+"""shardload.sets.verify: every kind of damage is reported against the right shard, never raised."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from shardload._base.identity import ShardIdentity
 from shardload.errors import ManifestError
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
 from shardload.formats.manifest import file_checksum
-from shardload.verify import REASONS, Problem, recompute_lengths, verify
+from shardload.sets.verify import REASONS, Problem, recompute_lengths, verify
 
 
 @pytest.fixture

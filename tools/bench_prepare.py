@@ -9,7 +9,7 @@ getting the bytes to disk:
   (b) baseline: one concatenated raw file of values + one of offsets;
   (c) ``shardload.write(samples, out, workers=1)``           (from memory);
   (d) ``shardload.prepare(npy_dir, out, workers=W)``         (reads the files of (a));
-  (e) ``shardload.verify.verify(out)`` of (d)                (page cache warm).
+  (e) ``shardload.sets.verify.verify(out)`` of (d)                (page cache warm).
 
 MB/s are of payload (token bytes), so every step is compared on the same work.
 
@@ -48,8 +48,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 import shardload
+from shardload.sets.verify import verify
 from shardload.testing import long_tailed_lengths
-from shardload.verify import verify
 
 
 def make_samples(n: int, median: float, seed: int) -> list[dict[str, np.ndarray]]:

@@ -198,7 +198,7 @@ def time_total(path: str, batching: dict[str, int], world_size: int) -> dict[str
 def time_stages(path: str, batching: dict[str, int], world_size: int) -> dict[str, float]:
     """The same work as :func:`time_total`, stage by stage (CPU seconds, and the wall sum)."""
     from shardload.loader import make_loader
-    from shardload.shardset import ShardSet
+    from shardload.sets.shardset import ShardSet
 
     t = [_now()]
     ss = ShardSet(path)

@@ -82,7 +82,7 @@ def reason_of(exc: BaseException) -> str:
     """The reason code of an error raised here.
 
     One of ``missing``, ``outside_set``, ``unreadable``, ``lengths_mismatch`` (the
-    codes of :mod:`shardload.verify`) or ``fd_limit`` (out of file descriptors).
+    codes of :mod:`shardload.sets.verify`) or ``fd_limit`` (out of file descriptors).
     """
     reason = getattr(exc, "shardload_reason", "unreadable")
     return reason if isinstance(reason, str) else "unreadable"

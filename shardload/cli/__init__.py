@@ -2,8 +2,8 @@
 
 Where it sits: on top of the flow. ``shardload prepare`` -> :func:`shardload.prepare`,
 ``merge`` -> :func:`shardload.merge`,
-``inspect`` -> :func:`shardload.inspect.describe`, ``verify`` ->
-:func:`shardload.verify.verify`, ``plan`` -> :func:`shardload.plan.summarize_plan`,
+``inspect`` -> :func:`shardload.sets.describe.describe`, ``verify`` ->
+:func:`shardload.sets.verify.verify`, ``plan`` -> :func:`shardload.plan.summarize_plan`,
 ``export`` -> :func:`shardload.export.to_webdataset`.
 
 Adding a command is one module plus one line: write ``shardload/cli/NAME.py``

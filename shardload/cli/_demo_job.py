@@ -174,8 +174,8 @@ def run_demo(cfg: DemoConfig, *, progress: bool | None = None, out: Any = print)
         f"val {prep_val.samples} samples in {prep_val.shards} shards"
     )
 
-    from shardload.inspect import describe
-    from shardload.verify import verify
+    from shardload.sets.describe import describe
+    from shardload.sets.verify import verify
 
     info = describe(sets / "train")
     report = verify(sets / "train")

@@ -20,7 +20,7 @@ EPILOG = """examples:
   shardload inspect s3://bucket/sets/train      # fetches manifest and lengths index into the node cache
 
 """ + python_hint(
-    "from shardload.inspect import describe, plot_lengths",
+    "from shardload.sets.describe import describe, plot_lengths",
     "info = describe('out/')          # the --json object, as a dict",
     "ds = shardload.open('out/')      # ds.lengths: the memory-mapped lengths index",
 )
@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shardload.inspect import describe, format_description, plot_lengths
+    from shardload.sets.describe import describe, format_description, plot_lengths
 
     remote = remote_of(args)
     info = describe(args.path, remote=remote)

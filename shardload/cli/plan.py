@@ -33,8 +33,8 @@ from shardload.cli._flags import add_option_flags, options_from_args
 from shardload.plan import Batching, EpochSpec
 
 if TYPE_CHECKING:
-    from shardload.mixture import MixedSets, Mixture
-    from shardload.shardset import ShardSet
+    from shardload.sets.mixture import MixedSets, Mixture
+    from shardload.sets.shardset import ShardSet
 
 SUMMARY = "dry-run the per-rank batch plan (batches, padding, balance)"
 
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
 def shard_bytes_of(opened: ShardSet | MixedSets) -> NDArray[np.int64]:
     """``(S,)`` every shard's bytes from the manifest(s): a mixture's sources one after another."""
-    from shardload.mixture import MixedSets
+    from shardload.sets.mixture import MixedSets
 
     sets = opened.sets if isinstance(opened, MixedSets) else (opened,)
     return np.array([shard.bytes for one in sets for shard in one.shards], dtype=np.int64)
@@ -143,7 +143,7 @@ def shard_bytes_of(opened: ShardSet | MixedSets) -> NDArray[np.int64]:
 def mixture_of(args: argparse.Namespace) -> Mixture:
     """The :class:`~shardload.Mixture` of the ``--source`` flags (a bad one is a usage error)."""
     from shardload.errors import PlanError
-    from shardload.mixture import Mixture
+    from shardload.sets.mixture import Mixture
 
     sources: dict[str, str] = {}
     weights: dict[str, float] = {}

@@ -24,7 +24,7 @@ EPILOG = """examples:
   shardload verify s3://bucket/sets/train --cache-limit 20GiB   # downloads every shard through the cache
 
 """ + python_hint(
-    "from shardload.verify import verify",
+    "from shardload.sets.verify import verify",
     "report = verify('out/')   # report.ok, report.problems, report.to_json()",
     "ds = shardload.open('out/')",
 )
@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shardload.verify import verify
+    from shardload.sets.verify import verify
 
     report = verify(
         args.path, workers=args.workers, progress=False if args.no_progress else None, remote=remote_of(args)

@@ -65,7 +65,7 @@ from shardload.formats.manifest import file_checksum
 from shardload.prepare.sources import EXPORT_INDEX_NAME
 from shardload.prepare.sources.webdataset import split_member_name
 from shardload.schema.fields import Schema
-from shardload.shardset import ShardSet, open_shard_set
+from shardload.sets.shardset import ShardSet, open_shard_set
 
 __all__ = ["INDEX_NAME", "WebDatasetExport", "to_webdataset"]
 

@@ -222,7 +222,7 @@ def check_new_set(wd: WorkDir) -> None:
             (permission denied, an I/O error); the work dir is kept, a resume
             once the cause is fixed commits the set.
     """
-    from shardload.shardset import ShardSet
+    from shardload.sets.shardset import ShardSet
 
     try:
         shard_set = ShardSet(wd.work)

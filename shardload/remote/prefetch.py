@@ -25,13 +25,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload.errors import PlanError
-from shardload.index import ShardIndex
 from shardload.remote.cache import RemoteSet
+from shardload.sets.index import ShardIndex
 
 if TYPE_CHECKING:
-    from shardload.mixture import MixedSets
     from shardload.plan import RankPlan
-    from shardload.shardset import ShardSet
+    from shardload.sets.mixture import MixedSets
+    from shardload.sets.shardset import ShardSet
 
 __all__ = ["Prefetcher", "check_step_fits", "read_order", "read_orders", "start_prefetch"]
 
@@ -226,7 +226,7 @@ def read_orders(read: ShardSet | MixedSets, plan: RankPlan, workers: int) -> Rea
         ShardSetChangedError: a remote set was re-prepared since it was opened.
         PlanError: a cache limit below what one step of the node needs (:func:`check_step_fits`).
     """
-    from shardload.mixture import MixedSets
+    from shardload.sets.mixture import MixedSets
 
     sets = read.sets if isinstance(read, MixedSets) else (read,)
     firsts = read.shard_offsets.tolist() if isinstance(read, MixedSets) else [0]

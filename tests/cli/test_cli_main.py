@@ -80,23 +80,23 @@ def test_debug_shows_the_traceback(cli, tmp_path) -> None:
 
 
 def test_unexpected_exception_is_an_internal_error(cli, shard_set, monkeypatch) -> None:
-    import shardload.inspect
+    import shardload.sets.describe
 
     def boom(*a, **k):
         raise RuntimeError("kaboom")
 
-    monkeypatch.setattr(shardload.inspect, "describe", boom)
+    monkeypatch.setattr(shardload.sets.describe, "describe", boom)
     r = cli("inspect", shard_set)
     assert r.code == Exit.INTERNAL and "internal error: RuntimeError: kaboom" in r.err
 
 
 def test_os_error_is_exit_4_without_traceback(cli, shard_set, monkeypatch) -> None:
-    import shardload.inspect
+    import shardload.sets.describe
 
     def denied(*a, **k):
         raise PermissionError(13, "Permission denied", "/somewhere/lengths.png")
 
-    monkeypatch.setattr(shardload.inspect, "describe", denied)
+    monkeypatch.setattr(shardload.sets.describe, "describe", denied)
     r = cli("inspect", shard_set)
     assert r.code == Exit.OUTPUT
     assert r.err == "shardload: error: /somewhere/lengths.png: Permission denied\n"

@@ -27,10 +27,10 @@ from shardload.datamodule import ShardDataModule
 from shardload.formats import get_format
 from shardload.formats.zarr import ChunkCache, ZarrOptions, ZarrShardReader, ZarrShardWriter, ZarrValues, chunk_cache
 from shardload.formats.zarr import cache as cache_module
-from shardload.inspect import describe
 from shardload.plan import Batching
+from shardload.sets.describe import describe
+from shardload.sets.verify import verify
 from shardload.testing import synthetic_samples
-from shardload.verify import verify
 from tests.helpers.resume import assert_resumes_identically, batch_ids
 
 pytest.importorskip("zarr")

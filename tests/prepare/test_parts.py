@@ -15,10 +15,10 @@ import pytest
 import shardload
 from shardload.errors import InputError, MergeError, OutputExistsError
 from shardload.formats.manifest import Manifest
-from shardload.inspect import describe
 from shardload.prepare.parts import parse_part, split_units
 from shardload.prepare.sources import SourceUnit
-from shardload.verify import verify
+from shardload.sets.describe import describe
+from shardload.sets.verify import verify
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -173,7 +173,7 @@ def test_inspect_reports_the_parts(sources: list[str], tmp_path: Path) -> None:
     per_part = [shardload.open(p).manifest.total_samples for p in sorted((out / "parts").iterdir())]
     assert info["part_balance"]["samples"] == {"min": min(per_part), "max": max(per_part)}
     assert info["part_balance"]["shards"] == {"min": 2, "max": 2}
-    assert "per part   3 parts" in shardload.inspect.format_description(info)
+    assert "per part   3 parts" in shardload.sets.describe.format_description(info)
 
 
 # -- refusals -------------------------------------------------------------------------------------------

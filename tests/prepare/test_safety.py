@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import shardload
+from shardload.sets.verify import verify
 from shardload.testing import synthetic_samples
-from shardload.verify import verify
 
 REPO = Path(__file__).resolve().parents[2]
 

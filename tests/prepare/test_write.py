@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import shardload
+from shardload.sets.verify import recompute_lengths, verify
 from shardload.testing import synthetic_samples
-from shardload.verify import recompute_lengths, verify
 
 
 def assert_same_sample(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:

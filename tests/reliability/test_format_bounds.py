@@ -31,8 +31,8 @@ import shardload
 from shardload.formats import get_format
 from shardload.formats.arrow.writer import arrow_schema, to_arrow
 from shardload.formats.manifest import file_checksum
+from shardload.sets.verify import verify
 from shardload.testing import synthetic_samples
-from shardload.verify import verify
 
 from .conftest import read_manifest, shard_file, write_manifest
 
@@ -74,7 +74,7 @@ def read_everything(root: Path) -> None:
 _CHILD = textwrap.dedent(
     """
     import json, sys
-    import shardload, shardload.verify, pyarrow, numcodecs
+    import shardload, shardload.sets.verify, pyarrow, numcodecs
     import zarr  # noqa: F401  imported before the baseline, like everything the readers use
 
     def status(key):
@@ -92,7 +92,7 @@ _CHILD = textwrap.dedent(
             ds[i]
     except shardload.ShardloadError as exc:
         out["errors"].append(type(exc).__name__ + ": " + str(exc))
-    report = shardload.verify.verify(sys.argv[1])
+    report = shardload.sets.verify.verify(sys.argv[1])
     out["problems"] = [str(p) for p in report.problems]
     out["grown"] = status("VmHWM") - base
     print(json.dumps(out))

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardload
-from shardload.inspect import describe
-from shardload.verify import verify
+from shardload.sets.describe import describe
+from shardload.sets.verify import verify
 
 from .conftest import read_all, read_manifest, write_manifest
 from .test_set_files import long_samples, no_hang

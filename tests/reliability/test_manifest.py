@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import shardload
 from shardload.formats.arrow import ArrowShardReader
 from shardload.formats.manifest import FORMAT_VERSION, Manifest, file_checksum
-from shardload.verify import verify
+from shardload.sets.verify import verify
 
 from .conftest import read_all, read_manifest, shard_file, write_manifest
 

@@ -427,7 +427,7 @@ def test_a_new_set_unreadable_for_a_reason_of_the_system_keeps_the_work_for_resu
     # about its content: the work is kept and named, and --resume commits it once the cause is fixed.
     from shardload._base.setfiles import os_error
     from shardload.errors import CorruptShardError
-    from shardload.shardset import ShardSet
+    from shardload.sets.shardset import ShardSet
 
     real = ShardSet.shard_columns
 

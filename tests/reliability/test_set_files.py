@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 import shardload
-from shardload.inspect import describe
-from shardload.verify import verify
+from shardload.sets.describe import describe
+from shardload.sets.verify import verify
 
 from .conftest import read_all, read_manifest, shard_file, write_manifest
 
@@ -105,7 +105,7 @@ def assert_only_clean_errors(root: Path, match: str, fifo: Path | None = None) -
                 assert any(s in str(exc) for s in match.split("|")), str(exc)
                 raised += 1
                 continue
-        if isinstance(out, shardload.verify.VerifyReport):
+        if isinstance(out, shardload.sets.verify.VerifyReport):
             assert not out.ok
             assert any(any(s in p.detail for s in match.split("|")) for p in out.problems), out.problems
             raised += 1

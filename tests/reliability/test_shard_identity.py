@@ -31,8 +31,8 @@ import shardload
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
 from shardload.formats.arrow.writer import arrow_schema, to_arrow
 from shardload.formats.manifest import file_checksum
+from shardload.sets.verify import verify
 from shardload.testing import synthetic_samples
-from shardload.verify import verify
 
 from .conftest import read_all, read_manifest, shard_file, write_manifest
 

@@ -18,9 +18,9 @@ import shardload.formats.shardtable as shardtable
 from shardload.errors import ManifestError
 from shardload.formats.manifest import BASE_FORMAT_VERSION, TABLE_FORMAT_VERSION, Manifest, ShardInfo
 from shardload.formats.shardtable import SHARD_TABLE_NAME, TABLE_SCHEMA
-from shardload.inspect import describe
 from shardload.schema.fields import Schema
-from shardload.verify import verify
+from shardload.sets.describe import describe
+from shardload.sets.verify import verify
 
 SCHEMA = Schema.from_json({"fields": [{"name": "tokens", "dtype": "int32", "shape": [None]}]})
 

@@ -15,8 +15,8 @@ import pytest
 import shardload
 from shardload.formats.arrow import ArrowShardReader
 from shardload.plan import Batching
+from shardload.sets.verify import verify
 from shardload.testing import synthetic_samples
-from shardload.verify import verify
 
 from .conftest import read_all, read_manifest, shard_file, write_manifest
 

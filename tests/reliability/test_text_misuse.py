@@ -150,7 +150,7 @@ def test_origin_of_a_non_integer_is_a_type_error(tmp_path: Path, bad: object) ->
 
 @pytest.mark.parametrize("damage", ["garbage", "too-few-rows", "unknown-kind"])
 def test_verify_reports_damaged_sample_origins(tmp_path: Path, damage: str) -> None:
-    from shardload.verify import verify
+    from shardload.sets.verify import verify
 
     shardload.write([{"x": np.arange(3), "t": "a"} for _ in range(5)], tmp_path / "out")
     path = tmp_path / "out" / "origins.arrow"

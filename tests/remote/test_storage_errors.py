@@ -23,7 +23,7 @@ import shardload
 from shardload.cli import main
 from shardload.errors import InputError, RemoteError, ShardSetError
 from shardload.remote import RemoteOptions, RetryPolicy, open_filesystem
-from shardload.verify import verify
+from shardload.sets.verify import verify
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.servers import S3Server, free_port
 from tests.remote.test_remote_sets import make_set

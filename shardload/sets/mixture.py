@@ -33,12 +33,12 @@ from numpy.typing import NDArray
 from shardload._base.checks import MAX_LENGTH, check_scalar
 from shardload.errors import MixtureError, PlanError, ShardSetError
 from shardload.formats import Columns
-from shardload.index import ShardIndex
 from shardload.plan.mix.inputs import MixBy, MixInputs, check_weights
 from shardload.remote.options import RemoteOptions
 from shardload.remote.url import is_remote
 from shardload.schema.fields import Schema
-from shardload.shardset import ShardSet
+from shardload.sets.index import ShardIndex
+from shardload.sets.shardset import ShardSet
 
 __all__ = ["SOURCE_KEY", "MixedSets", "Mixture", "as_source", "open_source"]
 

@@ -1,6 +1,6 @@
 """Sample id <-> (shard, row) arithmetic, from the shard sample counts alone.
 
-No shard is opened here. :class:`~shardload.shardset.ShardSet` holds one
+No shard is opened here. :class:`~shardload.sets.shardset.ShardSet` holds one
 (``ShardSet.index``) to find the shard and row of a sample id, for ``ds[i]``
 and for the loader's workers when they fetch a batch; the locality tests use
 :meth:`ShardIndex.shards_of`. The planner does not use it: it takes the shard

@@ -42,12 +42,12 @@ from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedEr
 from shardload.formats import Columns, ShardReader, get_format
 from shardload.formats.manifest import MANIFEST_NAME, Manifest, ShardInfo, resolve_inside
 from shardload.formats.origin import SampleOrigin, read_origin
-from shardload.index import ShardIndex
 from shardload.plan.request import PlanInputs
 from shardload.remote.options import RemoteOptions
 from shardload.remote.url import is_remote
 from shardload.schema.fields import Schema
 from shardload.schema.text import decode_text
+from shardload.sets.index import ShardIndex
 
 if TYPE_CHECKING:
     from shardload.remote.cache import RemoteSet

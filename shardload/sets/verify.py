@@ -12,7 +12,7 @@ that the lengths recomputed from its offsets equal its slice
 of the lengths index (and of each per-field index). Damage is *reported*, never
 raised, so one run lists everything that is wrong:
 
->>> from shardload.verify import verify
+>>> from shardload.sets.verify import verify
 >>> report = verify("out/")                # doctest: +SKIP
 >>> for p in report.problems:              # doctest: +SKIP
 ...     print(p)
@@ -201,7 +201,7 @@ def verify(
         unit="bytes",
         enabled=progress,
         every=10.0,
-        log="shardload.verify",
+        log="shardload.sets.verify",
     )
     try:
         for k, (found, read) in enumerate(map_in_workers(checker, range(len(manifest.shards)), workers, threads=True)):

@@ -27,7 +27,7 @@ from shardload._base.messages import format_bytes
 from shardload.formats.manifest import Manifest
 from shardload.remote.options import RemoteOptions
 from shardload.schema.text import TEXT_DTYPES
-from shardload.shardset import open_shard_set
+from shardload.sets.shardset import open_shard_set
 
 __all__ = [
     "LengthDistribution",
