@@ -62,8 +62,8 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
     from shardload.formats.arrow import ArrowOptions
     from shardload.formats.origin import SampleOrigin
     from shardload.formats.zarr import ZarrOptions
-    from shardload.merging import MergeResult, merge
     from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
+    from shardload.prepare.merging import MergeResult, merge
     from shardload.schema.fields import Field, Schema
     from shardload.sets.mixture import Mixture
     from shardload.sets.shardset import ShardSet

@@ -47,6 +47,7 @@ MOVED: dict[str, str] = {
     "shardload.verify": "shardload.sets.verify",
     "shardload.inspect": "shardload.sets.describe",
     "shardload.index": "shardload.sets.index",
+    "shardload.merging": "shardload.prepare.merging",
 }
 
 

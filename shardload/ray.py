@@ -38,8 +38,8 @@ import numpy as np
 from shardload._base.output import withdraw_index
 from shardload.errors import InputError, MissingDependencyError, OutputError, OutputExistsError, OutputLockedError
 from shardload.formats.manifest import MANIFEST_NAME, Manifest
-from shardload.merging import MergeResult, merge
 from shardload.prepare import PrepareOptions
+from shardload.prepare.merging import MergeResult, merge
 from shardload.prepare.parts import PART_NAME, PARTS_DIR, part_name, part_record
 from shardload.prepare.pipeline import run_prepare
 from shardload.prepare.remote import refuse_remote_parts
@@ -72,7 +72,7 @@ class ShardSink(Datasink["dict[str, Any] | None"]):
             to each part; ``workers`` are processes inside each task).
 
     After ``ds.write_datasink(sink)``, :attr:`result` is the merge's
-    :class:`~shardload.merging.MergeResult`.
+    :class:`~shardload.prepare.merging.MergeResult`.
 
     Raises:
         InputError: an invalid option (when the sink is made, on the driver).
