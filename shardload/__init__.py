@@ -74,20 +74,20 @@ except KeyboardInterrupt:
 
 if TYPE_CHECKING:  # type checkers see the real objects; at run time they load lazily (below)
     from shardload.datamodule import ShardDataModule
-    from shardload.loader import ShardLoader, make_loader
-    from shardload.loader_options import LoaderOptions
+    from shardload.load.loader import ShardLoader, make_loader
+    from shardload.load.options import LoaderOptions
+    from shardload.load.world import World
     from shardload.plan import Batching
-    from shardload.world import World
 
 # torch and Lightning load only when the loading side is first used, so that
 # `import shardload` and the prepare/inspect/verify commands start fast.
 _LAZY = {
     "Batching": "shardload.plan",
-    "LoaderOptions": "shardload.loader_options",
+    "LoaderOptions": "shardload.load.options",
     "ShardDataModule": "shardload.datamodule",
-    "ShardLoader": "shardload.loader",
-    "World": "shardload.world",
-    "make_loader": "shardload.loader",
+    "ShardLoader": "shardload.load.loader",
+    "World": "shardload.load.world",
+    "make_loader": "shardload.load.loader",
 }
 
 
@@ -106,7 +106,7 @@ def __getattr__(name: str) -> object:
 #: builtin ``open``
 open = _open_shard_set
 
-_compat.install()  # the module paths of 0.1.0 (shardload.loader, ...) stay importable
+_compat.install()  # the module paths of 0.1.0 (shardload.load.loader, ...) stay importable
 
 __all__ = [
     "ArrowOptions",

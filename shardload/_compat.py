@@ -48,6 +48,15 @@ MOVED: dict[str, str] = {
     "shardload.inspect": "shardload.sets.describe",
     "shardload.index": "shardload.sets.index",
     "shardload.merging": "shardload.prepare.merging",
+    "shardload.collate_packed": "shardload.load.collate_packed",
+    "shardload.collate": "shardload.load.collate",
+    "shardload.dataset": "shardload.load.dataset",
+    "shardload.loader_options": "shardload.load.options",
+    "shardload.loader_state": "shardload.load.state",
+    "shardload.loader": "shardload.load.loader",
+    "shardload.workers": "shardload.load.workers",
+    "shardload.world": "shardload.load.world",
+    "shardload.remote.prefetch": "shardload.load.prefetch",
 }
 
 

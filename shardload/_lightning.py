@@ -56,7 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shardload.world import World
+from shardload.load.world import World
 
 __all__ = ["TrainerLink", "current_epoch", "limited_batches", "restored_steps", "train_link", "trainer_world"]
 

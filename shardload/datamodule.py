@@ -17,15 +17,15 @@ from typing import Any
 import lightning.pytorch as pl
 
 from shardload._lightning import current_epoch, train_link
-from shardload.collate import PadSpec
 from shardload.errors import PlanError
-from shardload.loader import ShardLoader, build_loader
-from shardload.loader_options import LoaderOptions, with_shortcuts
-from shardload.loader_state import check_state
+from shardload.load.collate import PadSpec
+from shardload.load.loader import ShardLoader, build_loader
+from shardload.load.options import LoaderOptions, with_shortcuts
+from shardload.load.state import check_state
+from shardload.load.world import World
 from shardload.plan import Batching, EpochSpec, ShardAssignment, Stage
 from shardload.remote.options import RemoteOptions
 from shardload.sets.mixture import MixedSets, Mixture, Source, as_source, open_source
-from shardload.world import World
 
 #: which shard sets each Lightning stage reads
 _SETS_OF_STAGE: dict[str | None, tuple[Stage, ...]] = {

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import shardload
-import shardload.dataset
-from shardload.collate import Layout, PadSpec, collate_batch, group_by_shard
-from shardload.dataset import BatchArena, ShardBatchDataset
+import shardload.load.dataset
 from shardload.formats import Columns
-from shardload.loader import make_loader
-from shardload.loader_options import LoaderOptions
+from shardload.load.collate import Layout, PadSpec, collate_batch, group_by_shard
+from shardload.load.dataset import BatchArena, ShardBatchDataset
+from shardload.load.loader import make_loader
+from shardload.load.options import LoaderOptions
 from shardload.plan import Batching, EpochSpec, PlanInputs, padded_length, plan_rank
 from shardload.schema.fields import Field, Schema
 from shardload.sets.index import ShardIndex
@@ -133,7 +133,7 @@ def test_worker_batches_equal_main_process_batches(
     collate_set: tuple[Path, list[dict[str, np.ndarray]]], pin: bool, shared_from: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path, _ = collate_set
-    monkeypatch.setattr(shardload.dataset, "SHARED_FROM_BYTES", shared_from)  # workers are forked: they see it
+    monkeypatch.setattr(shardload.load.dataset, "SHARED_FROM_BYTES", shared_from)  # workers are forked: they see it
 
     def epoch(workers: int) -> list[dict[str, torch.Tensor]]:
         loader = make_loader(

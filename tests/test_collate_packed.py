@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import shardload
-from shardload.collate import Layout, PadSpec
-from shardload.collate_packed import PackSpec
-from shardload.dataset import BatchArena, BatchKey, ShardBatchDataset, WorkerBatch
 from shardload.errors import PlanError
+from shardload.load.collate import Layout, PadSpec
+from shardload.load.collate_packed import PackSpec
+from shardload.load.dataset import BatchArena, BatchKey, ShardBatchDataset, WorkerBatch
 
 # Sample i: tokens i*1000 + [0, 1, ...] (each token says where it comes from), feats [L, 2], a label.
 LENGTHS = [3, 5, 2, 7, 1, 4, 0, 9, 6, 2, 8, 3]
@@ -179,7 +179,7 @@ class _Keys:
 def test_workers_give_the_same_packed_batches(
     packed_set: Path, monkeypatch: pytest.MonkeyPatch, shared_from: int
 ) -> None:
-    monkeypatch.setattr(shardload.dataset, "SHARED_FROM_BYTES", shared_from)
+    monkeypatch.setattr(shardload.load.dataset, "SHARED_FROM_BYTES", shared_from)
     keys = [_key(ids, rows, starts, weights) for ids, rows, starts, weights in CASES.values()]
     spec = PackSpec(pack_length=8, rows_per_batch=3)
 

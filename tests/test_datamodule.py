@@ -12,7 +12,7 @@ import torch
 
 import shardload
 from shardload.datamodule import ShardDataModule
-from shardload.loader import PlanSampler
+from shardload.load.loader import PlanSampler
 from shardload.testing import synthetic_samples
 
 # Scoped to this module's tests by pytest: the tiny loaders here use few workers on purpose.

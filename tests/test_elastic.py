@@ -25,10 +25,10 @@ import shardload
 from shardload import Mixture, make_loader
 from shardload._lightning import train_link
 from shardload.errors import PlanError, PlanMismatchError
-from shardload.loader import PlanSampler
+from shardload.load.loader import PlanSampler
+from shardload.load.world import World
 from shardload.plan import Batching, EpochSpec, PlanInputs
 from shardload.testing import synthetic_samples
-from shardload.world import World
 from tests.plan.strategies import long_tailed, partition
 from tests.plan.test_resume import batchings
 

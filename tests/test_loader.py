@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import shardload
-from shardload.loader import make_loader
+from shardload.load.loader import make_loader
 from shardload.plan import Batching
 from shardload.testing import synthetic_samples
 from tests.helpers.resume import assert_resumes_identically, batch_ids
@@ -125,7 +125,7 @@ def test_first_batch_does_not_import_pyarrow_compute_or_pandas(tmp_path: Path) -
 
     shardload.write(synthetic_samples(50, seed=5), tmp_path / "s", num_shards=2)
     code = (
-        "import sys; from shardload.loader import make_loader; "
+        "import sys; from shardload.load.loader import make_loader; "
         f"b = next(iter(make_loader({str(tmp_path / 's')!r}, rank=0, world_size=1, batch_size=8))); "
         "print(sorted(m for m in ('pyarrow.compute', 'pandas') if m in sys.modules))"
     )
@@ -146,7 +146,7 @@ def test_epochs_reshuffle_training_but_not_evaluation(shard_set: shardload.Shard
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_mid_epoch_in_one_process(shard_set: shardload.ShardSet, workers: int) -> None:
-    def make() -> shardload.loader.ShardLoader:
+    def make() -> shardload.load.loader.ShardLoader:
         loader = make_loader(
             shard_set.path, rank=0, world_size=2, stage="train", max_tokens=160, num_workers=workers, seed=1
         )
@@ -165,13 +165,13 @@ def test_resume_plans_the_epoch_once(shard_set: shardload.ShardSet, monkeypatch:
     state = a.state_dict()
     b = make_loader(shard_set.path, rank=0, world_size=2, batch_size=8)
     planned: list[int] = []
-    real = shardload.loader.plan_rank
+    real = shardload.load.loader.plan_rank
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         planned.append(args[1].epoch)  # the EpochSpec
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(shardload.loader, "plan_rank", counting)
+    monkeypatch.setattr(shardload.load.loader, "plan_rank", counting)
     b.load_state_dict(state)
     rest = batch_ids(b)
     assert planned == [2]
@@ -199,7 +199,7 @@ def test_packed_loader_resumes_mid_epoch(tmp_path: Path, workers: int) -> None:
     tokens = [{"tokens": rng.integers(0, 100, n).astype(np.int32)} for n in rng.integers(1, 300, 200)]
     shardload.write(tokens, tmp_path / "set", num_shards=4, progress=False)
 
-    def make() -> shardload.loader.ShardLoader:
+    def make() -> shardload.load.loader.ShardLoader:
         batching = Batching(packing=True, pack_length=512, rows_per_batch=2)
         loader = make_loader(tmp_path / "set", rank=1, world_size=2, batching=batching, num_workers=workers, seed=2)
         loader.set_epoch(1)

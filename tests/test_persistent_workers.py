@@ -18,7 +18,7 @@ import pytest
 
 import shardload
 from shardload.errors import WorkerError
-from shardload.loader import ShardLoader, make_loader
+from shardload.load.loader import ShardLoader, make_loader
 from shardload.testing import synthetic_samples
 from tests.helpers.resume import batch_ids
 

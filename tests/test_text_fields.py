@@ -99,7 +99,7 @@ def test_packed_batches_carry_text_lists_in_row_order(text_set: Path, workers: i
 
 
 def test_pinned_and_shared_batches_keep_text(text_set: Path) -> None:
-    from shardload.dataset import BatchArena, BatchKey, ShardBatchDataset
+    from shardload.load.dataset import BatchArena, BatchKey, ShardBatchDataset
 
     ds = ShardBatchDataset(text_set)
     arena = BatchArena(shared_from=0)  # force the shared buffer path of a worker

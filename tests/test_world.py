@@ -5,7 +5,7 @@ import types
 import pytest
 
 from shardload.errors import PlanError
-from shardload.world import World
+from shardload.load.world import World
 
 
 def test_precedence_arguments_then_trainer_then_env() -> None:

@@ -5,7 +5,7 @@ Each batch is one buffer of ``--sizes`` KiB plus small vectors, built in a
 worker and sent either as torch tensors in shared memory (one storage; what
 torch does with any tensor a worker returns) or as numpy arrays, which go
 through the worker's pipe by value. Prints batches per second for each, best
-of two epochs of ``--batches`` batches. ``shardload.dataset.SHARED_FROM_BYTES``
+of two epochs of ``--batches`` batches. ``shardload.load.dataset.SHARED_FROM_BYTES``
 is set from where the two cross.
 
     python tools/bench_handoff.py

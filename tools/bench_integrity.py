@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 import shardload
-from shardload.dataset import ShardBatchDataset
+from shardload.load.dataset import ShardBatchDataset
 from shardload.testing import synthetic_samples
 
 

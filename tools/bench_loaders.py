@@ -437,7 +437,7 @@ def import_contestant(name: str) -> None:
     import torch.utils.data  # noqa: F401
 
     if name.startswith("shardload"):
-        import shardload.loader  # noqa: F401
+        import shardload.load.loader  # noqa: F401
 
         if name.startswith("shardload-zarr"):  # the reader imports zarr when it opens the first shard
             from shardload.formats.zarr.compression import require_zarr

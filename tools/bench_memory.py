@@ -159,9 +159,9 @@ def rank_main(job: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
-    from shardload.collate import PadSpec, collate_batch
-    from shardload.dataset import ShardBatchDataset
-    from shardload.loader import make_loader
+    from shardload.load.collate import PadSpec, collate_batch
+    from shardload.load.dataset import ShardBatchDataset
+    from shardload.load.loader import make_loader
     from shardload.plan import Batching, EpochSpec, plan_rank
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -45,7 +45,7 @@ def child(args: argparse.Namespace) -> None:
     """In a new process: open, make_loader, first batch, the epoch; prints one JSON line."""
     t0 = time.perf_counter()
     import shardload
-    import shardload.loader  # torch: paid once per process, before make_loader; not counted below
+    import shardload.load.loader  # torch: paid once per process, before make_loader; not counted below
     from shardload.remote import RemoteOptions
 
     if args.path.startswith("s3://"):

@@ -20,7 +20,7 @@ iterator, the dataset's own open of the set, mapping the first shards,
 collate). Wall-clock figures on a busy machine include waiting for a CPU, so
 each start also reports its CPU time (``time.process_time``); the stages are
 given in CPU seconds and their sum is checked against the end-to-end CPU
-time. ``import torch, shardload.loader`` is timed separately: a process pays
+time. ``import torch, shardload.load.loader`` is timed separately: a process pays
 it once, before ``make_loader``.
 
     python tools/bench_startup.py --scale 0.01           # smoke run: 10k samples, 10 shards
@@ -185,7 +185,7 @@ def _batching(spec: dict[str, int]) -> Any:
 
 def time_total(path: str, batching: dict[str, int], world_size: int) -> dict[str, float]:
     """End to end: ``make_loader(path)`` then the first ``next()``; wall and CPU seconds."""
-    from shardload.loader import make_loader
+    from shardload.load.loader import make_loader
 
     wall, cpu = _now()
     loader = make_loader(path, rank=0, world_size=world_size, batching=_batching(batching))
@@ -197,7 +197,7 @@ def time_total(path: str, batching: dict[str, int], world_size: int) -> dict[str
 
 def time_stages(path: str, batching: dict[str, int], world_size: int) -> dict[str, float]:
     """The same work as :func:`time_total`, stage by stage (CPU seconds, and the wall sum)."""
-    from shardload.loader import make_loader
+    from shardload.load.loader import make_loader
     from shardload.sets.shardset import ShardSet
 
     t = [_now()]
@@ -228,7 +228,7 @@ def probe_main(spec: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     import torch  # noqa: F401
 
-    import shardload.loader  # noqa: F401
+    import shardload.load.loader  # noqa: F401
 
     imports = time.perf_counter() - t0
     if spec["what"] == "profile":
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.target:g} s (<= 1 meets it); 'cpu' = the process's CPU time over the same span (what a busy "
         "machine does not inflate; it leaves out waiting for the disk). Stages are CPU seconds of a separate "
         "start of the same kind (another new process, files evicted again for 'cold'). import = wall time of "
-        "`import torch, shardload.loader` in the new process (not part of the total). "
+        "`import torch, shardload.load.loader` in the new process (not part of the total). "
         f"Load average now {os.getloadavg()[0]:.1f}."
     )
     if args.profile:

@@ -38,7 +38,7 @@ class ChunkedValues(Protocol):
     Besides ndarray-style indexing, such values tell the collate where a whole
     batch's rows are, so each chunk the batch touches is looked up once and each
     sample is then copied with one slice assignment
-    (:func:`shardload.collate.copy_slices`).
+    (:func:`shardload.load.collate.copy_slices`).
     """
 
     def slice_sources(

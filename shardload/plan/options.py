@@ -98,7 +98,7 @@ def check_packed_tokens(pack_length: int, rows_per_batch: int) -> None:
     The one check of the packed batch size: :class:`Batching` makes it where
     the options are written (so planning and ``shardload plan`` never count
     with a batch that cannot be loaded), and
-    :class:`~shardload.collate_packed.PackSpec` for a spec built directly.
+    :class:`~shardload.load.collate_packed.PackSpec` for a spec built directly.
 
     Raises:
         PlanError: naming both options, if their product is too large.

@@ -52,11 +52,11 @@ MAX_ROW_ELEMENTS = 1 << 31
 #: Zarr groups), which most file systems cap at 255 bytes
 MAX_NAME_BYTES = 200
 
-#: keys the loader adds to every batch next to the fields (see :mod:`shardload.collate`)
+#: keys the loader adds to every batch next to the fields (see :mod:`shardload.load.collate`)
 SAMPLE_ID_KEY = "sample_id"
 WEIGHT_KEY = "weight"
 LENGTHS_SUFFIX = "_lengths"
-#: keys a packed batch adds besides those (see :mod:`shardload.collate_packed`)
+#: keys a packed batch adds besides those (see :mod:`shardload.load.collate_packed`)
 POSITION_IDS_KEY = "position_ids"
 DOCUMENT_IDS_KEY = "document_ids"
 CU_SEQLENS_KEY = "cu_seqlens"
@@ -268,11 +268,11 @@ class Schema:
     def batch_keys(self, packed: bool = False) -> dict[str, str]:
         """The keys the loader adds to every batch besides the fields, each with what it holds.
 
-        The one list of them: :func:`shardload.collate.collate_batch` and
-        :func:`shardload.collate_packed.collate_packed` build their keys with
+        The one list of them: :func:`shardload.load.collate.collate_batch` and
+        :func:`shardload.load.collate_packed.collate_packed` build their keys with
         it; :func:`schema_problems` refuses a field that has the name of a key
         of every batch (the loader would replace its data in every batch), and
-        :meth:`shardload.collate_packed.PackSpec.check_set` refuses, for packed
+        :meth:`shardload.load.collate_packed.PackSpec.check_set` refuses, for packed
         loading only, a loaded field named like a key of packed batches.
 
         Args:

@@ -645,7 +645,7 @@ def open_shard_set(
         remote: all remote settings at once (:class:`~shardload.remote.RemoteOptions`); the keywords
             above are shortcuts for its fields and must agree with it.
     """
-    from shardload.loader_options import with_shortcuts
+    from shardload.load.options import with_shortcuts
 
     options = with_shortcuts(
         remote,

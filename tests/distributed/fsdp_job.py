@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 import shardload
-from shardload.loader import make_loader
+from shardload.load.loader import make_loader
 from tests.distributed.ddp_job import fetching_loader
 from tests.distributed.torchrun_job import TinyModel, finish, write_report
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import shardload
-from shardload.loader import make_loader
+from shardload.load.loader import make_loader
 from shardload.plan import Batching
 from shardload.testing import synthetic_samples
 from tests.distributed.watchdog import Outcome, run_with_watchdog

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from shardload.loader import make_loader
+from shardload.load.loader import make_loader
 from shardload.plan import Batching
 
 

@@ -22,11 +22,11 @@ import torch
 
 import shardload
 from shardload.cli import main
-from shardload.collate import PadSpec, collate_batch
 from shardload.datamodule import ShardDataModule
 from shardload.formats import get_format
 from shardload.formats.zarr import ChunkCache, ZarrOptions, ZarrShardReader, ZarrShardWriter, ZarrValues, chunk_cache
 from shardload.formats.zarr import cache as cache_module
+from shardload.load.collate import PadSpec, collate_batch
 from shardload.plan import Batching
 from shardload.sets.describe import describe
 from shardload.sets.verify import verify
@@ -279,7 +279,7 @@ def test_datamodule_gives_the_same_batches_as_arrow(tmp_path: Path) -> None:
 def test_loader_over_zarr_resumes_mid_epoch(tmp_path: Path) -> None:
     shardload.write(synthetic_samples(120, seed=8), tmp_path / "s", shard_format="zarr", num_shards=3)
 
-    def make() -> shardload.loader.ShardLoader:
+    def make() -> shardload.load.loader.ShardLoader:
         loader = shardload.make_loader(tmp_path / "s", rank=0, world_size=2, stage="train", max_tokens=160, seed=1)
         loader.set_epoch(2)
         return loader
@@ -538,7 +538,7 @@ def test_a_batch_over_more_shards_than_stay_open_leaves_no_table_behind(tmp_path
     # closed shard's mapping) leave the cache with its table.
     import gc
 
-    from shardload.dataset import ShardBatchDataset
+    from shardload.load.dataset import ShardBatchDataset
 
     out = tmp_path / "s"
     samples = synthetic_samples(400, seed=15)

@@ -15,8 +15,8 @@ import torch
 import shardload
 from shardload import ShardDataModule, make_loader
 from shardload.errors import PlanError, PlanMismatchError
+from shardload.load.world import World
 from shardload.testing import synthetic_samples
-from shardload.world import World
 
 BATCH = 2
 

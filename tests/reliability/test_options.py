@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 import shardload
 from shardload.cli import main
-from shardload.collate import PadSpec, fit_pad_value
 from shardload.errors import PlanError, PlanMismatchError
+from shardload.load.collate import PadSpec, fit_pad_value
 from shardload.plan import Batching, EpochSpec, PlanInputs, plan_rank
 
 BAD_LOADER_OPTIONS: dict[str, tuple[dict[str, Any], str]] = {
@@ -202,7 +202,7 @@ def test_pad_spec_checks_itself() -> None:
 
 
 def test_shard_batch_dataset_checks_pad_values_on_open(pristine: Path) -> None:
-    from shardload.dataset import ShardBatchDataset
+    from shardload.load.dataset import ShardBatchDataset
 
     ds = ShardBatchDataset(pristine, PadSpec(pad_values={"tokenz": 0}))
     with pytest.raises(PlanError, match="tokenz"):

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import shardload
 from shardload.cli import main
-from shardload.collate import PadSpec, collate_batch
+from shardload.load.collate import PadSpec, collate_batch
 from shardload.prepare import guards
 
 

@@ -119,7 +119,7 @@ def test_step_size_of_batches_that_read_none_of_the_set(sequence: list[int], sta
     from types import SimpleNamespace
 
     from shardload.errors import PlanError
-    from shardload.remote.prefetch import check_step_fits
+    from shardload.load.prefetch import check_step_fits
 
     def remote(limit: int) -> Any:
         return SimpleNamespace(options=SimpleNamespace(limit=limit), _sizes=np.array([10, 20]), url="s3://b/set")

@@ -579,7 +579,7 @@ class ZarrValues:
         slice across chunks is its own joined array; an empty slice is an
         empty array. The collate then copies each sample with one slice
         assignment, as from an Arrow buffer (see
-        :func:`shardload.collate.copy_slices`).
+        :func:`shardload.load.collate.copy_slices`).
         """
         cr = self.chunk_rows
         first = starts // cr

@@ -1,6 +1,6 @@
 """What went wrong with a DataLoader worker, in words a user can act on.
 
-When a batch does not arrive, :class:`~shardload.loader.ShardLoader` asks
+When a batch does not arrive, :class:`~shardload.load.loader.ShardLoader` asks
 this module why and raises :class:`~shardload.errors.WorkerError` with the
 answer:
 

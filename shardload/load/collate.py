@@ -17,7 +17,7 @@ The collate works in two steps: it first works out every output's shape (a
 them. Each sample is copied once, as a slice, straight into its row. The
 allocator decides where the arrays live: separate numpy arrays by default, or
 views of one shared-memory buffer per batch in a DataLoader worker (see
-:mod:`shardload.dataset`), which the worker hands over as one piece instead of
+:mod:`shardload.load.dataset`), which the worker hands over as one piece instead of
 one per array.
 """
 

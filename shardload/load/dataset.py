@@ -1,6 +1,6 @@
 """A map-style dataset whose items are whole planned batches.
 
-The sampler (:mod:`shardload.loader`) runs in the main process and yields one
+The sampler (:mod:`shardload.load.loader`) runs in the main process and yields one
 :class:`BatchKey` per batch: the global sample ids and weights the plan chose.
 A worker turns a key into tensors with :meth:`ShardBatchDataset.__getitem__`,
 memory-mapping on first use only the shards those ids live in. Workers never
@@ -35,10 +35,10 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import Dataset, get_worker_info
 
-from shardload.collate import Allocate, Layout, PadSpec, allocate_separately, collate_batch
-from shardload.collate_packed import PackSpec, collate_packed
 from shardload.errors import PlanError, ShardSetChangedError
 from shardload.formats import Columns
+from shardload.load.collate import Allocate, Layout, PadSpec, allocate_separately, collate_batch
+from shardload.load.collate_packed import PackSpec, collate_packed
 from shardload.remote.url import is_remote
 from shardload.sets.mixture import SOURCE_KEY, MixedSets
 from shardload.sets.shardset import ShardSet
@@ -49,7 +49,7 @@ class BatchKey:
     """One planned batch, as sent to a worker.
 
     A padded batch has one sample per row; a packed batch (``rows`` given)
-    lays several documents end to end in each row (:mod:`shardload.collate_packed`).
+    lays several documents end to end in each row (:mod:`shardload.load.collate_packed`).
 
     Attributes:
         index: position of the batch in this rank's epoch plan.
@@ -83,7 +83,7 @@ class WorkerBatch:
     """A batch on its way from a worker to the main process.
 
     Holds numpy arrays (sent by value) or torch views of one shared buffer.
-    :class:`~shardload.loader.ShardLoader` turns it into the batch dict; the
+    :class:`~shardload.load.loader.ShardLoader` turns it into the batch dict; the
     DataLoader's pinning thread calls :meth:`pin_memory`.
     """
 
@@ -114,7 +114,7 @@ def as_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
 
 
 class BatchArena:
-    """The :data:`~shardload.collate.Allocate` of a worker: by value, or one shared buffer.
+    """The :data:`~shardload.load.collate.Allocate` of a worker: by value, or one shared buffer.
 
     Args:
         shared_from: batches of at least this many bytes go in one
@@ -248,7 +248,7 @@ class ShardBatchDataset(Dataset[Any]):
     ) -> dict[str, Any]:
         """The batch as numpy arrays (a list per text field): padded, or packed when ``rows`` is given.
 
-        See :mod:`shardload.collate` and :mod:`shardload.collate_packed` for the
+        See :mod:`shardload.load.collate` and :mod:`shardload.load.collate_packed` for the
         contracts; ``rows`` and ``starts`` are those of :class:`BatchKey`.
 
         Raises:

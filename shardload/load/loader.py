@@ -1,13 +1,13 @@
 """The torch DataLoader side: a plan-driven sampler and a resumable loader.
 
 :class:`PlanSampler` computes this rank's plan for the current epoch (in the
-main process) and yields one :class:`~shardload.dataset.BatchKey` per batch.
+main process) and yields one :class:`~shardload.load.dataset.BatchKey` per batch.
 It subclasses ``DistributedSampler`` so that Lightning, with its default
 ``use_distributed_sampler=True``, recognises the loader as already distributed
 and leaves it alone, and calls :meth:`PlanSampler.set_epoch` every epoch.
 
 :class:`ShardLoader` is a ``DataLoader`` with ``batch_size=None`` over a
-:class:`~shardload.dataset.ShardBatchDataset`, plus ``state_dict()`` /
+:class:`~shardload.load.dataset.ShardBatchDataset`, plus ``state_dict()`` /
 ``load_state_dict()`` for mid-epoch resume (Lightning saves and restores these
 automatically for the training loader).
 """
@@ -24,24 +24,24 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from shardload._base.checks import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
 from shardload._lightning import TrainerLink
-from shardload.collate import PadSpec
-from shardload.collate_packed import PackSpec
-from shardload.dataset import BatchKey, ShardBatchDataset, WorkerBatch
 from shardload.errors import PlanError, PlanMismatchError, ShardloadError, WorkerError
-from shardload.loader_options import LoaderOptions, with_shortcuts
-from shardload.loader_state import LoaderState, check_state, resume_point
+from shardload.load.collate import PadSpec
+from shardload.load.collate_packed import PackSpec
+from shardload.load.dataset import BatchKey, ShardBatchDataset, WorkerBatch
+from shardload.load.options import LoaderOptions, with_shortcuts
+from shardload.load.prefetch import Prefetcher, read_orders, start_prefetch
+from shardload.load.state import LoaderState, check_state, resume_point
+from shardload.load.workers import dead_worker, describe_exit, describe_stall
+from shardload.load.world import World
 from shardload.plan import Batching, EpochPlanner, EpochSpec, RankPlan, ShardAssignment, Stage, plan_rank
 from shardload.plan.mix.inputs import refuse_long_samples_in
 from shardload.plan.request import check_request
 from shardload.plan.resume import ResumeInputs, run_identity
 from shardload.remote.options import RemoteOptions
-from shardload.remote.prefetch import Prefetcher, read_orders, start_prefetch
 from shardload.sets.mixture import MixedSets, Source, as_source, open_source
 from shardload.sets.shardset import ShardSet
-from shardload.workers import dead_worker, describe_exit, describe_stall
-from shardload.world import World
 
-logger = logging.getLogger("shardload.loader")
+logger = logging.getLogger("shardload.load.loader")
 
 
 class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
@@ -54,7 +54,7 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
     :attr:`spec`), the segments of it that ran on other world sizes
     (:attr:`history`), the batch the next iteration starts at (:attr:`start`),
     and :meth:`state_dict` / :meth:`load_state_dict` for a mid-epoch resume,
-    on the same or another world size (see :mod:`shardload.loader_state`).
+    on the same or another world size (see :mod:`shardload.load.state`).
 
     Args:
         shard_set: the opened shard set, or mixture of sets (only manifests and lengths are used).
@@ -189,7 +189,7 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
             self.trainer.epoch_steps(len(self))
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the current epoch stands, the same on every rank (:mod:`shardload.loader_state`).
+        """Where the current epoch stands, the same on every rank (:mod:`shardload.load.state`).
 
         Restoring it on the same world size resumes with exactly the remaining batches; on another one, with
         the rest of the epoch planned for it."""
@@ -271,7 +271,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
     """A DataLoader of planned, padded batches, resumable mid-epoch.
 
     Use :func:`make_loader` or :class:`shardload.ShardDataModule` to build one.
-    Iterating gives dicts of tensors (see :mod:`shardload.collate`). The same
+    Iterating gives dicts of tensors (see :mod:`shardload.load.collate`). The same
     batches come out in the same order for any ``num_workers``.
     """
 
@@ -462,7 +462,7 @@ def make_loader(
     """A DataLoader over this rank's share of a shard set.
 
     Rank and world size default to the environment (``RANK``/``WORLD_SIZE``,
-    SLURM, or the initialised process group; see :mod:`shardload.world`).
+    SLURM, or the initialised process group; see :mod:`shardload.load.world`).
 
     Every option is checked here, before any batch is planned or read: a wrong
     type (``batch_size=True``, ``num_workers=1.5``), a value out of range, a

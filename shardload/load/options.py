@@ -1,6 +1,6 @@
 """The loader's own options (:class:`LoaderOptions`) and the shortcut rule.
 
-:func:`~shardload.loader.make_loader` and
+:func:`~shardload.load.loader.make_loader` and
 :class:`~shardload.datamodule.ShardDataModule` take three option objects:
 :class:`~shardload.plan.Batching` (how rows become batches),
 :class:`LoaderOptions` (how batches are delivered) and, for the epoch,
@@ -9,7 +9,7 @@
 wrong type or value fails where the user wrote it, with a
 :class:`~shardload.errors.PlanError` naming the option, instead of being
 rounded, ignored, or failing in a worker an epoch later; pad values and fields
-are checked by :class:`~shardload.collate.PadSpec`. :func:`with_shortcuts` is
+are checked by :class:`~shardload.load.collate.PadSpec`. :func:`with_shortcuts` is
 the one rule for a shortcut keyword (``batch_size=``, ``max_tokens=``,
 ``num_workers=``) given beside its object.
 """
@@ -61,7 +61,7 @@ class LoaderOptions:
 
     None of these changes which batches come out, or their order: the plan
     does not depend on them. The same object serves
-    :func:`~shardload.loader.make_loader` and
+    :func:`~shardload.load.loader.make_loader` and
     :class:`~shardload.datamodule.ShardDataModule` (``loader_options=``);
     ``num_workers=`` is also a shortcut keyword of both.
 

@@ -1,12 +1,12 @@
 """Turn the documents of one packed batch into fixed-shape, padding-free numpy arrays.
 
 Where it sits: a packed plan gives, per batch, which samples ("documents")
-go into which row (:class:`~shardload.dataset.BatchKey` with ``rows`` and
-``starts``); :class:`~shardload.dataset.ShardBatchDataset`, given a
+go into which row (:class:`~shardload.load.dataset.BatchKey` with ``rows`` and
+``starts``); :class:`~shardload.load.dataset.ShardBatchDataset`, given a
 :class:`PackSpec`, calls :func:`collate_packed` instead of
-:func:`~shardload.collate.collate_batch`. Both share the allocator
-(:data:`~shardload.collate.Allocate`: by value or one shared buffer per worker
-batch) and the copy loop (:func:`~shardload.collate.copy_slices`).
+:func:`~shardload.load.collate.collate_batch`. Both share the allocator
+(:data:`~shardload.load.collate.Allocate`: by value or one shared buffer per worker
+batch) and the copy loop (:func:`~shardload.load.collate.copy_slices`).
 
 The batch contract, ``R = rows_per_batch``, ``P = pack_length``, ``E`` = documents in the batch:
 
@@ -46,7 +46,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.collate import (
+from shardload.errors import PlanError
+from shardload.formats import Columns
+from shardload.load.collate import (
     Allocate,
     Layout,
     PadSpec,
@@ -59,8 +61,6 @@ from shardload.collate import (
     sample_bounds,
     text_lists,
 )
-from shardload.errors import PlanError
-from shardload.formats import Columns
 from shardload.plan.options import MAX_COUNT, MAX_PACKED_TOKENS, check_packed_tokens
 from shardload.schema.fields import (
     CU_SEQLENS_KEY,

@@ -1,7 +1,7 @@
 """A loader's saved state: its format, its checks, and what may change between save and resume.
 
-:meth:`shardload.loader.PlanSampler.state_dict` writes, and
-:meth:`~shardload.loader.PlanSampler.load_state_dict` reads, one dict that is
+:meth:`shardload.load.loader.PlanSampler.state_dict` writes, and
+:meth:`~shardload.load.loader.PlanSampler.load_state_dict` reads, one dict that is
 the same on every rank (so a checkpoint written by rank 0 resumes every rank
 of the next job, on any world size)::
 
@@ -29,18 +29,18 @@ from typing import Any
 
 from shardload._base.checks import MAX_EPOCH, MAX_WORLD_SIZE, check_scalar
 from shardload.errors import PlanError, PlanMismatchError
+from shardload.load.world import World
 from shardload.plan import Batching, EpochPlanner, EpochSpec, PlanInputs, RankPlan
 from shardload.plan.mix.inputs import MixInputs
 from shardload.plan.options import MAX_COUNT
 from shardload.plan.resume import ResumeInputs, run_identity
-from shardload.world import World
 
 __all__ = ["STATE_VERSION", "LoaderState", "check_identity", "check_state", "resume_point"]
 
 #: segments of an epoch run on other world sizes: ``((world_size, batches), ...)``
 History = tuple[tuple[int, int], ...]
 
-#: the format :meth:`~shardload.loader.PlanSampler.state_dict` writes
+#: the format :meth:`~shardload.load.loader.PlanSampler.state_dict` writes
 STATE_VERSION = 2
 #: the formats it reads
 _READS = (1, 2)
@@ -66,7 +66,7 @@ class LoaderState:
     identity: Mapping[str, Any] | None
 
     def to_dict(self) -> dict[str, Any]:
-        """The state as :meth:`~shardload.loader.PlanSampler.state_dict` returns it."""
+        """The state as :meth:`~shardload.load.loader.PlanSampler.state_dict` returns it."""
         return {
             "version": STATE_VERSION,
             "epoch": self.epoch,

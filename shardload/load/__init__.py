@@ -1,0 +1,13 @@
+"""The loading side: a rank's plan -> batches from a torch ``DataLoader``.
+
+* ``world``: this process's rank and the world size, found in one documented order.
+* ``options``: :class:`~shardload.load.options.LoaderOptions` and the shortcut rule for option objects.
+* ``loader``: ``make_loader``, :class:`~shardload.load.loader.ShardLoader` and its plan-driven sampler.
+* ``state``: a loader's saved state, its checks, and what may change between save and resume.
+* ``dataset``: the map-style dataset whose items are whole planned batches.
+* ``collate``, ``collate_packed``: a batch's samples -> padded (or packed) numpy arrays.
+* ``prefetch``: the plan-driven prefetcher of a remote set's shards.
+* ``workers``: what went wrong with a DataLoader worker, in words a user can act on.
+
+torch is imported by ``loader`` and ``dataset`` only.
+"""
