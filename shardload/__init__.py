@@ -73,7 +73,7 @@ except KeyboardInterrupt:
     raise
 
 if TYPE_CHECKING:  # type checkers see the real objects; at run time they load lazily (below)
-    from shardload.datamodule import ShardDataModule
+    from shardload.integrations.datamodule import ShardDataModule
     from shardload.load.loader import ShardLoader, make_loader
     from shardload.load.options import LoaderOptions
     from shardload.load.world import World
@@ -84,7 +84,7 @@ if TYPE_CHECKING:  # type checkers see the real objects; at run time they load l
 _LAZY = {
     "Batching": "shardload.plan",
     "LoaderOptions": "shardload.load.options",
-    "ShardDataModule": "shardload.datamodule",
+    "ShardDataModule": "shardload.integrations.datamodule",
     "ShardLoader": "shardload.load.loader",
     "World": "shardload.load.world",
     "make_loader": "shardload.load.loader",

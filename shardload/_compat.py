@@ -57,6 +57,11 @@ MOVED: dict[str, str] = {
     "shardload.workers": "shardload.load.workers",
     "shardload.world": "shardload.load.world",
     "shardload.remote.prefetch": "shardload.load.prefetch",
+    "shardload._lightning": "shardload.integrations.trainer",
+    "shardload.datamodule": "shardload.integrations.datamodule",
+    "shardload.ray": "shardload.integrations.ray_sink",
+    "shardload.export": "shardload.integrations.webdataset_export",
+    "shardload.export.webdataset": "shardload.integrations.webdataset_export",
 }
 
 

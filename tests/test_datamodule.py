@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import shardload
-from shardload.datamodule import ShardDataModule
+from shardload.integrations.datamodule import ShardDataModule
 from shardload.load.loader import PlanSampler
 from shardload.testing import synthetic_samples
 

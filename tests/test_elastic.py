@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 import shardload
 from shardload import Mixture, make_loader
-from shardload._lightning import train_link
 from shardload.errors import PlanError, PlanMismatchError
+from shardload.integrations.trainer import train_link
 from shardload.load.loader import PlanSampler
 from shardload.load.world import World
 from shardload.plan import Batching, EpochSpec, PlanInputs
@@ -287,7 +287,7 @@ def test_sampler_states_resume_any_chain_and_the_same_world_size_exactly(data: s
 
 
 def fake_loop(batches: int, *, restarting: bool = False, ran: int = 0, last: bool = False) -> Any:
-    """The parts of Lightning's fit loop the trainer link reads and writes (shardload/_lightning.py)."""
+    """The parts of Lightning's fit loop the trainer link reads and writes (shardload/integrations/trainer.py)."""
     progress = SimpleNamespace(current=SimpleNamespace(processed=ran), is_last_batch=last)
     return SimpleNamespace(
         max_batches=batches,

@@ -22,9 +22,8 @@ import pytest
 
 import shardload
 from shardload.cli import Exit, main
-from shardload.export import WebDatasetExport, to_webdataset
-from shardload.export import webdataset as export_wds
-from shardload.export.webdataset import INDEX_NAME, member_header
+from shardload.integrations import webdataset_export as export_wds
+from shardload.integrations.webdataset_export import INDEX_NAME, WebDatasetExport, member_header, to_webdataset
 
 wds = pytest.importorskip("webdataset")
 
@@ -297,7 +296,7 @@ def test_a_forked_child_does_not_keep_the_export_lock(shard_set: Path, tmp_path:
     script = f"""
 import os, signal
 from pathlib import Path
-from shardload.export.webdataset import _DestLock
+from shardload.integrations.webdataset_export import _DestLock
 with _DestLock(Path({str(dest)!r}), overwrite=False):
     if os.fork() == 0:
         import time

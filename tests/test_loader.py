@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import shardload
+import shardload.load.sampler
 from shardload.load.loader import make_loader
 from shardload.plan import Batching
 from shardload.testing import synthetic_samples
@@ -165,13 +166,13 @@ def test_resume_plans_the_epoch_once(shard_set: shardload.ShardSet, monkeypatch:
     state = a.state_dict()
     b = make_loader(shard_set.path, rank=0, world_size=2, batch_size=8)
     planned: list[int] = []
-    real = shardload.load.loader.plan_rank
+    real = shardload.load.sampler.plan_rank
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         planned.append(args[1].epoch)  # the EpochSpec
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(shardload.load.loader, "plan_rank", counting)
+    monkeypatch.setattr(shardload.load.sampler, "plan_rank", counting)
     b.load_state_dict(state)
     rest = batch_ids(b)
     assert planned == [2]

@@ -68,7 +68,9 @@ def test_the_index_goes_first_and_comes_back_last(tmp_path: Path) -> None:
     assert index.read_text() == "new" and not staged.exists()
 
 
-@pytest.mark.parametrize("module", ["shardload._base.output", "shardload.sets.verify", "shardload.export.webdataset"])
+@pytest.mark.parametrize(
+    "module", ["shardload._base.output", "shardload.sets.verify", "shardload.integrations.webdataset_export"]
+)
 def test_docstring_examples_run(module: str) -> None:
     result = doctest.testmod(importlib.import_module(module))
     assert result.failed == 0

@@ -1,4 +1,4 @@
-"""shardload.ray on a local Ray (one session for the module): a dataset -> ShardSink -> one merged set."""
+"""shardload.integrations.ray_sink on a local Ray (one session for the module): a dataset -> ShardSink -> one merged set."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import ray  # the test extra installs it (shardload[ray])
 
 import shardload
-import shardload.ray as sr
+import shardload.integrations.ray_sink as sr
 from shardload.sets.verify import verify
 
 pytestmark = pytest.mark.slow

@@ -226,7 +226,7 @@ def test_old_readers_refuse_and_new_read_old(text_set: Path, tmp_path: Path) -> 
 
 
 def test_inspect_verify_and_export_handle_text(text_set: Path, tmp_path: Path) -> None:
-    from shardload.export.webdataset import to_webdataset
+    from shardload.integrations.webdataset_export import to_webdataset
     from shardload.sets.describe import describe, format_description
     from shardload.sets.verify import verify
 

@@ -2,7 +2,7 @@
 
 Where it sits: under the two commands that write a directory, ``prepare``
 (:class:`~shardload.prepare.workdir.WorkDir`) and ``export``
-(:func:`~shardload.export.to_webdataset`). Both follow the same three rules,
+(:func:`~shardload.integrations.webdataset_export.to_webdataset`). Both follow the same three rules,
 kept here once:
 
 * **One writer.** :class:`OutputLock` ``flock``\\ s a lock file inside the

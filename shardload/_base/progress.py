@@ -26,7 +26,7 @@ class Progress:
             and when the pass ends.
         every: seconds between log lines.
         log: the logger of those lines (the caller's: ``shardload.prepare``,
-            ``shardload.sets.verify``, ``shardload.export``), so that a user can
+            ``shardload.verify``, ``shardload.export``; names that stay as they are when modules move)), so that a user can
             quieten one of them.
     """
 

@@ -4,7 +4,7 @@ Where it sits: on top of the flow. ``shardload prepare`` -> :func:`shardload.pre
 ``merge`` -> :func:`shardload.merge`,
 ``inspect`` -> :func:`shardload.sets.describe.describe`, ``verify`` ->
 :func:`shardload.sets.verify.verify`, ``plan`` -> :func:`shardload.plan.summarize_plan`,
-``export`` -> :func:`shardload.export.to_webdataset`.
+``export`` -> :func:`shardload.integrations.webdataset_export.to_webdataset`.
 
 Adding a command is one module plus one line: write ``shardload/cli/NAME.py``
 with the four names below, and add ``"NAME"`` to :data:`COMMANDS`::

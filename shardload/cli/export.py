@@ -27,7 +27,7 @@ EPILOG = """examples:
   shardload prepare 'wds/shard-{000000..000003}.tar' -o again/ --no-shuffle   # and back
 
 """ + python_hint(
-    "from shardload.export import to_webdataset",
+    "from shardload.integrations.webdataset_export import to_webdataset",
     "result = to_webdataset('out/', 'wds/', samples_per_tar=10_000)",
     "webdataset.WebDataset(result.pattern).decode()   # sample['tokens.npy'] is the array",
     "shardload.prepare(result.pattern, 'again/', shuffle=False)",
@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shardload.export import to_webdataset
+    from shardload.integrations.webdataset_export import to_webdataset
 
     result = to_webdataset(
         args.path,

@@ -1,7 +1,7 @@
 """The loader's own options (:class:`LoaderOptions`) and the shortcut rule.
 
 :func:`~shardload.load.loader.make_loader` and
-:class:`~shardload.datamodule.ShardDataModule` take three option objects:
+:class:`~shardload.integrations.datamodule.ShardDataModule` take three option objects:
 :class:`~shardload.plan.Batching` (how rows become batches),
 :class:`LoaderOptions` (how batches are delivered) and, for the epoch,
 :class:`~shardload.plan.EpochSpec` (built from ``stage``, ``seed``, ``epoch``,
@@ -62,7 +62,7 @@ class LoaderOptions:
     None of these changes which batches come out, or their order: the plan
     does not depend on them. The same object serves
     :func:`~shardload.load.loader.make_loader` and
-    :class:`~shardload.datamodule.ShardDataModule` (``loader_options=``);
+    :class:`~shardload.integrations.datamodule.ShardDataModule` (``loader_options=``);
     ``num_workers=`` is also a shortcut keyword of both.
 
     Attributes:

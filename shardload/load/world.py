@@ -57,9 +57,7 @@ class World:
         if rank is not None and world_size is not None:
             return cls(int(rank), int(world_size), "arguments")
         if trainer is not None:
-            from shardload._lightning import trainer_world
-
-            return trainer_world(trainer)
+            return cls(int(trainer.global_rank), int(trainer.world_size), "Lightning trainer")
         env = os.environ if env is None else env
         for r_key, w_key in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
             if r_key in env and w_key in env:

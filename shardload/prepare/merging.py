@@ -1,6 +1,6 @@
 """Merge the parts of a prepare run into one shard set, without copying a shard.
 
-Where it sits: after ``prepare --part K/N`` (or :class:`shardload.ray.ShardSink`)
+Where it sits: after ``prepare --part K/N`` (or :class:`shardload.integrations.ray_sink.ShardSink`)
 has written every part under ``OUT/parts/``, and before ``open``/the loader.
 :func:`merge` writes into ``OUT`` only what one set needs beyond the parts'
 shards::

@@ -201,7 +201,7 @@ def verify(
         unit="bytes",
         enabled=progress,
         every=10.0,
-        log="shardload.sets.verify",
+        log="shardload.verify",
     )
     try:
         for k, (found, read) in enumerate(map_in_workers(checker, range(len(manifest.shards)), workers, threads=True)):

@@ -51,7 +51,7 @@ def test_importing_the_library_imports_no_demo_and_sets_no_warning_filter() -> N
         }}))
         """
     )
-    assert "shardload.cli.demo" in r["public"] and "shardload.datamodule" in r["public"]
+    assert "shardload.cli.demo" in r["public"] and "shardload.integrations.datamodule" in r["public"]
     assert not r["demo_imported"]
     assert r["filters_kept"]
 

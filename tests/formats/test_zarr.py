@@ -22,10 +22,10 @@ import torch
 
 import shardload
 from shardload.cli import main
-from shardload.datamodule import ShardDataModule
 from shardload.formats import get_format
 from shardload.formats.zarr import ChunkCache, ZarrOptions, ZarrShardReader, ZarrShardWriter, ZarrValues, chunk_cache
 from shardload.formats.zarr import cache as cache_module
+from shardload.integrations.datamodule import ShardDataModule
 from shardload.load.collate import PadSpec, collate_batch
 from shardload.plan import Batching
 from shardload.sets.describe import describe

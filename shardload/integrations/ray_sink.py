@@ -11,9 +11,9 @@ with :func:`shardload.merge`, without copying a shard. When a task fails,
 nothing is merged and this write's parts are removed: ``OUT`` holds what it
 held before.
 
->>> import ray, shardload.ray                                      # doctest: +SKIP
+>>> import ray, shardload.integrations.ray_sink                                      # doctest: +SKIP
 >>> ds = ray.data.read_parquet("s3://bucket/tokens/")              # doctest: +SKIP
->>> shardload.ray.write_dataset(ds, "/shared/out", num_shards=64)  # doctest: +SKIP
+>>> shardload.integrations.ray_sink.write_dataset(ds, "/shared/out", num_shards=64)  # doctest: +SKIP
 
 Sample ids follow the order of Ray's write tasks, which is the dataset's order
 when ``preserve_order`` is set in the dataset's ``DataContext`` (what
@@ -52,7 +52,7 @@ try:
         from ray.data.block import Block, BlockAccessor
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingDependencyError(
-        f"shardload.ray needs Ray Data ({exc}): pip install 'shardload[ray]'", name="ray"
+        f"shardload.integrations.ray_sink needs Ray Data ({exc}): pip install 'shardload[ray]'", name="ray"
     ) from None
 
 __all__ = ["ShardSink", "write_dataset"]

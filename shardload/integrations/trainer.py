@@ -52,13 +52,11 @@ before that restart check too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from shardload.load.world import World
+from shardload.load.sampler import TrainerLink
 
-__all__ = ["TrainerLink", "current_epoch", "limited_batches", "restored_steps", "train_link", "trainer_world"]
+__all__ = ["TrainerLink", "current_epoch", "limited_batches", "restored_steps", "train_link"]
 
 
 def limited_batches(length: int, limit: int | float) -> int:
@@ -72,27 +70,9 @@ def limited_batches(length: int, limit: int | float) -> int:
     return int(length * limit)
 
 
-def trainer_world(trainer: Any) -> World:
-    """This process's rank and the world size, as the trainer sees them."""
-    return World(int(trainer.global_rank), int(trainer.world_size), "Lightning trainer")
-
-
 def current_epoch(trainer: Any) -> int:
     """The epoch the trainer is at (0 without a trainer)."""
     return int(trainer.current_epoch) if trainer is not None else 0
-
-
-@dataclass(frozen=True)
-class TrainerLink:
-    """What the training loader reads from the trainer, and tells it.
-
-    Attributes:
-        steps_done: the training steps of the current epoch a checkpoint saved now resumes after.
-        epoch_steps: tell the trainer the training batches of the epoch that starts.
-    """
-
-    steps_done: Callable[[], int]
-    epoch_steps: Callable[[int], None]
 
 
 def restored_steps(progress: Any, restart_stages: bool) -> int:

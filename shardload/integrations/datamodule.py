@@ -16,8 +16,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from shardload._lightning import current_epoch, train_link
 from shardload.errors import PlanError
+from shardload.integrations.trainer import current_epoch, train_link
 from shardload.load.collate import PadSpec
 from shardload.load.loader import ShardLoader, build_loader
 from shardload.load.options import LoaderOptions, with_shortcuts

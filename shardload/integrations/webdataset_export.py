@@ -162,7 +162,7 @@ def to_webdataset(
             name of the set would not survive WebDataset's member naming.
         OutputError: ``dest`` cannot be written.
 
-    >>> from shardload.export import to_webdataset
+    >>> from shardload.integrations.webdataset_export import to_webdataset
     >>> result = to_webdataset("out/", "wds/", samples_per_tar=10_000)  # doctest: +SKIP
     >>> import webdataset                                                # doctest: +SKIP
     >>> dataset = webdataset.WebDataset(result.pattern).decode()         # doctest: +SKIP
