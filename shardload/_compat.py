@@ -62,6 +62,7 @@ MOVED: dict[str, str] = {
     "shardload.ray": "shardload.integrations.ray_sink",
     "shardload.export": "shardload.integrations.webdataset_export",
     "shardload.export.webdataset": "shardload.integrations.webdataset_export",
+    "shardload.cli.inspect": "shardload.cli.inspect_set",
 }
 
 

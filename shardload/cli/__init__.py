@@ -52,7 +52,7 @@ from shardload.errors import (
 
 __all__ = ["COMMANDS", "Exit", "main"]
 
-#: the registry: command name -> module ``shardload.cli.<name>``, in help order
+#: the registry: command name -> module ``shardload.cli.<name>`` (see ``_MODULE_OF``), in help order
 COMMANDS: tuple[str, ...] = (
     "prepare",
     "merge",
@@ -233,8 +233,12 @@ def _committed(out: str) -> bool:
     return WorkDir.committed(out)
 
 
+#: commands whose module is named otherwise (a module named ``inspect`` would shadow the standard library's)
+_MODULE_OF = {"inspect": "inspect_set"}
+
+
 def _command(name: str) -> ModuleType:
-    return importlib.import_module(f"shardload.cli.{name}")
+    return importlib.import_module(f"shardload.cli.{_MODULE_OF.get(name, name)}")
 
 
 def _fail(exc: BaseException, code: int, debug: bool) -> int:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 
 import pytest
 
 import shardload
-from shardload.cli import COMMANDS, Exit, main
+from shardload.cli import COMMANDS, Exit, _command, main
 from shardload.cli._common import parse_size
 
 
@@ -37,7 +36,8 @@ def test_every_command_help_has_an_example_and_python(cli, name: str) -> None:
 
 @pytest.mark.parametrize("name", COMMANDS)
 def test_registry_contract(name: str) -> None:
-    module = importlib.import_module(f"shardload.cli.{name}")
+    module = _command(name)
+    assert module.__name__.startswith("shardload.cli.")
     assert module.__doc__ and module.SUMMARY and module.EPILOG
     assert callable(module.add_arguments) and callable(module.run)
 
