@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys as _sys
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from shardload._base.version import VERSION as __version__
 
 
 def _interrupted_while_starting() -> None:

@@ -7,7 +7,10 @@ and integer options in range.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
+from typing import TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -24,6 +27,7 @@ __all__ = [
     "check_rank",
     "check_real",
     "check_scalar",
+    "with_shortcuts",
 ]
 
 #: Largest world size: planning computes every rank's batch count, O(world size) per epoch
@@ -141,3 +145,39 @@ def check_arrays(lengths: object, shard_sizes: object) -> tuple[NDArray[np.integ
             "the lengths are not per-sample lengths (bytes? an uninitialised array?)"
         )
     return lens, sizes, int(longest)
+
+
+T = TypeVar("T")
+
+
+def with_shortcuts(
+    given: T | None, cls: type[T], owner: str, *, defaults: Mapping[str, object] | None = None, **shortcuts: object
+) -> T:
+    """An option object from its keyword ``owner=`` and its shortcut keywords, which must agree.
+
+    ``given`` is the object passed as ``owner=`` (``None``: not passed);
+    ``shortcuts`` the shortcut keywords (``None``: not passed). Without an
+    object, ``cls(**defaults, **shortcuts given)`` builds it. With one, a
+    shortcut that differs from the object's field raises instead of being
+    silently ignored, and one that equals it is still checked as that field
+    (``batch_size=True`` beside ``Batching(batch_size=1)`` is refused, as alone).
+
+    Raises:
+        PlanError: A shortcut disagrees with the object or is not a valid value
+            of its field, or ``given`` is not a ``cls``.
+    """
+    passed = {name: value for name, value in shortcuts.items() if value is not None}
+    if given is None:
+        return cls(**{**(defaults or {}), **passed})
+    if not isinstance(given, cls):
+        raise PlanError(
+            f"{owner} must be a shardload.{cls.__name__}, got {type(given).__name__}: e.g. {owner}={cls.__name__}(...)"
+        )
+    clash = [f"{name}={value!r}" for name, value in passed.items() if getattr(given, name) != value]
+    if clash:
+        raise PlanError(
+            f"{', '.join(clash)} disagrees with {owner}={given!r}: give each option once, in {owner}= or as a keyword"
+        )
+    if passed:
+        dataclasses.replace(given, **passed)  # type: ignore[type-var]  # the field's own checks, for their types
+    return given

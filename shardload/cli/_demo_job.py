@@ -1,7 +1,7 @@
 """The job behind ``shardload demo``: synthetic data -> prepare -> inspect/verify -> plan -> DDP training.
 
 Where it sits: private to the ``demo`` command (:mod:`shardload.cli.demo`
-parses the options into a :class:`~shardload.cli.demo.DemoConfig` and calls
+parses the options into a :class:`~shardload.cli._demo_config.DemoConfig` and calls
 :func:`run_demo`), and outside the library's import graph, since it loads
 torch and Lightning and defines a LightningModule of its own. It runs with
 defaults that finish in a couple of minutes on two CPU cores; everything it
@@ -26,7 +26,7 @@ import torch
 
 import shardload
 from shardload._base.ranges import offsets_from_lengths
-from shardload.cli.demo import DemoConfig
+from shardload.cli._demo_config import DemoConfig
 from shardload.testing import long_tailed_lengths
 
 

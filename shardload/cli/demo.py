@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-from dataclasses import MISSING, dataclass, field, fields
-from pathlib import Path
-from typing import Any
+from dataclasses import MISSING, fields
 
-from shardload.cli._common import Exit, positive_int, python_hint
+from shardload.cli._common import Exit, python_hint
+from shardload.cli._demo_config import DemoConfig
 
 SUMMARY = "run the main job on synthetic data: prepare, verify, plan, DDP training with exact validation"
 
@@ -29,44 +27,6 @@ EPILOG = """examples:
     "dm = shardload.ShardDataModule(train='WORKDIR/sets/train', val='WORKDIR/sets/val', max_tokens=8192)",
     "trainer.fit(model, datamodule=dm)",
 )
-
-
-def default_workdir() -> Path:
-    """``$XDG_CACHE_HOME/shardload/demo``, or ``~/.cache/shardload/demo``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "shardload" / "demo"
-
-
-def _option(help_text: str | None = None, *, parse: Any = positive_int, metavar: str | None = "N") -> dict[str, Any]:
-    """Field metadata that makes a :class:`DemoConfig` field a ``shardload demo`` option."""
-    return {"option": {"type": parse, "metavar": metavar, "help": help_text}}
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    """Sizes of the demo; the defaults take a couple of minutes on 2 CPU cores.
-
-    The one place of the demo's defaults: the fields with ``option`` metadata
-    are the options of ``shardload demo`` (``train_samples`` ->
-    ``--train-samples``), with these defaults.
-    """
-
-    workdir: Path = field(
-        default_factory=default_workdir,
-        metadata=_option(
-            "where to write (default $XDG_CACHE_HOME/shardload/demo or ~/.cache/shardload/demo)",
-            parse=Path,
-            metavar=None,
-        ),
-    )
-    train_samples: int = field(default=20_000, metadata=_option())
-    # deliberately not divisible by the world size
-    val_samples: int = field(default=2_001, metadata=_option())
-    devices: int = field(default=2, metadata=_option("DDP processes (CPU, gloo)"))
-    max_tokens: int = field(default=8192, metadata=_option("token budget per batch", metavar="T"))
-    channels: int = 16
-    workers: int = 2
-    seed: int = 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -16,11 +16,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from shardload._base.checks import with_shortcuts
 from shardload.errors import PlanError
 from shardload.integrations.trainer import current_epoch, train_link
 from shardload.load.collate import PadSpec
 from shardload.load.loader import ShardLoader, build_loader
-from shardload.load.options import LoaderOptions, with_shortcuts
+from shardload.load.options import LoaderOptions
 from shardload.load.state import check_state
 from shardload.load.world import World
 from shardload.plan import Batching, EpochSpec, ShardAssignment, Stage

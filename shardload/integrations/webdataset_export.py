@@ -60,6 +60,7 @@ import numpy as np
 from shardload._base.output import OutputLock, fsync_file, publish_index, withdraw_index
 from shardload._base.progress import Progress
 from shardload._base.ranges import offsets_from_lengths
+from shardload._base.version import VERSION
 from shardload.errors import InputError, OutputError, OutputExistsError, OutputLockedError
 from shardload.formats.manifest import file_checksum
 from shardload.prepare.sources import EXPORT_INDEX_NAME
@@ -378,7 +379,6 @@ def _tar_record(name: str, path: Path, samples: int) -> dict[str, Any]:
 
 
 def _index_json(ds: ShardSet, records: list[dict[str, Any]], key_digits: int, prepare_options: list[str]) -> str:
-    from shardload import __version__
 
     first = 0
     for r in records:
@@ -387,7 +387,7 @@ def _index_json(ds: ShardSet, records: list[dict[str, Any]], key_digits: int, pr
     index = {
         "format": INDEX_FORMAT,
         "format_version": INDEX_VERSION,
-        "shardload_version": __version__,
+        "shardload_version": VERSION,
         "source_fingerprint": ds.fingerprint,
         "schema": ds.schema.to_json(),
         "samples": len(ds),

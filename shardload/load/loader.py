@@ -16,12 +16,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from shardload._base.checks import MAX_WORLD_SIZE, check_scalar
+from shardload._base.checks import MAX_WORLD_SIZE, check_scalar, with_shortcuts
 from shardload.errors import PlanError, ShardloadError, WorkerError
 from shardload.load.collate import PadSpec
 from shardload.load.collate_packed import PackSpec
 from shardload.load.dataset import ShardBatchDataset, WorkerBatch
-from shardload.load.options import LoaderOptions, with_shortcuts
+from shardload.load.options import LoaderOptions
 from shardload.load.prefetch import Prefetcher, read_orders, start_prefetch
 from shardload.load.sampler import PlanSampler, TrainerLink
 from shardload.load.workers import dead_worker, describe_exit, describe_stall

@@ -9,18 +9,16 @@
 wrong type or value fails where the user wrote it, with a
 :class:`~shardload.errors.PlanError` naming the option, instead of being
 rounded, ignored, or failing in a worker an epoch later; pad values and fields
-are checked by :class:`~shardload.load.collate.PadSpec`. :func:`with_shortcuts` is
+are checked by :class:`~shardload.load.collate.PadSpec`. :func:`~shardload._base.checks.with_shortcuts` is
 the one rule for a shortcut keyword (``batch_size=``, ``max_tokens=``,
 ``num_workers=``) given beside its object.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +31,6 @@ __all__ = [
     "MAX_WORKERS",
     "LoaderOptions",
     "check_timeout",
-    "with_shortcuts",
 ]
 
 #: More worker processes than this is a typo, not a configuration (each one is a process with its own mappings).
@@ -153,39 +150,3 @@ class LoaderOptions:
             # torch refuses a timeout without workers (debug mode, num_workers=0): there is nothing to wait for
             "timeout": self.timeout if self.workers else 0,
         }
-
-
-T = TypeVar("T")
-
-
-def with_shortcuts(
-    given: T | None, cls: type[T], owner: str, *, defaults: Mapping[str, object] | None = None, **shortcuts: object
-) -> T:
-    """An option object from its keyword ``owner=`` and its shortcut keywords, which must agree.
-
-    ``given`` is the object passed as ``owner=`` (``None``: not passed);
-    ``shortcuts`` the shortcut keywords (``None``: not passed). Without an
-    object, ``cls(**defaults, **shortcuts given)`` builds it. With one, a
-    shortcut that differs from the object's field raises instead of being
-    silently ignored, and one that equals it is still checked as that field
-    (``batch_size=True`` beside ``Batching(batch_size=1)`` is refused, as alone).
-
-    Raises:
-        PlanError: A shortcut disagrees with the object or is not a valid value
-            of its field, or ``given`` is not a ``cls``.
-    """
-    passed = {name: value for name, value in shortcuts.items() if value is not None}
-    if given is None:
-        return cls(**{**(defaults or {}), **passed})
-    if not isinstance(given, cls):
-        raise PlanError(
-            f"{owner} must be a shardload.{cls.__name__}, got {type(given).__name__}: e.g. {owner}={cls.__name__}(...)"
-        )
-    clash = [f"{name}={value!r}" for name, value in passed.items() if getattr(given, name) != value]
-    if clash:
-        raise PlanError(
-            f"{', '.join(clash)} disagrees with {owner}={given!r}: give each option once, in {owner}= or as a keyword"
-        )
-    if passed:
-        dataclasses.replace(given, **passed)  # type: ignore[type-var]  # the field's own checks, for their types
-    return given

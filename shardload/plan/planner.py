@@ -224,7 +224,7 @@ class EpochPlanner:
         if isinstance(inputs, ResumeInputs) and not inputs.history:  # nothing ran yet: the whole epoch
             inputs = inputs.base
         if isinstance(inputs, ResumeInputs):
-            self.rest = rest_of(inputs, spec, batching)
+            self.rest = rest_of(inputs, spec, batching, EpochPlanner)
             inputs = self.rest.inputs
         self.inputs, self.spec, self.batching = inputs, spec, batching
         #: ``(S + 1,)`` shard offsets in the global id space (a mixture's sources one after another)

@@ -38,9 +38,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -54,8 +54,25 @@ from shardload.plan.options import MAX_COUNT, Batching
 from shardload.plan.packing.rows import pieces_per_sample
 from shardload.plan.request import EpochSpec, PlanInputs
 
-if TYPE_CHECKING:
-    from shardload.plan.planner import EpochPlanner
+
+class SegmentPlan(Protocol):
+    """What the replay reads of one segment's plan (an :class:`~shardload.plan.EpochPlanner`)."""
+
+    num_batches: int
+    fingerprint: str
+
+    def consumed(self, batches: int) -> Iterator[tuple[NDArray[np.int64], NDArray[np.int64] | None]]:
+        """The real entries (ids, piece starts) of every rank's first ``batches`` batches."""
+        ...
+
+
+class SegmentPlanner(Protocol):
+    """Plans a segment: ``EpochPlanner`` itself (the planner hands itself in, so this module never imports it)."""
+
+    def __call__(
+        self, inputs: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching, *, steady: bool
+    ) -> SegmentPlan: ...
+
 
 __all__ = ["Rest", "ResumeInputs", "rest_of", "run_identity"]
 
@@ -176,7 +193,7 @@ def _selection(base: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching
     return _Uses(lengths, np.repeat(counts, per), cap, offsets_from_lengths(per))
 
 
-def _consumed(planner: EpochPlanner, batches: int) -> tuple[NDArray[np.int64], NDArray[np.int64] | None]:
+def _consumed(planner: SegmentPlan, batches: int) -> tuple[NDArray[np.int64], NDArray[np.int64] | None]:
     """``(ids, starts)`` of the real entries of the first ``batches`` batches of every rank of ``planner``."""
     ids, starts = [], []
     for got, got_starts in planner.consumed(batches):
@@ -240,15 +257,15 @@ def _derive(
     return mix, ids, starts
 
 
-def rest_of(inputs: ResumeInputs, spec: EpochSpec, batching: Batching) -> Rest:
+def rest_of(inputs: ResumeInputs, spec: EpochSpec, batching: Batching, plan_segment: SegmentPlanner) -> Rest:
     """Replay ``inputs.history`` and return what it left of the epoch (see the module docstring).
+
+    ``plan_segment`` plans each segment of the history (the planner passes ``EpochPlanner``).
 
     Raises:
         PlanError: a segment claims more batches than its plan has (the state was edited or
             belongs to another run).
     """
-    from shardload.plan.planner import EpochPlanner  # the planner plans ResumeInputs through this module
-
     base = inputs.base
     uses = _selection(base, spec, batching)
     current: PlanInputs | MixInputs = base
@@ -258,7 +275,7 @@ def rest_of(inputs: ResumeInputs, spec: EpochSpec, batching: Batching) -> Rest:
     for i, (world, batches) in enumerate(inputs.history):
         # the first segment ran the epoch's plan (the run's steps per epoch); each later one ran a remainder,
         # which has its natural target (shardload.plan.length)
-        planner = EpochPlanner(current, dataclasses.replace(spec, world_size=world), batching, steady=i == 0)
+        planner = plan_segment(current, dataclasses.replace(spec, world_size=world), batching, steady=i == 0)
         if batches > planner.num_batches:
             raise PlanError(
                 f"the resume history says segment {i} ran {batches} batches on {world} ranks, but its plan has "

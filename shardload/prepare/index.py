@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload._base.output import atomic_file
+from shardload._base.version import VERSION
 from shardload.formats.manifest import LENGTHS_NAME, Manifest, ShardInfo
 from shardload.prepare.jobs import ShardRecord
 from shardload.prepare.options import PrepareOptions
@@ -86,7 +87,6 @@ def new_manifest(
     set_id: str = "",
 ) -> Manifest:
     """The manifest of the new set: its shards in order, with the run's options and ``describe`` recorded."""
-    from shardload import __version__
 
     shards, first = [], 0
     for r in records:
@@ -105,6 +105,6 @@ def new_manifest(
         options=opts,
         stats=length_stats(lengths),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        shardload_version=__version__,
+        shardload_version=VERSION,
         set_id=set_id,
     ).with_table_form()

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+import shardload.prepare.guards as guards
 from shardload._base.faults import crash_point
 from shardload._base.identity import ShardIdentity, set_id_of
 from shardload._base.output import atomic_file, atomic_write_text
@@ -47,7 +48,6 @@ from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWr
 from shardload.formats.manifest import Manifest
 from shardload.formats.origin import ORIGINS_NAME, run_origins, write_chunk_origins, write_set_origins
 from shardload.formats.shardtable import SHARD_TABLE_NAME
-from shardload.prepare import guards
 from shardload.prepare.gather import gather
 from shardload.prepare.index import new_manifest, write_index
 from shardload.prepare.jobs import IngestJob, ShardJob, ShardRecord, StagedUnit

@@ -10,14 +10,25 @@ reads samples; shards store a text field's bytes with per-sample offsets
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from shardload.errors import CorruptShardError, InputError
 
-if TYPE_CHECKING:
-    from shardload.schema.fields import Field
+
+class Field(Protocol):
+    """What this module reads of a :class:`~shardload.schema.fields.Field` (which imports this module)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def text(self) -> bool: ...
+
 
 #: dtypes of a text field: one Python ``str`` (stored as UTF-8) or ``bytes`` value per sample
 TEXT_DTYPES = ("str", "bytes")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload._base.checks import check_scalar
+from shardload._base.checks import check_scalar, with_shortcuts
 from shardload._base.identity import (
     FileStamp,
     ShardIdentity,
@@ -645,8 +645,6 @@ def open_shard_set(
         remote: all remote settings at once (:class:`~shardload.remote.RemoteOptions`); the keywords
             above are shortcuts for its fields and must agree with it.
     """
-    from shardload.load.options import with_shortcuts
-
     options = with_shortcuts(
         remote,
         RemoteOptions,
