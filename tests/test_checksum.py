@@ -12,10 +12,10 @@ import pytest
 
 import shardload
 from shardload._base import checksum as checksum_module
-from shardload._base.checksum import OVERLAP_BYTES, DigestingFile
+from shardload._base.checksum import OVERLAP_BYTES, DigestingFile, file_checksum
 from shardload.formats.arrow import ArrowOptions, ArrowShardWriter
 from shardload.formats.base import Columns
-from shardload.formats.manifest import Manifest, file_checksum
+from shardload.formats.manifest import Manifest
 from shardload.schema.fields import Schema
 
 

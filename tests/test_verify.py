@@ -11,10 +11,10 @@ import pyarrow as pa
 import pytest
 
 import shardload
+from shardload._base.checksum import file_checksum
 from shardload._base.identity import ShardIdentity
 from shardload.errors import ManifestError
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
-from shardload.formats.manifest import file_checksum
 from shardload.sets.verify import REASONS, Problem, recompute_lengths, verify
 
 

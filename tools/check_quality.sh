@@ -12,5 +12,6 @@ fi
 echo "== ruff check";         "$VENV/bin/ruff" check .
 echo "== ruff format --check"; "$VENV/bin/ruff" format --check .
 echo "== mypy --strict";       "$VENV/bin/mypy"
+echo "== layers and cycles";   "$VENV/bin/lint-imports" --no-cache --no-logo
 echo "== docs";                bash tools/check_docs.sh "$VENV"
 echo "check_quality: ok"

@@ -4,7 +4,7 @@ Where it sits: at the end of prepare's write step
 (:func:`~shardload.prepare.pipeline.write_shard`), where each shard's sha256
 goes into its record and then the manifest. :func:`checksum_text` is the one
 spelling of a checksum (``"sha256:<hex>"``) that
-:func:`~shardload.formats.manifest.file_checksum` gives too, so a checksum made while
+:func:`file_checksum` gives too, so a checksum made while
 writing and one made by reading the file back compare equal.
 
 :class:`DigestingFile` is a write-only file that feeds every byte written to
@@ -22,12 +22,12 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["OVERLAP_BYTES", "DigestingFile", "checksum_text"]
+__all__ = ["OVERLAP_BYTES", "DigestingFile", "checksum_text", "file_checksum"]
 
 #: a write at least this large is hashed in a helper thread while it is written; smaller ones in line
 OVERLAP_BYTES = 1 << 20
@@ -55,7 +55,7 @@ class DigestingFile:
 
     @property
     def checksum(self) -> str:
-        """``"sha256:<hex>"`` of the bytes written so far (as :func:`~shardload.formats.manifest.file_checksum` reads it)."""
+        """``"sha256:<hex>"`` of the bytes written so far (as :func:`file_checksum` reads it)."""
         return checksum_text(self._digest)
 
     @property
@@ -103,3 +103,18 @@ class DigestingFile:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def file_checksum(file: Path | BinaryIO, chunk: int = 8 << 20) -> str:
+    """``"sha256:<hex>"`` of a file's bytes: a path, or a file already open for reading (read to its end)."""
+    if not isinstance(file, (str, os.PathLike)):
+        return _sha256_of(file, chunk)
+    with open(file, "rb") as fh:
+        return _sha256_of(fh, chunk)
+
+
+def _sha256_of(fh: BinaryIO, chunk: int) -> str:
+    h = hashlib.sha256()
+    while block := fh.read(chunk):
+        h.update(block)
+    return checksum_text(h)

@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.checksum import file_checksum
 from shardload._base.identity import ShardIdentity
 from shardload._base.ranges import offsets_from_lengths, range_positions
 from shardload.schema.fields import Field, Schema
@@ -211,9 +212,8 @@ class ShardWriter(ABC, Generic[OptionsT]):
         """
 
     def write_checksummed(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> str:
-        """:meth:`write`, and the checksum of the file written (what :func:`~shardload.formats.manifest.file_checksum`
+        """:meth:`write`, and the checksum of the file written (what :func:`~shardload._base.checksum.file_checksum`
         gives). Here the file is read back; a format whose writer can hash its bytes as it writes them does so."""
-        from shardload.formats.manifest import file_checksum  # the manifest's rule; imported here, not at load
 
         self.write(path, columns, identity=identity)
         return file_checksum(path)

@@ -14,16 +14,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
-from shardload._base.checksum import checksum_text
 from shardload._base.identity import SET_ID_CHARS, is_set_id
 from shardload._base.output import atomic_file, atomic_write_text
 from shardload._base.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES, env_limit, read_small
@@ -484,18 +482,3 @@ def _bounded_int(value: Any, what: str, limit: int = MAX_SAMPLES * 4096) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
         raise ManifestError(f"{what}: expected an integer in [0, {limit}], got {value!r}")
     return value
-
-
-def file_checksum(file: Path | BinaryIO, chunk: int = 8 << 20) -> str:
-    """``"sha256:<hex>"`` of a file's bytes: a path, or a file already open for reading (read to its end)."""
-    if not isinstance(file, (str, os.PathLike)):
-        return _sha256_of(file, chunk)
-    with open(file, "rb") as fh:
-        return _sha256_of(fh, chunk)
-
-
-def _sha256_of(fh: BinaryIO, chunk: int) -> str:
-    h = hashlib.sha256()
-    while block := fh.read(chunk):
-        h.update(block)
-    return checksum_text(h)

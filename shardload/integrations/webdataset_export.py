@@ -57,12 +57,12 @@ from typing import Any
 
 import numpy as np
 
+from shardload._base.checksum import file_checksum
 from shardload._base.output import OutputLock, fsync_file, publish_index, withdraw_index
 from shardload._base.progress import Progress
 from shardload._base.ranges import offsets_from_lengths
 from shardload._base.version import VERSION
 from shardload.errors import InputError, OutputError, OutputExistsError, OutputLockedError
-from shardload.formats.manifest import file_checksum
 from shardload.prepare.sources import EXPORT_INDEX_NAME
 from shardload.prepare.sources.webdataset import split_member_name
 from shardload.schema.fields import Schema

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import operator
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -40,8 +38,9 @@ from shardload.plan.equalize import equalize_batches
 from shardload.plan.length import MAX_DRAWS, draw_seed, epoch_steps, fits, natural_target, rank_policy, warn_unfit
 from shardload.plan.mix.batcher import MixBatcher
 from shardload.plan.mix.inputs import MixInputs
-from shardload.plan.options import Batching, Stage
+from shardload.plan.options import Batching
 from shardload.plan.packing.pack import BUILD_CHUNK, PackBatcher, RankRows
+from shardload.plan.rankplan import RankPlan
 from shardload.plan.request import EpochSpec, PlanInputs, check_request
 from shardload.plan.resume import Rest, ResumeInputs, rest_of
 from shardload.plan.shuffle import permute_batches
@@ -51,137 +50,6 @@ from shardload.plan.strategy import layout_key, make_batcher
 __all__ = ["EpochPlanner", "RankPlan", "plan_rank"]
 
 _FORMAT = "shardload.plan/2"  # bump when the same inputs would give a different plan
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class RankPlan:
-    """One rank's ordered batches for one epoch of one stage.
-
-    Every rank's plan for the same inputs has the same number of batches and
-    the same :attr:`fingerprint`. Arrays are read-only.
-
-    Attributes:
-        rank: The rank this plan is for.
-        spec: The epoch planned (world size, stage, seed, epoch, shard assignment).
-        sample_ids: ``(num_rows,)`` global sample ids in yield order, filler
-            rows included.
-        weights: ``(num_rows,)`` 1.0 for a real row, 0.0 for filler.
-        batch_offsets: ``(num_batches + 1,)`` offsets of batches into
-            ``sample_ids``; every batch has at least one row.
-        rank_batch_counts: ``(world_size,)`` every rank's batch count before
-            equalisation (for reports); one array shared by the plans of an epoch.
-        fingerprint: Hex digest of the inputs and the final batch count,
-            identical on all ranks; compare it across ranks to catch a rank
-            that planned from different inputs.
-        rows: Packed plans only (``Batching.packing``): ``(num_rows,)`` the
-            row of each entry within its batch (``0 .. rows_per_batch - 1``,
-            non-decreasing in a batch); ``None`` otherwise.
-        starts: Packed plans only: ``(num_rows,)`` the first token of the
-            sample each entry holds (0 unless ``pack_split`` cut it into
-            pieces of at most ``pack_length`` tokens); ``None`` otherwise.
-    """
-
-    rank: int
-    spec: EpochSpec
-    sample_ids: NDArray[np.int64]
-    weights: NDArray[np.float32]
-    batch_offsets: NDArray[np.int64]
-    rank_batch_counts: NDArray[np.int64]
-    fingerprint: str
-    rows: NDArray[np.int32] | None = None
-    starts: NDArray[np.int64] | None = None
-
-    def __post_init__(self) -> None:
-        for array in (
-            self.sample_ids,
-            self.weights,
-            self.batch_offsets,
-            self.rank_batch_counts,
-            self.rows,
-            self.starts,
-        ):
-            if array is not None:
-                array.setflags(write=False)
-
-    def __len__(self) -> int:
-        return len(self.batch_offsets) - 1
-
-    def __iter__(self) -> Iterator[tuple[NDArray[np.int64], NDArray[np.float32]]]:
-        return (self.batch(i) for i in range(len(self)))
-
-    def __repr__(self) -> str:
-        return (
-            f"RankPlan(rank={self.rank}, world_size={self.world_size}, stage={self.stage!r}, "
-            f"epoch={self.epoch}, seed={self.seed}, num_batches={self.num_batches}, "
-            f"num_real={self.num_real}, num_filler={self.num_filler}, "
-            f"fingerprint={self.fingerprint[:12]!r})"
-        )
-
-    @property
-    def world_size(self) -> int:
-        """Number of ranks."""
-        return self.spec.world_size
-
-    @property
-    def stage(self) -> Stage:
-        """``"train"``, ``"val"``, ``"test"`` or ``"predict"``."""
-        return self.spec.stage
-
-    @property
-    def epoch(self) -> int:
-        """Epoch number."""
-        return self.spec.epoch
-
-    @property
-    def seed(self) -> int:
-        """Run seed."""
-        return self.spec.seed
-
-    @property
-    def num_batches(self) -> int:
-        """Number of batches (the same on every rank)."""
-        return len(self)
-
-    @property
-    def num_real(self) -> int:
-        """Number of real rows (weight > 0)."""
-        return int(np.count_nonzero(self.weights > 0))
-
-    @property
-    def num_filler(self) -> int:
-        """Number of filler rows (weight 0)."""
-        return len(self.weights) - self.num_real
-
-    def batch(self, i: int) -> tuple[NDArray[np.int64], NDArray[np.float32]]:
-        """Batch ``i`` (negative counts from the end) as views.
-
-        Returns:
-            ``(sample_ids, weights)``, each ``(rows,)``.
-
-        Raises:
-            IndexError: If ``i`` is out of range.
-        """
-        i = operator.index(i)
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"batch {i} out of range for a plan of {len(self)} batches")
-        i %= len(self)
-        lo, hi = int(self.batch_offsets[i]), int(self.batch_offsets[i + 1])
-        return self.sample_ids[lo:hi], self.weights[lo:hi]
-
-    def packed_batch(
-        self, i: int
-    ) -> tuple[NDArray[np.int64], NDArray[np.float32], NDArray[np.int32], NDArray[np.int64]]:
-        """Batch ``i`` of a packed plan as views: ``(sample_ids, weights, rows, starts)``, each ``(entries,)``.
-
-        Raises:
-            IndexError: If ``i`` is out of range.
-            PlanError: If the plan is not packed.
-        """
-        if self.rows is None or self.starts is None:
-            raise PlanError("packed_batch() needs a packed plan (Batching(packing=True, ...))")
-        ids, weights = self.batch(i)
-        lo = int(self.batch_offsets[i % len(self)])
-        return ids, weights, self.rows[lo : lo + len(ids)], self.starts[lo : lo + len(ids)]
 
 
 class EpochPlanner:

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base.checksum import file_checksum
 from shardload._base.output import atomic_write_text
 from shardload._base.setfiles import (
     ENV_MAX_MANIFEST_BYTES,
@@ -57,7 +58,7 @@ from shardload._base.setfiles import (
     tagged,
 )
 from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError, ShardSetError
-from shardload.formats.manifest import MANIFEST_NAME, Manifest, file_checksum, metadata_files
+from shardload.formats.manifest import MANIFEST_NAME, Manifest, metadata_files
 from shardload.formats.origin import ORIGINS_NAME
 from shardload.remote.download import fetch_to
 from shardload.remote.options import RemoteOptions

@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from shardload._base.checksum import file_checksum
 from shardload._base.identity import ShardIdentity, identity_problem
 from shardload._base.messages import one_line
 from shardload._base.pool import map_in_workers
@@ -40,7 +41,7 @@ from shardload._base.setfiles import check_index_values, check_path_encoding, op
 from shardload.errors import CorruptShardError, MissingDependencyError, ShardSetError
 from shardload.formats import Columns, get_format
 from shardload.formats.arrow.writer import to_arrow
-from shardload.formats.manifest import Manifest, ShardInfo, file_checksum, resolve_inside
+from shardload.formats.manifest import Manifest, ShardInfo, resolve_inside
 from shardload.formats.origin import ORIGINS_NAME, read_origins
 from shardload.remote.options import RemoteOptions
 from shardload.remote.url import is_remote

@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardload
+from shardload._base.checksum import file_checksum
 from shardload.formats.arrow import ArrowShardReader
-from shardload.formats.manifest import FORMAT_VERSION, Manifest, file_checksum
+from shardload.formats.manifest import FORMAT_VERSION, Manifest
 from shardload.sets.verify import verify
 
 from .conftest import read_all, read_manifest, shard_file, write_manifest

@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import shardload
+from shardload._base.checksum import file_checksum
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
 from shardload.formats.arrow.writer import arrow_schema, to_arrow
-from shardload.formats.manifest import file_checksum
 from shardload.sets.verify import verify
 from shardload.testing import synthetic_samples
 

@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 
 from shardload.plan.mix.inputs import MixInputs, select_source
 from shardload.plan.options import Batching
-from shardload.plan.planner import RankPlan
+from shardload.plan.rankplan import RankPlan
 from shardload.plan.request import EpochSpec
 
 __all__ = ["SourceReport", "SourceTally"]
