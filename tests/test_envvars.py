@@ -68,3 +68,33 @@ def test_sizes_beyond_any_buffer_or_of_part_of_a_byte_are_refused(monkeypatch: p
     monkeypatch.delenv("SHARDLOAD_MAX_RECORD_BYTES")
     with pytest.raises(InputError, match="max_record_bytes"):
         SourceOptions(max_record_bytes=1 << 63)
+
+
+def test_every_variable_name_is_written_in_one_place() -> None:
+    import ast
+    import re
+    from pathlib import Path
+
+    import shardload._base.envvars as envvars
+
+    package = Path(envvars.__file__).parents[1]
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path == Path(envvars.__file__):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            # a variable's name as a whole string literal (docstrings are longer than a name)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if re.fullmatch(r"SHARDLOAD_[A-Z_]+", node.value):
+                    found.append(f"{path.relative_to(package)}:{node.lineno} {node.value}")
+            # os.environ.get("NAME") / os.getenv("NAME") / os.environ["NAME"] with the name spelled in place
+            if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+                func = ast.unparse(node.func)
+                if func in ("os.environ.get", "os.getenv", "environ.get"):
+                    found.append(f"{path.relative_to(package)}:{node.lineno} {func}({node.args[0].value!r})")
+            if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+                if isinstance(node.slice, ast.Constant):
+                    found.append(f"{path.relative_to(package)}:{node.lineno} os.environ[{node.slice.value!r}]")
+    # Invariant: every environment variable's name is written in _base/envvars.py only
+    assert found == []
+    assert envvars.CACHE_DIR == "SHARDLOAD_CACHE_DIR"  # the names themselves are part of the interface

@@ -1,9 +1,11 @@
-"""Limits that an environment variable may change, read by one rule.
+"""Every environment variable shardload reads, by name, and the one rule that reads a number from one.
 
-Where it sits: beside the flow. Bounds that protect a process (the size of
-``manifest.json``, of one source record, the shards kept open, the Zarr chunk
-cache) have a default and an environment variable to change it; each is read
-here, so a bad value gets the same message whatever the variable.
+Bounds that protect a process (the size of ``manifest.json``, of one source
+record, the shards kept open, the Zarr chunk cache) have a default and a
+variable to change it; :func:`env_int` reads each, so a bad value gets the
+same message whatever the variable. The names below are the only place a
+variable's name is written in the package; the modules that read them import
+them from here.
 """
 
 from __future__ import annotations
@@ -13,7 +15,49 @@ import re
 
 from shardload.errors import ShardloadError
 
-__all__ = ["env_int", "parse_size_text"]
+__all__ = [
+    "AWS_MAX_ATTEMPTS",
+    "CACHE_DIR",
+    "CACHE_LIMIT",
+    "KILL_AT",
+    "LOCAL_WORLD_SIZE",
+    "MAX_MANIFEST_BYTES",
+    "MAX_OPEN_SHARDS",
+    "MAX_RECORD_BYTES",
+    "PAUSE_AT",
+    "RANK_VARIABLES",
+    "XDG_CACHE_HOME",
+    "ZARR_CACHE_BYTES",
+    "env_int",
+    "parse_size_text",
+]
+
+# shardload's own (docs/remote.md, docs/loading.md, docs/format.md, docs/reliability.md)
+#: the node cache of remote sets (remote/options.py)
+CACHE_DIR = "SHARDLOAD_CACHE_DIR"
+#: the most bytes of shards one remote set keeps in the node cache (remote/options.py)
+CACHE_LIMIT = "SHARDLOAD_CACHE_LIMIT"
+#: the largest ``manifest.json`` read (_base/setfiles.py)
+MAX_MANIFEST_BYTES = "SHARDLOAD_MAX_MANIFEST_BYTES"
+#: the shards one process keeps open (_base/setfiles.py)
+MAX_OPEN_SHARDS = "SHARDLOAD_MAX_OPEN_SHARDS"
+#: the largest source record prepare reads (prepare/sources/base.py)
+MAX_RECORD_BYTES = "SHARDLOAD_MAX_RECORD_BYTES"
+#: the decoded-chunk cache of Zarr shards (formats/zarr/cache.py)
+ZARR_CACHE_BYTES = "SHARDLOAD_ZARR_CACHE_BYTES"
+#: fault injection for the tests: stop at a named point (_base/faults.py)
+KILL_AT = "SHARDLOAD_KILL_AT"
+PAUSE_AT = "SHARDLOAD_PAUSE_AT"
+
+# other systems' (read, never set)
+#: (rank, world size) pairs in the order load/world.py tries them: torchrun, then SLURM
+RANK_VARIABLES = (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
+#: ranks of the job on this node, set by torchrun (load/prefetch.py)
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+#: the user's cache folder (XDG base directories)
+XDG_CACHE_HOME = "XDG_CACHE_HOME"
+#: botocore's retry count: when set, the storage client's own retries are left to it (remote/url.py)
+AWS_MAX_ATTEMPTS = "AWS_MAX_ATTEMPTS"
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?)(b?)\s*$", re.IGNORECASE)
 

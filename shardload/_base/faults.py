@@ -13,12 +13,14 @@ import os
 import signal
 import time
 
+from shardload._base import envvars
+
 
 def crash_point(name: str) -> None:
-    wanted = os.environ.get("SHARDLOAD_KILL_AT")
+    wanted = os.environ.get(envvars.KILL_AT)
     if wanted and name in wanted.split(","):
         os.kill(os.getpid(), signal.SIGKILL)
-    paused = os.environ.get("SHARDLOAD_PAUSE_AT")
+    paused = os.environ.get(envvars.PAUSE_AT)
     if paused and name in paused.split(","):
         while True:
             time.sleep(60)

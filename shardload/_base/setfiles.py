@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base import envvars
 from shardload._base.checks import MAX_LENGTH
 from shardload._base.envvars import env_int
 from shardload._base.messages import one_line
@@ -55,10 +56,10 @@ __all__ = [
 
 #: largest ``manifest.json`` read (a million shards take about 250 MB); raise with the variable below
 MAX_MANIFEST_BYTES = 256 << 20
-ENV_MAX_MANIFEST_BYTES = "SHARDLOAD_MAX_MANIFEST_BYTES"
+ENV_MAX_MANIFEST_BYTES = envvars.MAX_MANIFEST_BYTES
 #: shards one process keeps open (mapped, with a file descriptor) before closing the least recently used
 MAX_OPEN_SHARDS = 128
-ENV_MAX_OPEN_SHARDS = "SHARDLOAD_MAX_OPEN_SHARDS"
+ENV_MAX_OPEN_SHARDS = envvars.MAX_OPEN_SHARDS
 #: largest length a lengths index may hold for one sample: the planner's bound (keeps sums in int64)
 MAX_INDEX_LENGTH = MAX_LENGTH
 

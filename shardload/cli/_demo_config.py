@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardload._base import envvars
 from shardload.cli._common import positive_int
 
 
 def default_workdir() -> Path:
     """``$XDG_CACHE_HOME/shardload/demo``, or ``~/.cache/shardload/demo``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = os.environ.get(envvars.XDG_CACHE_HOME) or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "shardload" / "demo"
 
 

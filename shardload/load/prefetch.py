@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base import envvars
 from shardload.errors import PlanError
 from shardload.remote.cache import RemoteSet
 from shardload.sets.index import ShardIndex
@@ -215,7 +216,7 @@ def start_prefetch(orders: ReadOrders) -> list[Prefetcher]:
 
 def local_ranks() -> int:
     """Ranks of this job on this node (``LOCAL_WORLD_SIZE``, set by torchrun; else 1)."""
-    text = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    text = os.environ.get(envvars.LOCAL_WORLD_SIZE, "").strip()
     return int(text) if text.isdigit() and int(text) > 0 else 1
 
 

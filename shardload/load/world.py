@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shardload._base import envvars
 from shardload.errors import PlanError
 
 
@@ -59,7 +60,7 @@ class World:
         if trainer is not None:
             return cls(int(trainer.global_rank), int(trainer.world_size), "Lightning trainer")
         env = os.environ if env is None else env
-        for r_key, w_key in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
+        for r_key, w_key in envvars.RANK_VARIABLES:
             if r_key in env and w_key in env:
                 try:
                     return cls(int(env[r_key]), int(env[w_key]), f"${r_key}/${w_key}")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardload._base import envvars
 from shardload._base.checks import check_real, check_scalar
 from shardload._base.envvars import env_int
 from shardload.errors import InputError
@@ -22,9 +23,9 @@ from shardload.remote.retry import RetryPolicy
 __all__ = ["ENV_CACHE_DIR", "ENV_CACHE_LIMIT", "RemoteOptions", "default_cache_dir"]
 
 #: the node-local cache directory (default: ``$XDG_CACHE_HOME/shardload``, else ``~/.cache/shardload``)
-ENV_CACHE_DIR = "SHARDLOAD_CACHE_DIR"
+ENV_CACHE_DIR = envvars.CACHE_DIR
 #: the most bytes of shards one set keeps in the cache (default: no limit); sizes such as ``200GiB``
-ENV_CACHE_LIMIT = "SHARDLOAD_CACHE_LIMIT"
+ENV_CACHE_LIMIT = envvars.CACHE_LIMIT
 #: downloads the prefetcher runs at once, per rank
 PREFETCH_DOWNLOADS = 4
 #: bytes of shards the prefetcher fetches ahead of the rank, unless the cache limit is lower (half of it then)
@@ -38,7 +39,7 @@ def default_cache_dir() -> Path:
     given = os.environ.get(ENV_CACHE_DIR, "").strip()
     if given:
         return Path(given).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    xdg = os.environ.get(envvars.XDG_CACHE_HOME, "").strip()
     return (Path(xdg) if xdg else Path.home() / ".cache") / "shardload"
 
 

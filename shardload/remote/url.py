@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from shardload._base import envvars
 from shardload.errors import MissingDependencyError, RemoteError
 
 __all__ = ["CONNECT_TIMEOUT", "READ_TIMEOUT", "is_remote", "join_url", "local_path", "normalize_url", "open_filesystem"]
@@ -157,7 +158,7 @@ def _s3_config(given: object) -> Any:
     if given is not None and not isinstance(given, Mapping):
         return given  # not keywords: s3fs says what is wrong with it
     config: dict[str, Any] = dict(given or {})
-    if "retries" not in config and not os.environ.get("AWS_MAX_ATTEMPTS", "").strip():
+    if "retries" not in config and not os.environ.get(envvars.AWS_MAX_ATTEMPTS, "").strip():
         config["retries"] = {"total_max_attempts": 1}  # a new dict each time: botocore changes it in place
     config.setdefault("connect_timeout", CONNECT_TIMEOUT)
     config.setdefault("read_timeout", READ_TIMEOUT)

@@ -23,11 +23,12 @@ from functools import partial
 
 import numpy as np
 
+from shardload._base import envvars
 from shardload._base.envvars import env_int
 from shardload.errors import InputError
 
 DEFAULT_CACHE_BYTES = 64 << 20
-CACHE_ENV = "SHARDLOAD_ZARR_CACHE_BYTES"
+CACHE_ENV = envvars.ZARR_CACHE_BYTES
 
 _caches: weakref.WeakSet[ChunkCache] = weakref.WeakSet()
 

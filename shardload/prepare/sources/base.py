@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from shardload._base import envvars
 from shardload._base.envvars import env_int
 from shardload._base.setfiles import file_kind
 from shardload.errors import InputError
@@ -41,7 +42,7 @@ Sample = Mapping[str, Any]
 #: times its size in memory, so a record beyond this is refused by name. Raise it with the environment
 #: variable below or ``prepare(..., max_record_bytes=...)``.
 MAX_RECORD_BYTES = 256 << 20
-MAX_RECORD_BYTES_ENV = "SHARDLOAD_MAX_RECORD_BYTES"
+MAX_RECORD_BYTES_ENV = envvars.MAX_RECORD_BYTES
 #: the largest bound that may be set (readers pass it to calls that take a C size)
 LARGEST_RECORD_BYTES = 1 << 48
 
