@@ -174,7 +174,8 @@ def fit(run: dict[str, Any], out: Path, devices: int) -> None:
         seed=3,
         num_workers=run.get("num_workers", 0),
     )
-    callbacks: list[pl.Callback] = [Clock(record, out, run["name"])]
+    # the tqdm bar whatever is installed (Lightning picks rich's when rich is importable): the records read its total
+    callbacks: list[pl.Callback] = [Clock(record, out, run["name"]), pl.callbacks.TQDMProgressBar()]
     if "stop" in run:
         epoch, batch_idx = run["stop"]
         callbacks.append(StopAt(out / f"{run['name']}.ckpt", epoch, batch_idx + 1))  # after that many steps
