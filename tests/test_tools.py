@@ -105,6 +105,15 @@ def check_mix(out: str, tmp: Path) -> None:
         assert number(r[2]) >= 0 and number(r[3]) >= 0 and number(r[4]) > 0, r
 
 
+def check_webdataset(out: str, tmp: Path) -> None:
+    rows = {r[0]: r for r in table(out, "| step | shardload s |")}
+    assert set(rows) == {"write", "read"}
+    for r in rows.values():
+        assert number(r[1]) > 0 and number(r[2]) > 0 and number(r[3]) > 0, r
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["samples"] == 300 and figures["write_ratio"] > 0 and figures["read_ratio"] > 0
+
+
 def check_epoch_length(out: str, tmp: Path) -> None:
     rows = {}
     for kind in ("alike", "unlike"):
@@ -385,6 +394,11 @@ CASES = {
         "bench_startup.py",
         lambda t: ["--open-only", "10,100", "--repeats", "1", "--cache-dir", str(t / "work")],
         check_startup_open,
+    ),
+    "bench_webdataset": Case(
+        "bench_webdataset.py",
+        lambda t: ["--samples", "300", "--per-tar", "100", "--rounds", "1", "--json"],
+        check_webdataset,
     ),
     "bench_zarr": Case("bench_zarr.py", lambda t: ["--samples", "300", "--json"], check_zarr),
     "sim_cache": Case(
