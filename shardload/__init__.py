@@ -93,8 +93,8 @@ _LAZY = {
 
 def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'shardload' has no attribute {name!r}")
+    if module is None:  # a module of 0.1.0 that moved (shardload.shardset), else an AttributeError
+        return _compat.moved_attribute(__name__, name)
     import importlib
 
     value = getattr(importlib.import_module(module), name)

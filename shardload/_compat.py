@@ -91,6 +91,18 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             module.__dict__["__all__"] = list(target.__all__)
 
 
+def moved_attribute(package: str, name: str) -> types.ModuleType:
+    """``package.name`` where it named a 0.1.0 module that moved (``shardload.shardset`` after ``import shardload``).
+
+    Raises:
+        AttributeError: ``package.name`` was no module of 0.1.0 either.
+    """
+    old = f"{package}.{name}"
+    if old not in MOVED:
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    return importlib.import_module(old)
+
+
 def install() -> None:
     """Put the alias finder on ``sys.meta_path`` (once)."""
     if not any(isinstance(finder, _Alias) for finder in sys.meta_path):

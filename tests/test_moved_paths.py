@@ -184,3 +184,17 @@ def test_the_public_names_are_the_same_objects_as_their_modules() -> None:
     assert shardload.ShardSet is resolve("shardload.sets.shardset.ShardSet")
     assert shardload.make_loader is resolve("shardload.load.loader.make_loader")
     assert shardload.ShardDataModule is resolve("shardload.integrations.datamodule.ShardDataModule")
+
+
+def test_an_old_module_is_an_attribute_of_the_package_as_before() -> None:
+    # 0.1.0's `import shardload` imported shardset, merging, mixture, ...: code reached them as attributes
+    for name in ("shardload.shardset", "shardload.loader_options"):  # as in a fresh process
+        sys.modules.pop(name, None)
+        vars(shardload).pop(name.split(".")[1], None)
+    with pytest.warns(DeprecationWarning, match="shardload.sets.shardset"):
+        assert shardload.shardset.open_shard_set is shardload.open  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match="shardload.load.options"):
+        from shardload import loader_options  # type: ignore[attr-defined]
+    assert loader_options.LoaderOptions is resolve("shardload.load.options.LoaderOptions")
+    with pytest.raises(AttributeError, match="no attribute 'no_such_module'"):
+        shardload.no_such_module  # type: ignore[attr-defined]  # noqa: B018
