@@ -84,17 +84,23 @@ def test_every_variable_name_is_written_in_one_place() -> None:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             # a variable's name as a whole string literal (docstrings are longer than a name)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                if re.fullmatch(r"SHARDLOAD_[A-Z_]+", node.value):
-                    found.append(f"{path.relative_to(package)}:{node.lineno} {node.value}")
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and re.fullmatch(r"SHARDLOAD_[A-Z_]+", node.value)
+            ):
+                found.append(f"{path.relative_to(package)}:{node.lineno} {node.value}")
             # os.environ.get("NAME") / os.getenv("NAME") / os.environ["NAME"] with the name spelled in place
             if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
                 func = ast.unparse(node.func)
                 if func in ("os.environ.get", "os.getenv", "environ.get"):
                     found.append(f"{path.relative_to(package)}:{node.lineno} {func}({node.args[0].value!r})")
-            if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
-                if isinstance(node.slice, ast.Constant):
-                    found.append(f"{path.relative_to(package)}:{node.lineno} os.environ[{node.slice.value!r}]")
+            if (
+                isinstance(node, ast.Subscript)
+                and ast.unparse(node.value) == "os.environ"
+                and isinstance(node.slice, ast.Constant)
+            ):
+                found.append(f"{path.relative_to(package)}:{node.lineno} os.environ[{node.slice.value!r}]")
     # Invariant: every environment variable's name is written in _base/envvars.py only
     assert found == []
     assert envvars.CACHE_DIR == "SHARDLOAD_CACHE_DIR"  # the names themselves are part of the interface
