@@ -134,12 +134,8 @@ def concat_columns(schema: Schema, parts: Sequence[Columns]) -> Columns:
     fields = {}
     for f in schema.fields:
         datas = [p.fields[f.name] for p in parts]
-        if not f.has_offsets:
-            values = np.concatenate([d.values for d in datas]) if datas else _empty(f, 0)
-            fields[f.name] = FieldData(values, None)
-            continue
         values = np.concatenate([d.values for d in datas]) if datas else _empty(f, 0)
-        fields[f.name] = FieldData(values, concat_offsets(datas))
+        fields[f.name] = FieldData(values, concat_offsets(datas) if f.has_offsets else None)
     return Columns(num_samples=sum(p.num_samples for p in parts), fields=fields)
 
 

@@ -478,7 +478,7 @@ def _check_schema(schema: Schema, where: str) -> None:
         raise ManifestError(f"{where}: {'; '.join(problems)}. Re-run prepare to make a set this version can load.")
 
 
-def _bounded_int(value: Any, what: str, limit: int = MAX_SAMPLES * 4096) -> int:
+def _bounded_int(value: Any, what: str, limit: int = _INT_LIMIT) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
         raise ManifestError(f"{what}: expected an integer in [0, {limit}], got {value!r}")
     return value

@@ -1,23 +1,12 @@
 """What a Zarr shard may declare, checked before anything in it is read or decompressed.
 
-A Zarr shard is small on disk and large once decoded, and everything that
-says how large (the zip's member sizes, each array's shape and chunk shape,
-each compressed frame's header) comes from the file itself. These checks tie
-those declarations to what the writer produces and to the manifest, so that a
-damaged or crafted shard is refused while it is still a few kilobytes of
-metadata, instead of after the allocation it asks for:
-
-* the zip: every member stored (``ZIP_STORED``, the writer never deflates),
-  its compressed and uncompressed sizes equal, its data inside the file,
-  metadata members (``zarr.json``) below :data:`MAX_METADATA_BYTES`;
-* each array: the writer's codec chain (``bytes`` little-endian, then zstd,
-  blosc or nothing), chunks along the first axis only, and a decoded chunk no
-  larger than :func:`max_chunk_bytes` (from the manifest's ``chunk_size``);
-  every chunk it declares must be a member of the zip;
-* each compressed chunk: its stored size at most what its compressor can
-  make of the chunk (read before the member is), the size its frame header
-  declares the chunk's exact size, and it is decoded into a buffer of exactly
-  that size.
+Everything that says how large a shard is once decoded (the zip's member sizes, each array's
+shape and chunk shape, each compressed frame's header) comes from the file itself. These checks
+tie those declarations to what the writer produces and to the manifest, so that a damaged or
+crafted shard is refused while it is still a few kilobytes of metadata, before the allocation it
+asks for: :func:`check_zip` (the zip), :func:`check_array` and :func:`check_chunk_members` (each
+array), :func:`check_stored_size` and :func:`check_encoded` (each chunk, as it is read).
+docs/format.md, "Zarr shards", **Bounds**.
 """
 
 from __future__ import annotations
