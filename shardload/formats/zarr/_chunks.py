@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from shardload.formats.zarr.bounds import BoundsError, check_encoded, check_stored_size
+from shardload.formats.zarr.bounds import BoundsError, check_encoded, check_stored_size, codec_chain
 
 try:  # the same CRC-32, computed with SIMD instructions: ~12x faster per chunk (the zarr extra installs it)
     from zlib_ng.zlib_ng import crc32
@@ -90,28 +90,15 @@ class ChunkDecoder:
         import numcodecs
 
         try:
-            meta = arr.metadata.to_dict()
-            codecs = [(c["name"], c.get("configuration", {})) for c in meta["codecs"]]
-            encoding = meta["chunk_key_encoding"]
             path = arr.path
-        except (AttributeError, KeyError, TypeError):
+            compressor = codec_chain(arr.metadata.to_dict(), path)
+        except (BoundsError, AttributeError, KeyError, TypeError):
             return None
-        if encoding.get("name") != "default" or encoding.get("configuration", {}).get("separator", "/") != "/":
-            return None
-        if not codecs or codecs[0][0] != "bytes" or codecs[0][1].get("endian", "little") != "little":
-            return None
-        names = [name for name, _ in codecs[1:]]
-        decompress: Callable[..., Any] | None
-        if names == []:
-            decompress = None
-        elif names == ["zstd"]:
-            decompress = numcodecs.Zstd().decode
-        elif names == ["blosc"]:
-            decompress = numcodecs.Blosc().decode
-        else:
-            return None
+        decompress: Callable[..., Any] | None = None
+        if compressor:
+            decompress = (numcodecs.Zstd() if compressor == "zstd" else numcodecs.Blosc()).decode
         chunks = tuple(int(c) for c in arr.chunks)
-        return cls(f"{path}/c/", chunks, np.dtype(arr.dtype).newbyteorder("<"), decompress, names[0] if names else "")
+        return cls(f"{path}/c/", chunks, np.dtype(arr.dtype).newbyteorder("<"), decompress, compressor)
 
     def _read(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo, mapped: memoryview | None) -> Any:
         """The stored bytes of member ``info``, its CRC-32 checked.
