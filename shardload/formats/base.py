@@ -107,10 +107,7 @@ class Columns:
     @classmethod
     def from_samples(cls, schema: Schema, samples: Sequence[Mapping[str, np.ndarray]]) -> Columns:
         """Pack checked samples (see :meth:`Schema.check`) into columns."""
-        fields = {}
-        for f in schema.fields:
-            parts = [s[f.name] for s in samples]
-            fields[f.name] = _pack_field(f, parts)
+        fields = {f.name: _pack_field(f, [s[f.name] for s in samples]) for f in schema.fields}
         return cls(num_samples=len(samples), fields=fields)
 
     def take(self, rows: np.ndarray) -> Columns:

@@ -276,11 +276,10 @@ class Manifest:
 
 
 def metadata_files(manifest: Manifest) -> list[str]:
-    """The set-level files a reader needs at open, besides ``manifest.json``: shard table and lengths indexes.
+    """The set-level files a reader needs at open, besides ``manifest.json``, each once, relative to the set.
 
-    The shard table (format version 3), the batching index, then each per-field index (relative paths, each once). A
-    remote set's node cache fetches exactly these at open (``origins.arrow`` waits
-    for the first ``origin()`` call).
+    The shard table (format version 3), the batching index, then each per-field index: what a remote
+    set's node cache fetches at open (``origins.arrow`` waits for the first ``origin()`` call).
     """
     files = [manifest.shard_table] if manifest.shard_table else []
     files.append(manifest.lengths_file)

@@ -96,10 +96,8 @@ class RemoteSet(CacheSpace):
             return
         held, self._pid, self._fs, self._held = self._held, os.getpid(), None, {}
         for fd in held.values():
-            try:
+            with contextlib.suppress(OSError):  # already closed in this process
                 os.close(fd)
-            except OSError:  # pragma: no cover  already closed in this process
-                pass
 
     def _filesystem(self) -> tuple[Any, str]:
         self.forget_inherited()

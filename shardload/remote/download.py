@@ -17,6 +17,7 @@ a try cut midway cheaper. The rules (docs/remote.md, "The node cache", "A downlo
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from pathlib import Path
 from typing import Any
@@ -60,11 +61,9 @@ class _Download:
         self.ranges = ranges  # False once the server was seen ignoring a range
         self.chunk = CHUNK  # bytes per ranged read, halved after a continuation that appended nothing
         self.whole_kw: dict[str, Any] = {}
-        try:
+        with contextlib.suppress(AttributeError, TypeError, ValueError):  # not an async filesystem, or no signature
             if "max_concurrency" in inspect.signature(fs._get_file).parameters:
                 self.whole_kw["max_concurrency"] = 1  # one stream, written in order (s3fs, adlfs)
-        except (AttributeError, TypeError, ValueError):  # not an async filesystem, or no signature
-            pass
 
     def progress(self) -> int:
         """How many :data:`CHUNK`-byte pieces the part has reached (a piece begun counts; capped at the end).

@@ -275,12 +275,10 @@ def with_retries(
 
     The one place where an error of the storage service becomes one of shardload's.
 
-    With ``progress`` (a download that continues where a failed try stopped), the policy's tries
-    count from the last try that got further than every try before it (that try included), and
-    the waits start again from ``base_delay`` after it: a long transfer over a link that drops
-    now and then finishes, while one that keeps failing without getting further still ends in
-    :class:`~shardload.errors.RemoteError` after ``policy.tries`` tries. Without it, every
-    failed try counts.
+    With ``progress`` (a download that continues where a failed try stopped), a try that got further
+    than every try before it starts the policy's count and waits afresh: a long transfer over a link
+    that drops now and then finishes, while ``policy.tries`` tries in a row without getting further
+    end in :class:`~shardload.errors.RemoteError`. Without it, every failed try counts.
 
     Args:
         call: one attempt (a download, an upload, a listing).
