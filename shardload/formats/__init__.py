@@ -1,19 +1,11 @@
-"""The on-disk format of a shard set: its metadata files and its shard encodings.
+"""The on-disk format of a shard set: its metadata files and its shard encodings (docs/format.md).
 
-The set's own files, the same for every shard encoding (docs/format.md):
-
-* ``manifest``: ``manifest.json``, versioned: schema, shard list, checksums, stats.
-* ``shardtable``: ``shards.arrow``, one row per shard, held as columns.
-* ``origin``: ``origin.npy``, where each sample came from.
-
-The shard encodings, by name: the registry of :class:`ShardFormat` (writer,
-reader, options, flags). ``arrow`` (default): uncompressed Arrow IPC,
-memory-mapped, zero-copy reads. ``zarr``: Zarr v3 arrays in one zip file per
-shard, compressed (zstd or blosc-lz4) and decoded chunk by chunk; needs
-``pip install shardload[zarr]`` (the classes import without zarr, and say so
-when they are used). An encoding is added by registering it here: ``prepare``
-(its options, the ``--format`` choices and the flags of the format's options)
-and the readers find it by name.
+The set's own files, the same for every encoding: :mod:`.manifest` (``manifest.json``),
+:mod:`.shardtable` (``shards.arrow``) and :mod:`.origin` (``origins.arrow``). The shard
+encodings are registered here by name as :class:`ShardFormat` (writer, reader, options, flags):
+``arrow`` (default: uncompressed Arrow IPC, memory-mapped, zero-copy) and ``zarr`` (compressed,
+decoded chunk by chunk; needs ``shardload[zarr]``). ``prepare`` and the readers find an encoding
+by name here.
 """
 
 from __future__ import annotations

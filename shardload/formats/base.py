@@ -107,10 +107,7 @@ class Columns:
     @classmethod
     def from_samples(cls, schema: Schema, samples: Sequence[Mapping[str, np.ndarray]]) -> Columns:
         """Pack checked samples (see :meth:`Schema.check`) into columns."""
-        fields = {}
-        for f in schema.fields:
-            parts = [s[f.name] for s in samples]
-            fields[f.name] = _pack_field(f, parts)
+        fields = {f.name: _pack_field(f, [s[f.name] for s in samples]) for f in schema.fields}
         return cls(num_samples=len(samples), fields=fields)
 
     def take(self, rows: np.ndarray) -> Columns:
@@ -134,12 +131,8 @@ def concat_columns(schema: Schema, parts: Sequence[Columns]) -> Columns:
     fields = {}
     for f in schema.fields:
         datas = [p.fields[f.name] for p in parts]
-        if not f.has_offsets:
-            values = np.concatenate([d.values for d in datas]) if datas else _empty(f, 0)
-            fields[f.name] = FieldData(values, None)
-            continue
         values = np.concatenate([d.values for d in datas]) if datas else _empty(f, 0)
-        fields[f.name] = FieldData(values, concat_offsets(datas))
+        fields[f.name] = FieldData(values, concat_offsets(datas) if f.has_offsets else None)
     return Columns(num_samples=sum(p.num_samples for p in parts), fields=fields)
 
 

@@ -276,11 +276,10 @@ class Manifest:
 
 
 def metadata_files(manifest: Manifest) -> list[str]:
-    """The set-level files a reader needs at open, besides ``manifest.json``: shard table and lengths indexes.
+    """The set-level files a reader needs at open, besides ``manifest.json``, each once, relative to the set.
 
-    The shard table (format version 3), the batching index, then each per-field index (relative paths, each once). A
-    remote set's node cache fetches exactly these at open (``origins.arrow`` waits
-    for the first ``origin()`` call).
+    The shard table (format version 3), the batching index, then each per-field index: what a remote
+    set's node cache fetches at open (``origins.arrow`` waits for the first ``origin()`` call).
     """
     files = [manifest.shard_table] if manifest.shard_table else []
     files.append(manifest.lengths_file)
@@ -478,7 +477,7 @@ def _check_schema(schema: Schema, where: str) -> None:
         raise ManifestError(f"{where}: {'; '.join(problems)}. Re-run prepare to make a set this version can load.")
 
 
-def _bounded_int(value: Any, what: str, limit: int = MAX_SAMPLES * 4096) -> int:
+def _bounded_int(value: Any, what: str, limit: int = _INT_LIMIT) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
         raise ManifestError(f"{what}: expected an integer in [0, {limit}], got {value!r}")
     return value

@@ -1,19 +1,14 @@
 """Where each sample of a shard set came from: the source file and the row, line or member in it.
 
-Where it sits: ``prepare`` records, while it stages a unit's samples
-(:func:`shardload.prepare.pipeline.ingest`), each sample's *locator* (the
-text its error messages name, ``"data/a.jsonl: line 17"``;
-:func:`locator_origins`), or for a column batch its file and row or line
-numbers (:func:`run_origins`), next to each staged chunk
-(:func:`write_chunk_origins`); once the shard order is known it writes
-them in that order as the set's ``origins.arrow`` (:func:`write_set_origins`).
-:meth:`shardload.ShardSet.origin` reads one entry back
-(:func:`read_origin`) as a :class:`SampleOrigin`.
+Where it sits: ``prepare`` records, while it stages a unit's samples, each sample's locator
+(:func:`locator_origins`) or a column batch's rows or lines (:func:`run_origins`) next to each
+staged chunk (:func:`write_chunk_origins`); once the shard order is known it writes them in that
+order as the set's ``origins.arrow`` (:func:`write_set_origins`), from which
+:meth:`shardload.ShardSet.origin` reads one :class:`SampleOrigin` (:func:`read_origin`).
 
-``origins.arrow`` is an Arrow IPC file with one row per sample, in sample-id
-order: ``file`` (dictionary-encoded string, ``""`` for samples given to
-``write()``), ``kind`` (dictionary-encoded string), ``position`` (int64, -1
-when none) and ``key`` (string, ``""`` when none).
+``origins.arrow`` is an Arrow IPC file with one row per sample, in sample-id order: ``file``
+(dictionary-encoded string, ``""`` for samples given to ``write()``), ``kind`` (dictionary-encoded
+string), ``position`` (int64, -1 when none) and ``key`` (string, ``""`` when none).
 """
 
 from __future__ import annotations
@@ -192,9 +187,7 @@ def write_merged_origins(root: Path, parts: Sequence[Path]) -> bool:
     """Write ``root/origins.arrow``: the ``parts``' origins, in part order; False (nothing written) if one has none."""
     if not all((part / ORIGINS_NAME).is_file() for part in parts):
         return False
-    tables = []
-    for part in parts:
-        tables.append(_read(part / ORIGINS_NAME).read_all())
+    tables = [_read(part / ORIGINS_NAME).read_all() for part in parts]
     _write(root / ORIGINS_NAME, pa.concat_tables(tables).unify_dictionaries().combine_chunks())
     return True
 

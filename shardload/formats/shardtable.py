@@ -1,21 +1,12 @@
 """The shard table of a shard set: one row per shard, held as columns (numpy arrays).
 
 Where it sits: ``prepare`` and ``merge`` build a :class:`~shardload.formats.manifest.Manifest`
-whose ``shards`` is a :class:`ShardTable`; a set of :data:`SHARD_TABLE_MIN_SHARDS`
-shards or more is written with the table in its own file, ``shards.arrow``
-(format version 3), written before ``manifest.json``, which names it and
-records its size and sha256. ``Manifest.load`` reads it in one go (about 64
-bytes per shard), checks it against that digest and validates the columns
-vectorised, so opening a set of a million shards builds no Python object per
-shard. Readers index ``manifest.shards[k]`` (a :class:`ShardInfo` built on
-access) or use the columns directly (``ShardSet.index.sizes``, verify, inspect).
-
-The file is an uncompressed Arrow IPC file of one record batch, columns
-``samples``, ``bytes``, ``first_sample``, ``tokens`` (int64) and ``checksum``
-(the raw sha256 digest, ``fixed_size_binary(32)``): readable with plain
-pyarrow. Shard file names are not stored: they follow :class:`NameRule`, the
-names ``prepare`` gives its shards (``shards/shard-000042.arrow``; inside a
-part's folder for a set merged from parts), recorded in the manifest.
+whose ``shards`` is a :class:`ShardTable`; a set of :data:`SHARD_TABLE_MIN_SHARDS` shards or
+more is written with the table in its own file, ``shards.arrow`` (format version 3), before
+``manifest.json``, which names it and records its size and sha256. ``Manifest.load`` reads it in
+one go, checks it against that digest and validates the columns vectorised: no Python object
+per shard. Shard file names are not stored; they follow :class:`NameRule`. The file's layout:
+docs/format.md, "Shard table (version 3)".
 """
 
 from __future__ import annotations
@@ -52,7 +43,6 @@ TABLE_SCHEMA = pa.schema(
 _ROW_BYTES = 8 * len(INT_COLUMNS) + 32
 _TABLE_OVERHEAD = 64 << 10
 _CHECKSUM = re.compile(r"sha256:[0-9a-f]{64}")
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)

@@ -5,47 +5,34 @@ Where it sits: below :class:`~shardload.ShardSet`, the storage layer. For a URL,
 exactly as a local set (every check unchanged); before mapping a shard it calls
 :meth:`RemoteSet.acquire`, after closing it :meth:`RemoteSet.release`.
 
-Layout, one mirror per (URL, manifest fingerprint)::
-
-    <cache_dir>/sets/<sha256(url)[:16]>/
-        current.json            what manifest.json on the server was (ETag, size, mtime) and its fingerprint
-        .lock                   taken (flock) while one process fetches manifest and lengths indexes
-        <fingerprint>/          the mirror: manifest.json, lengths indexes, shards at their manifest paths
-            .space.lock         taken while a process makes room and reserves it (cache_limit)
-            .downloads          one line per shard downloaded on this node (for operators and tests)
-            .readers/<pid>.<n>.npy  each loader's shard read order this epoch; .pos its position in it
-
-Rules between the processes of a node (ranks, loader workers), all by ``fcntl.flock``:
+Layout: ``<cache_dir>/sets/<sha256(url)[:16]>/`` holds ``current.json`` (what the server's
+``manifest.json`` was, and its fingerprint), ``.lock`` and one mirror per fingerprint (manifest,
+lengths indexes, shards at their manifest paths); docs/remote.md, "The node cache". This module
+fetches and checks, between the processes of a node (ranks, loader workers), by ``fcntl.flock``:
 
 * the manifest and lengths indexes are fetched once, under ``.lock``; each open costs one ``info()``
   (HEAD) of the remote manifest, and a re-prepared set (another ETag, size or mtime, and then another
   fingerprint) gets a mirror of its own;
 * a shard is downloaded once, under its own ``.<name>.lock``, to ``.<name>.<pid>.part`` (a try cut
   midway continued from the bytes received, :mod:`shardload.remote.download`), its sha256 compared
-  with the manifest's, then renamed into place: a partial download never has the final name;
-* a process that maps a shard holds a shared lock on the file until it closes it; eviction removes only
-  a file it can lock exclusively (non-blocking), so never one in use on the node;
-* with a ``cache_limit``, room is made (and reserved, as the ``.part`` file) under ``.space.lock``,
-  evicting the cached shard whose next use over every rank's published order is farthest (Belady).
+  with the manifest's, then renamed into place: a partial download never has the final name.
+
+Room, eviction and the locks of shards in use: :mod:`shardload.remote._space`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import itertools
 import json
 import os
 import shutil
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from shardload._base.checksum import file_checksum
 from shardload._base.output import atomic_write_text
@@ -60,54 +47,18 @@ from shardload._base.setfiles import (
 from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError, ShardSetError
 from shardload.formats.manifest import MANIFEST_NAME, Manifest, metadata_files
 from shardload.formats.origin import ORIGINS_NAME
+from shardload.remote._space import CacheSpace, locked
 from shardload.remote.download import fetch_to
 from shardload.remote.options import RemoteOptions
-from shardload.remote.policy import NEVER, choose_victims, next_uses
 from shardload.remote.retry import with_retries
 from shardload.remote.url import join_url, normalize_url, open_filesystem
 
 __all__ = ["RemoteSet"]
 
-_POLL = 0.05  # seconds between two tries of a busy lock
 _READERS = itertools.count()  # tells apart the RemoteSets of one process in the published read orders
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def _locked(path: Path, *, timeout: float, what: str) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created if need be), waiting at most ``timeout`` seconds."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise ShardSetError(
-                        f"{what}: another process of this node has held {path} for more than {timeout:g} s. "
-                        "If it is stuck, stop it; else raise RemoteOptions(wait_timeout=...)."
-                    ) from None
-                time.sleep(_POLL)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
-class RemoteSet:
+class RemoteSet(CacheSpace):
     """The node-local mirror of one remote shard set, shared by every process of the node.
 
     Args:
@@ -134,10 +85,6 @@ class RemoteSet:
         self._reader = next(_READERS)  # with the pid, the name of this set's published read order
 
     # -- the filesystem, one per process ---------------------------------------------------------------
-    def _process(self) -> None:
-        """Forget what belongs to another process (after a fork): its filesystem and its locks."""
-        self.forget_inherited()
-
     def forget_inherited(self) -> None:
         """In a forked process: close, without unlocking, the lock descriptors inherited from the parent.
 
@@ -149,13 +96,11 @@ class RemoteSet:
             return
         held, self._pid, self._fs, self._held = self._held, os.getpid(), None, {}
         for fd in held.values():
-            try:
+            with contextlib.suppress(OSError):  # already closed in this process
                 os.close(fd)
-            except OSError:  # pragma: no cover  already closed in this process
-                pass
 
     def _filesystem(self) -> tuple[Any, str]:
-        self._process()
+        self.forget_inherited()
         if self._fs is None:
             opts = {"skip_instance_cache": True, **(self.options.storage_options or {})}
             self._fs, self._root = open_filesystem(self.url, opts)
@@ -187,7 +132,7 @@ class RemoteSet:
         stamp = self.stamp = self._stamp()
         mirror = self._current(stamp)
         if mirror is None:
-            with _locked(self.set_dir / ".lock", timeout=self.options.wait_timeout, what=f"opening {self.url}"):
+            with locked(self.set_dir / ".lock", timeout=self.options.wait_timeout, what=f"opening {self.url}"):
                 mirror = self._current(stamp) or self._fetch_metadata(stamp)
         self._use(mirror)
         return mirror
@@ -299,7 +244,7 @@ class RemoteSet:
         """Download ``origins.arrow`` into the mirror on first use (a set without one is left as it is)."""
         if (self.mirror / ORIGINS_NAME).is_file():
             return
-        with _locked(self.set_dir / ".lock", timeout=self.options.wait_timeout, what=f"opening {self.url}"):
+        with locked(self.set_dir / ".lock", timeout=self.options.wait_timeout, what=f"opening {self.url}"):
             if not (self.mirror / ORIGINS_NAME).is_file():
                 try:
                     self._download_to(ORIGINS_NAME, self.mirror / ORIGINS_NAME, f"downloading {ORIGINS_NAME}")
@@ -307,21 +252,12 @@ class RemoteSet:
                     if reason_of(exc) != "missing":
                         raise
 
-    # -- shards ----------------------------------------------------------------------------------------
-    def _path(self, shard: int) -> Path:
-        assert self.manifest is not None
-        return self.mirror / self.manifest.shards[shard].file
-
-    def shard_url(self, shard: int) -> str:
-        assert self.manifest is not None
-        return join_url(self.url, self.manifest.shards[shard].file)
-
     def cached(self, shard: int) -> bool:
         return self._path(shard).is_file()
 
     def acquire(self, shard: int) -> Path:
         """Shard ``shard`` in the cache, checked, and held (shared lock) until :meth:`release`."""
-        self._process()
+        self.forget_inherited()
         path = self._path(shard)
         if shard in self._held:
             return path
@@ -336,31 +272,13 @@ class RemoteSet:
             "downloaded: the cache is too small for the processes reading it; raise cache_limit"
         )
 
-    @staticmethod
-    def _lock_shared(path: Path) -> int | None:
-        """A descriptor of ``path`` holding a shared lock, or ``None`` if it is absent (or was just evicted)."""
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        if os.fstat(fd).st_nlink == 0:  # evicted between open and lock
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-            return None
-        return fd
-
     def release(self, shard: int) -> None:
         """Drop this process's hold on shard ``shard``: the cache may evict it now."""
-        self._process()
+        self.forget_inherited()
         fd = self._held.pop(shard, None)
         if fd is not None:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
-
-    def release_all(self) -> None:
-        for shard in list(self._held):
-            self.release(shard)
 
     def download(self, shard: int, *, urgent: bool) -> bool:
         """Make sure shard ``shard`` is in the cache; ``False`` if a prefetch found no room or it is busy.
@@ -376,7 +294,7 @@ class RemoteSet:
         path.parent.mkdir(parents=True, exist_ok=True)
         timeout = self.options.wait_timeout if urgent else 0.0
         try:
-            with _locked(lock, timeout=timeout, what=f"shard {shard} ({self.shard_url(shard)})"):
+            with locked(lock, timeout=timeout, what=f"shard {shard} ({self.shard_url(shard)})"):
                 if path.is_file():  # another process downloaded it while we waited
                     return True
                 for stale in path.parent.glob(f".{path.name}.*.part"):  # left by a process killed mid-download
@@ -471,159 +389,6 @@ class RemoteSet:
                 f"{self.url} was re-prepared since this job opened it (its manifest.json changed on the server); "
                 "the cached shards are the old set's. Restart the job once prepare has finished."
             )
-
-    # -- room in a bounded cache -------------------------------------------------------------------------
-    def _reserve(self, shard: int, urgent: bool) -> Path | None:
-        """Create shard ``shard``'s ``.part`` file once the cache has room for it (evicting if need be)."""
-        path = self._path(shard)
-        part = path.with_name(f".{path.name}.{os.getpid()}.part")
-        limit = self.options.limit
-        if limit is None:
-            part.touch()
-            return part
-        size = int(self._sizes[shard])
-        deadline = time.monotonic() + self.options.wait_timeout
-        while True:
-            with _locked(self.mirror / ".space.lock", timeout=self.options.wait_timeout, what=f"caching {self.url}"):
-                present, partial = self._scan()
-                need = int(self._sizes[present | partial].sum()) + size - limit
-                if need <= 0 or self._evict(need, present, None if urgent else shard) >= need:
-                    part.touch()  # counted as reserved by every process's scan from now on
-                    return part
-            if not urgent:
-                return None
-            if time.monotonic() > deadline:
-                raise ShardSetError(
-                    f"shard {shard} ({self.shard_url(shard)}): the cache {self.mirror} is full "
-                    f"({limit:,} bytes) of shards in use by the processes of this node, and none was released "
-                    f"within {self.options.wait_timeout:g} s. Raise cache_limit, or read with fewer "
-                    "workers/ranks per node."
-                )
-            time.sleep(_POLL * 4)
-
-    def _scan(self) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
-        """``(present, partial)`` per shard: its file is cached; a live process is downloading it."""
-        n = len(self._sizes)
-        present, partial = np.zeros(n, bool), np.zeros(n, bool)
-        for directory in {d for d, _ in self._names}:
-            try:
-                entries = list(os.scandir(directory))
-            except FileNotFoundError:
-                continue
-            for e in entries:
-                k = self._names.get((directory, e.name))
-                if k is not None:
-                    present[k] = True
-                elif e.name.startswith(".") and e.name.endswith(".part"):
-                    name, _, pid = e.name[1:-5].rpartition(".")
-                    k = self._names.get((directory, name))
-                    if k is None or not pid.isdigit():
-                        continue
-                    if _pid_alive(int(pid)):
-                        partial[k] = True
-                    else:  # left by a process that died mid-download
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(e.path)
-        return present, partial
-
-    def _evict(self, need: int, present: NDArray[np.bool_], before: int | None) -> int:
-        """Remove cached shards not in use, farthest next use first, until ``need`` bytes are freed.
-
-        ``before``: a shard being prefetched; only shards whose next use comes after its own may go.
-        """
-        next_use = self.next_use()
-        pinned = np.zeros(len(self._sizes), bool)
-        if before is not None:
-            pinned |= next_use <= next_use[before]
-        freed = 0
-        while freed < need:
-            victims = choose_victims(np.flatnonzero(present & ~pinned), self._sizes, next_use, need - freed, pinned)
-            if not len(victims):
-                break
-            for v in victims:
-                if self._remove_unused(int(v)):
-                    freed += int(self._sizes[v])
-                    present[v] = False
-                else:
-                    pinned[v] = True
-                if freed >= need:
-                    break
-        return freed
-
-    def _remove_unused(self, shard: int) -> bool:
-        """Delete shard ``shard``'s file if no process holds it (non-blocking exclusive lock)."""
-        path = self._path(shard)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return True
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return False
-            raise
-        try:
-            os.unlink(path)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-        return True
-
-    # -- every rank's read order, for the eviction rule ----------------------------------------------------
-    @property
-    def readers_dir(self) -> Path:
-        return self.mirror / ".readers"
-
-    def _published(self, suffix: str) -> Path:
-        """This reader's file in ``.readers``: ``<pid>.<n>`` (two loaders of one set in a process: two files)."""
-        return self.readers_dir / f"{os.getpid()}.{self._reader}{suffix}"
-
-    def publish_sequence(self, sequence: NDArray[np.int64]) -> None:
-        """Publish this process's shard read order for the epoch (and position 0)."""
-        self.readers_dir.mkdir(exist_ok=True)
-        path = self._published(".npy")
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as fh:
-            np.save(fh, np.asarray(sequence, dtype=np.int64))
-        os.replace(tmp, path)
-        self.publish_position(0)
-
-    def publish_position(self, position: int) -> None:
-        """Publish how far this process has read in its published order."""
-        path = self._published(".pos")
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(str(int(position)))
-        os.replace(tmp, path)
-
-    def unpublish(self) -> None:
-        for suffix in (".npy", ".pos"):
-            with contextlib.suppress(FileNotFoundError):
-                self._published(suffix).unlink()
-
-    def next_use(self) -> NDArray[np.int64]:
-        """``(num_shards,)`` reads until each shard's next use, the nearest over every live reader; NEVER if none."""
-        out = np.full(len(self._sizes), NEVER, dtype=np.int64)
-        try:
-            files = list(self.readers_dir.glob("*.npy"))
-        except OSError:
-            return out
-        for f in files:
-            pid = f.stem.split(".", 1)[0]
-            if not pid.isdigit() or not _pid_alive(int(pid)):
-                for stale in (f, f.with_suffix(".pos")):
-                    with contextlib.suppress(FileNotFoundError):
-                        stale.unlink()
-                continue
-            try:
-                seq = np.load(f, allow_pickle=False)  # written by another process of the node: data only
-                pos = min(int(f.with_suffix(".pos").read_text() or 0), len(seq))
-            except (OSError, ValueError):
-                continue
-            nu = next_uses(seq, pos, len(out))
-            np.minimum(out, np.where(nu == NEVER, NEVER, nu - pos), out=out)
-        return out
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -1,49 +1,23 @@
 """Downloading one shard into its ``.part`` file, continuing a try cut midway from the bytes received.
 
-Where it sits: in the storage layer, below :class:`~shardload.remote.cache.RemoteSet`.
-``RemoteSet._fetch_checked`` holds the shard's lock, reserves its ``.part`` file, calls
-:func:`fetch_to`, and then compares the part's size and sha256 with the manifest (a
-mismatch is fetched once more, by a new :func:`fetch_to` call, from byte 0) before it
-renames the part into place. That final check decides; this module only makes a try
-cut midway cheaper.
+Where it sits: in the storage layer, below :class:`~shardload.remote.cache.RemoteSet`, whose
+``_fetch_checked`` holds the shard's lock, calls :func:`fetch_to`, and then compares the part's
+size and sha256 with the manifest (a mismatch is fetched once more from byte 0, asking for no
+range) before it renames the part into place. That final check decides; this module only makes
+a try cut midway cheaper. The rules (docs/remote.md, "The node cache", "A download cut midway"):
 
-Rules:
-
-* The first try is the filesystem's ``get_file``: one streaming GET (for backends whose
-  ``get_file`` splits a large object into concurrent ranged GETs, such as s3fs, one stream
-  is asked for, so that the part holds exactly the bytes received, in order, and memory
-  stays small).
-* A try that fails with an error :func:`~shardload.remote.retry.with_retries` retries,
-  after the part received some bytes, is continued by the next try from the part's size:
-  the object is opened for ranged reads (``cache_type="none"``), sought to that offset and
-  read in :data:`CHUNK`-byte requests appended to the part, so memory stays bounded
-  whatever the shard size. A ranged read cut midway appends nothing (its body is read whole),
-  so a continuation try that appended nothing halves the reads of the next one (down to
-  ``CHUNK / MIN_CHUNK_DIVISOR``, 256 KiB): a link that cuts every response after fewer bytes
-  than a chunk still lets the download get further.
-* The continuation is given up for a restart from byte 0 (the part rewritten whole by
-  ``get_file``) when it cannot be trusted to append the right bytes: the object's size is
-  no longer the manifest's, the server ignores ranges (answers ``200`` with the whole body)
-  or the file cannot seek (an HTTP source without a known size), or the object changed
-  during the continuation (s3fs's ``If-Match`` on its ETag). After a restart the rest of
-  this download asks for no range again, and neither does the download after a mismatch
-  (``ranges=False``): a path that answers ranged GETs with the wrong bytes (a ``206`` of another
-  range) cannot spoil it too.
-* Retry accounting (``progress`` of :func:`with_retries`): a try that leaves the part further
-  than any try before it, by at least one :data:`CHUNK` boundary, starts the policy's count
-  afresh; tries that get no further use it up, and ``policy.tries`` of them in a row end in
-  :class:`~shardload.errors.RemoteError`. Progress is counted in chunks and capped at the
-  shard's size, so a download ends after at most ``policy.tries * (size / CHUNK + 2)`` tries
-  (a 256 MiB shard with the default policy: about 200 tries), even over a link that gives a
-  few more bytes on each try.
-
-A continuation appended to a damaged prefix, or to the prefix of an object replaced
-between tries, gives a file whose sha256 is not the manifest's: the caller's check
-catches it and downloads the whole shard again.
+* the first try is one streaming ``get_file`` (one stream even where the backend would split it);
+* a later try, once the part holds some bytes, appends the rest with ranged reads of at most
+  :data:`CHUNK` bytes, halved after a try that appended nothing (down to ``CHUNK / MIN_CHUNK_DIVISOR``);
+* a continuation that cannot be trusted (the object's size is not the manifest's, ranges ignored,
+  no seek, the object changed meanwhile) is given up for a restart from byte 0, with no range again;
+* a try that gets further, past a :data:`CHUNK` boundary, restarts the policy's count: a download
+  ends after at most ``policy.tries * (size / CHUNK + 2)`` tries.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from pathlib import Path
 from typing import Any
@@ -87,11 +61,9 @@ class _Download:
         self.ranges = ranges  # False once the server was seen ignoring a range
         self.chunk = CHUNK  # bytes per ranged read, halved after a continuation that appended nothing
         self.whole_kw: dict[str, Any] = {}
-        try:
+        with contextlib.suppress(AttributeError, TypeError, ValueError):  # not an async filesystem, or no signature
             if "max_concurrency" in inspect.signature(fs._get_file).parameters:
                 self.whole_kw["max_concurrency"] = 1  # one stream, written in order (s3fs, adlfs)
-        except (AttributeError, TypeError, ValueError):  # not an async filesystem, or no signature
-            pass
 
     def progress(self) -> int:
         """How many :data:`CHUNK`-byte pieces the part has reached (a piece begun counts; capped at the end).

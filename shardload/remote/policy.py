@@ -1,31 +1,18 @@
 """Which cached shards to evict: Belady's rule, driven by the epoch's plan.
 
-A remote shard set is read through a node-local cache of whole shards. The
-plan says exactly which shards every rank reads, in which order, this epoch
-(:func:`shardload.plan.reads.read_sequence` turns a
-:class:`~shardload.plan.RankPlan` into that sequence). So, when the cache is
-full, the evictor can use the rule that is optimal for equal-sized items:
-evict the shard whose next use is farthest away (Belady). Shards are cut to
-balanced byte sizes, so it is close to optimal for them too (with unequal sizes
-the exact optimum is a knapsack-like problem; the greedy rule is not always it).
-
-Where it sits::
+The plan says exactly which shards every rank reads, in which order, this epoch
+(:func:`shardload.plan.reads.read_sequence`), so a full cache can evict the shard whose next
+use is farthest (Belady: optimal for equal sizes, and close for shards cut to balanced byte
+sizes). Pure numpy, no I/O::
 
     plan -> read_sequence (shard ids in read order, per step)
          -> NextUseTable / next_uses   each shard's next use from the current position
          -> choose_victims             the shards to delete for ``need_bytes``
          -> the cache deletes them (never one in use: the caller pins those)
 
-Pure numpy, no I/O. Positions are indexes into a rank's read sequence; a
-*step* is one batch of every rank (ranks advance one batch per step together).
-For several ranks sharing a node's cache, the next use of a shard is the
-nearest over the ranks, in steps (:func:`node_next_uses`); the exact order of a
-node's reads, one step of every rank after the other, is :func:`node_sequence`.
-
-Cost: :func:`next_uses` is ``O(len(sequence) - position)`` per call;
-:meth:`NextUseTable.at` is amortised ``O(entries passed)`` when positions only
-grow (``O(len(sequence))`` memory, built once in ``O(n log n)``);
-:func:`choose_victims` is ``O(c log c)`` for ``c`` cached shards.
+Positions index a rank's read sequence; a *step* is one batch of every rank. Over the ranks
+sharing a node's cache, the next use is the nearest in steps (:func:`node_next_uses`), or
+exactly, one step of every rank after the other (:func:`node_sequence`).
 
 >>> seq = np.array([0, 1, 2, 0, 1, 3])
 >>> nu = next_uses(seq, 2, num_shards=4)

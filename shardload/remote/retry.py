@@ -1,22 +1,11 @@
 """Retrying object-storage calls that may pass: backoff with jitter, then one clear error.
 
-Object stores fail in two ways. Some failures pass if one waits: HTTP 5xx,
-throttling (S3's ``503 SlowDown``, HTTP 429), timeouts, a connection reset or
-dropped mid-body. Others never pass: a missing object, a refused credential, a
-bad request. :func:`is_transient` tells them apart by walking the exception and
-its causes (fsspec backends wrap botocore and aiohttp errors in ``OSError``);
-:func:`with_retries` retries the first kind with exponential backoff and full
-jitter and, once the tries are spent, raises
-:class:`~shardload.errors.RemoteError` naming the URL, the tries and the last
-error. The second kind is raised at once: a refused or missing credential as
-:class:`~shardload.errors.RemoteAccessError` naming the URL, a missing object as
-the ``FileNotFoundError`` it is (each caller says what it means there), any
-other answer of the store (``400 Bad Request``, ...) as a ``RemoteError`` naming
-the URL, the call and the status; an error that is not the store's (a full local
-disk, a bug) as it is.
-
-Every remote call of shardload (manifest, lengths index, shard downloads,
-uploads of ``prepare -o s3://...``) goes through :func:`with_retries`.
+:func:`is_transient` tells a failure that may pass (HTTP 5xx, throttling, timeouts, a dropped
+connection) from one that never does, walking the exception and its causes (fsspec backends
+wrap botocore and aiohttp errors in ``OSError``). :func:`with_retries`, through which every
+remote call of shardload goes, retries the first kind with exponential backoff and full jitter,
+then raises :class:`~shardload.errors.RemoteError` naming the URL, the tries and the last error;
+the second kind at once, as :func:`with_retries` says. docs/remote.md, "Failure messages".
 """
 
 from __future__ import annotations
@@ -286,12 +275,10 @@ def with_retries(
 
     The one place where an error of the storage service becomes one of shardload's.
 
-    With ``progress`` (a download that continues where a failed try stopped), the policy's tries
-    count from the last try that got further than every try before it (that try included), and
-    the waits start again from ``base_delay`` after it: a long transfer over a link that drops
-    now and then finishes, while one that keeps failing without getting further still ends in
-    :class:`~shardload.errors.RemoteError` after ``policy.tries`` tries. Without it, every
-    failed try counts.
+    With ``progress`` (a download that continues where a failed try stopped), a try that got further
+    than every try before it starts the policy's count and waits afresh: a long transfer over a link
+    that drops now and then finishes, while ``policy.tries`` tries in a row without getting further
+    end in :class:`~shardload.errors.RemoteError`. Without it, every failed try counts.
 
     Args:
         call: one attempt (a download, an upload, a listing).

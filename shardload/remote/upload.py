@@ -1,32 +1,20 @@
 """Uploading a finished local shard set to object storage: shards first, ``manifest.json`` last.
 
-Where it sits: the last step of ``prepare -o s3://...`` (see
-:mod:`shardload.prepare.remote`), after the set was prepared and committed in
-a local staging directory. The rules of :mod:`shardload._base.output` carried over to
-a store that has no rename:
+Where it sits: the last step of ``prepare -o s3://...`` (:mod:`shardload.prepare.remote`), after
+the set was committed in a local staging directory. The rules (docs/remote.md, "Preparing into
+object storage"):
 
-* **The index last.** A reader opens a remote set by reading its
-  ``manifest.json`` first, so the manifest is put only once every shard, the
-  lengths indexes and the origins are in place; an interrupted upload never
-  looks like a set. Over an old set (``overwrite``), the old manifest is
-  deleted *before* the first new object is put, so that no reader opens a mix;
-  the old set's objects that the new one does not have are deleted *after* the
-  new manifest is in place (no manifest names them then; until then they are
-  just unnamed objects, so removing them earlier would gain nothing).
-* **Whole objects only.** A PUT either creates the whole object or none
-  (S3, GCS and Azure alike), so an object that is there with the size the
-  staged file has is complete.
-* **Resumable.** Each finished upload is appended to a record in the staging
-  directory (:class:`UploadRecord`), tied to the staged manifest's digest. A
-  resumed upload skips an object only when the record names it *and* the store
-  has it with the right size (and, where the store's ETag is a plain MD5, the
-  right MD5). The record is what makes size enough: without it, an object left
-  by an interrupted ``--overwrite`` could be a shard of the *old* set with the
-  same name and, by chance, the same size.
+* **The index last.** ``manifest.json`` is put once every other object is in place. Over an old
+  set (``overwrite``) its manifest is deleted before the first new object is put, so that no reader
+  opens a mix; the old objects the new set lacks are deleted after the new manifest is in place.
+* **Whole objects only.** A PUT creates the whole object or none, so an object there with the staged
+  file's size is complete.
+* **Resumable.** Each finished upload is appended to an :class:`UploadRecord` tied to the staged
+  manifest's digest; a resume skips an object only when the record names it *and* the store has it
+  with the right size (and MD5, where the ETag is one): size alone could match an old set's object.
 
-Every call to the store goes through :func:`~shardload.remote.retry.with_retries`;
-an error that retrying cannot help (a refused credential, a missing bucket) becomes
-an :class:`~shardload.errors.OutputError` naming the URL and what to check.
+Every call to the store goes through :func:`~shardload.remote.retry.with_retries`; an error that
+retrying cannot help becomes an :class:`~shardload.errors.OutputError` naming the URL.
 """
 
 from __future__ import annotations
@@ -35,8 +23,8 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -117,13 +105,8 @@ class SetUploader:
     def call(self, fn: Callable[[], T], name: str, what: str) -> T:
         """``fn()`` (one call to the store about object ``name``), retried; a permanent failure as OutputError."""
         url = join_url(self.url, name) if name else self.url
-        with self._errors(url, what):
-            return with_retries(fn, url=url, what=what, policy=self.policy)
-
-    @contextmanager
-    def _errors(self, url: str, what: str) -> Iterator[None]:
         try:
-            yield
+            return with_retries(fn, url=url, what=what, policy=self.policy)
         except ShardloadError:
             raise
         except Exception as exc:
@@ -170,10 +153,8 @@ class SetUploader:
         """Delete object ``name`` (gone already is fine)."""
 
         def rm() -> None:
-            try:
+            with suppress(FileNotFoundError):
                 self.fs.rm_file(self._key(name))
-            except FileNotFoundError:
-                pass
 
         self.call(rm, name, "deleting an object of the old set")
 

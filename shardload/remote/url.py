@@ -1,15 +1,10 @@
 """Telling a URL from a local path, and opening the filesystem that serves it.
 
-Every entry point that takes a shard set (``shardload.open``, ``make_loader``,
-``ShardDataModule``, ``inspect``, ``verify``, ``plan``, ``prepare -o``) asks
-:func:`is_remote` first: a local path (``out/``, ``/data/set``,
-``file:///data/set``) keeps the local code path untouched; anything else with a
-scheme (``s3://``, ``gs://``, ``az://``, ``https://``) goes through fsspec.
-:func:`normalize_url` is the one spelling of a URL that the rest uses (for the
-cache and staging directories too): the scheme in lower case, no trailing
-``/``, and no empty path segment (``s3://bucket/a//set`` is refused).
-:func:`open_filesystem` turns off the S3 client's own retries, so that
-:class:`~shardload.remote.retry.RetryPolicy` is the only retry loop.
+Every entry point that takes a shard set asks :func:`is_remote` first: a local path (``out/``,
+``file:///data/set``) keeps the local code path; anything else with a scheme goes through
+fsspec. :func:`normalize_url` is the one spelling of a URL the rest uses (for the cache and
+staging directories too). :func:`open_filesystem` turns off the S3 client's own retries, so
+that :class:`~shardload.remote.retry.RetryPolicy` is the only retry loop.
 """
 
 from __future__ import annotations

@@ -905,7 +905,7 @@ def test_format_is_registered() -> None:
 def test_direct_chunk_decoding_matches_zarr(tmp_path: Path, compression: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import zarr
 
-    from shardload.formats.zarr import reader as reader_module
+    from shardload.formats.zarr import _chunks as chunks_module
 
     samples = rich_samples(60, seed=16)
     shardload.write(
@@ -920,9 +920,9 @@ def test_direct_chunk_decoding_matches_zarr(tmp_path: Path, compression: str, mo
     group = zarr.open_group(zarr.storage.ZipStore(path, mode="r"), mode="r")
     for f in ss.schema.fields:
         # The writer's own layouts take the direct path; anything else would go through zarr.
-        assert reader_module._ChunkDecoder.for_array(group[f"{f.name}/values"]) is not None, f.name
+        assert chunks_module.ChunkDecoder.for_array(group[f"{f.name}/values"]) is not None, f.name
     direct = ZarrShardReader(path, ss.schema, cache=ChunkCache(0)).columns()
-    monkeypatch.setattr(reader_module._ChunkDecoder, "for_array", classmethod(lambda cls, arr: None))
+    monkeypatch.setattr(chunks_module.ChunkDecoder, "for_array", classmethod(lambda cls, arr: None))
     through_zarr = ZarrShardReader(path, ss.schema, cache=ChunkCache(0)).columns()
     for i in range(len(ss)):
         assert_same_sample(direct.sample(i), through_zarr.sample(i))

@@ -1,17 +1,11 @@
 """Check an Arrow IPC file's layout before pyarrow reads a record batch from it.
 
-A shard must be read as views of the mapped file: nothing decompressed,
-converted or copied. pyarrow decides that from the file's own metadata, and
-acts on it while reading the batch (a zstd or lz4 body is decompressed, a
-big-endian file byte-swapped, a dictionary batch decoded), so a 14 KB file
-can make it allocate gigabytes before any check on the result could run.
-:func:`check_ipc_layout` reads that metadata first, straight from the
-flatbuffers of the footer and of the record batch message (a few hundred
-bytes), and refuses anything the writer never produces.
-
-The flatbuffer layout read here is Arrow's ``File.fbs`` / ``Message.fbs`` /
-``Schema.fbs``; only the fields needed are decoded, and every read is
-bounds-checked so that damaged metadata is an error, never a crash.
+pyarrow acts on a file's metadata while reading a batch (a zstd or lz4 body is decompressed, a
+big-endian file byte-swapped, a dictionary decoded), so a 14 KB file can make it allocate
+gigabytes before any check on the result could run. :func:`check_ipc_layout` reads that
+metadata first, straight from the flatbuffers of the footer and of the batch message (Arrow's
+``File.fbs`` / ``Message.fbs`` / ``Schema.fbs``, only the fields needed, every read
+bounds-checked), and refuses anything the writer never produces.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """Writing an Arrow IPC file of several pieces' samples without concatenating them in memory first.
 
-Where it sits: under prepare's ingest (step 1), where
-:class:`~shardload.prepare.staging.ChunkStager` hands a staged chunk over as
-the pieces (column batches, packed samples) it was cut from, and
-:meth:`~shardload.formats.arrow.ArrowShardWriter.write_concatenated` writes
-the file :func:`~shardload.formats.base.concat_columns` of them would give,
-byte for byte.
-
-How: each numeric field's values are given to pyarrow as a
-:func:`placeholder` of the concatenated size (an anonymous mapping that is
-never touched, so it costs no memory), the offsets as they are. pyarrow's IPC
-writer hands each body buffer to its sink as it is; :class:`SplicingFile`, the
-sink, writes the pieces' values where a placeholder comes, and everything else
-(metadata, offsets, padding, footer) as pyarrow made it. Only a placeholder
-handed over whole, at its own address and size, is replaced;
-:attr:`SplicingFile.complete` says whether every one was, and the caller
-writes the file the plain way if not, so a pyarrow that copied or cut a
-buffer could cost time, never bytes.
+Where it sits: under prepare's ingest, where
+:meth:`~shardload.formats.arrow.ArrowShardWriter.write_concatenated` writes the file
+:func:`~shardload.formats.base.concat_columns` of the pieces would give, byte for byte.
+Each numeric field's values go to pyarrow as a :func:`placeholder` of the concatenated size
+(an untouched anonymous mapping: no memory); :class:`SplicingFile`, the sink, writes the
+pieces' values where a placeholder comes and everything else as pyarrow made it. Only a
+placeholder handed over whole is replaced; if one was not (:attr:`SplicingFile.complete`), the
+caller writes the file the plain way, so a pyarrow that copied or cut a buffer costs time,
+never bytes.
 """
 
 from __future__ import annotations

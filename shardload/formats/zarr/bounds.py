@@ -1,23 +1,12 @@
 """What a Zarr shard may declare, checked before anything in it is read or decompressed.
 
-A Zarr shard is small on disk and large once decoded, and everything that
-says how large (the zip's member sizes, each array's shape and chunk shape,
-each compressed frame's header) comes from the file itself. These checks tie
-those declarations to what the writer produces and to the manifest, so that a
-damaged or crafted shard is refused while it is still a few kilobytes of
-metadata, instead of after the allocation it asks for:
-
-* the zip: every member stored (``ZIP_STORED``, the writer never deflates),
-  its compressed and uncompressed sizes equal, its data inside the file,
-  metadata members (``zarr.json``) below :data:`MAX_METADATA_BYTES`;
-* each array: the writer's codec chain (``bytes`` little-endian, then zstd,
-  blosc or nothing), chunks along the first axis only, and a decoded chunk no
-  larger than :func:`max_chunk_bytes` (from the manifest's ``chunk_size``);
-  every chunk it declares must be a member of the zip;
-* each compressed chunk: its stored size at most what its compressor can
-  make of the chunk (read before the member is), the size its frame header
-  declares the chunk's exact size, and it is decoded into a buffer of exactly
-  that size.
+Everything that says how large a shard is once decoded (the zip's member sizes, each array's
+shape and chunk shape, each compressed frame's header) comes from the file itself. These checks
+tie those declarations to what the writer produces and to the manifest, so that a damaged or
+crafted shard is refused while it is still a few kilobytes of metadata, before the allocation it
+asks for: :func:`check_zip` (the zip), :func:`check_array` and :func:`check_chunk_members` (each
+array), :func:`check_stored_size` and :func:`check_encoded` (each chunk, as it is read).
+docs/format.md, "Zarr shards", **Bounds**.
 """
 
 from __future__ import annotations
@@ -90,18 +79,12 @@ def max_chunk_bytes(chunk_size: int, row_bytes: int) -> int:
     return max(chunk_size, row_bytes)
 
 
-def check_array(
-    meta: Mapping[str, Any], *, key: str, shape: tuple[int, ...], chunks: tuple[int, ...], itemsize: int, bound: int
-) -> str:
-    """Check one array's metadata against the writer's layout; returns its compressor (``""``: none).
+def codec_chain(meta: Mapping[str, Any], key: str) -> str:
+    """The compressor (``""``: none) of the writer's codec chain and chunk key encoding in ``meta``; else BoundsError.
 
     Args:
         meta: the array's metadata as a dict (``zarr.json``).
         key: the array's path, for messages.
-        shape: its declared shape, whose trailing axes were checked against the schema.
-        chunks: its declared chunk shape.
-        itemsize: bytes per element of its dtype.
-        bound: the largest decoded chunk allowed, in bytes.
     """
     try:
         codecs = [(c["name"], c.get("configuration", {})) for c in meta["codecs"]]
@@ -121,6 +104,22 @@ def check_array(
         )
     if encoding.get("name") != "default" or encoding.get("configuration", {}).get("separator", "/") != "/":
         raise BoundsError(f"array {key!r} uses chunk key encoding {encoding!r}; the format's is 'default' with '/'")
+    return names[0] if names else ""
+
+
+def check_array(
+    meta: Mapping[str, Any], *, key: str, shape: tuple[int, ...], chunks: tuple[int, ...], itemsize: int, bound: int
+) -> str:
+    """Check one array's metadata against the writer's layout; returns its compressor (``""``: none).
+
+    Args:
+        meta, key: as for :func:`codec_chain`.
+        shape: its declared shape, whose trailing axes were checked against the schema.
+        chunks: its declared chunk shape.
+        itemsize: bytes per element of its dtype.
+        bound: the largest decoded chunk allowed, in bytes.
+    """
+    compressor = codec_chain(meta, key)
     if len(chunks) != len(shape) or chunks[0] < 1 or tuple(chunks[1:]) != tuple(max(1, d) for d in shape[1:]):
         raise BoundsError(
             f"array {key!r} of shape {list(shape)} has chunks {list(chunks)}; the format chunks the first axis only"
@@ -131,7 +130,7 @@ def check_array(
             f"array {key!r} declares chunks of {nbytes} bytes decoded, over the {bound}-byte bound that the "
             "manifest's chunk_size allows"
         )
-    return names[0] if names else ""
+    return compressor
 
 
 def check_chunk_members(zf: zipfile.ZipFile, prefix: str, suffix: str, rows: int, chunk_rows: int) -> None:

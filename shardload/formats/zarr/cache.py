@@ -1,15 +1,11 @@
-"""A per-process cache of decoded Zarr chunks, bounded in bytes.
+"""A per-process cache of decoded Zarr chunks, bounded in bytes, evicting by second chance.
 
-Samples that sit next to each other in a shard share a chunk; without a cache
-a batch of neighbours would decompress that chunk once per sample. Every
-:class:`~shardload.formats.zarr.ZarrShardReader` of a process shares one
-:class:`ChunkCache` unless it is given its own. Eviction is second chance
-(an approximation of least recently used, see :class:`ChunkCache`).
-
-The bound is ``SHARDLOAD_ZARR_CACHE_BYTES`` (bytes, default 64 MiB, ``0``
-turns caching off), read when the shared cache is first used; change it
-later with :func:`set_chunk_cache_bytes`. Each DataLoader worker is a process
-with its own cache, so the total is the bound times the number of workers.
+Samples next to each other in a shard share a chunk: without a cache a batch of neighbours
+would decompress it once per sample. Every :class:`~shardload.formats.zarr.ZarrShardReader` of
+a process shares one :class:`ChunkCache` unless given its own; its bound is
+``SHARDLOAD_ZARR_CACHE_BYTES`` (default 64 MiB, ``0``: off), read on first use, or
+:func:`set_chunk_cache_bytes`. Each DataLoader worker has its own. docs/format.md, "How
+shardload reads a Zarr shard".
 """
 
 from __future__ import annotations
@@ -18,8 +14,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
-from functools import partial
+from collections.abc import Callable, Hashable
 
 import numpy as np
 
@@ -180,10 +175,6 @@ class ChunkCache:
                 table.used[c] = 1
             self._evict()
         return chunk
-
-    def get_many(self, keys: Sequence[Hashable], load: Callable[[int], np.ndarray]) -> list[np.ndarray]:
-        """The chunks under ``keys``, in order; ``load(i)`` decodes ``keys[i]`` when it is not cached."""
-        return [self.get(key, partial(load, i)) for i, key in enumerate(keys)]
 
     def _evict(self) -> None:
         """Evict until the cache fits its bound (the lock held)."""
