@@ -1,24 +1,11 @@
 """The ``shardload`` command line: one module per command, each a thin call into the library.
 
-Where it sits: on top of the flow. ``shardload prepare`` -> :func:`shardload.prepare`,
-``merge`` -> :func:`shardload.merge`,
-``inspect`` -> :func:`shardload.sets.describe.describe`, ``verify`` ->
-:func:`shardload.sets.verify.verify`, ``plan`` -> :func:`shardload.plan.summarize_plan`,
-``export`` -> :func:`shardload.integrations.webdataset_export.to_webdataset`.
-
-Adding a command is one module plus one line: write ``shardload/cli/NAME.py``
-with the four names below, and add ``"NAME"`` to :data:`COMMANDS`::
-
-    SUMMARY: str                          # one line, shown in `shardload --help`
-    EPILOG: str                           # examples, then how to load the result in Python
-    def add_arguments(parser) -> None     # the command's options
-    def run(args) -> int                  # one library call; returns an exit status
-
-A module's docstring is its description in ``shardload NAME --help``.
-Keep the module's top level light (import the library inside ``run``): every
-module is imported to list the commands. ``add_arguments`` runs only for the
-command being run. Errors become one line ``shardload: error:
-...`` and an exit status (see :class:`~shardload.cli._common.Exit`);
+Each command ``NAME`` is a module ``shardload/cli/NAME.py`` listed in
+:data:`COMMANDS`, with ``SUMMARY``, ``EPILOG``, ``add_arguments(parser)`` and
+``run(args) -> int``; its docstring is its ``--help`` description (how to add
+one: docs/cli.md, "Adding a command"). Every module is imported to list the
+commands, so each imports the library inside ``run``. Errors become one line
+``shardload: error: ...`` and an exit status (:class:`~shardload.cli._common.Exit`);
 ``--debug`` adds the traceback.
 """
 

@@ -73,8 +73,8 @@ def parse_size(text: str) -> int:
     return value
 
 
-def int_at_least(minimum: int, what: str = "") -> Callable[[str], int]:
-    """An argparse type: an integer ``>= minimum``."""
+def int_at_least(minimum: int, what: str = "", maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer ``>= minimum`` (and ``<= maximum``); ``what`` says the range in a refusal."""
     what = what or f"at least {minimum}"
 
     def parse(text: str) -> int:
@@ -82,7 +82,7 @@ def int_at_least(minimum: int, what: str = "") -> Callable[[str], int]:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
+        if value < minimum or (maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(f"{text!r}: must be {what}")
         return value
 
@@ -90,7 +90,6 @@ def int_at_least(minimum: int, what: str = "") -> Callable[[str], int]:
 
 
 positive_int = int_at_least(1)
-non_negative_int = int_at_least(0, "0 or more")
 
 
 def add_remote_flags(p: argparse.ArgumentParser) -> None:

@@ -1,18 +1,10 @@
 """Schema of a shard set: the named fields of a sample, their dtypes and shapes.
 
-A sample is a ``dict[str, numpy.ndarray | str | bytes]``. Each field is one of:
-
-* **variable**: the first axis varies from sample to sample (token ids
-  ``int32[L]``, a feature matrix ``float32[rows, 32]``); ``shape[0] is None``;
-* **fixed**: every sample has the same shape (a scalar label ``int64[]``, an
-  embedding declared fixed with ``fixed_fields``);
-* **text**: one ``str`` (dtype ``"str"``) or ``bytes`` (dtype ``"bytes"``)
-  value per sample, shape ``[]``. Shards store it as its bytes (UTF-8 for
-  ``str``) with per-sample offsets, like a variable ``uint8`` field; it never
-  defines a sample's length and is never padded (batches hold it as a list).
-
-The schema is taken from the first sample and every later sample is checked
-against it, so bad input fails on the sample that is wrong, by name.
+A sample is a ``dict[str, numpy.ndarray | str | bytes]``; each field is
+variable (first axis varies, ``shape[0] is None``), fixed, or text (one ``str``
+or ``bytes`` per sample, stored as its bytes, never padded): docs/format.md,
+"Samples and fields". The schema is taken from the first sample and every later
+sample is checked against it, so bad input fails on the sample that is wrong, by name.
 """
 
 from __future__ import annotations
@@ -257,9 +249,8 @@ class Schema:
             shape = arr.shape
             ok = len(shape) == len(f.shape) and all(e is None or e == s for e, s in zip(f.shape, shape))
             if not ok:
-                want = "[" + ", ".join("L" if d is None else str(d) for d in f.shape) + "]"
                 raise InputError(
-                    f"{where}: field {f.name!r} has shape {list(shape)}, but the schema says {want} "
+                    f"{where}: field {f.name!r} has shape {list(shape)}, but the schema says {_shape_text(f.shape)} "
                     "(taken from the first sample). Only the first axis may vary between samples."
                 )
             out[f.name] = arr
@@ -416,19 +407,20 @@ def schema_problems(schema: Schema) -> list[str]:
         elif math.prod(f.inner_shape) > MAX_ROW_ELEMENTS:
             problems.append(f"field {f.name!r} has shape {_shape_text(f.shape)}, too large for one sample")
     length = schema.length_field
-    if length is not None and length in schema.names and schema.field(length).text:
+    if length is not None and length in schema.names and not schema.field(length).variable:
+        # the batching length is a variable field's first axis: a text or fixed field has none
         variable = ", ".join(f.name for f in schema.variable_fields) or "none"
-        problems.append(
-            f"length_field {length!r} is a text field ({schema.field(length).dtype}), which never defines a "
-            f"sample's length; name a field whose length varies (variable fields: {variable}), or tokenize the "
-            "text into a field of token ids first"
-        )
-    elif length is not None and length in schema.names and not schema.field(length).variable:
-        # the batching length is a variable field's first axis: a fixed field has none
-        variable = ", ".join(f.name for f in schema.variable_fields) or "none"
-        problems.append(
-            f"length_field {length!r} is fixed-shape; name a field whose length varies (variable fields: {variable})"
-        )
+        if schema.field(length).text:
+            problems.append(
+                f"length_field {length!r} is a text field ({schema.field(length).dtype}), which never defines a "
+                f"sample's length; name a field whose length varies (variable fields: {variable}), or tokenize the "
+                "text into a field of token ids first"
+            )
+        else:
+            problems.append(
+                f"length_field {length!r} is fixed-shape; name a field whose length varies (variable fields: "
+                f"{variable})"
+            )
     reserved = schema.batch_keys()
     for f in schema.fields:
         if f.name in reserved:
