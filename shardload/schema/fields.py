@@ -21,6 +21,29 @@ from shardload._base.messages import one_line
 from shardload.errors import InputError
 from shardload.schema.text import TEXT_DTYPES, TEXT_STORAGE, text_kind, text_to_array
 
+__all__ = [
+    "CU_SEQLENS_KEY",
+    "DOCUMENT_IDS_KEY",
+    "LENGTHS_SUFFIX",
+    "MAX_DIMS",
+    "MAX_NAME_BYTES",
+    "MAX_ROW_ELEMENTS",
+    "MAX_SEQLEN_KEY",
+    "POSITION_IDS_KEY",
+    "SAMPLE_ID_KEY",
+    "SUPPORTED_DTYPES",
+    "WEIGHT_KEY",
+    "Field",
+    "Schema",
+    "as_array",
+    "dtype_name",
+    "lengths_key",
+    "name_problem",
+    "parse_dtype_overrides",
+    "prepare_problems",
+    "schema_problems",
+]
+
 #: numeric dtypes a field may have; besides them only :data:`TEXT_DTYPES` (object, complex ... are refused).
 SUPPORTED_DTYPES = (
     "bool",
@@ -172,10 +195,7 @@ class Schema:
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Schema:
         """Rebuild a schema from its :meth:`to_json` form."""
-        return cls(
-            fields=tuple(Field.from_json(f) for f in obj["fields"]),
-            length_field=obj.get("length_field"),
-        )
+        return cls(fields=tuple(Field.from_json(f) for f in obj["fields"]), length_field=obj.get("length_field"))
 
     @classmethod
     def infer(
@@ -259,12 +279,9 @@ class Schema:
     def batch_keys(self, packed: bool = False) -> dict[str, str]:
         """The keys the loader adds to every batch besides the fields, each with what it holds.
 
-        The one list of them: :func:`shardload.load.collate.collate_batch` and
-        :func:`shardload.load.collate_packed.collate_packed` build their keys with
-        it; :func:`schema_problems` refuses a field that has the name of a key
-        of every batch (the loader would replace its data in every batch), and
-        :meth:`shardload.load.collate_packed.PackSpec.check_set` refuses, for packed
-        loading only, a loaded field named like a key of packed batches.
+        The one list of them, which the collate functions build their keys with
+        and :func:`schema_problems` (and, for packed loading, ``PackSpec.check_set``)
+        refuse as field names.
 
         Args:
             packed: also list the keys only packed batches have.
@@ -282,9 +299,9 @@ class Schema:
     def batching_lengths(self, per_field: Mapping[str, np.ndarray], n: int) -> np.ndarray:
         """``(n,)`` int64 batching lengths from each variable field's ``(n,)`` first-axis lengths.
 
-        The one rule for ``lengths.npy``, used by ``prepare`` to write it and by
-        the loader and ``verify`` to check it: the ``length_field``'s length,
-        else the longest variable field of each sample, else 1.
+        The one rule for ``lengths.npy`` (prepare writes it, the loader and
+        ``verify`` check it): the ``length_field``'s length, else the longest
+        variable field of each sample, else 1.
         """
         if self.length_field is not None:
             return np.asarray(per_field[self.length_field], dtype=np.int64)
@@ -381,9 +398,8 @@ def parse_dtype_overrides(items: Sequence[str]) -> dict[str, str]:
 def schema_problems(schema: Schema) -> list[str]:
     """What makes ``schema`` unusable by the loader: one line per problem, empty if none.
 
-    The one check of a schema: :meth:`shardload.formats.manifest.Manifest.load` refuses a
-    manifest with any of these, and prepare refuses them on the first sample,
-    before it writes anything (see :func:`prepare_problems`).
+    The one check of a schema, by ``Manifest.load`` and by prepare on the first
+    sample, before it writes anything (see :func:`prepare_problems`).
     """
     problems = []
     if not schema.fields:
@@ -434,9 +450,8 @@ def schema_problems(schema: Schema) -> list[str]:
 def prepare_problems(schema: Schema) -> list[str]:
     """What prepare refuses in a schema: :func:`schema_problems`, and fields it cannot store.
 
-    Field names become file and group names (``lengths.<name>.npy``, Zarr
-    groups), and the staged Arrow chunks cannot hold an axis of size 0 after the
-    first one.
+    Field names become file names (``lengths.<name>.npy``, Zarr groups); staged
+    Arrow chunks cannot hold an axis of size 0 after the first.
     """
     problems = schema_problems(schema)
     for f in schema.fields:
