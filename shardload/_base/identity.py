@@ -153,14 +153,8 @@ class FileStamp(NamedTuple):
 
 def file_stamp(st: os.stat_result) -> FileStamp:
     """The parts of a ``stat`` that change when a file's bytes are replaced."""
-    return FileStamp(
-        st.st_dev,
-        st.st_ino,
-        st.st_size,
-        st.st_mtime_ns,
-        st.st_ctime_ns,
-        (st.st_mode, st.st_nlink, st.st_uid, st.st_gid),
-    )
+    meta = (st.st_mode, st.st_nlink, st.st_uid, st.st_gid)
+    return FileStamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, meta)
 
 
 def same_bytes(old: FileStamp, new: FileStamp | None) -> bool:

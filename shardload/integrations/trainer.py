@@ -53,10 +53,7 @@ def restored_steps(progress: Any, restart_stages: bool) -> int:
     them (Lightning 2.2) a restore starts after the last completed step.
     """
     ready, started, processed, completed = (
-        int(progress.ready),
-        int(progress.started),
-        int(progress.processed),
-        int(progress.completed),
+        int(getattr(progress, k)) for k in ("ready", "started", "processed", "completed")
     )
     if restart_stages and ready == started == processed == completed + 1:
         return processed
