@@ -51,11 +51,10 @@ def map_in_workers(
     """``fn`` over ``jobs``, results in job order: in-process for one worker, else in a pool.
 
     Args:
-        fn: for processes, a module-level function (it is pickled by name).
-        jobs: its arguments, one per call (for processes, picklable: frozen dataclasses).
+        fn: for processes, a module-level function (pickled by name).
+        jobs: its arguments, one per call (for processes, picklable).
         workers: the most processes (or threads) to run at once.
-        threads: a pool of threads instead of processes (for work that
-            releases the GIL, on objects that cannot be pickled).
+        threads: threads instead of processes (for work that releases the GIL).
         out: the output directory (named in errors about a dead worker process).
         what: the step, for those errors (``"staging the samples"``).
 
