@@ -40,25 +40,8 @@ def _interrupted_while_starting() -> None:
 
 try:  # the imports below take a few tenths of a second: see _interrupted_while_starting
     from shardload import _compat
-    from shardload.errors import (
-        CorruptShardError,
-        InputError,
-        ManifestError,
-        MergeError,
-        MissingDependencyError,
-        MixtureError,
-        OutputError,
-        OutputExistsError,
-        OutputLockedError,
-        PlanError,
-        PlanMismatchError,
-        RemoteAccessError,
-        RemoteError,
-        ShardloadError,
-        ShardSetChangedError,
-        ShardSetError,
-        WorkerError,
-    )
+    from shardload import errors as _errors
+    from shardload.errors import *  # noqa: F403  (the exception tree: every name of errors.__all__)
     from shardload.formats.arrow import ArrowOptions
     from shardload.formats.origin import SampleOrigin
     from shardload.formats.zarr import ZarrOptions
@@ -111,34 +94,17 @@ _compat.install()  # the module paths of 0.1.0 (shardload.load.loader, ...) stay
 __all__ = [
     "ArrowOptions",
     "Batching",
-    "CorruptShardError",
     "Field",
-    "InputError",
     "LoaderOptions",
-    "ManifestError",
-    "MergeError",
     "MergeResult",
-    "MissingDependencyError",
     "Mixture",
-    "MixtureError",
-    "OutputError",
-    "OutputExistsError",
-    "OutputLockedError",
-    "PlanError",
-    "PlanMismatchError",
     "PrepareOptions",
     "PrepareResult",
-    "RemoteAccessError",
-    "RemoteError",
     "SampleOrigin",
     "Schema",
     "ShardDataModule",
     "ShardLoader",
     "ShardSet",
-    "ShardSetChangedError",
-    "ShardSetError",
-    "ShardloadError",
-    "WorkerError",
     "World",
     "ZarrOptions",
     "__version__",
@@ -147,3 +113,5 @@ __all__ = [
     "prepare",
     "write",
 ]
+__all__ += _errors.__all__  # the exception tree
+__all__.sort()  # plain sorted() order (tests/test_public_api.py)

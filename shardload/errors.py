@@ -21,13 +21,9 @@ caller can catch them all with one clause, or one branch of the tree::
      |    +-- RemoteAccessError (PermissionError)  it refused the credentials, or there were none (not retried)
      +-- MissingDependencyError (ImportError)  an optional package a format needs (zarr) is not installed
 
-A name in parentheses is a second, built-in base class: ``except ValueError``
-also catches bad input and bad batching options, ``except OSError`` also
-catches output problems, ``except ImportError`` also catches a missing optional
-package, and ``except RuntimeError`` also catches a dead or
-stuck worker (as for torch's own errors). The command line maps each branch to an exit status
-(see ``shardload.cli``).
-
+A name in parentheses is a second, built-in base class, so ``except ValueError``
+(``OSError``, ``ImportError``, ``RuntimeError``) catches those errors too. The
+command line maps each branch to an exit status (docs/cli.md, "Exit status").
 Messages name the file, the shard or the sample, and say what to do about it.
 """
 
@@ -128,12 +124,10 @@ class WorkerError(ShardloadError, RuntimeError):
 class RemoteError(ShardloadError, OSError):
     """Object storage (S3, GCS, Azure, HTTP) kept failing after every retry, or rejected a request.
 
-    Raised for failures that may pass (HTTP 5xx, throttling, timeouts, dropped
-    connections) once the retries are spent, naming the URL, the number of tries
-    and the last error; and at once for an answer that another try would not
-    change (``400 Bad Request``, a URL with an empty path segment), naming the
-    URL, the call and the status. A missing object or a refused credential is
-    reported as what it is.
+    Raised once the retries of a failure that may pass (5xx, throttling,
+    timeouts) are spent, and at once for an answer another try would not change
+    (``400 Bad Request``); the message names the URL, the tries or the call, and
+    the last error (docs/remote.md, "Failure messages").
 
     Attributes:
         url: the object (or prefix) that could not be read or written.
@@ -148,9 +142,7 @@ class RemoteAccessError(RemoteError, PermissionError):
     """Object storage refused the request's credentials, or there were none to send.
 
     Not retried (waiting does not help); the message names the URL and where
-    credentials come from. A :class:`RemoteError` (``except RemoteError``
-    catches every storage failure; the command line exits with status 8) and a
-    ``PermissionError``.
+    credentials come from. Also a ``PermissionError``.
 
     Attributes:
         url: the object (or prefix) that was refused.

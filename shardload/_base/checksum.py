@@ -1,18 +1,10 @@
 """A shard file's checksum, computed while the file is written instead of by reading it back.
 
-Where it sits: at the end of prepare's write step
-(:func:`~shardload.prepare.pipeline.write_shard`), where each shard's sha256
-goes into its record and then the manifest. :func:`checksum_text` is the one
-spelling of a checksum (``"sha256:<hex>"``) that
-:func:`file_checksum` gives too, so a checksum made while
-writing and one made by reading the file back compare equal.
-
-:class:`DigestingFile` is a write-only file that feeds every byte written to
-a hash on the way: the bytes are hashed from the writer's own buffers, so the
-file is never read back. A large write is hashed in a helper thread while the
-calling thread hands the same buffer to the kernel (``hashlib`` and the
-``write`` system call both let go of the GIL), so the hash costs little wall
-time on top of the write.
+Where it sits: at the end of prepare's write step, where each shard's sha256
+goes into the manifest. :class:`DigestingFile` hashes the writer's own buffers
+(a large one in a helper thread during the ``write``), and :func:`checksum_text`
+is the one spelling (``"sha256:<hex>"``), so a checksum made while writing and
+one read back by :func:`file_checksum` compare equal.
 """
 
 from __future__ import annotations

@@ -1,29 +1,14 @@
 """Which set and which position a shard file belongs to, and whether it changed since it was mapped.
 
-Two cheap mechanisms keep a loader from returning data that is not the data
-the manifest describes, without reading any sample:
-
-* **Shard identity.** ``prepare`` writes a small record into every shard's own
-  metadata (Arrow schema metadata, Zarr root attributes): the set id, the
-  shard's index, its first sample and its sample count. The set id is a digest
-  of the prepare options, the schema, the sources' description and the staged
-  sample bytes, so the same input and options always give the same id (and
-  ``--resume`` the same shard bytes), and different data a different one. When
-  a shard is first opened the record is compared with the manifest: a shard
-  swapped with another of the same set, or copied in from another set, is a
-  :class:`~shardload.errors.CorruptShardError` naming both positions.
-* **File stamps.** ``(device, inode, size, mtime, ctime)`` of a shard when it
-  is mapped; checked again each time a batch is read from it (before its pages
-  are touched, and once more after the batch is built). A shard rewritten in
-  place (``cp`` over it, ``rsync --inplace``), truncated or replaced while
-  mapped is a :class:`~shardload.errors.ShardSetChangedError` instead of garbage
-  or a ``SIGBUS``. The lengths indexes carry the same stamp, taken when they
-  are first mapped, checked at every use (each epoch's plan, each shard
-  opened) and carried into DataLoader workers. ``ctime`` catches a write whose
-  modification time was put back (``touch -r``, ``rsync --inplace -t``,
-  ``os.utime``): no user can set it. ``chmod``, ``chown`` and a new hard link
-  change it too, without changing a byte; they also change the mode, owner or
-  link count, and such a change is accepted (see :func:`same_bytes`).
+Two cheap checks keep a loader from returning data the manifest does not
+describe, without reading any sample: the **shard identity** record that
+``prepare`` writes into each shard's own metadata (set id, index, first sample,
+count), compared with the manifest when the shard is first opened (a swapped or
+foreign shard is a :class:`~shardload.errors.CorruptShardError`); and **file
+stamps** (``stat`` of a shard or lengths index when mapped, checked again at
+each use), so a file rewritten, truncated or replaced in place is a
+:class:`~shardload.errors.ShardSetChangedError` instead of garbage or a ``SIGBUS``.
+docs/format.md, "Shard identity", and docs/reliability.md tell the rules.
 """
 
 from __future__ import annotations
@@ -35,7 +20,7 @@ import os
 import re
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -66,7 +51,7 @@ class ShardIdentity:
     samples: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"set_id": self.set_id, "shard": self.shard, "first_sample": self.first_sample, "samples": self.samples}
+        return asdict(self)
 
     @classmethod
     def parse(cls, raw: Any, *, where: str) -> ShardIdentity | None:
@@ -168,14 +153,8 @@ class FileStamp(NamedTuple):
 
 def file_stamp(st: os.stat_result) -> FileStamp:
     """The parts of a ``stat`` that change when a file's bytes are replaced."""
-    return FileStamp(
-        st.st_dev,
-        st.st_ino,
-        st.st_size,
-        st.st_mtime_ns,
-        st.st_ctime_ns,
-        (st.st_mode, st.st_nlink, st.st_uid, st.st_gid),
-    )
+    meta = (st.st_mode, st.st_nlink, st.st_uid, st.st_gid)
+    return FileStamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, meta)
 
 
 def same_bytes(old: FileStamp, new: FileStamp | None) -> bool:

@@ -2,24 +2,14 @@
 
 Where it sits: under the two commands that write a directory, ``prepare``
 (:class:`~shardload.prepare.workdir.WorkDir`) and ``export``
-(:func:`~shardload.integrations.webdataset_export.to_webdataset`). Both follow the same three rules,
-kept here once:
+(:func:`~shardload.integrations.webdataset_export.to_webdataset`). The three rules, kept here once:
 
-* **One writer.** :class:`OutputLock` ``flock``\\ s a lock file inside the
-  directory; a second writer gets :class:`~shardload.errors.OutputLockedError`.
-  The kernel frees the lock when its process dies (``kill -9`` included), and
-  no child holds it: the descriptor is opened ``O_CLOEXEC`` (exec'd children
-  never get it) and forked children let go of it at once (a child that
-  outlived its parent would otherwise hold the lock for ever).
-* **Whole files only.** :func:`atomic_file` writes under a temporary name,
-  fsyncs the file, renames it into place and fsyncs the directory: a reader
-  sees the old file or the whole new one, and a crash never leaves half of it.
-* **The index last.** A directory is complete exactly when its index file
-  (``manifest.json``, ``_shardload_export.json``) is there:
-  :func:`withdraw_index` removes the old one before any old content is
-  touched, and :func:`publish_index` moves the new one in once everything it
-  describes is durable. An interrupted write therefore never looks complete,
-  and what was complete before stays so until the new index claims otherwise.
+* **One writer**: :class:`OutputLock`, an ``flock`` that dies with its process
+  and that no child process keeps.
+* **Whole files only**: :func:`atomic_file`; a reader sees the old file or the whole new one.
+* **The index last**: a directory is complete exactly when its index file is
+  there (:func:`withdraw_index` first, :func:`publish_index` last), so an
+  interrupted write never looks complete.
 
 Nothing here imports more than the standard library.
 """

@@ -1,24 +1,12 @@
 """Ordered parallel maps, and the worker processes of ``prepare``: they die with their parent.
 
-:func:`map_in_workers` is the one ordered parallel map of the library: results
-in input order, in-process for one worker, else from a pool of processes
-(``prepare``: staging sources, writing shards) or of threads (``verify``,
-whose hashing and page-ins release the GIL).
-
-For worker processes, three rules keep a killed prepare resumable:
-
-* **Workers die with the parent.** Whatever kills the main process (SIGKILL,
-  SIGTERM, the out-of-memory killer, an orchestrator), its workers follow:
-  ``PR_SET_PDEATHSIG`` on Linux, plus a watchdog thread polling the parent pid
-  everywhere (the portable fallback). A worker left behind would keep running
-  or wait for work for ever, holding the output open.
-* **The output lock is never kept by a worker**: forked children let go of it
-  (see :mod:`shardload._base.output`), so it lives exactly as long as the
-  main process.
-* **A worker that dies is an error that says so**, with its signal (SIGKILL is
-  what the out-of-memory killer sends) and what to do; and when the main
-  process stops for any reason (an error, Ctrl-C, SIGTERM), its workers are
-  stopped before it returns, instead of being waited for.
+:func:`map_in_workers` is the one ordered parallel map of the library: in
+process for one worker, else a pool of processes (``prepare``) or threads
+(``verify``). Worker processes die with the parent (``PR_SET_PDEATHSIG`` plus a
+watchdog thread), never keep the output lock (see :mod:`shardload._base.output`),
+are stopped rather than waited for when the parent stops, and a worker that
+dies is an :class:`~shardload.errors.OutputError` naming its signal and what to
+do: so a killed prepare stays resumable (docs/reliability.md, "prepare").
 """
 
 from __future__ import annotations
@@ -63,11 +51,10 @@ def map_in_workers(
     """``fn`` over ``jobs``, results in job order: in-process for one worker, else in a pool.
 
     Args:
-        fn: for processes, a module-level function (it is pickled by name).
-        jobs: its arguments, one per call (for processes, picklable: frozen dataclasses).
+        fn: for processes, a module-level function (pickled by name).
+        jobs: its arguments, one per call (for processes, picklable).
         workers: the most processes (or threads) to run at once.
-        threads: a pool of threads instead of processes (for work that
-            releases the GIL, on objects that cannot be pickled).
+        threads: threads instead of processes (for work that releases the GIL).
         out: the output directory (named in errors about a dead worker process).
         what: the step, for those errors (``"staging the samples"``).
 

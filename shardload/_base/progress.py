@@ -25,9 +25,8 @@ class Progress:
             When no bar is shown, a log line is emitted every ``every`` seconds
             and when the pass ends.
         every: seconds between log lines.
-        log: the logger of those lines (the caller's: ``shardload.prepare``,
-            ``shardload.verify``, ``shardload.export``; names that stay as they are when modules move)), so that a user can
-            quieten one of them.
+        log: the logger of those lines (``shardload.prepare``, ``shardload.verify``,
+            ``shardload.export``: kept when modules move), so that a user can quieten one.
     """
 
     def __init__(

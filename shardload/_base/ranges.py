@@ -1,17 +1,9 @@
 """Offsets and row ranges: the two pieces of index arithmetic every layer shares.
 
-Variable-length data is stored as a flat buffer of rows plus ``offsets``
-(sample ``i`` is ``values[offsets[i]:offsets[i + 1]]``), and the same shape
-recurs for samples in shards, shards in a set, batches in a plan and chunks in
-a prepare run. Two rules build and use it, here once. They live in the plan
-package because it is pure numpy (no torch, no I/O) and may import nothing
-outside itself; the shard formats, prepare and export import them from here:
-
-* :func:`offsets_from_lengths`: the ``(n + 1,)`` offsets of ``n`` consecutive
-  ranges of the given lengths;
-* :func:`range_positions`: the flat positions of many ``[start, start + length)``
-  ranges, concatenated: the index that gathers those ranges out of a buffer in
-  one fancy-index.
+Variable-length data is a flat buffer of rows plus ``offsets`` (sample ``i`` is
+``values[offsets[i]:offsets[i + 1]]``), for samples in shards, shards in a set,
+batches in a plan and chunks in a prepare run: :func:`offsets_from_lengths`
+builds them, :func:`range_positions` gathers many ranges in one fancy-index.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Opening the files of a shard set safely: one place for the checks every reader needs.
 
-``manifest.json``, the lengths indexes and the shards are opened by the loader,
-``inspect`` and ``verify`` alike, and each of them must survive what a damaged,
-hostile or unlucky set directory holds instead of a file:
-
-* a FIFO, a device or a socket: opened non-blocking (``O_NONBLOCK``), then
-  ``fstat``, and refused unless it is a regular file, so nothing ever waits for
-  a writer that never comes or reads ``/dev/zero`` for ever;
-* a file too large for what it claims to be (a manifest over
-  :data:`MAX_MANIFEST_BYTES`): refused before it is read;
-* an ``OSError`` that says nothing about the set's integrity (permission
-  denied, too many open files, a path too long): reported as what it is, never
-  as corruption.
-
-Every error raised here is a :class:`~shardload.errors.ShardSetError` (or the
-subclass the caller asks for) naming the file and saying what to do; it also
-carries a reason code (:func:`reason_of`) that ``verify`` reports as is.
+The loader, ``inspect`` and ``verify`` open ``manifest.json``, the lengths
+indexes and the shards through here, so a damaged or hostile set directory
+cannot block a reader (a FIFO or device is refused before it is read), make it
+read without bound (size caps), or pass an ``OSError`` off as corruption.
+Every error is a :class:`~shardload.errors.ShardSetError` (or the subclass the
+caller asks for) naming the file and what to do, with a reason code
+(:func:`reason_of`) that ``verify`` reports as is.
 """
 
 from __future__ import annotations
@@ -116,41 +107,37 @@ def os_error(
     exc: OSError, path: Path, *, what: str, error: type[ShardSetError], missing: ShardSetError | None = None
 ) -> ShardSetError:
     """The :class:`ShardSetError` that says what ``exc`` (raised opening ``path``) means for the user."""
-    err = _os_error(exc, path, what=what, error=error, missing=missing)
-    err.shardload_errno = exc.errno  # type: ignore[attr-defined]  # read back by os_level()
-    return err
-
-
-def _os_error(
-    exc: OSError, path: Path, *, what: str, error: type[ShardSetError], missing: ShardSetError | None
-) -> ShardSetError:
     where = f"{what} ({path})"
     code = exc.errno
     if code in (errno.ENOENT, errno.ENOTDIR):
         if missing is not None:
             missing.shardload_reason = "missing"  # type: ignore[attr-defined]
-            return missing
-        how = "does not exist" if code == errno.ENOENT else "is missing: a directory on its path is a file"
-        return tagged(error, f"{where} {how}; re-run prepare for this shard set", "missing")
-    if code in (errno.EACCES, errno.EPERM):
-        return tagged(
+            err = missing
+        else:
+            how = "does not exist" if code == errno.ENOENT else "is missing: a directory on its path is a file"
+            err = tagged(error, f"{where} {how}; re-run prepare for this shard set", "missing")
+    elif code in (errno.EACCES, errno.EPERM):
+        err = tagged(
             error,
             f"{where} cannot be read: permission denied. Fix its permissions (e.g. `chmod a+r` on it, and "
             "`chmod a+x` on its directories) for the user running this job; the shard set itself is not damaged.",
             "unreadable",
         )
-    if code in (errno.EMFILE, errno.ENFILE):
-        return tagged(error, f"cannot open {where}: {fd_limit_hint(code)}", "fd_limit")
-    if code == errno.ENAMETOOLONG:
-        return tagged(
+    elif code in (errno.EMFILE, errno.ENFILE):
+        err = tagged(error, f"cannot open {where}: {fd_limit_hint(code)}", "fd_limit")
+    elif code == errno.ENAMETOOLONG:
+        err = tagged(
             error,
             f"{where}: the path is too long for the file system ({exc.strerror}); move the shard set to a "
             "shorter path, or re-run prepare if the manifest names such a file",
             "unreadable",
         )
-    if code == errno.ELOOP:
-        return tagged(error, f"{where}: a loop of symbolic links; fix the links or re-run prepare", "unreadable")
-    return tagged(error, f"{where} cannot be read ({exc.strerror or exc}); check the disk and re-run", "unreadable")
+    elif code == errno.ELOOP:
+        err = tagged(error, f"{where}: a loop of symbolic links; fix the links or re-run prepare", "unreadable")
+    else:
+        err = tagged(error, f"{where} cannot be read ({exc.strerror or exc}); check the disk and re-run", "unreadable")
+    err.shardload_errno = exc.errno  # type: ignore[attr-defined]  # read back by os_level()
+    return err
 
 
 def fd_limit_hint(code: int = errno.EMFILE) -> str:

@@ -1,24 +1,11 @@
 """The ``shardload`` command line: one module per command, each a thin call into the library.
 
-Where it sits: on top of the flow. ``shardload prepare`` -> :func:`shardload.prepare`,
-``merge`` -> :func:`shardload.merge`,
-``inspect`` -> :func:`shardload.sets.describe.describe`, ``verify`` ->
-:func:`shardload.sets.verify.verify`, ``plan`` -> :func:`shardload.plan.summarize_plan`,
-``export`` -> :func:`shardload.integrations.webdataset_export.to_webdataset`.
-
-Adding a command is one module plus one line: write ``shardload/cli/NAME.py``
-with the four names below, and add ``"NAME"`` to :data:`COMMANDS`::
-
-    SUMMARY: str                          # one line, shown in `shardload --help`
-    EPILOG: str                           # examples, then how to load the result in Python
-    def add_arguments(parser) -> None     # the command's options
-    def run(args) -> int                  # one library call; returns an exit status
-
-A module's docstring is its description in ``shardload NAME --help``.
-Keep the module's top level light (import the library inside ``run``): every
-module is imported to list the commands. ``add_arguments`` runs only for the
-command being run. Errors become one line ``shardload: error:
-...`` and an exit status (see :class:`~shardload.cli._common.Exit`);
+Each command ``NAME`` is a module ``shardload/cli/NAME.py`` listed in
+:data:`COMMANDS`, with ``SUMMARY``, ``EPILOG``, ``add_arguments(parser)`` and
+``run(args) -> int``; its docstring is its ``--help`` description (how to add
+one: docs/cli.md, "Adding a command"). Every module is imported to list the
+commands, so each imports the library inside ``run``. Errors become one line
+``shardload: error: ...`` and an exit status (:class:`~shardload.cli._common.Exit`);
 ``--debug`` adds the traceback.
 """
 
@@ -53,15 +40,7 @@ from shardload.errors import (
 __all__ = ["COMMANDS", "Exit", "main"]
 
 #: the registry: command name -> module ``shardload.cli.<name>`` (see ``_MODULE_OF``), in help order
-COMMANDS: tuple[str, ...] = (
-    "prepare",
-    "merge",
-    "inspect",
-    "verify",
-    "plan",
-    "export",
-    "demo",
-)
+COMMANDS: tuple[str, ...] = ("prepare", "merge", "inspect", "verify", "plan", "export", "demo")
 
 #: library errors -> exit status, most specific first
 ERROR_CODES: tuple[tuple[type[BaseException], Exit], ...] = (
@@ -78,11 +57,10 @@ ERROR_CODES: tuple[tuple[type[BaseException], Exit], ...] = (
 def _quiet_teardown() -> None:
     """At exit after an interruption: no noise from work cut short in background threads.
 
-    Zarr encodes chunks on an event loop in a thread of its own; stopped in the
-    middle, its pending tasks and the closed loop print thousands of lines
-    (``Task was destroyed but it is pending!``) after the one line that says
-    what happened. Registered with ``atexit`` only when the command was
-    interrupted, so it runs as the process ends and never inside a program.
+    Zarr's encoding loop, stopped in the middle, prints thousands of lines
+    (``Task was destroyed but it is pending!``) after the one that says what
+    happened. Registered only when a command was interrupted, so it runs as the
+    process ends, never inside a program.
     """
     logging.getLogger("asyncio").disabled = True
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # "coroutine ... was never awaited"
@@ -100,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(argv)
     except KeyboardInterrupt:  # before a command runs (imports, parsing): one line, no traceback
         _error("interrupted")
-        return EXIT_INTERRUPTED
+        return Exit.INTERRUPTED
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -128,7 +106,7 @@ def _main(argv: Sequence[str] | None) -> int:
             print(f"shardload: {how} after {args.output} was complete; nothing to resume", file=sys.stderr)
             return Exit.OK
         _error(f"{how}{after}")
-        return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_TERMINATED
+        return Exit.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else Exit.TERMINATED
     except CommandError as exc:
         return _fail(exc, exc.code, args.debug)
     except ShardloadError as exc:
@@ -149,18 +127,11 @@ def _main(argv: Sequence[str] | None) -> int:
         return Exit.INTERNAL
 
 
-#: exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
-EXIT_INTERRUPTED = 130
-#: exit status after SIGTERM (128 + SIGTERM)
-EXIT_TERMINATED = 143
-
-
 class Terminated(BaseException):
     """Raised in the main thread by SIGTERM while a command runs, so that it stops cleanly.
 
     A ``BaseException``, like ``KeyboardInterrupt``, so that no ``except
-    Exception`` on the way swallows it; ``finally`` blocks run (locks are
-    released, worker processes stopped) and the command exits with 143.
+    Exception`` swallows it; ``finally`` blocks run and the command exits with 143.
     """
 
 
@@ -187,12 +158,9 @@ def _sigterm_raises() -> Iterator[None]:
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The parser; only the command named in ``argv`` gets its options added.
+    """The parser; only the command named in ``argv`` gets its options added (``argv=None``: every command).
 
-    Every command is listed (for ``shardload --help``), but ``add_arguments``
-    runs for the chosen command alone, so one command's costly or broken
-    option setup never slows down or breaks another. ``argv=None`` adds the
-    options of every command.
+    So one command's costly or broken option setup never slows down or breaks another.
     """
     from shardload import __version__
 

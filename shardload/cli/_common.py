@@ -24,10 +24,10 @@ class Exit(IntEnum):
     SHARD_SET = 5  # ShardSetError: the shard set is missing or unusable
     PLAN = 6  # PlanError: batching options are invalid
     LOADER = 7  # WorkerError: a DataLoader worker died or sent no batch within the timeout
-    REMOTE = (
-        8  # RemoteError: object storage refused the credentials, kept failing after every retry, or rejected a request
-    )
+    REMOTE = 8  # RemoteError: object storage refused the credentials, kept failing, or rejected a request
     INTERNAL = 70  # an unexpected exception: a bug in shardload (EX_SOFTWARE)
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell reports it)
+    TERMINATED = 143  # SIGTERM (128 + SIGTERM)
 
 
 EXIT_CODES_HELP = """\
@@ -57,14 +57,7 @@ class CommandError(Exception):
 
 
 def parse_size(text: str) -> int:
-    """Parse a byte size: ``"256MB"`` (10^6), ``"1GiB"`` (2^30), ``"512k"``/``"512K"`` (2^10), ``"1000"``.
-
-    As in GNU coreutils, a unit with ``B`` after a letter is decimal (``kB``,
-    ``MB``), with ``iB`` or a bare letter it is binary (``KiB``, ``M``).
-
-    >>> parse_size("256MB"), parse_size("1GiB"), parse_size("4k"), parse_size("100")
-    (256000000, 1073741824, 4096, 100)
-    """
+    """An argparse type: a positive byte size, by the rule of :func:`~shardload._base.envvars.parse_size_text`."""
     value = parse_size_text(text)
     if value is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size; write e.g. 256MB, 1GiB, 512M or 1000000")
@@ -73,8 +66,8 @@ def parse_size(text: str) -> int:
     return value
 
 
-def int_at_least(minimum: int, what: str = "") -> Callable[[str], int]:
-    """An argparse type: an integer ``>= minimum``."""
+def int_at_least(minimum: int, what: str = "", maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer ``>= minimum`` (and ``<= maximum``); ``what`` says the range in a refusal."""
     what = what or f"at least {minimum}"
 
     def parse(text: str) -> int:
@@ -82,7 +75,7 @@ def int_at_least(minimum: int, what: str = "") -> Callable[[str], int]:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
+        if value < minimum or (maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(f"{text!r}: must be {what}")
         return value
 
@@ -90,7 +83,6 @@ def int_at_least(minimum: int, what: str = "") -> Callable[[str], int]:
 
 
 positive_int = int_at_least(1)
-non_negative_int = int_at_least(0, "0 or more")
 
 
 def add_remote_flags(p: argparse.ArgumentParser) -> None:

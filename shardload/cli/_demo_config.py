@@ -9,10 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from shardload._base import envvars
-from shardload.cli._common import positive_int
 
 
 def default_workdir() -> Path:
@@ -21,33 +19,24 @@ def default_workdir() -> Path:
     return Path(base) / "shardload" / "demo"
 
 
-def _option(help_text: str | None = None, *, parse: Any = positive_int, metavar: str | None = "N") -> dict[str, Any]:
-    """Field metadata that makes a :class:`DemoConfig` field a ``shardload demo`` option."""
-    return {"option": {"type": parse, "metavar": metavar, "help": help_text}}
-
-
 @dataclass(frozen=True)
 class DemoConfig:
     """Sizes of the demo; the defaults take a couple of minutes on 2 CPU cores.
 
-    The one place of the demo's defaults: the fields with ``option`` metadata
+    The one place of the demo's defaults: the fields with ``help`` metadata
     are the options of ``shardload demo`` (``train_samples`` ->
-    ``--train-samples``), with these defaults.
+    ``--train-samples``, :mod:`shardload.cli._flags`), with these defaults.
     """
 
     workdir: Path = field(
         default_factory=default_workdir,
-        metadata=_option(
-            "where to write (default $XDG_CACHE_HOME/shardload/demo or ~/.cache/shardload/demo)",
-            parse=Path,
-            metavar=None,
-        ),
+        metadata={"help": "where to write (default $XDG_CACHE_HOME/shardload/demo or ~/.cache/shardload/demo)"},
     )
-    train_samples: int = field(default=20_000, metadata=_option())
+    train_samples: int = field(default=20_000, metadata={"help": None, "metavar": "N", "min": 1})
     # deliberately not divisible by the world size
-    val_samples: int = field(default=2_001, metadata=_option())
-    devices: int = field(default=2, metadata=_option("DDP processes (CPU, gloo)"))
-    max_tokens: int = field(default=8192, metadata=_option("token budget per batch", metavar="T"))
+    val_samples: int = field(default=2_001, metadata={"help": None, "metavar": "N", "min": 1})
+    devices: int = field(default=2, metadata={"help": "DDP processes (CPU, gloo)", "metavar": "N", "min": 1})
+    max_tokens: int = field(default=8192, metadata={"help": "token budget per batch", "metavar": "T", "min": 1})
     channels: int = 16
     workers: int = 2
     seed: int = 0

@@ -1,12 +1,9 @@
 """The job behind ``shardload demo``: synthetic data -> prepare -> inspect/verify -> plan -> DDP training.
 
-Where it sits: private to the ``demo`` command (:mod:`shardload.cli.demo`
-parses the options into a :class:`~shardload.cli._demo_config.DemoConfig` and calls
-:func:`run_demo`), and outside the library's import graph, since it loads
-torch and Lightning and defines a LightningModule of its own. It runs with
-defaults that finish in a couple of minutes on two CPU cores; everything it
-writes goes to the config's work directory. It leaves the process's warning
-filters and Lightning's log level as it found them.
+Private to the ``demo`` command, and outside the library's import graph (it
+loads torch and Lightning). Everything it writes goes to the config's work
+directory; it leaves the process's warning filters and Lightning's log level
+as it found them.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Command-line flags made from an option dataclass, so that flags and options cannot drift.
 
 Each field of a frozen option class (:class:`~shardload.plan.Batching`,
-:class:`~shardload.plan.EpochSpec`) becomes one flag: ``max_tokens`` ->
-``--max-tokens``, with the help and metavar of the field's metadata, the
-field's default, ``choices`` for a ``Literal``, ``--x/--no-x`` for a bool, and
-required when the field has no default. The values are checked by the class
-itself when it is built from the parsed flags (:func:`options_from_args`): one
-rule for Python and the command line; a value it refuses is a usage error.
+:class:`~shardload.plan.EpochSpec`, the demo's ``DemoConfig``) that has ``help``
+metadata becomes one flag: ``max_tokens`` -> ``--max-tokens``, with the help and
+metavar of the field's metadata, the field's default, ``choices`` for a
+``Literal``, ``--x/--no-x`` for a bool, and required when the field has no
+default. The values are checked by the class itself when it is built from the
+parsed flags (:func:`options_from_args`): one rule for Python and the command
+line; a value it refuses is a usage error.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import dataclasses
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from shardload.cli._common import int_at_least
@@ -40,7 +42,7 @@ def _parser_of(hint: Any, minimum: int | None) -> tuple[Any, dict[str, Any]]:
         return None, {"action": argparse.BooleanOptionalAction}
     if hint is int and minimum is not None:
         return int_at_least(minimum), {}
-    if hint in (int, float, str):
+    if hint in (int, float, str, Path):
         return hint, {}
     raise TypeError(f"no command-line flag for a field of type {hint!r}")  # a new option type: add it here
 
@@ -56,9 +58,7 @@ def add_option_flags(parser: argparse.ArgumentParser | Any, cls: type[Any], *, o
     """
     hints = typing.get_type_hints(cls)
     group = parser.add_mutually_exclusive_group(required=True) if one_of else None
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
+    for f in _flag_fields(cls):
         kind, extra = _parser_of(hints[f.name], f.metadata.get("min"))
         if f.name in one_of and hints[f.name] is bool:
             extra = {"action": "store_true"}  # a mode of the group: --packing, not --no-packing
@@ -67,13 +67,23 @@ def add_option_flags(parser: argparse.ArgumentParser | Any, cls: type[Any], *, o
             keywords["type"] = kind
         if "metavar" in f.metadata:
             keywords["metavar"] = f.metadata["metavar"]
-        if f.default is dataclasses.MISSING:
+        if f.default is not dataclasses.MISSING:
+            keywords["default"] = f.default
+        elif f.default_factory is dataclasses.MISSING:
             keywords["required"] = True
         else:
-            keywords["default"] = f.default
+            keywords["default"] = None  # "not given": the factory makes the default when the object is built
         (group if group is not None and f.name in one_of else parser).add_argument(flag_of(f.name), **keywords)
 
 
 def options_from_args(cls: type[T], args: argparse.Namespace) -> T:
-    """Build ``cls`` from the flags :func:`add_option_flags` added (it checks the values itself)."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.init})  # type: ignore[arg-type]
+    """Build ``cls`` from the flags :func:`add_option_flags` added (it checks the values itself).
+
+    A flag left at ``None`` is not passed: the field's default (``None`` too, or made by its factory).
+    """
+    given = {f.name: getattr(args, f.name) for f in _flag_fields(cls)}
+    return cls(**{name: value for name, value in given.items() if value is not None})
+
+
+def _flag_fields(cls: type[Any]) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(cls) if f.init and "help" in f.metadata]

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import MISSING, fields
 
 from shardload.cli._common import Exit, python_hint
 from shardload.cli._demo_config import DemoConfig
+from shardload.cli._flags import add_option_flags, options_from_args
 
 SUMMARY = "run the main job on synthetic data: prepare, verify, plan, DDP training with exact validation"
 
@@ -31,25 +31,15 @@ EPILOG = """examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     # No import of the job here: it loads torch and Lightning, which `--help` does not need.
-    for f in fields(DemoConfig):
-        if "option" in f.metadata:
-            # A default made by a factory is made when the config is built: None here means "not given".
-            default = None if f.default is MISSING else f.default
-            p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=default, **f.metadata["option"])
+    add_option_flags(p, DemoConfig)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="also print the report as one JSON object")
-
-
-def config_from_args(args: argparse.Namespace) -> DemoConfig:
-    """The :class:`DemoConfig` of the parsed options (the defaults for those not given)."""
-    given = {f.name: getattr(args, f.name) for f in fields(DemoConfig) if "option" in f.metadata}
-    return DemoConfig(**{name: value for name, value in given.items() if value is not None})
 
 
 def run(args: argparse.Namespace) -> int:
     from shardload.cli._demo_job import run_demo
 
-    report = run_demo(config_from_args(args), progress=False if args.no_progress else None)
+    report = run_demo(options_from_args(DemoConfig, args), progress=False if args.no_progress else None)
     if args.json:
         print(json.dumps(report, default=str))
     ok = report["verify_ok"] and report["fit"]["exact"]

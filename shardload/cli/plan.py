@@ -20,15 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload.cli._common import (
-    CommandError,
-    Exit,
-    add_remote_flags,
-    int_at_least,
-    print_json,
-    python_hint,
-    remote_of,
-)
+from shardload.cli._common import CommandError, Exit, add_remote_flags, int_at_least, print_json, python_hint, remote_of
 from shardload.cli._flags import add_option_flags, options_from_args
 from shardload.plan import Batching, EpochSpec
 

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from shardload.cli._common import CommandError, parse_size, positive_int, print_json, python_hint
+from shardload.cli._common import CommandError, int_at_least, parse_size, positive_int, print_json, python_hint
 
 SUMMARY = "turn raw files into a shard set"
 
@@ -150,33 +150,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     run_.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
 
 
+#: flags passed to ``shardload.prepare`` under their own name when given (``field`` is a keyword of prepare()
+#: itself, the others are ``PrepareOptions`` fields)
+_PASSED_IF_GIVEN = (
+    "shard_size",
+    "num_shards",
+    "balance",
+    "shuffle",
+    "seed",
+    "workers",
+    "resume",
+    "overwrite",
+    "length_field",
+    "reject_nonfinite",
+    "fields",
+    "drop_fields",
+    "field",
+)
+
+
 def run(args: argparse.Namespace) -> int:
     import shardload
 
-    options: dict[str, Any] = {
-        "shard_size": args.shard_size,
-        "num_shards": args.num_shards,
-        "balance": args.balance,
-        "shuffle": args.shuffle,
-        "seed": args.seed,
-        "workers": args.workers,
-        "resume": args.resume,
-        "overwrite": args.overwrite,
-        "length_field": args.length_field,
-        "reject_nonfinite": args.reject_nonfinite,
-    }
-    options = {k: v for k, v in options.items() if v is not None}  # unset: the library's default
+    # an option not given is not passed: the library's default
+    options: dict[str, Any] = {k: v for k in _PASSED_IF_GIVEN if (v := getattr(args, k)) is not None}
     options.update(_format_options(args))
     if args.fixed_field:
         options["fixed_fields"] = tuple(args.fixed_field)
     if args.dtype:
         options["dtypes"] = _dtypes(args.dtype)
-    if args.fields is not None:
-        options["fields"] = args.fields
-    if args.drop_fields is not None:
-        options["drop_fields"] = args.drop_fields
-    if args.field is not None:
-        options["field"] = args.field  # a keyword of prepare() itself, not a PrepareOptions field
     options["progress"] = False if args.no_progress else None
     if args.map is not None:
         from shardload.prepare.mapping import load_map
@@ -316,11 +318,4 @@ def _dtypes(items: list[tuple[str, str]]) -> dict[str, str]:
     return dtypes
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2**64), got {value}")
-    return value
+_seed = int_at_least(0, "in [0, 2**64)", maximum=2**64 - 1)

@@ -171,10 +171,9 @@ class ShardDataModule(pl.LightningDataModule):
         if stage == "train":
             self._train_loader, state = loader, self._train_state
             if state is not None:
-                # before the trainer reads len(loader): the resumed epoch's length. Also when the trainer has not
-                # restored its epoch yet (it asks for the loader first when configure_optimizers reads
-                # estimated_stepping_batches): the state moves the loader to its own epoch, the one the trainer
-                # restores (it must count the old epoch's length to tell a checkpoint at its last step)
+                # before the trainer reads len(loader): the resumed epoch's length, also when the trainer has not
+                # restored its epoch yet (configure_optimizers reading estimated_stepping_batches): the state moves
+                # the loader to its own epoch, the one the trainer restores
                 loader.load_state_dict(state)
             self._train_state = None
         return loader
@@ -198,11 +197,9 @@ class ShardDataModule(pl.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must match to resume (the shuffle seed), and where training stands.
 
-        ``"train_loader"`` is the training loader's own state (the same on
-        every rank). Lightning restores the DataModule before it asks for the
-        loader, so the loader is made already resumed (the trainer takes the
-        epoch's length from it before it would restore the loader itself);
-        its second restore of the same state changes nothing.
+        ``"train_loader"`` is the training loader's own state (the same on every
+        rank). Lightning restores the DataModule first, so the loader is made
+        already resumed; its second restore of the same state changes nothing.
         """
         state: dict[str, Any] = {"seed": self.seed}
         if self._train_loader is not None:
@@ -212,9 +209,8 @@ class ShardDataModule(pl.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Refuse a checkpoint taken with another seed, or a state that is not this DataModule's (:class:`PlanError`).
 
-        A training loader's state that is not one (a key missing, a wrong type) is refused here too.
-
-        The training loader's state is kept for the loader :meth:`train_dataloader` makes next.
+        A broken training loader's state is refused here too; a good one is kept for
+        the loader :meth:`train_dataloader` makes next.
         """
         if not isinstance(state_dict, Mapping):
             raise PlanError(

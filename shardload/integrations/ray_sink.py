@@ -1,25 +1,17 @@
 """Prepare a shard set from a Ray Data dataset: each write task writes one part, the driver merges them.
 
 Where it sits: the prepare step of the flow, run by Ray instead of ``prepare``'s
-own processes (``pip install shardload[ray]``). :class:`ShardSink` is a
-:class:`ray.data.Datasink`: each of Ray's write tasks runs the ordinary
-pipeline (:func:`shardload.prepare.pipeline.run_prepare`) over the rows of its
-blocks into a hidden folder of ``OUT/parts/``; once *every* task succeeded,
-:meth:`ShardSink.on_write_complete` (on the driver) names the parts in task
-order (``parts/00000-of-0000N``, as ``prepare --part`` does) and merges them
-with :func:`shardload.merge`, without copying a shard. When a task fails,
-nothing is merged and this write's parts are removed: ``OUT`` holds what it
-held before.
+own processes (``pip install shardload[ray]``; docs/parts.md, "Ray Data").
+:class:`ShardSink` runs the ordinary pipeline in each write task, into a hidden
+folder of ``OUT/parts/``; once *every* task succeeded the driver names the parts
+in task order and merges them (no shard copied). When a task fails nothing is
+merged and ``OUT`` holds what it held before. Sample ids follow the order of the
+write tasks: the dataset's order under ``preserve_order``, which
+:func:`write_dataset` sets.
 
 >>> import ray, shardload.integrations.ray_sink                                      # doctest: +SKIP
 >>> ds = ray.data.read_parquet("s3://bucket/tokens/")              # doctest: +SKIP
 >>> shardload.integrations.ray_sink.write_dataset(ds, "/shared/out", num_shards=64)  # doctest: +SKIP
-
-Sample ids follow the order of Ray's write tasks, which is the dataset's order
-when ``preserve_order`` is set in the dataset's ``DataContext`` (what
-:func:`write_dataset` does); otherwise blocks reach the write tasks in the order
-upstream tasks finish. Each part lays out (and shuffles) its own samples; the
-loader's planner shuffles across the whole set anyway.
 """
 
 from __future__ import annotations

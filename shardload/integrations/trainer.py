@@ -1,53 +1,23 @@
 """Everything shardload reads from a Lightning ``Trainer`` or writes into it, in one place.
 
-The trainer is duck-typed (this module does not import Lightning), and each
-access below is named with the reason no public API serves. Checked against
-Lightning 2.2 and 2.6 (``lightning.pytorch``), the oldest and newest minor
-versions shardload supports: tests/distributed/test_trainer_clock.py runs the
-DataModule under both (tools/setup_env.sh installs the oldest beside the venv).
+The trainer is duck-typed (Lightning is not imported here). Checked against
+Lightning 2.2 and 2.6, the oldest and newest minor versions supported
+(tests/distributed/test_trainer_clock.py runs the DataModule under both).
 
-Read, public:
-
-* rank and world size: ``trainer.global_rank`` and ``trainer.world_size``
-  (they cover ddp, ddp_spawn, fsdp, deepspeed and multi-node);
-* the epoch to plan: ``trainer.current_epoch``.
-
-Read, not public:
-
-* the training steps of the current epoch a restore of a checkpoint saved now
-  counts as done (:func:`restored_steps`), from the fit loop's progress tracker
-  ``trainer.fit_loop.epoch_loop.batch_progress.current`` (stable since 2.0).
-  Lightning fetches one batch ahead of the step it runs, so the loader's own
-  count of yielded batches is one too many when a checkpoint is saved; no
-  public attribute says how many steps of *this* epoch finished
-  (``trainer.global_step`` counts optimizer steps of the whole run, and
-  ``batch_idx`` reaches only hooks). A checkpoint saved in
-  ``on_train_batch_end`` (``ModelCheckpoint(every_n_train_steps=...)``) is the
-  case that differs between versions: Lightning 2.2 runs that step again on
-  restore, versions whose loop has restart stages (2.6) count it as done.
-
-Written, not public: the length of an epoch whose length differs from the one
-before. A training epoch has the same number of batches in every epoch of a
-run (shardload.plan.length), so Lightning's own clock, computed once from
-``len(loader)`` when it sets the loader up, is right for every epoch. The one
-exception is the epoch after an elastic resume: the resumed epoch's length is
-the batches run before plus the rest planned for the new world size, and the
-next epochs have the new world size's length. Then :func:`train_link` tells
-the trainer what a reload of the loader would compute (Lightning's
-``fit_loop.setup_data``): ``fit_loop.max_batches`` and the limits of its
-``CombinedLoader`` (``fit_loop._combined_loader.limits``) under
-``limit_train_batches``, ``trainer.val_check_batch`` under a fractional
-``val_check_interval`` (an int interval does not depend on the length), and
-the count of the data fetcher (``fit_loop._data_fetcher.length``), which ends
-the epoch: a resumed run iterates the fetcher it set up before the restore.
-When the checkpoint was saved at the last step of the epoch before
-(``fit_loop.epoch_loop.restarting``, its restored ``processed`` count at the
-length), Lightning starts the new epoch from step 0 only if that count reaches
-the length it has, so ``max_batches`` changes when the epoch's iteration
-starts (the loader tells it again then). Lightning's public way to recompute
-all of it, ``reload_dataloaders_every_n_epochs``, is a ``Trainer`` flag the
-user owns, would rebuild the loader (and its workers) every epoch, and runs
-before that restart check too.
+* Read, public: ``global_rank`` and ``world_size`` (every strategy, multi-node)
+  and ``current_epoch``.
+* Read, not public: the steps of this epoch that a restore counts as done
+  (:func:`restored_steps`), from ``fit_loop.epoch_loop.batch_progress.current``
+  (stable since 2.0): Lightning fetches one batch ahead, so the loader's own
+  count is one too many, and no public attribute counts the steps of *this*
+  epoch. A checkpoint saved in ``on_train_batch_end`` is where versions differ
+  (2.2 runs that step again; 2.6, with restart stages, counts it as done).
+* Written, not public (:func:`train_link`): the length of the one epoch whose
+  length differs from the one before, the epoch after an elastic resume
+  (docs/loading.md, "The length of an epoch"). It sets what a reload of the
+  loader would compute (Lightning's ``fit_loop.setup_data``); the public way,
+  ``reload_dataloaders_every_n_epochs``, is the user's flag, rebuilds the loader
+  and its workers every epoch, and runs before Lightning's restart check.
 """
 
 from __future__ import annotations
@@ -83,10 +53,7 @@ def restored_steps(progress: Any, restart_stages: bool) -> int:
     them (Lightning 2.2) a restore starts after the last completed step.
     """
     ready, started, processed, completed = (
-        int(progress.ready),
-        int(progress.started),
-        int(progress.processed),
-        int(progress.completed),
+        int(getattr(progress, k)) for k in ("ready", "started", "processed", "completed")
     )
     if restart_stages and ready == started == processed == completed + 1:
         return processed

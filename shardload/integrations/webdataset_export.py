@@ -1,44 +1,13 @@
 """Write a shard set as WebDataset tar shards, the reverse of prepare's WebDataset source.
 
-Where it sits: beside the flow, after ``prepare``. A shard set stays the thing
-training reads; an export is a copy for pipelines that stream tars (from
-object storage, with ``webdataset.WebDataset``). ``shardload prepare`` reads the
-tars back into the same samples.
-
-Layout of ``DEST``::
-
-    DEST/shard-000000.tar          samples in global id order, no gaps
-    DEST/shard-000001.tar
-    ...
-    DEST/_shardload_export.json    what was exported (schema, tars, counts, checksums); written last
-
-Inside a tar, each sample is one member per field, in schema order, named
-``<key>.<field>.npy`` (``.txt`` / ``.bin`` for text fields, see below) where the key is the sample's global id,
-zero-padded to 9 digits (more when the set has more samples), so that keys
-sort in id order::
-
-    000000017.tokens.npy      np.save of the field's array (never pickled)
-    000000017.features.npy
-    000000017.label.npy       a 0-d array for a scalar field
-    000000017.caption.txt     a text field of str: its UTF-8 text
-    000000017.raw.bin         a text field of bytes: its bytes
-
-Members carry fixed metadata (mtime 0, uid/gid 0, no user or group names,
-mode 0644), so exporting the same set twice gives byte-identical tars.
-There is no per-sample JSON member: ``prepare`` would turn its entries into
-fields, and the round trip would no longer give the same samples. What a
-sample-level JSON would say (the id) is the key; what describes the whole
-export is in ``_shardload_export.json``.
-
-Safety: every tar is written under a hidden temporary name
-(``.shard-000000.tar.new``) and renamed into place only once all of them are
-complete; the index file goes last, so an interrupted export never looks
-complete. ``DEST/.export.lock`` keeps two exports out of one directory
-while they run (it is removed when the export ends, and no child process
-keeps it). A non-empty ``DEST`` is refused unless ``overwrite``, and even then
-only if it holds nothing but an earlier export; the earlier export stays
-intact until the new one is written. The lock and the index-last commit are
-the rules of :mod:`shardload._base.output`, shared with ``prepare``.
+Where it sits: beside the flow, after ``prepare``: an export is a copy for
+pipelines that stream tars (``webdataset.WebDataset``), and ``shardload prepare``
+reads it back into the same samples. Guarantees: byte-identical tars for the
+same set (fixed member metadata); one export at a time per ``DEST``, which must
+be empty or hold only an earlier export (``overwrite``); and an interrupted
+export never looks complete (tars staged under hidden names, the index written
+last: the rules of :mod:`shardload._base.output`, shared with ``prepare``).
+Layout, member naming and the index: docs/format.md, "Writing tars".
 """
 
 from __future__ import annotations
@@ -189,13 +158,13 @@ def to_webdataset(
         bar = Progress("export", total=len(ds), enabled=progress, log="shardload.export")
         try:
             samples = _iter_samples(ds)
-            first_ids = offsets_from_lengths(sizes)
-            for name, size, first in zip(names, sizes, first_ids.tolist()):
+            records: list[dict[str, Any]] = []
+            for name, size, first in zip(names, sizes, offsets_from_lengths(sizes).tolist()):
                 tmp = out / f".{name}.new"
                 staged.append(tmp)
                 keys = (f"{i:0{key_digits}d}" for i in itertools.count(first))
                 _write_tar(tmp, zip(keys, itertools.islice(samples, size)), members, bar)
-            records = [_tar_record(name, tmp, size) for name, tmp, size in zip(names, staged, sizes)]
+                records.append(_tar_record(name, tmp, size, first))
             prepare_options = prepare_options_for(ds.schema)
             index = _index_json(ds, records, key_digits, prepare_options)
             lock.commit(staged, names, index)
@@ -302,22 +271,11 @@ def _npy_bytes(value: np.ndarray) -> bytes:
 _BLOCK = tarfile.BLOCKSIZE  # 512
 _RECORD = tarfile.RECORDSIZE  # 20 blocks: tar files are padded to a whole record
 _MAX_OCTAL_SIZE = 8**11  # a larger member needs a PAX size record
-# The parts of a ustar header that are the same for every member we write (see _member):
+# The parts of a ustar header that are the same for every member we write:
 # mode 0644, uid 0, gid 0 | mtime 0 | type, no link, magic, no user/group/device/prefix, padding to 512.
 _MODE_IDS = b"0000644\x000000000\x000000000\x00"
 _MTIME = b"00000000000\x00"
 _AFTER_CHECKSUM = tarfile.REGTYPE + b"\x00" * 100 + tarfile.POSIX_MAGIC + b"\x00" * (64 + 16 + 155 + 12)
-
-
-def _member(name: str, size: int) -> tarfile.TarInfo:
-    # Fixed metadata: the same set always exports to the same bytes.
-    info = tarfile.TarInfo(name)
-    info.size = size
-    info.mtime = 0
-    info.mode = 0o644
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info
 
 
 def member_header(name: str, size: int) -> bytes:
@@ -329,7 +287,9 @@ def member_header(name: str, size: int) -> bytes:
     """
     raw = name.encode("utf-8")
     if len(raw) > 100 or not name.isascii() or size >= _MAX_OCTAL_SIZE:
-        return _member(name, size).tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+        info = tarfile.TarInfo(name)  # its defaults are the fixed metadata: mode 0644, uid/gid 0, mtime 0, no names
+        info.size = size
+        return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
     head = raw.ljust(100, b"\x00") + _MODE_IDS + b"%011o\x00" % size + _MTIME
     checksum = sum(head) + 8 * 0x20 + sum(_AFTER_CHECKSUM)  # the checksum field counts as 8 spaces
     return head + b"%06o\x00 " % checksum + _AFTER_CHECKSUM
@@ -374,16 +334,12 @@ def _write_tar(
     bar.update(pending_samples, pending_bytes)
 
 
-def _tar_record(name: str, path: Path, samples: int) -> dict[str, Any]:
-    return {"file": name, "samples": samples, "bytes": path.stat().st_size, "checksum": file_checksum(path)}
+def _tar_record(name: str, path: Path, samples: int, first: int) -> dict[str, Any]:
+    size, checksum = path.stat().st_size, file_checksum(path)
+    return {"file": name, "samples": samples, "bytes": size, "checksum": checksum, "first_sample": first}
 
 
 def _index_json(ds: ShardSet, records: list[dict[str, Any]], key_digits: int, prepare_options: list[str]) -> str:
-
-    first = 0
-    for r in records:
-        r["first_sample"] = first
-        first += r["samples"]
     index = {
         "format": INDEX_FORMAT,
         "format_version": INDEX_VERSION,

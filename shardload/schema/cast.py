@@ -1,23 +1,11 @@
 """The one rule for changing a field's dtype: a cast may never change a value silently.
 
-Every dtype change prepare makes goes through :func:`cast_exact`: ``--dtype``
-(``PrepareOptions.dtypes``) on any source, JSON numbers becoming their default
-or chosen dtype, and numbers in WebDataset text members. What it allows:
-
-* **to the same dtype**, or one that holds every value of the source dtype
-  (``int32`` -> ``int64``, ``float32`` -> ``float64``, ``bool`` -> anything): always;
-* **to an integer dtype**: values that are whole numbers (no fraction, NaN or
-  inf) within the target's range (``3.0`` -> ``3``; ``300`` does not fit ``int8``,
-  ``-1`` no unsigned dtype);
-* **integers to a float dtype**: only values the float holds exactly
-  (``16777217`` does not fit ``float32``, nor ``2**53 + 1`` ``float64``);
-* **floats to a narrower float** (``float64`` -> ``float32``): rounding to the
-  nearest value is what a narrower float is for, so it is allowed, but a finite
-  value may not become ``inf`` (overflow: ``1e300`` in ``float32``) nor a nonzero
-  one ``0`` (underflow: ``1e-50`` in ``float32``); NaN and inf stay what they are;
-* **to bool**: only the numbers 0 and 1 (``False``/``True`` give them back);
-* anything else (object, strings, complex numbers) is refused.
-
+Every dtype change prepare makes goes through :func:`cast_exact` (``--dtype`` on
+any source, JSON numbers, numbers in WebDataset text members). Allowed: casts
+that hold every value of the source dtype; whole numbers within range to an
+integer dtype; integers to a float that holds them exactly; floats to a narrower
+float, rounded, unless a finite value would become ``inf`` or a nonzero one
+``0``; 0 and 1 to bool. Anything else is refused (docs/cli.md, ``--dtype``).
 A refusal is a :class:`CastError` naming the first value that would change and
 where it is in the array; callers add the file, sample and field.
 """

@@ -1,18 +1,10 @@
 """Schema of a shard set: the named fields of a sample, their dtypes and shapes.
 
-A sample is a ``dict[str, numpy.ndarray | str | bytes]``. Each field is one of:
-
-* **variable**: the first axis varies from sample to sample (token ids
-  ``int32[L]``, a feature matrix ``float32[rows, 32]``); ``shape[0] is None``;
-* **fixed**: every sample has the same shape (a scalar label ``int64[]``, an
-  embedding declared fixed with ``fixed_fields``);
-* **text**: one ``str`` (dtype ``"str"``) or ``bytes`` (dtype ``"bytes"``)
-  value per sample, shape ``[]``. Shards store it as its bytes (UTF-8 for
-  ``str``) with per-sample offsets, like a variable ``uint8`` field; it never
-  defines a sample's length and is never padded (batches hold it as a list).
-
-The schema is taken from the first sample and every later sample is checked
-against it, so bad input fails on the sample that is wrong, by name.
+A sample is a ``dict[str, numpy.ndarray | str | bytes]``; each field is
+variable (first axis varies, ``shape[0] is None``), fixed, or text (one ``str``
+or ``bytes`` per sample, stored as its bytes, never padded): docs/format.md,
+"Samples and fields". The schema is taken from the first sample and every later
+sample is checked against it, so bad input fails on the sample that is wrong, by name.
 """
 
 from __future__ import annotations
@@ -28,6 +20,29 @@ import numpy as np
 from shardload._base.messages import one_line
 from shardload.errors import InputError
 from shardload.schema.text import TEXT_DTYPES, TEXT_STORAGE, text_kind, text_to_array
+
+__all__ = [
+    "CU_SEQLENS_KEY",
+    "DOCUMENT_IDS_KEY",
+    "LENGTHS_SUFFIX",
+    "MAX_DIMS",
+    "MAX_NAME_BYTES",
+    "MAX_ROW_ELEMENTS",
+    "MAX_SEQLEN_KEY",
+    "POSITION_IDS_KEY",
+    "SAMPLE_ID_KEY",
+    "SUPPORTED_DTYPES",
+    "WEIGHT_KEY",
+    "Field",
+    "Schema",
+    "as_array",
+    "dtype_name",
+    "lengths_key",
+    "name_problem",
+    "parse_dtype_overrides",
+    "prepare_problems",
+    "schema_problems",
+]
 
 #: numeric dtypes a field may have; besides them only :data:`TEXT_DTYPES` (object, complex ... are refused).
 SUPPORTED_DTYPES = (
@@ -180,10 +195,7 @@ class Schema:
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Schema:
         """Rebuild a schema from its :meth:`to_json` form."""
-        return cls(
-            fields=tuple(Field.from_json(f) for f in obj["fields"]),
-            length_field=obj.get("length_field"),
-        )
+        return cls(fields=tuple(Field.from_json(f) for f in obj["fields"]), length_field=obj.get("length_field"))
 
     @classmethod
     def infer(
@@ -257,9 +269,8 @@ class Schema:
             shape = arr.shape
             ok = len(shape) == len(f.shape) and all(e is None or e == s for e, s in zip(f.shape, shape))
             if not ok:
-                want = "[" + ", ".join("L" if d is None else str(d) for d in f.shape) + "]"
                 raise InputError(
-                    f"{where}: field {f.name!r} has shape {list(shape)}, but the schema says {want} "
+                    f"{where}: field {f.name!r} has shape {list(shape)}, but the schema says {_shape_text(f.shape)} "
                     "(taken from the first sample). Only the first axis may vary between samples."
                 )
             out[f.name] = arr
@@ -268,12 +279,9 @@ class Schema:
     def batch_keys(self, packed: bool = False) -> dict[str, str]:
         """The keys the loader adds to every batch besides the fields, each with what it holds.
 
-        The one list of them: :func:`shardload.load.collate.collate_batch` and
-        :func:`shardload.load.collate_packed.collate_packed` build their keys with
-        it; :func:`schema_problems` refuses a field that has the name of a key
-        of every batch (the loader would replace its data in every batch), and
-        :meth:`shardload.load.collate_packed.PackSpec.check_set` refuses, for packed
-        loading only, a loaded field named like a key of packed batches.
+        The one list of them, which the collate functions build their keys with
+        and :func:`schema_problems` (and, for packed loading, ``PackSpec.check_set``)
+        refuse as field names.
 
         Args:
             packed: also list the keys only packed batches have.
@@ -291,9 +299,9 @@ class Schema:
     def batching_lengths(self, per_field: Mapping[str, np.ndarray], n: int) -> np.ndarray:
         """``(n,)`` int64 batching lengths from each variable field's ``(n,)`` first-axis lengths.
 
-        The one rule for ``lengths.npy``, used by ``prepare`` to write it and by
-        the loader and ``verify`` to check it: the ``length_field``'s length,
-        else the longest variable field of each sample, else 1.
+        The one rule for ``lengths.npy`` (prepare writes it, the loader and
+        ``verify`` check it): the ``length_field``'s length, else the longest
+        variable field of each sample, else 1.
         """
         if self.length_field is not None:
             return np.asarray(per_field[self.length_field], dtype=np.int64)
@@ -390,9 +398,8 @@ def parse_dtype_overrides(items: Sequence[str]) -> dict[str, str]:
 def schema_problems(schema: Schema) -> list[str]:
     """What makes ``schema`` unusable by the loader: one line per problem, empty if none.
 
-    The one check of a schema: :meth:`shardload.formats.manifest.Manifest.load` refuses a
-    manifest with any of these, and prepare refuses them on the first sample,
-    before it writes anything (see :func:`prepare_problems`).
+    The one check of a schema, by ``Manifest.load`` and by prepare on the first
+    sample, before it writes anything (see :func:`prepare_problems`).
     """
     problems = []
     if not schema.fields:
@@ -416,19 +423,20 @@ def schema_problems(schema: Schema) -> list[str]:
         elif math.prod(f.inner_shape) > MAX_ROW_ELEMENTS:
             problems.append(f"field {f.name!r} has shape {_shape_text(f.shape)}, too large for one sample")
     length = schema.length_field
-    if length is not None and length in schema.names and schema.field(length).text:
+    if length is not None and length in schema.names and not schema.field(length).variable:
+        # the batching length is a variable field's first axis: a text or fixed field has none
         variable = ", ".join(f.name for f in schema.variable_fields) or "none"
-        problems.append(
-            f"length_field {length!r} is a text field ({schema.field(length).dtype}), which never defines a "
-            f"sample's length; name a field whose length varies (variable fields: {variable}), or tokenize the "
-            "text into a field of token ids first"
-        )
-    elif length is not None and length in schema.names and not schema.field(length).variable:
-        # the batching length is a variable field's first axis: a fixed field has none
-        variable = ", ".join(f.name for f in schema.variable_fields) or "none"
-        problems.append(
-            f"length_field {length!r} is fixed-shape; name a field whose length varies (variable fields: {variable})"
-        )
+        if schema.field(length).text:
+            problems.append(
+                f"length_field {length!r} is a text field ({schema.field(length).dtype}), which never defines a "
+                f"sample's length; name a field whose length varies (variable fields: {variable}), or tokenize the "
+                "text into a field of token ids first"
+            )
+        else:
+            problems.append(
+                f"length_field {length!r} is fixed-shape; name a field whose length varies (variable fields: "
+                f"{variable})"
+            )
     reserved = schema.batch_keys()
     for f in schema.fields:
         if f.name in reserved:
@@ -442,9 +450,8 @@ def schema_problems(schema: Schema) -> list[str]:
 def prepare_problems(schema: Schema) -> list[str]:
     """What prepare refuses in a schema: :func:`schema_problems`, and fields it cannot store.
 
-    Field names become file and group names (``lengths.<name>.npy``, Zarr
-    groups), and the staged Arrow chunks cannot hold an axis of size 0 after the
-    first one.
+    Field names become file names (``lengths.<name>.npy``, Zarr groups); staged
+    Arrow chunks cannot hold an axis of size 0 after the first.
     """
     problems = schema_problems(schema)
     for f in schema.fields:
