@@ -200,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_json())
         return 0
-    from shardload.sets.describe import count_of, format_bytes
+    from shardload._base.messages import format_bytes
+    from shardload.sets.describe import count_of
 
     print(
         f"prepared {result.path}: {count_of(result.samples, 'sample')} in {count_of(result.shards, 'shard')}, "
