@@ -170,21 +170,20 @@ class _Uses:
 
 def _selection(base: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching) -> _Uses:
     """The epoch's uses before anything is consumed: every sample once, or a mixture's selection."""
-    lengths: NDArray[np.integer]
+    lengths: NDArray[np.integer] = base.lengths
     counts: NDArray[np.integer]
-    if isinstance(base, MixInputs):
-        lengths = base.lengths
-        counts = np.concatenate(  # a mixture's selected uses
+    if isinstance(base, MixInputs):  # a mixture's selected uses
+        selections = [
+            select_source(base, k, seed=spec.seed, epoch=spec.epoch, train=spec.shuffled)
+            for k in range(base.num_sources)
+        ]
+        counts = np.concatenate(
             [
                 np.ones(s.num_samples, np.int32) if sel.counts is None else _compact(sel.counts)
-                for s, sel in (
-                    (s, select_source(base, k, seed=spec.seed, epoch=spec.epoch, train=spec.shuffled))
-                    for k, s in enumerate(base.sources)
-                )
+                for s, sel in zip(base.sources, selections)
             ]
         )
     else:
-        lengths = base.lengths
         counts = np.ones(base.num_samples, dtype=np.int32)
     cap = batching.pack_length
     if not (batching.packing and batching.pack_split and cap is not None and base.max_length > cap):

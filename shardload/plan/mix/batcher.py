@@ -272,10 +272,6 @@ class MixBatcher:
                 best = candidate if best is None else min(best, candidate)
         return 0 if best is None else best[1]
 
-    def report_counts(self) -> list[Selection]:
-        """Each source's selection this epoch (for reports)."""
-        return [part.selection for part in self.parts]
-
 
 def interleave(sizes: list[NDArray[np.int64]]) -> NDArray[np.int64]:
     """The order of every source's units on one rank: by each unit's middle as a fraction of its source.

@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 
 from shardload._base.ranges import range_positions
 from shardload.errors import PlanError
-from shardload.plan.packing.rows import _EMPTY, BestFit, Placement, SizeRuns, _run_starts
+from shardload.plan.packing.rows import _EMPTY, BestFit, Placement, SizeRuns, _run_starts, file_by_step
 
 __all__ = ["TrackedBestFit", "pack_rows", "pack_segments"]
 
@@ -53,12 +53,12 @@ class TrackedBestFit(BestFit):
             )
         self.active_keys = _EMPTY
         self.pending_keys: list[NDArray[np.int64]] = []
-        self.waiting_rows: dict[int, list[NDArray[np.int64]]] = {}
+        self.waiting_rows: dict[int, list[tuple[NDArray[np.int64], ...]]] = {}
         self.placed: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
 
     def _wake(self, step: int) -> None:
         if step in self.waiting_rows:
-            self.pending_keys.extend(self.waiting_rows.pop(step))
+            self.pending_keys.extend(keys for (keys,) in self.waiting_rows.pop(step))
         super()._wake(step)
 
     def _follow(self, placed: Placement) -> None:
@@ -114,13 +114,7 @@ class TrackedBestFit(BestFit):
         changed, when = self._row_keys(seg[keep], gap[keep], ids[keep]), when[keep]
         now = when == step + 1
         self.pending_keys.append(changed[now])
-        changed, when = changed[~now], when[~now]
-        if len(changed):
-            order = np.argsort(when, kind="stable")
-            changed, when = changed[order], when[order]
-            starts = _run_starts(when).tolist()
-            for lo, hi in zip(starts, [*starts[1:], len(when)]):
-                self.waiting_rows.setdefault(int(when[lo]), []).append(changed[lo:hi])
+        file_by_step(self.waiting_rows, when[~now], changed[~now])
 
     def _row_keys(self, seg: NDArray[np.int64], gap: NDArray[np.int64], row: NDArray[np.int64]) -> NDArray[np.int64]:
         """``(n,)`` keys ordering rows by segment, gap, then row number (``key % row_bound`` is the row)."""
