@@ -1,37 +1,20 @@
 """Row packing: items into rows of at most ``capacity`` tokens, best-fit decreasing over size histograms.
 
 Best-fit decreasing (BFD) takes the items largest first and puts each in the
-row with the smallest gap it fits, opening a new row when none has room. Two
-facts make it cheap on long-tailed lengths, where a rank holds ~100k items but
-only a few thousand distinct sizes:
+row with the smallest gap it fits. It runs on histograms, not items: for
+``n`` items of size ``s`` BFD fills the rows with the smallest gaps ``g >= s``
+first, ``g // s`` items each, so one step per distinct size places them all,
+and rows of equal gap are kept as groups ``(gap, count)``. One
+:class:`BestFit` run packs many segments (the ranks of an epoch), each as if
+alone: step 0 opens a row for every item larger than ``capacity / 2``, step
+``j`` places the next size of every segment, and a group of rows waits, filed
+by step, until its segment's sizes come down to its gap (the algorithm in
+full: docs/planning.md, "Packing").
 
-* items of equal size are interchangeable, and for ``n`` items of size ``s``
-  BFD fills the rows with the smallest gaps ``g >= s`` first, ``g // s`` items
-  each (after the first item a row's gap is still the smallest that fits), so
-  one step per distinct size places them all;
-* rows of equal gap are interchangeable too, so the rows of a segment are
-  kept as groups ``(gap, count)``, not one by one.
-
-One :class:`BestFit` run packs many segments (the ranks of an epoch) at once,
-each as if it were alone; after step 0, step ``j`` places the next size of
-every segment, so the run takes one step plus as many vectorised steps as the
-most distinct sizes up to ``capacity / 2`` one segment has::
-
-    sizes of every segment  --SizeRuns.of-->  (segment, size, count), by segment, largest size first
-       |  step 0: every item larger than capacity / 2 opens a row of its own (no row can ever take one)
-       |  step j (all segments at once):
-       |    wake the row groups waiting for this step (filed by the step whose size first fits their gap)
-       |    each segment: its groups, smallest gap first from the first that fits, take g // s items a row
-       |      (s: its next size; only the groups that take items are read)
-       |    what is left opens new rows of capacity // s items
-       v
-    rows per segment (counting), or, with rows followed one by one, the row of every item (building)
-
-Counting (:func:`count_rows`, here) and building one or a group of ranks
-(``plan/packtrack.py``: the same run, following every row) take the same
-steps, so they agree exactly, and both are textbook BFD
-(tests/plan/test_pack.py). On the planner's long-tailed and text-like
-lengths the rows are within one of the ``ceil(tokens / capacity)`` bound.
+Guarantee: counting (:func:`count_rows`) and building
+(:mod:`~shardload.plan.packing.track`, the same run following every row) take
+the same steps, so they agree exactly, and both are textbook BFD
+(tests/plan/test_pack.py).
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""Row tracking: the best-fit run of ``packrows.py`` followed row by row, to give every item its row.
+"""Row tracking: the best-fit run of :mod:`~shardload.plan.packing.rows` followed row by row.
 
-Counting (:func:`~shardload.plan.packing.rows.count_rows`) needs only the rows
-each rank opens; building one rank or a group of ranks (``PackBatcher``,
-between the rank's sample order and its rows becoming batches) needs the row
-of every item. :class:`TrackedBestFit` runs the same steps as
-:class:`~shardload.plan.packing.rows.BestFit` and follows the rows one by one, so
-the rows built are exactly the rows counted::
-
-    items (sizes, segment)  --pack_segments-->  size runs  --TrackedBestFit.run-->  rows each step fills
-       |  each step: the touched groups' first rows (by row number) take the items; new rows open
-       v
-    items run by run (a radix sort per segment)  ->  (row of each item, tokens of each row, segment of each row)
+Counting needs only the rows each rank opens; building a rank or a group of
+ranks (``PackBatcher``) needs the row of every item. :class:`TrackedBestFit`
+runs the same steps as :class:`~shardload.plan.packing.rows.BestFit` and
+follows the rows one by one, so the rows built are exactly the rows counted.
 """
 
 from __future__ import annotations
