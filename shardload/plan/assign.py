@@ -1,17 +1,10 @@
 """Shards -> ranks: which contiguous range of samples each rank plans this epoch.
 
-The epoch's shard order (a seeded permutation for training, the natural order
-otherwise) is laid end to end, and the resulting sample sequence is cut into
-``world_size`` contiguous ranges whose sizes differ by at most one. A rank
-therefore reads whole shards plus at most two partial ones at its ends: about
-``num_shards / world_size + 2`` shards when shards have similar sizes, never
-all of them.
-
-Positions come in two kinds, named consistently below:
-
-* *epoch positions*: ``0..N-1`` along the epoch's shard order;
-* *sample ids*: ``0..N-1`` along the natural (on-disk) shard order, the ids of
-  the lengths index.
+The epoch's shard order (seeded in training, natural otherwise) is laid end to
+end and cut into ``world_size`` contiguous ranges, so a rank reads whole
+shards plus at most two partial ones. Positions are *epoch positions*
+(``0..N-1`` along the epoch's shard order) or *sample ids* (along the natural
+shard order: the ids of the lengths index).
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """The contract every batching strategy fills: count all ranks, build one.
 
-Planning without communication needs two things from a strategy:
-
-* :meth:`Batcher.count_batches`: every rank's batch count, vectorised and
-  cheap, because every rank computes all of them to agree on the target;
-* :meth:`Batcher.build_batches`: one rank's batches, materialised.
-
-Both must agree exactly (the count of rank ``r`` is the number of batches that
-``build_batches(r)`` returns); the tests check it for every strategy.
-
-The base class owns what every strategy shares: a rank's samples in epoch
-order, shuffled by the rank's generator when training
-(:meth:`Batcher.rank_order`, the same draw for counting and building; a full
-shuffle, or chunk windows, :mod:`shardload.plan.chunks`), and the shuffle of
-whole batches afterwards for strategies that build batches of similar
-lengths. Subclasses fill two hooks, :meth:`Batcher._count` and
-:meth:`Batcher._cut` (and may set up shared state in :meth:`Batcher._prepare`).
+Guarantee: :meth:`Batcher.count_batches` (every rank's count, vectorised,
+since every rank computes all of them to agree on the target) and
+:meth:`Batcher.build_batches` (one rank's batches) agree exactly; the tests
+check it for every strategy. The base class owns what every strategy shares:
+a rank's samples in epoch order, shuffled by the rank's generator when
+training (:meth:`Batcher.rank_order`: a full shuffle, or chunk windows,
+:mod:`shardload.plan.chunks`), and the shuffle of whole batches afterwards.
+Subclasses fill :meth:`Batcher._count` and :meth:`Batcher._cut` (and may set
+up shared state in :meth:`Batcher._prepare`).
 """
 
 from __future__ import annotations

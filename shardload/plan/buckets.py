@@ -1,30 +1,17 @@
 """Length-bucketed batches (``bucketing=True``, with batch_size or max_tokens).
 
-How a rank's batches are made:
+Buckets have geometric upper bounds on the padded length (:func:`bucket_bounds`)
+and bucket ``j`` takes ``rows_j`` rows a batch (``batch_size``, or ``max(1,
+max_tokens // u_j)`` capped by ``max_rows``), so any batch drawn from it keeps
+the budget. Each bucket gives ``count_j // rows_j`` full batches, longest
+first; the remainders, laid out by decreasing length, are cut greedily
+(:func:`chunk_remainders`): a batch starting in bucket ``j`` takes ``rows_j``
+of them, which keeps the budget because all later ones are shorter. The rule
+in full: docs/planning.md ("Length buckets").
 
-1. Buckets have geometric upper bounds ``u_0 = m, u_{j+1} ~ u_j *
-   bucket_ratio`` on the padded length (``m = pad_to_multiple_of``); bucket
-   ``j`` holds samples with ``u_{j-1} < padded_length <= u_j`` and takes
-   ``rows_j`` rows per batch: ``batch_size``, or ``max(1, max_tokens //
-   u_j)`` (capped by ``max_rows``). With a budget, the bounds stop at the
-   first bucket with one row, which catches every longer sample. So any batch
-   drawn from bucket ``j`` keeps the budget, whatever its members.
-2. Buckets are visited from longest to shortest; each gives
-   ``count_j // rows_j`` full batches. Training takes the members in random
-   order; evaluation in decreasing length (evaluation with ``batch_size``
-   simply cuts the range sorted by decreasing length into chunks).
-3. The remainders (fewer than ``rows_j`` per bucket) are laid out by
-   decreasing length, and cut greedily: a batch that starts in bucket
-   ``j`` takes ``rows_j`` of them, which keeps the budget because all later
-   ones are shorter. Each such batch empties at least one bucket's remainder,
-   so there are at most as many as buckets, and usually far fewer.
-
-A rank's batch count depends only on how many of its samples fall in each
-bucket. :func:`count_rank_buckets` gets that ``(ranks, buckets)`` table for
-every rank in one vectorised pass over the lengths index, in chunks, and
-:func:`chunk_remainders` turns the table into counts for all ranks at once.
-With ``batch_size`` every bucket has the same ``rows``, so the count is just
-``ceil(n_r / batch_size)``: no pass at all.
+A rank's count depends only on how many of its samples fall in each bucket:
+:func:`count_rank_buckets` gets that table for every rank in one pass over the
+lengths index (none with ``batch_size``: ``ceil(n_r / batch_size)``).
 """
 
 from __future__ import annotations

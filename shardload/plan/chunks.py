@@ -1,32 +1,19 @@
 """Chunk windows: a training order that reads each stored chunk about once per epoch.
 
-A compressed shard (Zarr) stores a field's values in chunks of consecutive
-rows, and reading one sample decodes its whole chunk. A full shuffle reads the
-samples of a chunk at random times, so the chunk is decoded again and again
-(once per sample, unless the decode cache still holds it). With
-``Batching(chunk_window=k)`` the planner shuffles *chunks* instead, and
-samples only within a window of ``k`` chunks::
+A compressed shard (Zarr) decodes a whole chunk to read one sample, so a full
+shuffle decodes each chunk again and again. With ``Batching(chunk_window=k)``
+a rank's training order shuffles *chunks* (:func:`chunk_blocks`: the chunk of
+each sample), cuts them into windows of ``k`` and shuffles the samples within
+each window (:func:`window_order`). Every sample of a chunk lies in one
+window, so a reader that keeps the window's chunks decodes each about once.
+The batcher still cuts the batches, so every batching guarantee holds;
+batchers that reorder whole batches order them by the window they complete
+in (:func:`window_batch_order`).
 
-    a rank's samples (epoch order)       runs of consecutive rows of its shards
-       |  chunk_blocks     the chunk of each sample: its first value row
-       |                   // the shard's rows per chunk (the writer's grid)
-       |  window_order     shuffle the chunks; cut them into windows of k;
-       v                   shuffle the samples inside each window
-    the rank's order, from which the batcher cuts batches (plan/batcher.py)
-
-Every sample of a chunk lies in one window, so a reader that keeps the ``k``
-chunks of the current window decodes each chunk once (plus the chunk a sample
-spills into when it crosses a chunk boundary). Batches are still cut by the
-batcher, so every batching guarantee holds as it is; batchers that reorder
-whole batches (length buckets) order them by the window they complete in,
-shuffled within it (:func:`window_batch_order`).
-
-A "chunk" here is what the planner can know from lengths alone: the value
-rows of the length field (``lengths[i]`` rows for sample ``i``, laid end to
-end per shard) cut every ``rows`` rows, evened out per shard by
-:func:`even_chunk_rows`, the rule the Zarr writer chunks by. Other fields are
-chunked by their own row size, so their chunks follow the same samples only
-roughly. Shuffle quality is stated in docs/planning.md ("Chunk windows").
+A "chunk" here is what lengths alone tell: the value rows of the length field
+laid end to end per shard, cut every ``rows`` rows, evened out per shard by
+:func:`even_chunk_rows` (the rule the Zarr writer chunks by). Shuffle quality:
+docs/planning.md ("Chunk windows").
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Bring every rank to the same batch count, so no rank waits in a collective.
 
-Every rank knows every rank's count (see :mod:`shardload.plan.batcher`), so
-each one can reach the same target on its own. Three policies
-(``Batching.uneven``):
-
-* ``"split"`` (default): target = the largest count. A rank below it splits
-  its largest batches; nothing is dropped, nothing repeated. Only a rank with
-  fewer samples than the target batch count (tiny splits) also gets filler.
-* ``"pad"``: target = the largest count; a rank below it appends filler
-  batches of one row.
-* ``"drop"``: target = the smallest count; every rank drops its trailing
-  batches (training only: it loses samples).
-
-A filler row repeats a real sample id with weight 0: the collate loads it like
-any other sample and the weight masks it out of losses and metrics. No batch
-is ever empty.
+Every rank knows every rank's count, so each reaches the same target alone,
+by ``Batching.uneven``: ``"split"`` (the largest count; a rank below it splits
+its largest batches, nothing dropped or repeated, filler only for a rank with
+fewer samples than the target), ``"pad"`` (the largest count; filler batches
+of one row) or ``"drop"`` (the smallest count; trailing batches dropped,
+training only). A filler row repeats a real sample id with weight 0; no batch
+is ever empty. Costs: docs/planning.md ("Equalising batch counts").
 """
 
 from __future__ import annotations

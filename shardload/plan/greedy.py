@@ -1,23 +1,13 @@
 """Token-budget batches without bucketing: a greedy fill of the sample order.
 
-The rank's samples are taken in random order (training) or epoch order
-(evaluation), and each batch takes as many of the next samples as the budget
-allows: the longest ``k`` with ``k * padded_length(max of the k) <=
-max_tokens`` (at least one sample, at most ``max_rows``). This is the
-baseline that bucketing improves on: random batches pad a lot.
-
-The fill is sequential, so counting every rank's batches means running it for
-every rank. It is vectorised in two steps:
-
-1. :func:`greedy_rows` computes, for *every* position at once, how many rows
-   a batch starting there would take (binary lifting over a sparse table of
-   range maxima: ``O(n log K)`` for ``K`` the most rows a batch can have);
-2. the batch starts of all ranks are then followed in lockstep (one numpy
-   step per batch, vectorised over ranks).
-
-Cost: ``O(N log K)`` time and 2-4 bytes per sample of memory: about 30x the
-bucketed mode (measured ~3 s per 10M samples, see docs/planning.md); fine for
-baselines, slow for routine use at 100M samples.
+Each batch takes the longest run of the next samples (random order in
+training, epoch order in evaluation) with ``k * padded_length(max of the k)
+<= max_tokens`` (at least one, at most ``max_rows``): the baseline bucketing
+improves on. The fill is sequential, so counting every rank runs it for every
+rank, vectorised: :func:`greedy_rows` gives every position's batch at once
+(binary lifting over a sparse table of range maxima, ``O(n log K)``), then
+the batch starts of all ranks are followed in lockstep. About 30x the cost of
+bucketing (docs/planning.md, "Figures").
 """
 
 from __future__ import annotations

@@ -1,48 +1,24 @@
 """The length of a training epoch: the same batch count in every epoch of a run.
 
-A trainer reads the length of an epoch once and plans its clock on it
-(Lightning's validation point, ``estimated_stepping_batches`` for a learning
-rate schedule, the progress bar, ``limit_train_batches``). So every training
-epoch of a run has the same number of batches, ``steps``: a function of the
-inputs, the world size, the batching options, the seed and the shard
-assignment, not of the epoch. Evaluation plans are not concerned (their
-layout and order do not depend on the epoch).
-
-What each strategy naturally needs varies a little from epoch to epoch: the
-rank whose new shard group holds the most batches sets the target (token
-budgets, packing, mixtures; a fixed ``batch_size`` needs the same count every
-epoch). The planner makes it constant in two steps::
+A trainer reads the length of an epoch once (Lightning's validation point,
+``estimated_stepping_batches``, ``limit_train_batches``), so every training
+epoch of a run is planned to the same ``steps``: a function of the inputs, the
+world size, the batching, the seed and the shard assignment, not of the
+epoch. Evaluation plans are not concerned::
 
     steps  = the largest natural target of the probe epochs 0 .. PROBE_EPOCHS - 1 (the smallest with
-             uneven="drop"); a mixture's: of MIX_PROBE_EPOCHS epochs, plus their spread (largest -
-             smallest, at least 1), once per run
-    epoch e: its natural target fits (<= steps; >= with "drop")?  plan it to exactly `steps`
-             (split / pad: a few more, smaller batches; drop: drop to it)
-             it does not fit: draw the epoch's shard order and sample order again,
-             from a seed derived from (seed, draw), until one fits (draw 1, 2, ...)
+             uneven="drop"); a mixture's: of MIX_PROBE_EPOCHS epochs, plus their spread, once per run
+    epoch e: its natural target fits?  plan it to exactly `steps` (split / pad / drop)
+             it does not: draw its shard and sample orders again from (seed, draw) until one fits
 
-The draws are part of the plan (every rank makes the same ones: they depend on
-nothing but the request), and the epochs of the probes never need one. Where
-epochs are alike (a fixed ``batch_size``; shards of similar lengths) ``steps``
-is the natural target of every epoch: no step is added. Where they differ, a
-fresh draw of the shard and sample orders is a new sample of the same
-distribution as the probes, so it fits with probability about ``K / (K + 1)``
-for ``K`` probes, and ``MAX_DRAWS`` draws all miss with probability about
-``(K + 1) ** -MAX_DRAWS``. A mixture's selection of samples is not redrawn (its
-windows keep every sample's uses even over the epochs), and its natural target
-also moves with the selection: there a margin of one spread of the probes
-does that part of the work.
-If all ``MAX_DRAWS`` draws miss (a set whose shards differ wildly, a mixture
-whose selection needs more), the epoch (its last draw) is still planned to
-``steps``: a rank above it leaves its last batches out of the epoch (a packed
-set: its lightest rows), a rank below it splits, and an
-:class:`EpochLengthWarning` says how many batches were left out. The trainer's
-clock is never wrong; in that rare epoch ``uneven="split"`` does not train
-every sample.
-
-Cost: the probes count ``PROBE_EPOCHS`` epochs once (kept with the inputs,
-:meth:`~shardload.plan.PlanInputs.memo`); a redraw counts one epoch again.
-The steps added by split are measured in docs/benchmarks.md ("Epoch length").
+Guarantee: every training epoch has ``steps`` batches on every rank. The
+draws depend on nothing but the request (every rank makes the same ones). If
+all :data:`MAX_DRAWS` miss, the epoch is still planned to ``steps``: a rank
+above it leaves its last batches out (a packed set: its lightest rows) and an
+:class:`EpochLengthWarning` says how many, so only then does
+``uneven="split"`` not train every sample. Cost: the probes count
+``PROBE_EPOCHS`` epochs once (kept with the inputs); a redraw counts one epoch
+again. Why and what it costs: docs/loading.md ("The length of an epoch").
 """
 
 from __future__ import annotations

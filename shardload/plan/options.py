@@ -121,6 +121,13 @@ def _positive_int(name: str, value: object, *, hint: str, limit: int = MAX_COUNT
     return int(value)
 
 
+def _flag(name: str, value: object) -> bool:
+    """Return ``value`` as a plain bool if it is one (numpy's too), else raise."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise PlanError(f"Batching({name}={value!r}): must be True or False")
+    return bool(value)
+
+
 @dataclass(frozen=True)
 class Batching:
     """How a rank's samples are grouped into batches.
@@ -136,15 +143,10 @@ class Batching:
             pad_to_multiple_of) <= max_tokens``. A row always costs at least
             one token, so a batch never has more than ``max_tokens`` rows. A
             single sample longer than the budget gets a batch of its own.
-        bucketing: Group samples of similar length to cut padding: samples
-            go to geometric length buckets (upper bounds grow by
-            ``bucket_ratio``), each bucket is cut into batches (of
-            ``batch_size`` rows, or as many rows as its upper bound fits in
-            ``max_tokens``), remainders of all buckets are cut together from
-            the longest down, and training shuffles within buckets and the
-            order of batches. Without bucketing, batches are consecutive runs
-            of the shuffled samples (fixed chunks, or a greedy fill of the
-            token budget): simple, but random lengths pad a lot.
+        bucketing: Group samples of similar length to cut padding, in
+            geometric length buckets (:mod:`shardload.plan.buckets`). Without
+            it, batches are consecutive runs of the shuffled samples (fixed
+            chunks, or a greedy fill of the budget): random lengths pad a lot.
         pad_to_multiple_of: The collate pads each batch to a multiple of this
             (e.g. 8 for tensor cores); budgets and buckets count it.
         uneven: How ranks are brought to the same batch count. ``"split"``
@@ -170,12 +172,10 @@ class Batching:
             into row-sized pieces, each its own document (default: such a
             sample is refused, naming it, when the loader is built).
         chunk_window: Training order for compressed (chunked) shards: shuffle
-            the set's chunks, then the samples within windows of this many
-            chunks, so that each chunk is decoded about once per epoch
-            (:mod:`shardload.plan.chunks`). ``0``: a full shuffle of each
-            rank's samples. ``None`` (default): the set's default, windows of
-            64 chunks for a Zarr set, a full shuffle otherwise. Not with
-            ``packing``. Its shuffle quality is in docs/planning.md.
+            chunks, then samples within windows of this many chunks, so that
+            each chunk is decoded about once (:mod:`shardload.plan.chunks`).
+            ``0``: a full shuffle. ``None`` (default): 64 for a Zarr set, 0
+            otherwise. Not with ``packing``.
         chunk_rows: ``chunk_window``: value rows of the length field per
             chunk (default: the set's, from its manifest; needed for a set
             without chunks, e.g. to plan an Arrow set like its Zarr copy).
@@ -241,10 +241,10 @@ class Batching:
     )
 
     def __post_init__(self) -> None:
-        if not isinstance(self.packing, (bool, np.bool_)):
-            raise PlanError(f"Batching(packing={self.packing!r}): must be True or False")
-        if not isinstance(self.pack_split, (bool, np.bool_)):
-            raise PlanError(f"Batching(pack_split={self.pack_split!r}): must be True or False")
+        fixed: dict[str, object] = {
+            "packing": _flag("packing", self.packing),
+            "pack_split": _flag("pack_split", self.pack_split),
+        }
         modes = [name for name in ("batch_size", "max_tokens") if getattr(self, name) is not None]
         if self.packing:
             modes.append("packing")
@@ -258,7 +258,6 @@ class Batching:
                 "Batching(max_tokens=16384) for a token budget that counts padding, or "
                 "Batching(packing=True, pack_length=4096, rows_per_batch=8) for packed rows"
             )
-        fixed: dict[str, object] = {"packing": bool(self.packing), "pack_split": bool(self.pack_split)}
         if self.packing:
             fixed.update(self._packing_fields())
         else:
@@ -291,9 +290,7 @@ class Batching:
             hint="use 1 for no rounding (every batch is padded to at least this length)",
             limit=MAX_PAD_MULTIPLE,
         )
-        if not isinstance(self.bucketing, (bool, np.bool_)):
-            raise PlanError(f"Batching(bucketing={self.bucketing!r}): must be True or False")
-        fixed["bucketing"] = bool(self.bucketing)
+        fixed["bucketing"] = _flag("bucketing", self.bucketing)
         if self.uneven not in get_args(Uneven):
             raise PlanError(
                 f"Batching(uneven={self.uneven!r}): must be one of 'split' (default, "

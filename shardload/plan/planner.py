@@ -14,9 +14,9 @@
        v
     RankPlan (+ fingerprint shared by all ranks)
 
-No step communicates: every rank computes every rank's count and takes the
-same target. :class:`EpochPlanner` keeps what all ranks share, so that
-planning several ranks (reports, tests) does it once.
+No step communicates: every rank counts every rank and takes the same
+target. :class:`EpochPlanner` keeps what all ranks share, so that planning
+several ranks (reports, tests) does it once.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Which shards a plan reads, in which order, and the cache that takes.
 
-A rank's :class:`~shardload.plan.RankPlan` names sample ids; the shard set
-stores them in shards. This module turns a plan into its *read sequence*:
-batch by batch, the distinct shards the batch touches, in the order its rows
-first touch them. That is what a node-local cache of a remote set needs: the
-eviction policy (:mod:`shardload.remote.policy`) looks ahead in it, and its
-size tells how big the cache must be::
-
-    RankPlan -> read_sequence -> (sequence, step_offsets)
-                                  |-> cache_bytes: bytes of the distinct shards (no shard fetched twice)
-                                  |-> step_bytes:  bytes of the largest batch's shards (the least that works)
-                                  '-> remote.policy: next uses, victims
-
-Pure numpy, no I/O; filler rows count (the loader reads them too).
+:func:`read_sequence` turns a plan into its read sequence: batch by batch, the
+distinct shards it touches, in order of first touch (filler rows count: the
+loader reads them too). A node-local cache of a remote set looks ahead in it
+(:mod:`shardload.remote.policy`); :func:`cache_bytes` and :func:`step_bytes`
+size that cache. Pure numpy, no I/O.
 """
 
 from __future__ import annotations

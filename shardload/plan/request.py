@@ -1,21 +1,9 @@
-"""What the planner is asked: the data it plans over and the epoch it plans.
+"""What the planner is asked: the data it plans over (:class:`PlanInputs`) and the epoch (:class:`EpochSpec`).
 
-A plan is a pure function of three values, each checked once where it is
-built::
-
-    PlanInputs(lengths, shard_sizes, digest)    the shard set's index     (what)
-    EpochSpec(world_size, stage, seed, epoch,   which epoch, for whom     (when, for whom)
-              shard_assignment)
-    Batching(batch_size | max_tokens, ...)      how rows become batches   (how)
-       |
-       v
-    EpochPlanner(inputs, spec, batching).plan(rank)  ->  RankPlan
-
-:class:`PlanInputs` is built once per shard set
-(:meth:`shardload.ShardSet.plan_inputs` gives it in one line), an
-:class:`EpochSpec` once per loader and re-made per epoch with
-:meth:`EpochSpec.at_epoch`. Both are plain numpy/Python values: no torch, no
-file I/O.
+A plan is a pure function of these two and :class:`~shardload.plan.Batching`,
+each checked once where it is built. :class:`PlanInputs` is built once per
+shard set (:meth:`shardload.ShardSet.plan_inputs`), an :class:`EpochSpec` once
+per loader and re-made per epoch with :meth:`EpochSpec.at_epoch`.
 """
 
 from __future__ import annotations

@@ -1,36 +1,24 @@
 """Elastic resume: the rest of an epoch after parts of it ran on other world sizes.
 
-A plan is a pure function of (inputs, spec, batching), so the samples a run
-consumed before it stopped can be recomputed exactly. Resuming on another
-world size is one more selection step before assignment, beside a mixture's
-(:mod:`shardload.plan.mix.inputs`); :class:`ResumeInputs` is the planner's request
-for it, planned by the same :class:`~shardload.plan.EpochPlanner`::
+A plan is a pure function of (inputs, spec, batching), so what a run consumed
+before it stopped can be recomputed exactly. :class:`ResumeInputs` is the
+planner's request for the rest, a selection step before assignment (beside a
+mixture's), planned by the same :class:`~shardload.plan.EpochPlanner`::
 
     ResumeInputs(base, history=((W1, k1), (W2, k2), ...))
        |  select     the epoch's uses: every sample once (a mixture: its selected uses)
-       |  replay     segment i: plan what is left for W_i, take the real entries of
-       |             the first k_i batches of every rank                      (consumed)
-       |  subtract   uses - consumed -> the remainder, in shard order
+       |  replay     segment i: plan what is left for W_i, take the real entries of its first k_i batches
+       |  subtract   uses - consumed -> the remainder, in shard order (one bincount)
        v
-    derived PlanInputs / MixInputs over the remainder's entries (one shard per base shard)
-       |  assign, batch, equalise exactly as for a shard set (EpochPlanner)
-       v
-    RankPlan in the base id space (:meth:`Rest.globalise` maps ids and starts back)
+    derived PlanInputs / MixInputs (one shard per base shard; a consumed shard is empty) -> EpochPlanner
+       -> RankPlan in the base id space (Rest.globalise maps ids and starts back)
 
-**Entries.** Without ``pack_split`` an entry is one use of a sample. With
-``pack_split`` (and a sample longer than a row) the unit consumed is a
-*piece*, ``(sample, start)`` with ``start`` a multiple of ``pack_length``: a
-sample whose pieces are all left stays one entry (the packer cuts it again,
-into the same pieces), the pieces left of a partly consumed one become
-entries of their own, each with its start.
-
-**Locality.** The remainder keeps the base's shards (a consumed shard becomes
-an empty one) and its natural order, so each new rank reads a contiguous
-group of the shards that still hold unread samples.
-
-**Cost.** Replaying a segment plans every one of its ranks once (packed ranks
-a group at a time); the subtraction is one ``bincount``. No step loops over
-samples in Python.
+An entry is one use of a sample. With ``pack_split`` a sample whose pieces
+are all left stays one entry (the packer cuts it again, alike); a partly
+consumed one leaves its other pieces, ``(sample, start)`` with ``start`` a
+multiple of ``pack_length``, as entries of their own. Keeping the base's shards and order
+keeps locality: each new rank reads a contiguous group of the shards that
+still hold unread samples. Guarantees and cost: docs/loading.md ("Resuming").
 """
 
 from __future__ import annotations
@@ -170,21 +158,20 @@ class _Uses:
 
 def _selection(base: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching) -> _Uses:
     """The epoch's uses before anything is consumed: every sample once, or a mixture's selection."""
-    lengths: NDArray[np.integer]
+    lengths: NDArray[np.integer] = base.lengths
     counts: NDArray[np.integer]
-    if isinstance(base, MixInputs):
-        lengths = base.lengths
-        counts = np.concatenate(  # a mixture's selected uses
+    if isinstance(base, MixInputs):  # a mixture's selected uses
+        selections = [
+            select_source(base, k, seed=spec.seed, epoch=spec.epoch, train=spec.shuffled)
+            for k in range(base.num_sources)
+        ]
+        counts = np.concatenate(
             [
                 np.ones(s.num_samples, np.int32) if sel.counts is None else _compact(sel.counts)
-                for s, sel in (
-                    (s, select_source(base, k, seed=spec.seed, epoch=spec.epoch, train=spec.shuffled))
-                    for k, s in enumerate(base.sources)
-                )
+                for s, sel in zip(base.sources, selections)
             ]
         )
     else:
-        lengths = base.lengths
         counts = np.ones(base.num_samples, dtype=np.int32)
     cap = batching.pack_length
     if not (batching.packing and batching.pack_split and cap is not None and base.max_length > cap):

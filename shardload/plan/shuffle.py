@@ -1,13 +1,10 @@
 """Seeded randomness of a plan, and reordering of whole batches.
 
-All randomness of a plan comes from two generators, each a pure function of
-its key, so a plan never depends on global state, call order, or which rank
-asks:
-
-* :func:`epoch_rng` ``(seed, epoch)``: shared by all ranks (the shard order);
-* :func:`rank_rng` ``(seed, epoch, rank)``: one rank's sample and batch order.
-
-The trailing stream tag keeps the two families of streams apart.
+Every generator of a plan is a pure function of its key (never of global
+state, call order or the rank asking): :func:`epoch_rng` and
+:func:`position_rng` ``(seed, epoch)`` are shared by all ranks (the shard
+order, the step positions), :func:`rank_rng` ``(seed, epoch, rank)`` is one
+rank's (its sample and batch order). A stream tag keeps each family apart.
 """
 
 from __future__ import annotations

@@ -1,29 +1,15 @@
 """Per-step balance: the order of a rank's batches, so that a step costs about the same on every rank.
 
-In a data-parallel step every rank waits for the slowest one. The planner
-cannot move batches between ranks (a rank keeps its contiguous shard group and
-plans without talking), but it can choose the *order* of each rank's batches::
-
-    assign (ranks cut by tokens) -> batcher -> equalize -> steps -> RankPlan
-                                                           ^ this module
-
-Every rank sorts its batches by cost, heaviest first (the cost of a batch is
-its padded tokens, ``rows * padded_length(longest row)``, filler rows
-included: what the model computes on), and training then permutes the batch
-*positions* with a generator seeded by ``(seed, epoch)`` only, the same on
-every rank. So step ``s`` holds the ``k``-th heaviest batch of every rank for
-the same ``k``: the ranks' batches meet their peers of similar cost, while each
-rank's order still changes with the seed and the epoch. Ties keep the order the
-batcher gave (random within a length bucket). Evaluation keeps the batcher's
-order: no evaluation step waits for another rank's (nothing is all-reduced
-per step), and ``predict`` yields in the order the batcher documents. Training
-with chunk windows (:mod:`shardload.plan.chunks`) keeps it too: its batches
-must come window after window for each chunk to be decoded about once.
-
-Packed plans rank their rows themselves (:mod:`shardload.plan.packing.pack`) and take
-their positions from :func:`step_positions` too. Mixtures keep the order of
-their interleave (:mod:`shardload.plan.mix.batcher`), which holds each source's
-share at every step.
+The planner cannot move batches between ranks, but it chooses the order of
+each rank's batches (after equalising). Guarantee: in training every rank
+sorts its batches heaviest first by padded tokens (``rows *
+padded_length(longest row)``, filler included; ties in the batcher's order)
+and takes the batch *positions* from one permutation seeded by ``(seed,
+epoch)`` only, so step ``s`` holds the ``k``-th heaviest batch of every rank
+for the same ``k``. Evaluation, chunk windows (their batches must come window
+after window) and mixtures (their interleave holds the shares) keep their
+order; packed plans rank their rows themselves and take their positions from
+:func:`step_positions`. Why and the figures: docs/planning.md ("Per-step balance").
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
 """A mixture's batches: per source assign and batch, per rank interleave, then equalise.
 
 :class:`MixBatcher` is what :class:`~shardload.plan.EpochPlanner` uses in
-place of a single batcher when it is given :class:`~shardload.plan.mix.inputs.MixInputs`::
-
-    per source k (its own seed, shard order and batcher; shards stay contiguous per rank)
-       |  select_source        how many times each sample is used (plan/mix.py)
-       |  assign + balance     the selected samples' shards -> rank ranges of near-equal tokens
-       |  batcher              the Batching's strategy over them; with packing, one row per unit
-       v
-    per rank: units (batches, or packed rows) of every source
-       |  interleave           merged by each unit's middle as a fraction of its source's share
-       |  (packing)            rows_per_batch consecutive rows make a batch
-       |  equalize             split | pad | drop (plan/equalize.py), packed rows renumbered per batch
-       v
-    (sample_ids, weights, offsets, rows, starts) in the global id space
-
-**Interleave.** A rank has ``t_k`` units (tokens, or samples) of source
-``k``. Unit ``j`` of source ``k``, after ``c`` of the source's units and
-holding ``u`` of them, goes at ``(c + u / 2) / t_k``: every source's units are
-merged by the fraction of the source they reach halfway through. This is a
-largest-deficit rule (at each point, the next unit is that of the source
-furthest behind its share, measured relative to the share), computed with one
-sort. After any prefix, source ``k`` has ``x_k`` units out of ``X`` with
-``|x_k - p_k X| <= (u_k + p_k * sum_j u_j) / 2``, ``p_k = t_k / sum_j t_j``
-and ``u_j`` the largest unit of source ``j``: about one unit.
-
-Batch counts do not depend on the interleave: a rank's count is the sum of
-its sources' batch counts (packing: ``ceil(rows / rows_per_batch)``), which
-every rank computes for every rank as for one shard set.
+place of a single batcher for :class:`~shardload.plan.mix.inputs.MixInputs`
+(the steps: docs/planning.md, "Mixtures"). Each source keeps its own seed,
+shard order and batcher, so a rank reads a contiguous group of every source's
+shards; with packing the unit interleaved is a row. A rank's batch count is
+the sum of its sources' (packing: ``ceil(rows / rows_per_batch)``), so every
+rank counts every rank without the interleave (:func:`interleave`).
 """
 
 from __future__ import annotations
@@ -272,13 +251,16 @@ class MixBatcher:
                 best = candidate if best is None else min(best, candidate)
         return 0 if best is None else best[1]
 
-    def report_counts(self) -> list[Selection]:
-        """Each source's selection this epoch (for reports)."""
-        return [part.selection for part in self.parts]
-
 
 def interleave(sizes: list[NDArray[np.int64]]) -> NDArray[np.int64]:
     """The order of every source's units on one rank: by each unit's middle as a fraction of its source.
+
+    Unit ``j`` of source ``k``, after ``c`` of the source's ``t_k`` units and
+    holding ``u`` of them, goes at ``(c + u / 2) / t_k``: a largest-deficit
+    rule relative to each share, in one sort. Guarantee: after any prefix,
+    source ``k`` has ``x_k`` of ``X`` units with ``|x_k - p_k X| <= (u_k +
+    p_k * sum_j u_j) / 2`` (``p_k = t_k / sum_j t_j``, ``u_j`` the largest
+    unit of source ``j``): about one unit.
 
     Args:
         sizes: One ``(n_k,)`` array per source: the units (tokens or samples)

@@ -1,30 +1,18 @@
 """Mixtures: several shard sets planned as one, each contributing its weight of every epoch.
 
-A mixture is a selection step before assignment. :class:`MixInputs` is the
-planner's request for it, beside :class:`~shardload.plan.PlanInputs` (one
-``PlanInputs`` per source, plus names, weights and the epoch's size), and is
-planned by the same :class:`~shardload.plan.EpochPlanner`::
+:class:`MixInputs` is the planner's request for a mixture, beside
+:class:`~shardload.plan.PlanInputs`, planned by the same
+:class:`~shardload.plan.EpochPlanner` (pipeline: docs/planning.md, "Mixtures").
+This module makes its selection step, before assignment.
 
-    MixInputs (sources' PlanInputs, names, weights, by, epoch_size, max_repeats)
-       |  select      per source: how many times each sample is used this epoch   (this module)
-       |  assign      per source: shards -> contiguous rank ranges, by tokens      (plan/assign.py)
-       |  batch       per source: the Batching's batcher (packing: one row a unit) (plan/mixbatch.py)
-       |  interleave  per rank: units merged by each source's share               (plan/mixbatch.py)
-       |  equalize    split | pad | drop                                           (plan/equalize.py)
-       v
-    RankPlan over one id space: source k's sample i is ``offsets[k] + i``
-
-**Selection** (training only; evaluation uses every sample once). Each
-source has ``U_k`` units (its tokens, or its samples with ``by="samples"``).
-The epoch holds ``T = epoch_size`` units (default: all sources together) and
-source ``k`` gets ``T_k = round(w_k * T)`` of them. Its samples are laid end to
-end, in a permutation fixed by ``(seed, source)`` and repeated for ever; epoch
-``e`` takes the samples whose first unit falls in ``[e * T_k, (e + 1) * T_k)``
-of that endless stream. So a source with more than its share is subsampled
-with a new window every epoch (over ``E`` epochs every sample is used
-``floor`` or ``ceil`` of ``E * T_k / U_k`` times: as evenly as possible), and
-one with less is repeated, each sample ``floor`` or ``ceil`` of ``T_k / U_k``
-times in the epoch.
+**Selection** (training only; evaluation uses every sample once). Source
+``k`` has ``U_k`` units (tokens, or samples with ``by="samples"``) and gets
+``T_k = round(w_k * T)`` of the epoch's ``T`` units. Its samples lie end to
+end in a permutation fixed by ``(seed, source)``, repeated for ever; epoch
+``e`` takes those whose first unit falls in ``[e * T_k, (e + 1) * T_k)``. So
+over ``E`` epochs each sample is used ``floor`` or ``ceil`` of ``E * T_k /
+U_k`` times, and a source with less than its share repeats each sample
+``floor`` or ``ceil`` of ``T_k / U_k`` times in the epoch.
 """
 
 from __future__ import annotations

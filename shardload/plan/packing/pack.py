@@ -1,26 +1,17 @@
 """Packing: a rank's samples laid end to end in rows of ``pack_length`` tokens, ``rows_per_batch`` rows a batch.
 
 The fourth batching strategy (``Batching(packing=True, pack_length=L,
-rows_per_batch=R)``). Every packed batch has the same shape, ``[R, L]`` per
-variable field, and what is padding is only what the rows leave empty::
+rows_per_batch=R)``): every packed batch has the shape ``[R, L]`` per variable
+field, and only what the rows leave empty is padding. A rank's samples
+(``pack_split``: cut into pieces of at most ``L`` tokens) are packed best-fit
+decreasing (:mod:`~shardload.plan.packing.rows`), the rows ranked heaviest
+first and equalised into exactly ``target`` batches (:meth:`PackBatcher.build_packed`),
+and training places the batches at the step positions every rank shares
+(:func:`~shardload.plan.steps.step_positions`).
 
-    a rank's samples (its contiguous shard group, as for every strategy)
-       |  pieces       pack_split: a sample longer than L -> pieces of <= L tokens
-       |  pack_rows    best-fit decreasing over the size histogram, vectorised: rows of <= L tokens
-       |  rows         sorted by tokens, heaviest first (ties in random order when training)
-       |  equalize     rows -> exactly `target` batches of <= R rows (split / pad lose nothing; drop drops the lightest rows)
-       |  order        training: one permutation of batch positions shared by every rank
-       v
-    entries (documents) with their batch, row and first token
-
-Work per step is balanced across ranks without talking: every rank orders its
-batches heaviest first and training permutes batch *positions* with a
-generator seeded by (seed, epoch) only, so step ``s`` holds the ``k``-th
-heaviest batch of every rank for the same ``k``.
-
-The row count of a rank depends only on the multiset of its sizes (the
-algorithm sorts them), so counting every rank (to agree on the target) and
-building one give the same rows.
+The row count of a rank depends only on the multiset of its sizes, so
+counting every rank (to agree on the target) and building one give the same
+rows.
 """
 
 from __future__ import annotations

@@ -1,37 +1,20 @@
 """Row packing: items into rows of at most ``capacity`` tokens, best-fit decreasing over size histograms.
 
 Best-fit decreasing (BFD) takes the items largest first and puts each in the
-row with the smallest gap it fits, opening a new row when none has room. Two
-facts make it cheap on long-tailed lengths, where a rank holds ~100k items but
-only a few thousand distinct sizes:
+row with the smallest gap it fits. It runs on histograms, not items: for
+``n`` items of size ``s`` BFD fills the rows with the smallest gaps ``g >= s``
+first, ``g // s`` items each, so one step per distinct size places them all,
+and rows of equal gap are kept as groups ``(gap, count)``. One
+:class:`BestFit` run packs many segments (the ranks of an epoch), each as if
+alone: step 0 opens a row for every item larger than ``capacity / 2``, step
+``j`` places the next size of every segment, and a group of rows waits, filed
+by step, until its segment's sizes come down to its gap (the algorithm in
+full: docs/planning.md, "Packing").
 
-* items of equal size are interchangeable, and for ``n`` items of size ``s``
-  BFD fills the rows with the smallest gaps ``g >= s`` first, ``g // s`` items
-  each (after the first item a row's gap is still the smallest that fits), so
-  one step per distinct size places them all;
-* rows of equal gap are interchangeable too, so the rows of a segment are
-  kept as groups ``(gap, count)``, not one by one.
-
-One :class:`BestFit` run packs many segments (the ranks of an epoch) at once,
-each as if it were alone; after step 0, step ``j`` places the next size of
-every segment, so the run takes one step plus as many vectorised steps as the
-most distinct sizes up to ``capacity / 2`` one segment has::
-
-    sizes of every segment  --SizeRuns.of-->  (segment, size, count), by segment, largest size first
-       |  step 0: every item larger than capacity / 2 opens a row of its own (no row can ever take one)
-       |  step j (all segments at once):
-       |    wake the row groups waiting for this step (filed by the step whose size first fits their gap)
-       |    each segment: its groups, smallest gap first from the first that fits, take g // s items a row
-       |      (s: its next size; only the groups that take items are read)
-       |    what is left opens new rows of capacity // s items
-       v
-    rows per segment (counting), or, with rows followed one by one, the row of every item (building)
-
-Counting (:func:`count_rows`, here) and building one or a group of ranks
-(``plan/packtrack.py``: the same run, following every row) take the same
-steps, so they agree exactly, and both are textbook BFD
-(tests/plan/test_pack.py). On the planner's long-tailed and text-like
-lengths the rows are within one of the ``ceil(tokens / capacity)`` bound.
+Guarantee: counting (:func:`count_rows`) and building
+(:mod:`~shardload.plan.packing.track`, the same run following every row) take
+the same steps, so they agree exactly, and both are textbook BFD
+(tests/plan/test_pack.py).
 """
 
 from __future__ import annotations
@@ -58,6 +41,22 @@ def _run_starts(*keys: NDArray[np.int64]) -> NDArray[np.int64]:
     return np.flatnonzero(np.concatenate([_TRUE, change]))
 
 
+def file_by_step(
+    waiting: dict[int, list[tuple[NDArray[np.int64], ...]]], when: NDArray[np.int64], *arrays: NDArray[np.int64]
+) -> None:
+    """File the entries of ``arrays`` (each ``(n,)``) in ``waiting`` under the step ``when`` (``(n,)``) that wakes them.
+
+    One tuple of slices per step, entries in their given order within it.
+    """
+    if not len(when):
+        return
+    order = np.argsort(when, kind="stable")
+    when, arrays = when[order], tuple(a[order] for a in arrays)
+    starts = _run_starts(when).tolist()
+    for lo, hi in zip(starts, [*starts[1:], len(when)]):
+        waiting.setdefault(int(when[lo]), []).append(tuple(a[lo:hi] for a in arrays))
+
+
 #: bins of a dense histogram built with one bincount (beyond: a sort of the items)
 _DENSE_BINS = 1 << 24
 #: rows wait for the step that fits them rounded down to a multiple of this (see BestFit._next_use)
@@ -65,10 +64,9 @@ WAKE_EVERY = 8
 
 
 def _key_runs(
-    key: NDArray[np.int64], bins: int, counts: NDArray[np.integer] | None = None, *, inverse: bool = False
-) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64] | None]:
-    """``(runs, count, item_run)``: the distinct keys (``0 <= key < bins``) in order, items of each, and with
-    ``inverse`` ``(m,)`` the run of each item.
+    key: NDArray[np.int64], bins: int, counts: NDArray[np.integer] | None = None
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """``(runs, count)``: the distinct keys (``0 <= key < bins``) in order, and the items of each.
 
     ``counts``: how many items each entry stands for (default: one each; a
     key whose entries count 0 in all is no run). A dense histogram (one
@@ -77,18 +75,11 @@ def _key_runs(
     if bins <= max(_DENSE_BINS, 4 * len(key)):
         hist = np.bincount(key, weights=counts, minlength=bins).astype(np.int64)
         runs = np.flatnonzero(hist)
-        item_run = None
-        if inverse:  # run index of every bin, gathered per item (int32 when it fits: the table has `bins` entries)
-            index = np.cumsum(hist > 0, dtype=np.int32 if len(runs) < 1 << 31 else np.int64)
-            item_run = index[key].astype(np.int64) - 1
-        return runs, hist[runs], item_run
+        return runs, hist[runs]
     runs, found = np.unique(key, return_inverse=True)
     count = np.bincount(found, weights=counts, minlength=len(runs)).astype(np.int64)
-    some = count > 0
-    if some.all():
-        return runs, count, found.astype(np.int64) if inverse else None
-    renumber = np.cumsum(some) - 1  # only counts of 0 (weights): their entries are no items
-    return runs[some], count[some], renumber[found] if inverse else None
+    some = count > 0  # only counts of 0 (weights): their entries are no items
+    return runs[some], count[some]
 
 
 def pieces_per_sample(lengths: NDArray[np.integer], capacity: int) -> NDArray[np.int64]:
@@ -134,7 +125,7 @@ class SizeRuns:
         """
         width = capacity + 1
         key = np.asarray(seg, dtype=np.int64) * width + (capacity - np.asarray(sizes, dtype=np.int64))
-        runs, count, _ = _key_runs(key, segments * width, counts)
+        runs, count = _key_runs(key, segments * width, counts)
         return cls(runs // width, capacity - runs % width, count)
 
     @classmethod
@@ -308,9 +299,6 @@ class BestFit:
             self.a_gap = np.insert(self.a_gap, at, gap[new])
             self.a_cnt = np.insert(self.a_cnt, at, cnt[new])
 
-    def _active(self) -> tuple[NDArray[np.int64], ...]:
-        return self.a_key, self.a_seg, self.a_gap, self.a_cnt
-
     def _segment_groups(self, keys: NDArray[np.int64], segs: NDArray[np.int64], scale: int = 1) -> NDArray[np.int64]:
         """Indices of the entries of sorted ``keys`` (``(segment * width + gap) * scale + ...``) of segments ``segs``."""
         lo = np.searchsorted(keys, segs * self.width * scale)
@@ -342,13 +330,7 @@ class BestFit:
         seg, gap, cnt, when = seg[keep], gap[keep], cnt[keep], when[keep]
         now = when == step + 1
         later = ~now
-        if later.any():
-            w_seg, w_gap, w_cnt, w_when = seg[later], gap[later], cnt[later], when[later]
-            order = np.argsort(w_when, kind="stable")
-            w_seg, w_gap, w_cnt, w_when = w_seg[order], w_gap[order], w_cnt[order], w_when[order]
-            starts = _run_starts(w_when).tolist()
-            for lo, hi in zip(starts, [*starts[1:], len(w_when)]):
-                self.waiting.setdefault(int(w_when[lo]), []).append((w_seg[lo:hi], w_gap[lo:hi], w_cnt[lo:hi]))
+        file_by_step(self.waiting, when[later], seg[later], gap[later], cnt[later])
         return seg[now], gap[now], cnt[now]
 
     def _step(self, step: int, runs: NDArray[np.int64]) -> None:
@@ -388,7 +370,9 @@ class BestFit:
         if len(drop):
             keep = np.ones(len(self.a_key), dtype=bool)
             keep[drop] = False
-            self.a_key, self.a_seg, self.a_gap, self.a_cnt = (x[keep] for x in self._active())
+            self.a_key, self.a_seg, self.a_gap, self.a_cnt = (
+                x[keep] for x in (self.a_key, self.a_seg, self.a_gap, self.a_cnt)
+            )
         some, fresh, moved = part > 0, new_part > 0, full > 0  # most touched groups take nothing: not filed
         now = self._file(  # rows that took items, new rows: active again when a size of their segment fits
             step,

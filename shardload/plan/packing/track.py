@@ -1,16 +1,9 @@
-"""Row tracking: the best-fit run of ``packrows.py`` followed row by row, to give every item its row.
+"""Row tracking: the best-fit run of :mod:`~shardload.plan.packing.rows` followed row by row.
 
-Counting (:func:`~shardload.plan.packing.rows.count_rows`) needs only the rows
-each rank opens; building one rank or a group of ranks (``PackBatcher``,
-between the rank's sample order and its rows becoming batches) needs the row
-of every item. :class:`TrackedBestFit` runs the same steps as
-:class:`~shardload.plan.packing.rows.BestFit` and follows the rows one by one, so
-the rows built are exactly the rows counted::
-
-    items (sizes, segment)  --pack_segments-->  size runs  --TrackedBestFit.run-->  rows each step fills
-       |  each step: the touched groups' first rows (by row number) take the items; new rows open
-       v
-    items run by run (a radix sort per segment)  ->  (row of each item, tokens of each row, segment of each row)
+Counting needs only the rows each rank opens; building a rank or a group of
+ranks (``PackBatcher``) needs the row of every item. :class:`TrackedBestFit`
+runs the same steps as :class:`~shardload.plan.packing.rows.BestFit` and
+follows the rows one by one, so the rows built are exactly the rows counted.
 """
 
 from __future__ import annotations
@@ -22,7 +15,7 @@ from numpy.typing import NDArray
 
 from shardload._base.ranges import range_positions
 from shardload.errors import PlanError
-from shardload.plan.packing.rows import _EMPTY, BestFit, Placement, SizeRuns, _run_starts
+from shardload.plan.packing.rows import _EMPTY, BestFit, Placement, SizeRuns, _run_starts, file_by_step
 
 __all__ = ["TrackedBestFit", "pack_rows", "pack_segments"]
 
@@ -53,12 +46,12 @@ class TrackedBestFit(BestFit):
             )
         self.active_keys = _EMPTY
         self.pending_keys: list[NDArray[np.int64]] = []
-        self.waiting_rows: dict[int, list[NDArray[np.int64]]] = {}
+        self.waiting_rows: dict[int, list[tuple[NDArray[np.int64], ...]]] = {}
         self.placed: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
 
     def _wake(self, step: int) -> None:
         if step in self.waiting_rows:
-            self.pending_keys.extend(self.waiting_rows.pop(step))
+            self.pending_keys.extend(keys for (keys,) in self.waiting_rows.pop(step))
         super()._wake(step)
 
     def _follow(self, placed: Placement) -> None:
@@ -114,13 +107,7 @@ class TrackedBestFit(BestFit):
         changed, when = self._row_keys(seg[keep], gap[keep], ids[keep]), when[keep]
         now = when == step + 1
         self.pending_keys.append(changed[now])
-        changed, when = changed[~now], when[~now]
-        if len(changed):
-            order = np.argsort(when, kind="stable")
-            changed, when = changed[order], when[order]
-            starts = _run_starts(when).tolist()
-            for lo, hi in zip(starts, [*starts[1:], len(when)]):
-                self.waiting_rows.setdefault(int(when[lo]), []).append(changed[lo:hi])
+        file_by_step(self.waiting_rows, when[~now], changed[~now])
 
     def _row_keys(self, seg: NDArray[np.int64], gap: NDArray[np.int64], row: NDArray[np.int64]) -> NDArray[np.int64]:
         """``(n,)`` keys ordering rows by segment, gap, then row number (``key % row_bound`` is the row)."""
