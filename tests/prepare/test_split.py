@@ -20,7 +20,7 @@ import pytest
 
 import shardload
 from shardload.prepare.sources import SourceOptions, discover, read_unit
-from shardload.prepare.sources import jsonl as jsonl_module
+from shardload.prepare.sources.jsonl import _lines as jsonl_module
 from shardload.prepare.sources.jsonl import line_cuts
 
 REPO = Path(__file__).resolve().parents[2]
