@@ -1,7 +1,7 @@
 """Where each sample of a shard set came from: the source file and the row, line or member in it.
 
 Where it sits: ``prepare`` records, while it stages a unit's samples
-(:func:`shardload.prepare.pipeline.ingest`), each sample's *locator* (the
+(:func:`shardload.prepare.ingest.ingest`), each sample's *locator* (the
 text its error messages name, ``"data/a.jsonl: line 17"``;
 :func:`locator_origins`), or for a column batch its file and row or line
 numbers (:func:`run_origins`), next to each staged chunk

@@ -178,7 +178,7 @@ def ragged_table(n: int, seed: int = 0) -> pa.Table:
 def test_columnar_units_read_what_the_whole_file_holds(
     tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shardload.prepare.sources import columnar
+    from shardload.prepare.sources.columnar import _columns as columnar
 
     looked_back = []
     last_width = columnar._last_width

@@ -1,6 +1,6 @@
 """The fast path of the JSON Lines reader: a block of whole lines at a time, parsed by pyarrow's JSON reader.
 
-:func:`json_batches` gives ingest (:func:`shardload.prepare.pipeline.ingest`)
+:func:`json_batches` gives ingest (:func:`shardload.prepare.ingest.ingest`)
 a block's columns only where they are provably what the exact reader
 (:mod:`._lines`) gives under the rules of :mod:`..jsonl`; any other block is
 read by that reader, which reports any error with its file, line and field.
