@@ -63,6 +63,7 @@ MOVED: dict[str, str] = {
     "shardload.export": "shardload.integrations.webdataset_export",
     "shardload.export.webdataset": "shardload.integrations.webdataset_export",
     "shardload.cli.inspect": "shardload.cli.inspect_set",
+    "shardload.prepare.sources.jsonblocks": "shardload.prepare.sources.jsonl._blocks",
 }
 
 

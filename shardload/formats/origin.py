@@ -1,6 +1,7 @@
 """Where each sample of a shard set came from: the source file and the row, line or member in it.
 
-Where it sits: ``prepare`` records, while it stages a unit's samples, each sample's locator
+Where it sits: ``prepare`` records, while it stages a unit's samples
+(:func:`shardload.prepare.ingest.ingest`), each sample's locator
 (:func:`locator_origins`) or a column batch's rows or lines (:func:`run_origins`) next to each
 staged chunk (:func:`write_chunk_origins`); once the shard order is known it writes them in that
 order as the set's ``origins.arrow`` (:func:`write_set_origins`), from which

@@ -3,21 +3,10 @@
 Where it sits: after ``prepare --part K/N`` (or :class:`shardload.integrations.ray_sink.ShardSink`)
 has written every part under ``OUT/parts/``, and before ``open``/the loader.
 :func:`merge` writes into ``OUT`` only what one set needs beyond the parts'
-shards::
-
-    OUT/manifest.json            every part's shards (paths into parts/...), in part order; written last
-    OUT/shards.arrow             the shard table, when the parts hold 1,000 shards or more (written before it)
-    OUT/lengths.npy              the parts' lengths indexes, concatenated (and lengths.FIELD.npy)
-    OUT/origin.npy               source position of each sample, the parts' concatenated
-    OUT/origins.arrow            where each sample came from (ShardSet.origin), the parts' concatenated
-    OUT/parts/00000-of-00008/    a complete shard set each (its own manifest, shards/, lengths.npy)
-
-Sample ids follow part order (part 0's samples first), whichever part finished
-first, so ``OUT`` holds the samples in the order one unshuffled run over all
-the input would. The shard work is O(number of parts): part manifests and
-lengths indexes are read, no shard is opened. The manifest is written last
-(atomically), so a stopped merge leaves no set and is simply run again; merging
-an already merged ``OUT`` again writes nothing (the same bytes).
+shards (the layout is in docs/format.md, "Sets merged from parts"): sample
+ids follow part order, whichever part finished first; no shard is opened; the
+manifest is written last (atomically), so a stopped merge leaves no set and is
+simply run again, and merging an already merged ``OUT`` again writes the same bytes.
 
 Every part must be committed (its own ``manifest.json``), be from the same run
 (the run id its prepare recorded: the same input, options and part count) and

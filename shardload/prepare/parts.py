@@ -2,20 +2,12 @@
 
 Where it sits: before the pipeline. ``prepare(..., part=(K, N))`` (``--part
 K/N``) runs the ordinary pipeline (:mod:`shardload.prepare.pipeline`) over
-part K of a deterministic split of the source units, into
-``OUT/parts/KKKKK-of-NNNNN``: a complete shard set of its own. Once every
-part is committed, :func:`shardload.merge.merge` makes ``OUT`` one set of
-them without copying a shard.
-
-The split depends only on the units (as :func:`~shardload.prepare.sources.discover`
-returns them) and ``N``: contiguous runs of units, balanced by input bytes,
-so parts can run on any machines, in any order, and concatenated in part
-order they hold the samples in the order one run over all units reads them.
-
-Every part records a *run id* in its manifest: a digest of every unit of the
-whole input, the options and ``N``. Parts of one run share it; a part left
-from another run (other input, options or part count) does not, and is refused
-by the merge.
+part K of a deterministic split of the source units (contiguous runs,
+balanced by input bytes, depending only on the units and ``N``), into
+``OUT/parts/KKKKK-of-NNNNN``: a complete shard set of its own, which
+:func:`shardload.merge.merge` joins to the others once every part is
+committed. Every part records the *run id* of the whole input, options and
+``N``, so that the merge refuses a part of another run. See docs/parts.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The prepare pipeline: read sources -> stage chunks -> lay out shards -> write -> commit.
 
-1. **ingest**: each source unit (in parallel, one process per unit) is read,
-   passed through the map function if one is given (:mod:`shardload.prepare.mapping`),
-   every sample is checked against the schema, and samples are staged as
-   Arrow chunks in ``OUT/.prepare/staging`` (each renamed when complete).
+1. **ingest** (:mod:`shardload.prepare.ingest`): each source unit (in parallel,
+   one process per unit) is read, passed through the map function if one is
+   given (:mod:`shardload.prepare.mapping`), every sample is checked against
+   the schema, and samples are staged as Arrow chunks in ``OUT/.prepare/staging``
+   (each renamed when complete).
 2. **layout**: with every sample's length known, choose the shard count and
    which samples go where (:mod:`shardload.prepare.layout`).
 3. **write**: each shard (in parallel) gathers its samples from the staged
@@ -22,20 +23,18 @@ Every step skips work whose result is already on disk, which is what makes
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-import shardload.prepare.guards as guards
 from shardload._base.faults import crash_point
 from shardload._base.identity import ShardIdentity, set_id_of
 from shardload._base.output import atomic_file, atomic_write_text
@@ -43,25 +42,29 @@ from shardload._base.pool import map_in_workers
 from shardload._base.progress import Progress
 from shardload._base.ranges import offsets_from_lengths
 from shardload.errors import InputError, OutputError
-from shardload.formats import Columns, format_of
-from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
+from shardload.formats import format_of
+from shardload.formats.arrow import ArrowShardReader
 from shardload.formats.manifest import Manifest
-from shardload.formats.origin import ORIGINS_NAME, run_origins, write_chunk_origins, write_set_origins
+from shardload.formats.origin import ORIGINS_NAME, write_set_origins
 from shardload.formats.shardtable import SHARD_TABLE_NAME
 from shardload.prepare.gather import gather
+from shardload.prepare.guards import (
+    check_dtype_fields,
+    check_inputs,
+    check_new_set,
+    check_output_path,
+    check_schema,
+    lay_out,
+)
 from shardload.prepare.index import new_manifest, write_index
+from shardload.prepare.ingest import SampleChecker, cast_fields, ingest, unit_key
 from shardload.prepare.jobs import IngestJob, ShardJob, ShardRecord, StagedUnit
 from shardload.prepare.mapping import MappedSamples, check_sendable, map_name
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.parts import finished_part, part_record, run_id, split_units
-from shardload.prepare.sources import SampleBatch, SourceOptions, SourceUnit, read_unit, read_unit_batches
-from shardload.prepare.staging import ChunkStager, check_batch
+from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit, read_unit_batches
 from shardload.prepare.workdir import WorkDir, output_errors
-from shardload.schema.cast import CastError, cast_exact
-from shardload.schema.fields import Schema, as_array
-
-if TYPE_CHECKING:
-    import pyarrow as pa
+from shardload.schema.fields import Schema
 
 logger = logging.getLogger("shardload.prepare")
 
@@ -104,116 +107,7 @@ class PrepareResult:
         }
 
 
-# -- 1. ingest --------------------------------------------------------------------------------------
-class SampleChecker:
-    """Casts, checks and measures samples against one schema."""
-
-    def __init__(self, schema: Schema, options: PrepareOptions) -> None:
-        self.schema = schema
-        self.dtypes = dict(options.dtypes)
-        self.reject_nonfinite = options.reject_nonfinite
-
-    def __call__(self, sample: Mapping[str, Any], where: str) -> dict[str, np.ndarray]:
-        if self.dtypes:
-            sample = cast_fields(sample, self.dtypes, where)
-        checked = self.schema.check(sample, where=where)
-        guards.check_sample_size(checked, where)
-        if self.reject_nonfinite:
-            for name, arr in checked.items():
-                if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-                    raise InputError(f"{where}: field {name!r} holds NaN or inf (--reject-nonfinite is set)")
-        return checked
-
-
-def cast_fields(sample: Mapping[str, Any], dtypes: Mapping[str, str], where: str) -> dict[str, Any]:
-    """Apply ``dtypes`` overrides with :func:`~shardload.schema.cast.cast_exact`: a cast never changes a value."""
-    if not isinstance(sample, Mapping):
-        return sample  # Schema.check reports it
-    out = dict(sample)
-    for name, dtype in dtypes.items():
-        if name not in out:
-            continue
-        arr = as_array(out[name], name=name, where=where)
-        try:
-            out[name] = cast_exact(arr, dtype)
-        except CastError as exc:
-            raise InputError(f"{where}: field {name!r} cannot be cast to {dtype}: {exc}") from None
-    return out
-
-
-def unit_key(k: int) -> str:
-    """The name of source unit ``k``'s staged files."""
-    return f"u{k:08d}"
-
-
-def chunk_name(unit_key: str, j: int) -> str:
-    return f"{unit_key}-{j:06d}.arrow"
-
-
-def ingest(
-    unit_key: str,
-    samples: MappedSamples,
-    check: SampleChecker,
-    staging: Path,
-    chunk_bytes: int,
-    source: str = "the iterable given to write()",
-    files: Sequence[str] = (),
-    batches: Iterator[SampleBatch] | None = None,
-) -> StagedUnit:
-    """Stage one unit's samples as Arrow chunks; resume after complete chunks.
-
-    ``source`` names the input in messages (the unit's file); ``files`` are the
-    unit's paths (none for an iterable), which each sample's origin names
-    (recorded next to each chunk, see :mod:`shardload.formats.origin`). With
-    ``batches`` (the same samples as column batches, see
-    :func:`~shardload.prepare.sources.read_unit_batches`), a batch is checked
-    and staged whole where :func:`~shardload.prepare.staging.check_batch`
-    accepts it, else sample by sample; ``samples`` is then not read. Returns
-    the unit's record: chunk names, sample count, bytes and the records the map dropped.
-    """
-    done = staging / f"{unit_key}.done"
-    if done.exists():
-        return StagedUnit.from_json(json.loads(done.read_text()))
-    schema = check.schema
-    writer = ArrowShardWriter(schema, ArrowOptions())
-    # Chunks finished by an interrupted run are kept; their samples are skipped (one by one).
-    chunks: list[str] = []
-    skip = 0
-    it: Iterator[tuple[str, Mapping[str, Any]]] = iter(samples)
-    if batches is not None and (staging / chunk_name(unit_key, 0)).exists():
-        it, batches = itertools.chain.from_iterable(b.samples() for b in batches), None
-    for j in itertools.count():
-        path = staging / chunk_name(unit_key, j)
-        if not path.exists():
-            break
-        chunks.append(path.name)
-        skip += guards.skip_staged(it, ArrowShardReader(path, schema).columns(), check, source, skip)
-
-    def write(pieces: list[Columns], origins: list[pa.Table]) -> None:
-        path = staging / chunk_name(unit_key, len(chunks))
-        with output_errors(staging.parents[1], f"staging the samples of {source}"):
-            write_chunk_origins(path, origins)  # before the chunk, whose presence means done
-            with atomic_file(path, tmp=path.with_suffix(".tmp")) as tmp:
-                writer.write_concatenated(tmp, pieces)
-        chunks.append(path.name)
-        crash_point(f"staged:{len(chunks)}")
-
-    stager = ChunkStager(schema, chunk_bytes, files, write)
-    for batch in batches if batches is not None else [SampleBatch(None, lambda: it)]:
-        if batch.columns is not None and batch.where is not None:
-            checked = check_batch(batch.columns, schema, check.dtypes, check.reject_nonfinite)
-            if checked is not None:
-                stager.add_batch(checked, run_origins(*batch.where))
-                continue
-        for where, sample in batch.samples():
-            stager.add_sample(check(sample, where), where)
-    stager.flush()
-    record = StagedUnit(unit_key, tuple(chunks), skip + stager.samples, stager.nbytes, samples.dropped)
-    with output_errors(staging.parents[1], f"staging the samples of {source}"):
-        atomic_write_text(done, json.dumps(record.to_json()))
-    return record
-
-
+# -- 1. ingest: the run's side (the step itself is shardload.prepare.ingest) ------------------------
 def _ingest_unit(job: IngestJob) -> StagedUnit:
     """Stage one source unit (in a worker process); a unit is read as column batches where its reader can
     and no map applies (a map works on one sample at a time)."""
@@ -328,7 +222,7 @@ def run_prepare(
     """
     source_options = source_options or SourceOptions(fields=options.fields, drop_fields=options.drop_fields)
     started = time.perf_counter()
-    guards.check_output_path(out)
+    check_output_path(out)
     if options.map is not None and options.workers > 1 and len(units) > 1:  # else it runs in this process
         check_sendable(options.map, options.workers)
     # The schema is checked before anything is created on disk, so that a refused run leaves nothing to
@@ -358,7 +252,7 @@ def run_prepare(
         }
         with output_errors(wd.out, "recording the run's state"):
             wd.check_state(state)
-            guards.check_inputs(wd, units, [unit_key(k) for k in range(len(units))])
+            check_inputs(wd, units, [unit_key(k) for k in range(len(units))])
         records = _ingest_all(wd, units, source_options, schema, options, located)
         staged = collect_staged(records, schema, wd.staging)
         n = len(staged.lengths)
@@ -368,7 +262,7 @@ def run_prepare(
         set_id = set_id_of(state, staged.chunk_paths)
         in_bytes = int(staged.sample_bytes.sum())
         if n:
-            order, bounds = guards.lay_out(staged.lengths, staged.field_lengths, schema, options, in_bytes)
+            order, bounds = lay_out(staged.lengths, staged.field_lengths, schema, options, in_bytes)
         else:  # a part with no samples: no shards
             order, bounds = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
         shard_records = _write_all(wd, staged, schema, options, order, bounds, set_id)
@@ -379,7 +273,7 @@ def run_prepare(
             manifest = new_manifest(schema, options, shard_records, staged.lengths[order], files, describe, set_id)
             manifest.write(wd.work)
             crash_point("manifest")
-            guards.check_new_set(wd)
+            check_new_set(wd)
             wd.commit(
                 [*files.values(), "origin.npy", origins, *([manifest.shard_table] if manifest.shard_table else [])]
             )
@@ -419,10 +313,10 @@ def _infer_schema(
     if first is None:
         raise InputError("the sources hold no samples; nothing to prepare")
     where, sample = first
-    guards.check_dtype_fields(sample, options.dtypes, where)
+    check_dtype_fields(sample, options.dtypes, where)
     sample = cast_fields(sample, options.dtypes, where) if options.dtypes else sample
     schema = Schema.infer(sample, fixed_fields=options.fixed_fields, length_field=options.length_field, where=where)
-    guards.check_schema(schema, options.format, where)
+    check_schema(schema, options.format, where)
     return schema, located
 
 

@@ -1,27 +1,13 @@
 """``prepare``/``write`` into object storage: prepare in a local staging directory, then upload.
 
 Where it sits: around the pipeline (:mod:`shardload.prepare.pipeline`), when
-the output is a URL (``s3://bucket/prefix/set``, any fsspec URL). The run:
-
-1. **check the URL** before anything else, so that a wrong bucket, a refused
-   credential or a set already there is reported before hours of work: the
-   objects under the URL are listed (:meth:`~shardload.remote.upload.SetUploader.check_target`).
-2. **stage**: the ordinary pipeline prepares and commits the set in
-   ``STAGING/set`` (its own lock, ``--resume`` and ``--overwrite``), where
-   ``STAGING`` is ``--staging DIR`` or ``$SHARDLOAD_CACHE_DIR/staging/<sha256(url)[:16]>``
-   (``~/.cache/shardload`` when the variable is unset). It must have room for the whole set.
-3. **upload** (:meth:`~shardload.remote.upload.SetUploader.upload_set`): shards,
-   then the lengths indexes and origins, then ``manifest.json`` last.
-4. **clean up**: ``STAGING`` is removed once the upload is complete (kept with ``keep_staging``).
-
-``STAGING`` also holds ``run.json`` (the URL, options and sources of the run,
-to tell on ``--resume`` that a finished staged set is of the same run),
-``uploaded.log`` (:class:`~shardload.remote.upload.UploadRecord`) and
-``.upload.lock`` (one run per staging directory at a time).
-
-``--resume`` after a run killed while staging resumes the staging as a local
-``--resume`` does; after a run killed while uploading, it finds the staged set
-complete and uploads what the record does not show as uploaded, manifest last.
+the output is a URL (``s3://bucket/prefix/set``, any fsspec URL). The URL is
+checked before any work (:meth:`~shardload.remote.upload.SetUploader.check_target`),
+the ordinary pipeline prepares and commits the set in ``STAGING/set``, the
+upload (:meth:`~shardload.remote.upload.SetUploader.upload_set`) puts
+``manifest.json`` last, and ``STAGING`` is removed once it is complete.
+The steps, what ``STAGING`` holds and how ``--resume`` goes on are in
+docs/remote.md, "Preparing into object storage".
 """
 
 from __future__ import annotations

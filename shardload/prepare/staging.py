@@ -1,8 +1,8 @@
 """Staging a unit's checked samples as chunks, one sample or a whole column batch at a time.
 
-Part of ingest (:func:`shardload.prepare.pipeline.ingest`, step 1 of prepare):
+Part of ingest (:func:`shardload.prepare.ingest.ingest`, step 1 of prepare):
 samples come either one by one, checked by
-:class:`~shardload.prepare.pipeline.SampleChecker`, or as a
+:class:`~shardload.prepare.ingest.SampleChecker`, or as a
 :class:`~shardload.prepare.sources.SampleBatch` of whole columns, which
 :func:`check_batch` checks with a few vectorised calls per field. Both go into
 one :class:`ChunkStager`, which cuts chunks by the one rule of where a chunk
@@ -50,7 +50,7 @@ class CheckedBatch:
 def check_batch(
     columns: Columns, schema: Schema, dtypes: Mapping[str, str], reject_nonfinite: bool
 ) -> CheckedBatch | None:
-    """``columns`` checked and cast as :class:`~shardload.prepare.pipeline.SampleChecker` would check each
+    """``columns`` checked and cast as :class:`~shardload.prepare.ingest.SampleChecker` would check each
     sample, or None if any sample might fail or come out otherwise (then read the batch sample by sample)."""
     if len(columns.fields) != len(schema.fields) or any(f.name not in columns.fields for f in schema.fields):
         return None
@@ -133,7 +133,7 @@ class ChunkStager:
         self.nbytes = 0
 
     def add_sample(self, checked: dict[str, np.ndarray], where: str) -> None:
-        """Stage one checked sample (see :class:`~shardload.prepare.pipeline.SampleChecker`) read at ``where``."""
+        """Stage one checked sample (see :class:`~shardload.prepare.ingest.SampleChecker`) read at ``where``."""
         size = sum(a.nbytes for a in checked.values())
         values = max(a.size for a in checked.values())
         if self._count and self._values + values > MAX_FIELD_VALUES:

@@ -23,7 +23,7 @@ from shardload.errors import ShardloadError
 from shardload.formats.base import Columns, concat_columns
 from shardload.formats.origin import run_origins
 from shardload.prepare import pipeline, staging
-from shardload.prepare.sources import jsonblocks
+from shardload.prepare.sources.jsonl import _blocks as jsonblocks
 from shardload.schema.fields import Schema
 
 from .test_split import shard_bytes

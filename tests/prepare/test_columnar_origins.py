@@ -19,8 +19,9 @@ import pytest
 import shardload
 from shardload.cli import main
 from shardload.errors import InputError
-from shardload.prepare.sources import SourceOptions, jsonblocks
+from shardload.prepare.sources import SourceOptions
 from shardload.prepare.sources.jsonl import JsonlSource
+from shardload.prepare.sources.jsonl import _blocks as jsonblocks
 from shardload.schema.fields import Schema
 
 from .test_columnar_ingest import WRITERS, Counted, compare, jsonl_lines, table, write_lines

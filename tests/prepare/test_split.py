@@ -20,7 +20,7 @@ import pytest
 
 import shardload
 from shardload.prepare.sources import SourceOptions, discover, read_unit
-from shardload.prepare.sources import jsonl as jsonl_module
+from shardload.prepare.sources.jsonl import _lines as jsonl_module
 from shardload.prepare.sources.jsonl import line_cuts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -178,7 +178,7 @@ def ragged_table(n: int, seed: int = 0) -> pa.Table:
 def test_columnar_units_read_what_the_whole_file_holds(
     tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shardload.prepare.sources import columnar
+    from shardload.prepare.sources.columnar import _columns as columnar
 
     looked_back = []
     last_width = columnar._last_width

@@ -83,11 +83,8 @@ class SourceOptions:
         allow_pickle: allow pickled members/arrays; off by default because
             unpickling untrusted data runs arbitrary code.
         files_per_unit: how many one-sample files (``.npy``/``.npz``) one unit reads.
-        unit_bytes: a file larger than this is split into units of about this
-            many bytes (JSON Lines by byte ranges cut at line boundaries,
-            Parquet by row groups, Arrow IPC files by record batches), so that
-            workers share one big file. Gzipped JSON Lines and Arrow IPC
-            streams cannot be split: one unit each.
+        unit_bytes: a file larger than this is split into units (see the module
+            docstring) of about this many bytes, so that workers share one big file.
         max_record_bytes: the most bytes of one line, tar member or ``.npz`` array,
             once decompressed (:data:`MAX_RECORD_BYTES`, or ``SHARDLOAD_MAX_RECORD_BYTES``).
         fields: keep only these fields (``--fields``); ``None``: all.

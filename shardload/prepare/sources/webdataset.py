@@ -1,48 +1,11 @@
-"""WebDataset tar shards (``.tar``, ``.tar.gz``, ``.tgz``, ``.tar.bz2``, ``.tar.xz``).
+"""WebDataset tar shards (``.tar``, ``.tar.gz``, ``.tgz``, ``.tar.bz2``, ``.tar.xz``): the members sharing a key.
 
 A tar is read as a stream (nothing is extracted to disk); one tar is one unit.
-Its members are grouped into samples the WebDataset way:
-
-* a member name splits at the **first dot of its base name** into the sample
-  **key** and a **suffix**: ``train/abc.tokens.npy`` -> key ``train/abc``,
-  suffix ``tokens.npy``. The suffix is lower-cased (as WebDataset does).
-  Members of one sample must be adjacent in the tar (WebDataset writers do that).
-* the last part of the suffix is the **decoder extension** (``npy``); a final
-  ``.gz`` is gunzipped first (``abc.tokens.npy.gz``).
-* the **field name** is the suffix without its decoder extension
-  (``abc.tokens.npy`` -> ``tokens``, ``abc.a.b.npy`` -> ``a.b``); when nothing is
-  left (``abc.npy``, ``abc.cls``), the field is named by the extension itself
-  (``npy``, ``cls``), as in a WebDataset sample dict.
-
-Decoder extensions and what they give:
-
-===================================  ==============================================
-extension                            field(s)
-===================================  ==============================================
-``npy``                              the array (pickled object arrays: see below)
-``npz``                              one field per array, named as in the archive
-``json``, ``jsn``                    an object: one field per entry, named by its key;
-                                     a number or list: one field (field name as above).
-                                     Values are converted as for JSON Lines
-                                     (:mod:`~shardload.prepare.sources.jsonl`)
-``cls``, ``cls2``, ``class``,        an integer label: a 0-d int64 array
-``count``, ``index``, ``inx``, ``id``
-``txt``, ``text``                    a text field: the member's text as a ``str``
-                                     (UTF-8, as WebDataset decodes it); with
-                                     ``--dtype FIELD=DTYPE`` one number of that dtype
-``bin``                              a text field: the member's bytes as ``bytes``
-``pyd``, ``pickle``, ``pkl``         refused unless ``allow_pickle``; then the
-                                     object is used like a decoded JSON value (an
-                                     ndarray as it is; a dict gives one field per key)
-===================================  ==============================================
-
-``--dtype FIELD=DTYPE`` applies while decoding ``json``/``txt``/class members.
-Text members are UTF-8; a leading byte-order mark is ignored.
-Fields coming from entries of an object (``json``, ``npz``, pickled dict) are
-named by the entry alone, so two members of one sample may not give the same
-field. Directories and members that WebDataset treats as metadata (a name
-like ``__index__`` or under ``__meta__/``) are skipped; any other member type
-is refused.
+Member naming (key, suffix, decoder extension, field name) and what each
+decoder extension gives are in docs/format.md, "WebDataset interoperability";
+``json``/``txt`` values convert by the rules of JSON Lines
+(:mod:`~shardload.prepare.sources.jsonl`), numbers by the one rule of
+:func:`shardload.schema.cast.cast_exact`.
 
 Safety: member names that are absolute or contain ``..``, links (symbolic or
 hard) and device/FIFO members are refused, and a tar that ends without its
@@ -50,8 +13,7 @@ end-of-archive marker (truncated, or corrupt in the middle) is an error rather
 than a silently shorter dataset. A compressed tar is read to the end of its
 compressed stream, so that the codec's checksum (gzip's CRC) is checked, and
 a member larger than ``SourceOptions.max_record_bytes`` (also once gunzipped)
-is refused before it is read. Numbers in ``txt``/``json`` members convert by
-the one rule of :func:`shardload.schema.cast.cast_exact`.
+is refused before it is read.
 """
 
 from __future__ import annotations

@@ -1,37 +1,27 @@
-"""JSON Lines read a block of lines at a time by pyarrow's JSON reader (the columnar ingest path).
+"""The fast path of the JSON Lines reader: a block of whole lines at a time, parsed by pyarrow's JSON reader.
 
-:meth:`JsonlSource.read_batches <shardload.prepare.sources.jsonl.JsonlSource.read_batches>`
-cuts a unit's byte range into blocks of whole lines and parses each with
-``pyarrow.json.read_json`` against an explicit schema, for
-:func:`shardload.prepare.pipeline.ingest` to check and stage whole columns.
-A block's columns are given only where they are provably what the exact
-per-line reader (:mod:`shardload.prepare.sources.jsonl`, whose rules this
-follows) gives; otherwise the block is read line by line by that reader, which
-then reports any error with its file, line and field as always. Taken as
-columns only:
+:func:`json_batches` gives ingest (:func:`shardload.prepare.ingest.ingest`)
+a block's columns only where they are provably what the exact reader
+(:mod:`._lines`) gives under the rules of :mod:`..jsonl`; any other block is
+read by that reader, which reports any error with its file, line and field.
+What makes a block provably alike:
 
-* fields of integers (int64, or the ``--dtype`` that ``cast_exact`` makes of
-  int64 without changing a value) or of booleans (bool, by default or by
-  ``--dtype``), as scalars or one-level lists: pyarrow's int64 refuses any
-  number written with a fraction, an exponent, or beyond 64 bits, where the
-  exact reader would make a float (so float fields are always read line by line);
-* blocks where every non-blank line starts with ``{`` and ends with ``}``
-  and pyarrow found exactly one object per non-blank line (it would join an
-  object written across lines, or split two written on one); with values
-  that may not be objects, no object can then span lines;
-* no null at any level and no field missing (pyarrow's null), no field
-  other than the schema's (refused by pyarrow), and no key twice (refused by
-  pyarrow);
-* lists of booleans with no empty list (``[]`` is int64 before any non-empty
-  list of the file);
-* blocks no longer than ``max_record_bytes``, so no line in them is either.
-
-Blank lines (empty, or spaces, tabs and a carriage return) are skipped by both
-readers alike; a byte-order mark fails the ``{`` test and takes the exact path.
+* every field is of integers (pyarrow's int64, which refuses a number with a
+  fraction, an exponent or beyond 64 bits, where the rules make a float) or of
+  booleans, scalars or one-level lists; a ``--dtype`` is applied by the same
+  ``cast_exact``;
+* every non-blank line starts with ``{`` and ends with ``}``, and pyarrow
+  found one object per such line (it would join an object written across
+  lines, or split two written on one); a byte-order mark fails this test;
+* no null or missing field (pyarrow's null), no field beyond the schema's and
+  no key twice (pyarrow refuses both), no empty list of booleans (its dtype
+  comes from earlier lines);
+* the block is no longer than ``max_record_bytes``, so no line in it is either.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -40,22 +30,21 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 
 from shardload.formats.base import Columns, FieldData
-from shardload.prepare.sources.base import Sample, SampleBatch, SourceOptions
+from shardload.prepare.sources.base import SampleBatch, SourceOptions
+from shardload.prepare.sources.jsonl._lines import gzipped, read_lines
+from shardload.prepare.sources.jsonl._values import DEFAULT_DTYPES
 from shardload.schema.cast import CastError, cast_exact
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from numpy.typing import NDArray
 
-    from shardload.formats.origin import OriginKind
     from shardload.schema.fields import Schema
-
-__all__ = ["BLOCK_BYTES", "json_batches"]
 
 #: bytes of whole lines parsed at once (a block that fails is read again line by line)
 BLOCK_BYTES = 4 << 20
 
+#: what ends a line besides its newline and still leaves it blank (the exact reader strips any whitespace;
+#: a line blank by another space fails the ``{`` test and is read line by line)
 _BLANK = b" \t\r"
 
 
@@ -65,9 +54,9 @@ def arrow_schema(schema: Schema, options: SourceOptions) -> pa.Schema | None:
     for f in schema.fields:
         if len(f.shape) > 1:
             return None
-        if options.dtypes.get(f.name, f.dtype) == "bool":  # JSON true/false, or 0/1 read line by line
+        if options.dtypes.get(f.name, f.dtype) == DEFAULT_DTYPES["b"].name:  # JSON true/false, or 0/1 read line by line
             t = pa.bool_()
-        elif f.name in options.dtypes or f.dtype == "int64":
+        elif f.name in options.dtypes or f.dtype == DEFAULT_DTYPES["i"].name:
             t = pa.int64()
         else:
             return None
@@ -76,24 +65,26 @@ def arrow_schema(schema: Schema, options: SourceOptions) -> pa.Schema | None:
 
 
 def json_batches(
-    path: str,
-    span: tuple[int, int],
-    first: int,
-    schema: Schema,
-    options: SourceOptions,
-    exact: Callable[[tuple[int, int], int], Iterator[tuple[str, Sample]]],
+    path: str, part: tuple[int, int] | None, first: int, schema: Schema, options: SourceOptions
 ) -> Iterator[SampleBatch]:
-    """The lines of bytes ``span`` of the plain JSON Lines file at ``path`` (line ``first + 1`` first), a block
-    at a time; ``exact(part, lines_before)`` reads a part of the file line by line."""
+    """The lines of the JSON Lines file at ``path`` (of its byte range ``part``, whose first line is
+    ``first + 1``), a block at a time; a gzipped file, or a schema pyarrow cannot parse alike, line by line."""
+
+    def exact(part: tuple[int, int] | None, first: int) -> SampleBatch:
+        return SampleBatch(None, lambda: read_lines(path, options, part, first))
+
+    if gzipped(path):
+        yield exact(part, first)
+        return
+    start, stop = part or (0, os.stat(path).st_size)
     parse_schema = arrow_schema(schema, options)
     if parse_schema is None:
-        yield SampleBatch(None, lambda: exact(span, first))
+        yield exact((start, stop), first)
         return
-    start, stop = span
     try:
         fh = open(path, "rb")  # noqa: SIM115  (closed below; the exact reader reports a file that cannot be read)
     except OSError:
-        yield SampleBatch(None, lambda: exact(span, first))
+        yield exact((start, stop), first)
         return
     with fh:
         fh.seek(start)
@@ -102,23 +93,20 @@ def json_batches(
             chunk = fh.read(min(BLOCK_BYTES, stop - start - len(tail)))
             data = tail + chunk
             if not chunk or len(data) > options.max_record_bytes:  # the file shrank, or a line too long
-                yield SampleBatch(None, lambda start=start, first=first: exact((start, stop), first))  # type: ignore[misc]
+                yield exact((start, stop), first)
                 return
             end = len(data) if start + len(data) >= stop else data.rfind(b"\n") + 1
             if end == 0:  # a line longer than a block: read on to its end
                 tail = data
                 continue
             block, tail = data[:end], data[end:]
-            part = (start, start + end)
             parsed = _parse(block, parse_schema, options)
-            lines: tuple[str, OriginKind, NDArray[np.int64]] | None = None
-            if parsed is not None:
-                lines = (path, "line", first + 1 + parsed[1])  # the line numbers the locators name
-            yield SampleBatch(
-                None if parsed is None else parsed[0],
-                lambda part=part, first=first: exact(part, first),  # type: ignore[misc]
-                lines,
-            )
+            if parsed is None:
+                yield exact((start, start + end), first)
+            else:
+                yield SampleBatch(
+                    parsed[0], exact((start, start + end), first).samples, (path, "line", first + 1 + parsed[1])
+                )
             start += end
             first += block.count(b"\n")
 
