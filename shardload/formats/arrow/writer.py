@@ -18,7 +18,7 @@ from shardload.formats.base import Columns, FieldData, ShardWriter, concat_colum
 from shardload.schema.fields import Field, Schema
 
 #: key of the Arrow schema metadata that holds the shardload schema as JSON
-SCHEMA_METADATA_KEY = b"shardload.schema.fields"
+SCHEMA_METADATA_KEY = b"shardload.schema"
 
 
 def arrow_type(field: Field) -> pa.DataType:
