@@ -3,9 +3,14 @@
 Version 0.1.0 had most modules side by side at the top of ``shardload/``;
 they now live in the folder of their layer (docs/design.md, "The package
 tree"). A program that imports an old path (``from shardload.loader import
-make_loader``) still works: the old name is an alias of the new module, with a
-``DeprecationWarning`` that names the new path. The objects are the same ones
-(``isinstance`` holds, a pickle that names an old path loads).
+make_loader``) still works: the old name is the new module itself
+(``sys.modules`` holds it under both), with a ``DeprecationWarning`` that
+names the new path. So the objects are the same ones (``isinstance`` holds, a
+pickle that names an old path loads, patching through the old path patches
+the module). A name that moved to a sibling module while the package was
+arranged stays importable from its old module where it was that module's own
+(``with_shortcuts``, ``file_checksum``); names a module only imported are not
+part of it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,12 @@ import sys
 import types
 import warnings
 from collections.abc import Sequence
+
+#: the real specs of the modules being aliased, put back once the import system has set the alias's
+_SPECS: dict[str, importlib.machinery.ModuleSpec | None] = {}
+
+#: the packages of 0.1.0 whose names now live in one module (their submodules moved too)
+_PACKAGES = {"shardload.export"}
 
 #: old module path -> the module that holds its names now
 MOVED: dict[str, str] = {
@@ -68,28 +79,46 @@ MOVED: dict[str, str] = {
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Answers an import of an old path with a module that forwards every name to the new one."""
+    """Answers an import of an old path with the new module itself: ``sys.modules`` holds it under both names.
+
+    So everything a program does through the old name reaches the real module: a ``mock.patch`` of
+    ``shardload.shardset.MAX_OPEN_SHARDS``, ``from shardload.loader import *``, ``importlib.reload``.
+    """
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in MOVED:
             return None
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=fullname in _PACKAGES)
 
-    def exec_module(self, module: types.ModuleType) -> None:
-        new = MOVED[module.__name__]
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        new = MOVED[spec.name]
         warnings.warn(
-            f"{module.__name__} is now {new}; the old path keeps working but may go in a later version",
+            f"{spec.name} is now {new}; the old path keeps working but may go in a later version",
             DeprecationWarning,
             stacklevel=2,
         )
-        target = importlib.import_module(new)
-        module.__doc__ = target.__doc__
-        module.__dict__["__getattr__"] = lambda name: getattr(target, name)
-        module.__dict__["__dir__"] = lambda: dir(target)
-        if hasattr(target, "__all__"):
-            module.__dict__["__all__"] = list(target.__all__)
+        if spec.name in _PACKAGES:  # a package of 0.1.0 whose names are one module now: forward to it
+            module = types.ModuleType(spec.name, importlib.import_module(new).__doc__)
+            module.__dict__["__getattr__"] = lambda name: _forward(spec.name, new, name)
+            return module
+        module = importlib.import_module(new)
+        _SPECS[new] = module.__spec__  # the import system sets __spec__ to the alias's; exec_module puts it back
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        if module.__name__ in MOVED:
+            return  # the forwarding module of a package
+        module.__spec__ = _SPECS.pop(module.__name__)
+
+
+def _forward(old: str, new: str, name: str) -> object:
+    """Attribute ``name`` of the package ``old`` that became module ``new``: its name, or a moved submodule."""
+    try:
+        return getattr(importlib.import_module(new), name)
+    except AttributeError:
+        return moved_attribute(old, name)
 
 
 def moved_attribute(package: str, name: str) -> types.ModuleType:

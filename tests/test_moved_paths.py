@@ -198,3 +198,51 @@ def test_an_old_module_is_an_attribute_of_the_package_as_before() -> None:
     assert loader_options.LoaderOptions is resolve("shardload.load.options.LoaderOptions")
     with pytest.raises(AttributeError, match="no attribute 'no_such_module'"):
         shardload.no_such_module  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_an_old_path_is_the_module_itself_so_patching_and_star_imports_reach_it() -> None:
+    from unittest import mock
+
+    import shardload.sets.shardset as shardset
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = importlib.import_module("shardload.shardset")
+        star: dict[str, Any] = {}
+        exec("from shardload.world import *", star)  # load/world.py has no __all__
+        with mock.patch("shardload.shardset.MAX_OPEN_SHARDS", 2):
+            # Invariant: a patch through the old path is a patch of the module the code reads
+            assert shardset.MAX_OPEN_SHARDS == 2
+    assert old is shardset and old.__spec__ is not None and old.__spec__.name == "shardload.sets.shardset"
+    assert star["World"] is resolve("shardload.load.world.World")
+
+
+def test_a_package_of_0_1_0_and_its_submodule_import() -> None:
+    for name in ("shardload.export", "shardload.export.webdataset"):
+        sys.modules.pop(name, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import shardload.export.webdataset as webdataset  # type: ignore[import-not-found]
+
+        export = importlib.import_module("shardload.export")
+    assert (
+        webdataset.to_webdataset
+        is export.to_webdataset
+        is resolve("shardload.integrations.webdataset_export.to_webdataset")
+    )
+    assert export.webdataset is webdataset
+
+
+@pytest.mark.parametrize(
+    ("old", "name", "new"),
+    [
+        ("shardload.loader_options", "with_shortcuts", "shardload._base.checks"),
+        ("shardload.manifest", "file_checksum", "shardload._base.checksum"),
+        ("shardload.schema", "text_kind", "shardload.schema.text"),
+        ("shardload.plan.mix", "MAX_EPOCH_SIZE", "shardload.plan.mix.inputs"),
+    ],
+)
+def test_a_name_that_moved_to_a_sibling_module_is_still_in_its_old_one(old: str, name: str, new: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(new), name)

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from shardload._base.checksum import checksum_text as checksum_text  # this module's own names in 0.1.0
+from shardload._base.checksum import file_checksum as file_checksum
 from shardload._base.identity import SET_ID_CHARS, is_set_id
 from shardload._base.output import atomic_file, atomic_write_text
 from shardload._base.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES, env_limit, read_small

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from shardload._base.checks import check_bool, check_scalar
+from shardload._base.checks import with_shortcuts as with_shortcuts  # this module's own name in 0.1.0
 from shardload.errors import PlanError
 from shardload.plan.options import MAX_COUNT
 

@@ -11,3 +11,8 @@ from shardload.schema import fields as _fields
 from shardload.schema.fields import *  # noqa: F403  (every name of fields.__all__)
 
 __all__ = list(_fields.__all__)
+
+
+def __getattr__(name: str) -> object:
+    """Any other name the 0.1.0 module ``shardload.schema`` held (``text_kind``, ...), from ``fields``."""
+    return getattr(_fields, name)

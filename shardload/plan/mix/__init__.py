@@ -10,6 +10,7 @@ The names of the 0.1.0 module ``shardload.plan.mix`` are re-exported here.
 
 from __future__ import annotations
 
+from shardload.plan.mix import inputs as _inputs
 from shardload.plan.mix.inputs import (
     MixBy,
     MixInputs,
@@ -29,3 +30,8 @@ __all__ = [
     "select_source",
     "source_seed",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Any other name the 0.1.0 module ``shardload.plan.mix`` held (``MAX_EPOCH_SIZE``, ...), from ``inputs``."""
+    return getattr(_inputs, name)
