@@ -1,14 +1,11 @@
 """Which set and which position a shard file belongs to, and whether it changed since it was mapped.
 
-Two cheap checks keep a loader from returning data the manifest does not
-describe, without reading any sample: the **shard identity** record that
-``prepare`` writes into each shard's own metadata (set id, index, first sample,
-count), compared with the manifest when the shard is first opened (a swapped or
-foreign shard is a :class:`~shardload.errors.CorruptShardError`); and **file
-stamps** (``stat`` of a shard or lengths index when mapped, checked again at
-each use), so a file rewritten, truncated or replaced in place is a
-:class:`~shardload.errors.ShardSetChangedError` instead of garbage or a ``SIGBUS``.
-docs/format.md, "Shard identity", and docs/reliability.md tell the rules.
+Two cheap checks, reading no sample, keep a loader from returning data the
+manifest does not describe: the **shard identity** record in each shard's
+metadata, compared with the manifest at first open (docs/format.md, "Shard
+identity"), and **file stamps** (``stat`` when mapped, checked again at each
+use), so a file changed in place is a :class:`~shardload.errors.ShardSetChangedError`
+instead of garbage or a ``SIGBUS`` (docs/reliability.md).
 """
 
 from __future__ import annotations

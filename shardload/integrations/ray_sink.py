@@ -160,8 +160,7 @@ def _rows(blocks: Iterable[Block]) -> Iterator[dict[str, Any]]:
     for block in blocks:
         rows: Iterator[Mapping[str, Any]] = BlockAccessor.for_block(block).iter_rows(public_row_format=True)
         for row in rows:
-            sample = dict(row)
-            yield {name: np.asarray(v) if isinstance(v, (list, tuple)) else v for name, v in sample.items()}
+            yield {name: np.asarray(v) if isinstance(v, (list, tuple)) else v for name, v in row.items()}
 
 
 def _final_parts(out: Path) -> list[Path]:
