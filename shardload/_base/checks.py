@@ -94,17 +94,10 @@ def check_rank(rank: object, world_size: int) -> int:
 
 
 def check_arrays(lengths: object, shard_sizes: object) -> tuple[NDArray[np.integer], NDArray[np.int64], int]:
-    """Check the lengths index and the shard sizes against each other.
+    """``(lengths, shard_sizes, max_length)`` checked against each other, else :class:`PlanError`.
 
-    The lengths are not copied (a memory map stays one); they are read once
-    for their minimum and maximum.
-
-    Returns:
-        ``(lengths, shard_sizes, max_length)``: ``(N,)`` lengths as an array,
-        ``(S,)`` sizes as int64, the longest length (0 if ``N == 0``).
-
-    Raises:
-        PlanError: Naming the problem and how to fix it.
+    ``(N,)`` lengths, not copied (a memory map stays one; read once for min and
+    max), ``(S,)`` sizes as int64, and the longest length (0 if ``N == 0``).
     """
     lens = lengths if isinstance(lengths, np.ndarray) else np.asarray(lengths)
     if lens.ndim != 1:
@@ -153,18 +146,14 @@ T = TypeVar("T")
 def with_shortcuts(
     given: T | None, cls: type[T], owner: str, *, defaults: Mapping[str, object] | None = None, **shortcuts: object
 ) -> T:
-    """An option object from its keyword ``owner=`` and its shortcut keywords, which must agree.
+    """An option object from its keyword ``owner=`` (``given``) and its shortcut keywords, which must agree.
 
-    ``given`` is the object passed as ``owner=`` (``None``: not passed);
-    ``shortcuts`` the shortcut keywords (``None``: not passed). Without an
-    object, ``cls(**defaults, **shortcuts given)`` builds it. With one, a
-    shortcut that differs from the object's field raises instead of being
-    silently ignored, and one that equals it is still checked as that field
-    (``batch_size=True`` beside ``Batching(batch_size=1)`` is refused, as alone).
-
-    Raises:
-        PlanError: A shortcut disagrees with the object or is not a valid value
-            of its field, or ``given`` is not a ``cls``.
+    ``None`` means not passed. Without an object, ``cls(**defaults, **shortcuts
+    given)`` builds it. With one, a shortcut that differs from its field is a
+    :class:`PlanError` (never silently ignored), and one that equals it is
+    still checked as that field (``batch_size=True`` beside
+    ``Batching(batch_size=1)`` is refused, as alone); so is a ``given`` that is
+    not a ``cls``.
     """
     passed = {name: value for name, value in shortcuts.items() if value is not None}
     if given is None:

@@ -1,10 +1,8 @@
 """A shard file's checksum, computed while the file is written instead of by reading it back.
 
-Where it sits: at the end of prepare's write step, where each shard's sha256
-goes into the manifest. :class:`DigestingFile` hashes the writer's own buffers
-(a large one in a helper thread during the ``write``), and :func:`checksum_text`
-is the one spelling (``"sha256:<hex>"``), so a checksum made while writing and
-one read back by :func:`file_checksum` compare equal.
+Used by prepare's write step for the manifest's sha256 of each shard.
+:func:`checksum_text` is the one spelling (``"sha256:<hex>"``), so a checksum
+made while writing and one read back by :func:`file_checksum` compare equal.
 """
 
 from __future__ import annotations
@@ -31,12 +29,10 @@ def checksum_text(digest: hashlib._Hash) -> str:
 
 
 class DigestingFile:
-    """A new file at ``path``, open for writing, whose :attr:`checksum` is the sha256 of all bytes written.
+    """A new (or truncated) file at ``path`` whose :attr:`checksum` is the sha256 of all bytes written.
 
-    It has what ``pyarrow.PythonFile`` needs of a sink (``write``, ``flush``,
-    ``tell``, ``close``, ``closed``), so a pyarrow writer can write through it.
-    The file is created (or truncated); closing it closes the file, and a
-    write that fails (disk full) raises the ``OSError`` of the system call.
+    It has what ``pyarrow.PythonFile`` needs of a sink, so a pyarrow writer can
+    write through it; a failed write (disk full) raises the system call's ``OSError``.
     """
 
     def __init__(self, path: Path) -> None:

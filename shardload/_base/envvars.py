@@ -90,16 +90,12 @@ def env_int(
     size: bool = False,
     error: type[ShardloadError],
 ) -> int:
-    """The value of environment variable ``name`` (unset or empty: ``default``).
+    """The value of environment variable ``name`` in ``[minimum, maximum]`` (unset or empty: ``default``).
 
-    Args:
-        minimum: the smallest value accepted.
-        maximum: the largest (256 TiB by default: beyond any real limit, within what buffers can index).
-        size: accept byte sizes with units (``4GiB``, ``500MB``) besides plain integers.
-        error: the error class to raise for a bad value (the caller's branch of the tree).
-
-    Raises:
-        error: naming the variable, its value and an example of a good one.
+    The default ``maximum``, 256 TiB, is beyond any real limit and within what
+    buffers can index; ``size`` also accepts units (``4GiB``, ``500MB``). A bad
+    value raises ``error`` (the caller's branch of the tree) naming the
+    variable, its value and an example of a good one.
     """
     text = os.environ.get(name, "").strip()
     if not text:

@@ -1,14 +1,11 @@
 """Which set and which position a shard file belongs to, and whether it changed since it was mapped.
 
-Two cheap checks keep a loader from returning data the manifest does not
-describe, without reading any sample: the **shard identity** record that
-``prepare`` writes into each shard's own metadata (set id, index, first sample,
-count), compared with the manifest when the shard is first opened (a swapped or
-foreign shard is a :class:`~shardload.errors.CorruptShardError`); and **file
-stamps** (``stat`` of a shard or lengths index when mapped, checked again at
-each use), so a file rewritten, truncated or replaced in place is a
-:class:`~shardload.errors.ShardSetChangedError` instead of garbage or a ``SIGBUS``.
-docs/format.md, "Shard identity", and docs/reliability.md tell the rules.
+Two cheap checks, reading no sample, keep a loader from returning data the
+manifest does not describe: the **shard identity** record in each shard's
+metadata, compared with the manifest at first open (docs/format.md, "Shard
+identity"), and **file stamps** (``stat`` when mapped, checked again at each
+use), so a file changed in place is a :class:`~shardload.errors.ShardSetChangedError`
+instead of garbage or a ``SIGBUS`` (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -36,14 +33,7 @@ _SET_ID = re.compile(rf"[0-9a-f]{{{SET_ID_CHARS}}}")
 
 @dataclass(frozen=True)
 class ShardIdentity:
-    """What a shard says about itself: the set it was written for and where in it.
-
-    Attributes:
-        set_id: the set's id (see :func:`set_id_of`).
-        shard: index of the shard in the set.
-        first_sample: global id of the shard's first sample.
-        samples: number of samples in the shard.
-    """
+    """What a shard says about itself: the set it was written for (:func:`set_id_of`) and where in it."""
 
     set_id: str
     shard: int
@@ -82,14 +72,11 @@ def is_set_id(value: Any) -> bool:
 def set_id_of(description: Mapping[str, Any], staged_files: Iterable[Path]) -> str:
     """The id of the set that ``prepare`` builds from ``description`` and the staged samples.
 
-    Args:
-        description: the run's options, schema and sources (what ``--resume`` compares).
-        staged_files: the staged sample chunks, in source order. Their bytes are
-            summed (CRC-32, from the page cache: they were just written): two
-            runs get the same id when options, sources and every sample are the
-            same, which is when their shards are the same bytes. CRC-32 rather
-            than sha256: this guards against accidents, not forgery, and costs
-            about 2% of a prepare's time instead of 5%.
+    ``description`` is what ``--resume`` compares (options, schema, sources);
+    the staged chunks' bytes are summed in source order, so two runs get the
+    same id exactly when their shards are the same bytes. CRC-32 rather than
+    sha256: this guards against accidents, not forgery, at 2% of a prepare's
+    time instead of 5%.
     """
     h = hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode())
     for path in staged_files:

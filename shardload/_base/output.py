@@ -1,17 +1,12 @@
 """Writing a directory safely: one writer at a time, atomic files, and the index written last.
 
-Where it sits: under the two commands that write a directory, ``prepare``
-(:class:`~shardload.prepare.workdir.WorkDir`) and ``export``
+Used by ``prepare`` (:class:`~shardload.prepare.workdir.WorkDir`) and ``export``
 (:func:`~shardload.integrations.webdataset_export.to_webdataset`). The three rules, kept here once:
 
-* **One writer**: :class:`OutputLock`, an ``flock`` that dies with its process
-  and that no child process keeps.
+* **One writer**: :class:`OutputLock`, an ``flock`` that dies with its process and that no child keeps.
 * **Whole files only**: :func:`atomic_file`; a reader sees the old file or the whole new one.
-* **The index last**: a directory is complete exactly when its index file is
-  there (:func:`withdraw_index` first, :func:`publish_index` last), so an
-  interrupted write never looks complete.
-
-Nothing here imports more than the standard library.
+* **The index last**: a directory is complete exactly when its index file is there
+  (:func:`withdraw_index` first, :func:`publish_index` last).
 """
 
 from __future__ import annotations
@@ -39,12 +34,10 @@ _HELD_LOCKS: set[int] = set()
 
 
 def _drop_inherited_locks() -> None:
-    """In a forked child: let go of the parent's output locks.
+    """In a forked child: let go of the parent's output locks (an ``flock`` lives while any copy of its fd does).
 
-    An ``flock`` lives as long as any descriptor of its open file, and a forked
-    child (a pool worker, or any process a user's code forks) shares the
-    parent's. The descriptor is pointed at ``/dev/null`` rather than closed, so
-    its number is never reused while the copied file object still names it.
+    The descriptor is pointed at ``/dev/null`` rather than closed, so its
+    number is never reused while the copied file object still names it.
     """
     if not _HELD_LOCKS:
         return
@@ -62,13 +55,10 @@ if hasattr(os, "register_at_fork"):
 
 
 class OutputLock:
-    """An exclusive, non-blocking ``flock`` on the lock file ``path`` of an output directory.
+    """An exclusive, non-blocking ``flock`` on the lock file ``path`` (created if needed) of an output directory.
 
-    Args:
-        path: the lock file (created if needed; its directory must exist).
-        busy: the message of the :class:`~shardload.errors.OutputLockedError`
-            raised when another process holds the lock (it names the output
-            and says what to do).
+    ``busy`` is the message of the :class:`~shardload.errors.OutputLockedError`
+    raised when another process holds it.
     """
 
     def __init__(self, path: Path, *, busy: str) -> None:
@@ -81,15 +71,11 @@ class OutputLock:
         return self._fd is not None
 
     def acquire(self) -> None:
-        """Take the lock, or raise :class:`~shardload.errors.OutputLockedError`.
+        """Take the lock, or raise :class:`~shardload.errors.OutputLockedError` (``OSError``: no lock file).
 
-        Since the lock file may be removed by the writer that held it (see
-        :meth:`release`), the lock counts only once the locked file is the one
-        at ``path``; otherwise two writers could each lock a file of their own.
-
-        Raises:
-            OutputLockedError: another process holds the lock.
-            OSError: the lock file cannot be created (the caller says what to do).
+        The writer that held it may have removed the lock file (:meth:`release`),
+        so the lock counts only once the locked file is the one at ``path``;
+        otherwise two writers could each lock a file of their own.
         """
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -145,16 +131,10 @@ class OutputLock:
 def atomic_file(path: Path, *, tmp: Path | None = None) -> Iterator[Path]:
     """Yield a temporary path to write ``path``'s new content to; on success it replaces ``path`` durably.
 
-    After the block: the temporary file is fsynced, renamed over ``path`` and
-    the directory fsynced. If the block raises, the temporary file is removed
-    and ``path`` is untouched.
-
-    Args:
-        path: the file to (re)place.
-        tmp: the temporary name (in the same directory); by default a hidden
-            name that holds the process id. A writer that resumes its own
-            leftovers passes a fixed name, so a killed attempt's file is
-            overwritten rather than left beside the new one.
+    If the block raises, the temporary file is removed and ``path`` is
+    untouched. ``tmp`` (same directory) defaults to a hidden name holding the
+    pid; a writer that resumes its own leftovers passes a fixed one, so a
+    killed attempt's file is overwritten rather than left beside the new one.
     """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}") if tmp is None else tmp
     try:
@@ -203,12 +183,10 @@ def withdraw_index(index: Path) -> None:
 
 
 def publish_index(staged: Path, index: Path) -> None:
-    """The last step: move the finished ``staged`` index into place once everything it describes is durable.
+    """The last step: move the finished ``staged`` index (same file system) into place.
 
-    ``staged`` must be in the same directory as ``index`` or on the same file
-    system (it is renamed). Everything renamed into the directory before is
-    made durable first, so after a crash the index never names a file that is
-    not there.
+    Everything renamed into the directory before is made durable first, so
+    after a crash the index never names a file that is not there.
     """
     fsync_file(staged)
     fsync_dir(index.parent)

@@ -50,16 +50,10 @@ def map_in_workers(
 ) -> Iterator[_Result]:
     """``fn`` over ``jobs``, results in job order: in-process for one worker, else in a pool.
 
-    Args:
-        fn: for processes, a module-level function (pickled by name).
-        jobs: its arguments, one per call (for processes, picklable).
-        workers: the most processes (or threads) to run at once.
-        threads: threads instead of processes (for work that releases the GIL).
-        out: the output directory (named in errors about a dead worker process).
-        what: the step, for those errors (``"staging the samples"``).
-
-    Raises:
-        OutputError: a worker process died (killed by a signal, or exited).
+    For processes ``fn`` is a module-level function and ``jobs`` are picklable;
+    ``threads`` suits work that releases the GIL. A worker process that dies is
+    an :class:`OutputError` naming ``out`` and the step ``what``
+    (``"staging the samples"``).
     """
     if workers <= 1 or len(jobs) <= 1:
         yield from map(fn, jobs)
@@ -148,9 +142,8 @@ def _init_worker(parent: int | None) -> None:
 def die_with_parent(parent: int | None) -> None:
     """Make this process exit when its parent does.
 
-    Args:
-        parent: the pid the parent had when it started this process, to catch a
-            parent that died before this was set up; ``None`` if unknown.
+    ``parent`` (the pid that started this process, ``None`` if unknown) catches
+    a parent that died before this was set up.
     """
     _set_pdeathsig(signal.SIGKILL)
     ppid = os.getppid()

@@ -16,17 +16,12 @@ from typing import Any, Literal
 class Progress:
     """Counts samples and bytes; shows both rates.
 
-    Args:
-        desc: what is being done (``"read"``, ``"write"``, ``"verify"``).
-        total: the expected count of ``unit``, if known.
-        unit: what the bar counts: samples (prepare, export) or bytes
-            (verify, whose work is reading every byte).
-        enabled: show a tqdm bar; ``None`` means "if stderr is a terminal".
-            When no bar is shown, a log line is emitted every ``every`` seconds
-            and when the pass ends.
-        every: seconds between log lines.
-        log: the logger of those lines (``shardload.prepare``, ``shardload.verify``,
-            ``shardload.export``: kept when modules move), so that a user can quieten one.
+    The bar counts ``unit``: samples (prepare, export) or bytes (verify, whose
+    work is reading every byte); ``total`` is the expected count, if known.
+    ``enabled=None`` shows a tqdm bar if stderr is a terminal; without one, a
+    line goes to logger ``log`` every ``every`` seconds and at the end (the
+    names ``shardload.prepare``, ``.verify``, ``.export`` stay when modules
+    move, so that a user can quieten one).
     """
 
     def __init__(

@@ -19,12 +19,6 @@ __all__ = ["offsets_from_lengths", "range_positions"]
 def offsets_from_lengths(lengths: ArrayLike) -> NDArray[np.int64]:
     """``(n + 1,)`` int64 offsets of ``n`` consecutive ranges: ``0``, then the running sum of ``lengths``.
 
-    Args:
-        lengths: ``(n,)`` non-negative range lengths (any integer dtype or a sequence of ints).
-
-    Returns:
-        ``offsets`` with ``offsets[0] == 0`` and ``offsets[i + 1] - offsets[i] == lengths[i]``.
-
     >>> offsets_from_lengths([3, 0, 2]).tolist()
     [0, 3, 3, 5]
     """
@@ -37,16 +31,10 @@ def offsets_from_lengths(lengths: ArrayLike) -> NDArray[np.int64]:
 def range_positions(starts: NDArray[np.integer[Any]], lengths: NDArray[np.integer[Any]]) -> NDArray[np.int64]:
     """Every position of the ranges ``[starts[k], starts[k] + lengths[k])``, concatenated in order.
 
-    ``values[range_positions(starts, lengths)]`` gathers those row ranges out
-    of ``values`` in one fancy-index; with ``starts`` all zero it gives each
-    position's index within its own range.
-
-    Args:
-        starts: ``(k,)`` first position of each range.
-        lengths: ``(k,)`` length of each range (``>= 0``).
-
-    Returns:
-        ``(lengths.sum(),)`` int64 positions.
+    ``starts`` and ``lengths`` (``>= 0``) are ``(k,)``; the result is
+    ``(lengths.sum(),)`` int64. ``values[range_positions(starts, lengths)]``
+    gathers those row ranges in one fancy-index; with ``starts`` all zero it
+    gives each position's index within its own range.
 
     >>> range_positions(np.array([5, 0, 9]), np.array([2, 0, 3])).tolist()
     [5, 6, 9, 10, 11]

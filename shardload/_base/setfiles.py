@@ -83,10 +83,8 @@ def reason_of(exc: BaseException) -> str:
 def os_level(exc: BaseException) -> bool:
     """Whether an error raised here came from the operating system, not from what a file holds.
 
-    Permission denied, an I/O error, a path too long or a loop of links (all
-    made by :func:`os_error`): the file's bytes may be fine, so whoever reads
-    it again after fixing the cause may well succeed. A missing file is not
-    counted: nothing can be read again.
+    Such a file's bytes may be fine, so a read after fixing the cause may
+    succeed; a missing file (nothing to read again) is not counted.
     """
     return getattr(exc, "shardload_errno", None) is not None and reason_of(exc) not in ("missing", "fd_limit")
 
@@ -193,20 +191,12 @@ def check_path_encoding(path: Path, *, what: str, shard_format: str) -> None:
 def open_regular(
     path: Path, *, what: str, error: type[ShardSetError] = ShardSetError, missing: ShardSetError | None = None
 ) -> tuple[int, os.stat_result]:
-    """Open ``path`` for reading if, and only if, it is a regular file.
+    """``(fd, fstat)`` of ``path`` opened for reading if, and only if, it is a regular file; the caller closes ``fd``.
 
-    The open is non-blocking, so a FIFO without a writer returns at once
-    instead of waiting; the file type then comes from ``fstat`` of that very
-    descriptor, so what is checked is what is read.
-
-    Args:
-        path: the file.
-        what: how to name it in messages, e.g. ``"shard 3"`` or ``"the lengths index"``.
-        error: the class raised (a :class:`ShardSetError`).
-        missing: raised as is when the file does not exist (default: ``error`` saying so).
-
-    Returns:
-        ``(fd, stat)``: a descriptor the caller must close, and its ``fstat``.
+    The open is non-blocking (a FIFO without a writer returns at once) and the
+    type comes from ``fstat`` of that descriptor, so what is checked is what is
+    read. ``what`` names the file in messages (``"shard 3"``); ``missing`` is
+    raised as is when the file does not exist.
     """
     _encodable(path, what=what, error=error)
     try:
@@ -284,12 +274,9 @@ def open_index_stat(
     Refused: anything but a regular file, a header that is not a plain 1-D
     array of ``samples`` integers (no pickle, no structured or object dtype,
     no other shape), and a file whose size is not exactly header plus data.
-    Any byte order is read correctly; Fortran order is the same thing for 1-D.
-    The values themselves are checked by :func:`check_index_values`.
-
-    Returns:
-        The mapped index and the ``fstat`` of the file that was mapped (to
-        notice a change later, see :func:`shardload._base.identity.file_stamp`).
+    Any byte order is read correctly. The values are checked by
+    :func:`check_index_values`; the ``fstat`` returned is of the file mapped
+    (for :func:`shardload._base.identity.file_stamp`).
     """
     missing = tagged(error, f"{path}: {what} is missing; re-run prepare", "missing")
     fd, st = open_regular(path, what=what, error=error, missing=missing)
@@ -408,13 +395,10 @@ def safe_relative_path(value: Any, *, where: str) -> str:
 
 
 def resolve_inside(root: Path, relative: str, *, what: str) -> Path:
-    """``root / relative``, refusing a path that a symbolic link leads out of ``root``.
+    """``root / relative``, refusing a path that a symbolic link leads out of ``root`` (:class:`ShardSetError`).
 
-    ``relative`` has passed :func:`safe_relative_path`; this catches the other way
-    out, a link (the file itself or a directory on the way) that points elsewhere.
-
-    Raises:
-        ShardSetError: naming ``what`` (e.g. ``"shard 3"``) and where the link leads.
+    ``relative`` has passed :func:`safe_relative_path`; this catches the other
+    way out, a link (the file or a directory on the way) that points elsewhere.
     """
     path = root / relative
     try:

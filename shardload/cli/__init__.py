@@ -57,10 +57,9 @@ ERROR_CODES: tuple[tuple[type[BaseException], Exit], ...] = (
 def _quiet_teardown() -> None:
     """At exit after an interruption: no noise from work cut short in background threads.
 
-    Zarr's encoding loop, stopped in the middle, prints thousands of lines
-    (``Task was destroyed but it is pending!``) after the one that says what
-    happened. Registered only when a command was interrupted, so it runs as the
-    process ends, never inside a program.
+    (Zarr's encoding loop, stopped midway, prints thousands of ``Task was
+    destroyed but it is pending!``.) Registered only after an interruption, so
+    it runs as the process ends, never inside a program.
     """
     logging.getLogger("asyncio").disabled = True
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # "coroutine ... was never awaited"
@@ -128,20 +127,15 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 class Terminated(BaseException):
-    """Raised in the main thread by SIGTERM while a command runs, so that it stops cleanly.
+    """Raised in the main thread by SIGTERM while a command runs: ``finally`` blocks run, the exit status is 143.
 
-    A ``BaseException``, like ``KeyboardInterrupt``, so that no ``except
-    Exception`` swallows it; ``finally`` blocks run and the command exits with 143.
+    A ``BaseException``, like ``KeyboardInterrupt``, so that no ``except Exception`` swallows it.
     """
 
 
 @contextmanager
 def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` for the duration of a command (main thread only).
-
-    The handler gives way to the default after the first signal: a second
-    SIGTERM ends the process at once.
-    """
+    """SIGTERM raises :class:`Terminated` during a command (main thread only); a second one ends the process."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -23,9 +23,7 @@ def default_workdir() -> Path:
 class DemoConfig:
     """Sizes of the demo; the defaults take a couple of minutes on 2 CPU cores.
 
-    The one place of the demo's defaults: the fields with ``help`` metadata
-    are the options of ``shardload demo`` (``train_samples`` ->
-    ``--train-samples``, :mod:`shardload.cli._flags`), with these defaults.
+    The fields with ``help`` metadata are the options of ``shardload demo`` (:mod:`shardload.cli._flags`).
     """
 
     workdir: Path = field(

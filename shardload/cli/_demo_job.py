@@ -252,12 +252,10 @@ def train_ddp(cfg: DemoConfig, train: Path, val: Path) -> dict[str, Any]:
 
 @contextmanager
 def _quiet_lightning() -> Iterator[None]:
-    """Lightning's advice that does not apply to the demo, silenced while it trains and restored after.
+    """Lightning's advice that does not apply to the demo (one loader worker on purpose), silenced while it trains.
 
-    The demo uses one loader worker on purpose, so "does not have many workers"
-    is noise; so are Lightning's INFO lines. Scoped, so that a program that
-    calls ``shardload.cli.main(["demo"])`` keeps its own warning filters and
-    log levels.
+    Scoped, so that a program that calls ``shardload.cli.main(["demo"])`` keeps
+    its own warning filters and log levels.
     """
     logger = logging.getLogger("lightning.pytorch")
     old_level = logger.level

@@ -1,13 +1,9 @@
 """Command-line flags made from an option dataclass, so that flags and options cannot drift.
 
-Each field of a frozen option class (:class:`~shardload.plan.Batching`,
-:class:`~shardload.plan.EpochSpec`, the demo's ``DemoConfig``) that has ``help``
-metadata becomes one flag: ``max_tokens`` -> ``--max-tokens``, with the help and
-metavar of the field's metadata, the field's default, ``choices`` for a
-``Literal``, ``--x/--no-x`` for a bool, and required when the field has no
-default. The values are checked by the class itself when it is built from the
-parsed flags (:func:`options_from_args`): one rule for Python and the command
-line; a value it refuses is a usage error.
+Each field with ``help`` metadata of an option class (:class:`~shardload.plan.Batching`,
+:class:`~shardload.plan.EpochSpec`, the demo's ``DemoConfig``) becomes one flag
+(``max_tokens`` -> ``--max-tokens``). The class itself checks the values when
+:func:`options_from_args` builds it: one rule for Python and the command line.
 """
 
 from __future__ import annotations
@@ -50,11 +46,10 @@ def _parser_of(hint: Any, minimum: int | None) -> tuple[Any, dict[str, Any]]:
 def add_option_flags(parser: argparse.ArgumentParser | Any, cls: type[Any], *, one_of: tuple[str, ...] = ()) -> None:
     """Add one flag per field of the option dataclass ``cls`` to ``parser`` (or an argument group).
 
-    The fields named in ``one_of`` form a required group of which exactly
-    one flag is given (as ``batch_size`` / ``max_tokens`` / ``packing``; a
-    bool there is a plain switch). A field's
-    ``metadata`` gives its flag's ``help``, ``metavar`` and, for an int,
-    ``min`` (a smaller value is a usage error; the class checks the rest).
+    ``choices`` for a ``Literal``, ``--x/--no-x`` for a bool, required without
+    a default. The fields in ``one_of`` form a required group of which exactly
+    one flag is given (a bool there is a plain switch). A field's ``metadata``
+    gives ``help``, ``metavar`` and, for an int, ``min`` (a usage error below it).
     """
     hints = typing.get_type_hints(cls)
     group = parser.add_mutually_exclusive_group(required=True) if one_of else None

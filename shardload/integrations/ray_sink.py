@@ -1,13 +1,10 @@
 """Prepare a shard set from a Ray Data dataset: each write task writes one part, the driver merges them.
 
-Where it sits: the prepare step of the flow, run by Ray instead of ``prepare``'s
-own processes (``pip install shardload[ray]``; docs/parts.md, "Ray Data").
-:class:`ShardSink` runs the ordinary pipeline in each write task, into a hidden
-folder of ``OUT/parts/``; once *every* task succeeded the driver names the parts
-in task order and merges them (no shard copied). When a task fails nothing is
-merged and ``OUT`` holds what it held before. Sample ids follow the order of the
-write tasks: the dataset's order under ``preserve_order``, which
-:func:`write_dataset` sets.
+The prepare step of the flow, run by Ray (docs/parts.md, "Ray Data"). Each task
+writes a hidden folder of ``OUT/parts/``; only once *every* task succeeded does the
+driver name the parts in task order and merge them (no shard copied), so a failed
+write leaves ``OUT`` as it was. Sample ids follow the write tasks' order: the
+dataset's under ``preserve_order``, which :func:`write_dataset` sets.
 
 >>> import ray, shardload.integrations.ray_sink                                      # doctest: +SKIP
 >>> ds = ray.data.read_parquet("s3://bucket/tokens/")              # doctest: +SKIP
@@ -56,13 +53,10 @@ _REFUSED = ("resume", "overwrite", "progress")
 class ShardSink(Datasink["dict[str, Any] | None"]):
     """A Ray Data sink that writes a shard set into ``out``: one part per write task, merged on the driver.
 
-    Args:
-        out: the shard set directory (on storage every Ray node can write, e.g. a shared file system).
-        overwrite: replace a set (or parts) already in ``out``; the old set stays intact until every task
-            succeeded.
-        **options: see :class:`~shardload.prepare.PrepareOptions` (``num_shards`` and ``shard_size`` apply
-            to each part; ``workers`` are processes inside each task).
-
+    ``out`` is on storage every Ray node can write (a shared file system); with
+    ``overwrite`` the old set there stays intact until every task succeeded.
+    ``options`` are :class:`~shardload.prepare.PrepareOptions` (``num_shards``,
+    ``shard_size`` per part; ``workers`` are processes inside each task).
     After ``ds.write_datasink(sink)``, :attr:`result` is the merge's
     :class:`~shardload.prepare.merging.MergeResult`.
 
@@ -132,8 +126,7 @@ class ShardSink(Datasink["dict[str, Any] | None"]):
     def write(self, blocks: Iterable[Block], ctx: Any) -> dict[str, Any] | None:
         """Write the rows of ``blocks`` as one part (a hidden folder until the driver names it).
 
-        Returns:
-            ``{"task": ctx.task_idx, "dir": folder, "samples": n}``, or ``None`` for a task with no rows.
+        Returns ``{"task": ctx.task_idx, "dir": folder, "samples": n}``, or ``None`` for a task with no rows.
         """
         rows = _rows(blocks)
         first = next(rows, None)
@@ -167,8 +160,7 @@ def _rows(blocks: Iterable[Block]) -> Iterator[dict[str, Any]]:
     for block in blocks:
         rows: Iterator[Mapping[str, Any]] = BlockAccessor.for_block(block).iter_rows(public_row_format=True)
         for row in rows:
-            sample = dict(row)
-            yield {name: np.asarray(v) if isinstance(v, (list, tuple)) else v for name, v in sample.items()}
+            yield {name: np.asarray(v) if isinstance(v, (list, tuple)) else v for name, v in row.items()}
 
 
 def _final_parts(out: Path) -> list[Path]:
@@ -179,13 +171,9 @@ def _final_parts(out: Path) -> list[Path]:
 
 
 def write_dataset(ds: Any, out: str | os.PathLike[str], *, overwrite: bool = False, **options: Any) -> MergeResult:
-    """Write a ``ray.data.Dataset`` as a shard set in ``out``, its samples in the dataset's order.
+    """Write a ``ray.data.Dataset`` as a shard set in ``out``, its samples in the dataset's order; the merge's result.
 
-    Sets ``preserve_order`` in the dataset's own ``DataContext`` (so that sample
-    ids follow the dataset's order), then ``ds.write_datasink(ShardSink(...))``.
-
-    Returns:
-        The merge's result (path, parts, shards, samples, tokens).
+    Sets ``preserve_order`` in the dataset's own ``DataContext``, then ``ds.write_datasink(ShardSink(...))``.
     """
     ds.context.execution_options.preserve_order = True
     sink = ShardSink(out, overwrite=overwrite, **options)

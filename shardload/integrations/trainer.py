@@ -1,23 +1,19 @@
 """Everything shardload reads from a Lightning ``Trainer`` or writes into it, in one place.
 
-The trainer is duck-typed (Lightning is not imported here). Checked against
-Lightning 2.2 and 2.6, the oldest and newest minor versions supported
-(tests/distributed/test_trainer_clock.py runs the DataModule under both).
+The trainer is duck-typed (Lightning is not imported here); checked against
+Lightning 2.2 and 2.6, the oldest and newest supported (tests/distributed/test_trainer_clock.py).
 
-* Read, public: ``global_rank`` and ``world_size`` (every strategy, multi-node)
-  and ``current_epoch``.
-* Read, not public: the steps of this epoch that a restore counts as done
-  (:func:`restored_steps`), from ``fit_loop.epoch_loop.batch_progress.current``
-  (stable since 2.0): Lightning fetches one batch ahead, so the loader's own
-  count is one too many, and no public attribute counts the steps of *this*
-  epoch. A checkpoint saved in ``on_train_batch_end`` is where versions differ
-  (2.2 runs that step again; 2.6, with restart stages, counts it as done).
-* Written, not public (:func:`train_link`): the length of the one epoch whose
-  length differs from the one before, the epoch after an elastic resume
-  (docs/loading.md, "The length of an epoch"). It sets what a reload of the
-  loader would compute (Lightning's ``fit_loop.setup_data``); the public way,
-  ``reload_dataloaders_every_n_epochs``, is the user's flag, rebuilds the loader
-  and its workers every epoch, and runs before Lightning's restart check.
+* Read, public: ``global_rank``, ``world_size`` and ``current_epoch``.
+* Read, not public (:func:`restored_steps`): the steps of this epoch a restore
+  counts as done, from ``fit_loop.epoch_loop.batch_progress.current`` (stable
+  since 2.0); no public attribute counts them, and the loader's own count is one
+  ahead (Lightning prefetches). Versions differ on a checkpoint saved in
+  ``on_train_batch_end``: 2.2 runs that step again, 2.6 counts it as done.
+* Written, not public (:func:`train_link`): the length of the epoch after an
+  elastic resume (docs/loading.md, "The length of an epoch"), as a reload
+  (``fit_loop.setup_data``) would compute it; the public way,
+  ``reload_dataloaders_every_n_epochs``, is the user's flag, rebuilds the
+  loader and its workers every epoch, and runs before Lightning's restart check.
 """
 
 from __future__ import annotations

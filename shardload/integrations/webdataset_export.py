@@ -58,15 +58,9 @@ _PROGRESS_EVERY = 1024  # samples between progress updates
 class WebDatasetExport:
     """What :func:`to_webdataset` wrote (also the CLI's ``--json`` summary).
 
-    Attributes:
-        path: the shard set that was exported.
-        dest: the directory holding the tars.
-        tars: the tar file names inside ``dest``, in sample order.
-        samples: samples written.
-        bytes: total size of the tars.
-        seconds: wall time of the export.
-        prepare_options: the ``shardload prepare`` options that turn the tars
-            back into a set with the same schema (``--fixed-field``, ...).
+    ``tars`` are file names inside ``dest``, in sample order; ``prepare_options``
+    are the ``shardload prepare`` options that turn them back into a set with
+    the same schema (``--fixed-field``, ...).
     """
 
     path: str
@@ -107,21 +101,12 @@ def to_webdataset(
 ) -> WebDatasetExport:
     """Write the shard set at ``set_path`` as WebDataset tars in ``dest``.
 
-    Args:
-        set_path: a shard set directory.
-        dest: the directory to write the tars into; created if missing, and
-            must be empty unless ``overwrite``.
-        samples_per_tar: samples per tar (the last one may hold fewer);
-            ``None`` writes one tar per shard of the set.
-        overwrite: replace an earlier export in ``dest``. Anything else in
-            ``dest`` is still refused, and the earlier export stays intact
-            until the new one is complete.
-        progress: show a progress bar; ``None`` means "if stderr is a terminal"
-            (otherwise a log line every few seconds).
-
-    Returns:
-        A :class:`WebDatasetExport`; ``result.pattern`` is the brace pattern to
-        give ``webdataset.WebDataset`` or ``shardload prepare``.
+    ``dest`` is created if missing and must be empty, or with ``overwrite``
+    hold only an earlier export (which stays intact until the new one is
+    complete). ``samples_per_tar=None`` writes one tar per shard (the last tar
+    may hold fewer); ``progress=None`` shows a bar if stderr is a terminal.
+    ``result.pattern`` is the brace pattern to give ``webdataset.WebDataset``
+    or ``shardload prepare``.
 
     Raises:
         ShardSetError: ``set_path`` is not a usable shard set.
@@ -187,16 +172,12 @@ def to_webdataset(
 
 
 def check_field_names(schema: Schema, *, where: str) -> None:
-    """Refuse field names that WebDataset member naming would change.
+    """Refuse (:class:`InputError`: the names are the export's input) field names WebDataset naming would change.
 
     A member ``<key>.<field>.npy`` is split at the first dot of its base name
-    and its suffix is lower-cased (by WebDataset and by ``prepare`` alike), so
-    a field named ``inputIds`` would come back as ``inputids``, and one with a
-    ``/`` would change the key.
-
-    Raises:
-        InputError: naming the field and why (the set's field names are the
-            input of the export, not a problem of where it is written).
+    and its suffix is lower-cased (by WebDataset and ``prepare`` alike): a
+    field ``inputIds`` would come back as ``inputids``, one with ``/`` would
+    change the key.
     """
     key = "0" * KEY_DIGITS
     for f in schema.fields:
@@ -281,9 +262,8 @@ _AFTER_CHECKSUM = tarfile.REGTYPE + b"\x00" * 100 + tarfile.POSIX_MAGIC + b"\x00
 def member_header(name: str, size: int) -> bytes:
     """The tar header of a regular member with our fixed metadata.
 
-    A plain ustar header, built directly for the common case (an ASCII name of
-    up to 100 bytes, under 8 GiB), which is many times faster than
-    ``TarInfo.tobuf``; other names and sizes get ``tarfile``'s PAX header.
+    Built directly (many times faster than ``TarInfo.tobuf``) as plain ustar for
+    an ASCII name of up to 100 bytes under 8 GiB; else ``tarfile``'s PAX header.
     """
     raw = name.encode("utf-8")
     if len(raw) > 100 or not name.isascii() or size >= _MAX_OCTAL_SIZE:
@@ -416,11 +396,7 @@ class _DestLock:
         self._lock.release()  # leaves only the export's own files
 
     def commit(self, staged: Sequence[Path], names: Sequence[str], index: str) -> None:
-        """Move the finished tars into place and write the index last.
-
-        The old index goes first, so from then until the new index lands the
-        directory does not claim to hold a complete export.
-        """
+        """Move the finished tars into place, the old index withdrawn first and the new one written last."""
         staged_index = self.dest / f".{INDEX_NAME}.tmp-{os.getpid()}"
         try:
             staged_index.write_text(index, encoding="utf-8")
