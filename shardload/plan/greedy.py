@@ -28,21 +28,14 @@ _GROUP = 1 << 20  # positions per sparse table: bounds its memory to ~100 MB
 def greedy_rows(
     costs: NDArray[np.int64], stop: NDArray[np.int64], budget: int, max_rows: int | None
 ) -> NDArray[np.int64]:
-    """Rows of the greedy batch that would start at each position.
+    """``(n,)`` rows of the greedy batch that would start at each position.
 
-    Works in windows of ``2**20`` positions (plus the longest possible batch
-    of look-ahead), so memory stays bounded however long the sequence.
-
-    Args:
-        costs: ``(n,)`` per-row cost: padded length, at least 1.
-        stop: ``(n,)`` exclusive end of the sequence each position belongs to
-            (a batch never crosses it; non-decreasing).
-        budget: The token budget.
-        max_rows: Optional cap on rows.
-
-    Returns:
-        ``(n,)`` the largest ``k >= 1`` with ``k * max(costs[p:p+k]) <=
-        budget`` (``k = 1`` if even one row is over budget).
+    That is the largest ``k >= 1`` (at most ``max_rows``) with ``k *
+    max(costs[p:p+k]) <= budget``, ``1`` if even one row is over budget.
+    ``costs`` (padded lengths, ``>= 1``) and ``stop`` (the exclusive end of
+    each position's sequence, which a batch never crosses; non-decreasing)
+    are ``(n,)``. Works in windows of ``2**20`` positions, so memory stays
+    bounded however long the sequence.
 
     >>> greedy_rows(np.array([4, 4, 8, 2, 2]), np.full(5, 5), 16, None).tolist()
     [2, 2, 2, 2, 1]
