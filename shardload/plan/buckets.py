@@ -1,17 +1,11 @@
 """Length-bucketed batches (``bucketing=True``, with batch_size or max_tokens).
 
-Buckets have geometric upper bounds on the padded length (:func:`bucket_bounds`)
-and bucket ``j`` takes ``rows_j`` rows a batch (``batch_size``, or ``max(1,
-max_tokens // u_j)`` capped by ``max_rows``), so any batch drawn from it keeps
-the budget. Each bucket gives ``count_j // rows_j`` full batches, longest
-first; the remainders, laid out by decreasing length, are cut greedily
-(:func:`chunk_remainders`): a batch starting in bucket ``j`` takes ``rows_j``
-of them, which keeps the budget because all later ones are shorter. The rule
-in full: docs/planning.md ("Length buckets").
-
-A rank's count depends only on how many of its samples fall in each bucket:
-:func:`count_rank_buckets` gets that table for every rank in one pass over the
-lengths index (none with ``batch_size``: ``ceil(n_r / batch_size)``).
+Bucket ``j`` takes ``rows_j`` rows a batch (:func:`bucket_bounds`), so any
+batch drawn from it keeps the budget; the remainders, longest first, are cut
+greedily (:func:`chunk_remainders`), which keeps it too because all later ones
+are shorter. A rank's count depends only on how many of its samples fall in
+each bucket: :func:`count_rank_buckets` gets that table for every rank in one
+pass. The rule in full: docs/planning.md ("Length buckets").
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Token-budget batches without bucketing: a greedy fill of the sample order.
 
-Each batch takes the longest run of the next samples (random order in
-training, epoch order in evaluation) with ``k * padded_length(max of the k)
-<= max_tokens`` (at least one, at most ``max_rows``): the baseline bucketing
-improves on. The fill is sequential, so counting every rank runs it for every
-rank, vectorised: :func:`greedy_rows` gives every position's batch at once
-(binary lifting over a sparse table of range maxima, ``O(n log K)``), then
-the batch starts of all ranks are followed in lockstep. About 30x the cost of
-bucketing (docs/planning.md, "Figures").
+Each batch takes the longest run of the next samples within ``max_tokens``
+(at least one, at most ``max_rows``): the baseline bucketing improves on, at
+about 30x its cost. Counting every rank is vectorised: :func:`greedy_rows`
+gives every position's batch at once (binary lifting, ``O(n log K)``), then
+the batch starts of all ranks are followed in lockstep (docs/planning.md, "Greedy fill").
 """
 
 from __future__ import annotations

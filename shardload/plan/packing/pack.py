@@ -1,17 +1,12 @@
 """Packing: a rank's samples laid end to end in rows of ``pack_length`` tokens, ``rows_per_batch`` rows a batch.
 
-The fourth batching strategy (``Batching(packing=True, pack_length=L,
-rows_per_batch=R)``): every packed batch has the shape ``[R, L]`` per variable
-field, and only what the rows leave empty is padding. A rank's samples
-(``pack_split``: cut into pieces of at most ``L`` tokens) are packed best-fit
+The fourth batching strategy (docs/planning.md, "Packing"): a rank's samples
+(``pack_split``: pieces of at most ``pack_length`` tokens) are packed best-fit
 decreasing (:mod:`~shardload.plan.packing.rows`), the rows ranked heaviest
-first and equalised into exactly ``target`` batches (:meth:`PackBatcher.build_packed`),
-and training places the batches at the step positions every rank shares
-(:func:`~shardload.plan.steps.step_positions`).
-
-The row count of a rank depends only on the multiset of its sizes, so
-counting every rank (to agree on the target) and building one give the same
-rows.
+first, equalised into exactly ``target`` batches (:meth:`PackBatcher.build_packed`)
+and placed at the step positions every rank shares
+(:func:`~shardload.plan.steps.step_positions`). A rank's row count depends only
+on the multiset of its sizes, so counting every rank and building one give the same rows.
 """
 
 from __future__ import annotations
