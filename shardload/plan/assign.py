@@ -21,17 +21,10 @@ __all__ = ["ShardLayout", "assign_shards", "shard_order"]
 
 
 def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool) -> NDArray[np.int64]:
-    """The order in which the epoch lays shards end to end.
+    """``(S,)`` shard ids in the order the epoch lays them end to end.
 
-    Args:
-        num_shards: Number of shards ``S``.
-        seed: Run seed.
-        epoch: Epoch number.
-        shuffle: ``True``: a permutation seeded by ``(seed, epoch)`` only, so
-            that every rank computes the same one. ``False``: natural order.
-
-    Returns:
-        ``(S,)`` shard ids in epoch order.
+    With ``shuffle`` a permutation seeded by ``(seed, epoch)`` only, so that
+    every rank computes the same one; else the natural order.
     """
     if not shuffle:
         return np.arange(num_shards, dtype=np.int64)
@@ -72,14 +65,9 @@ class ShardLayout:
         return np.diff(self.rank_starts)
 
     def rank_segments(self, rank: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """The runs of consecutive sample ids that make up a rank's range.
+        """``(starts, sizes)``, each ``(k,)``: the runs of sample ids of a rank's range, in epoch order.
 
-        Args:
-            rank: The rank.
-
-        Returns:
-            ``(starts, sizes)``, each ``(k,)``: sample-id runs in epoch order,
-            one per shard the rank touches, all non-empty.
+        One run per shard the rank touches, all non-empty.
         """
         lo, hi = int(self.rank_starts[rank]), int(self.rank_starts[rank + 1])
         if lo == hi:
@@ -110,14 +98,10 @@ class ShardLayout:
         return int(self.shard_starts[self.order[k]] + position - self.epoch_starts[k])
 
     def pieces(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-        """Tile all sample ids into runs that each lie in one shard and one rank.
+        """``(starts, sizes, ranks)``: all sample ids tiled into runs that each lie in one shard and one rank.
 
-        This is what lets every rank count every rank's batches in one pass
-        over the lengths index: a run's rank is constant.
-
-        Returns:
-            ``(starts, sizes, ranks)``, each ``(P,)`` with ``P <= S + W``,
-            sorted by ``starts`` (sample ids); the runs tile ``[0, N)``.
+        Each ``(P,)`` with ``P <= S + W``, sorted by ``starts``; the runs tile
+        ``[0, N)``, so every rank counts every rank's batches in one pass.
         """
         cuts = np.union1d(self.epoch_starts, self.rank_starts)  # (P + 1,) epoch positions
         lo, hi = cuts[:-1], cuts[1:]
@@ -139,13 +123,7 @@ def assign_shards(shard_sizes: NDArray[np.int64], world_size: int, *, order: NDA
     of ``N / world_size``), and each range is contiguous in epoch order, so a
     rank touches only the shards its range overlaps.
 
-    Args:
-        shard_sizes: ``(S,)`` samples per shard, in natural order (zeros allowed).
-        world_size: Number of ranks ``W >= 1``.
-        order: ``(S,)`` shard ids in epoch order (see :func:`shard_order`).
-
-    Returns:
-        The epoch's :class:`ShardLayout`.
+    ``shard_sizes`` is in natural order (zeros allowed), ``order`` is :func:`shard_order`'s.
 
     >>> layout = assign_shards(np.array([3, 3, 3]), 2, order=np.arange(3))
     >>> layout.rank_sizes.tolist(), layout.rank_sample_ids(1).tolist()
@@ -171,14 +149,7 @@ def balance_by_tokens(
     one sample (a rank is never left empty by a few long samples). Used by
     packing, whose batch count follows a rank's tokens, not its samples.
     Cost: ``O(S + W)`` plus one cumulative sum per shard a cut falls in.
-
-    Args:
-        layout: The epoch's layout (its shard order is kept).
-        lengths: ``(N,)`` per-sample lengths.
-        shard_tokens: ``(S,)`` tokens per shard, in natural order.
-
-    Returns:
-        A :class:`ShardLayout` with new ``rank_starts``.
+    ``shard_tokens`` is ``(S,)``, in natural order; only ``rank_starts`` change.
 
     >>> layout = assign_shards(np.array([4]), 2, order=np.arange(1))
     >>> balance_by_tokens(layout, np.array([9, 1, 1, 1]), np.array([12])).rank_starts.tolist()

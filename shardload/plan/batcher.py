@@ -44,17 +44,9 @@ def chunk_offsets(num_rows: int, size: int) -> NDArray[np.int64]:
 class Batcher(ABC):
     """Groups each rank's samples into batches for one epoch of one stage.
 
-    Args:
-        lengths: ``(N,)`` per-sample lengths (any integer dtype, may be a memmap).
-        layout: The epoch's shard -> rank layout.
-        batching: Batching options.
-        shuffle: ``True`` for training: random order seeded by
-            ``(seed, epoch, rank)``. ``False``: deterministic order.
-        seed: Run seed.
-        epoch: Epoch number.
-        max_length: Longest length in ``lengths`` (``0`` if empty).
-        chunks: Training with chunk windows: shuffle chunks, then samples
-            within windows of chunks; ``None``: a full shuffle.
+    ``lengths`` may be any integer dtype or a memmap; ``max_length`` is its
+    largest (``0`` if empty). ``shuffle`` (training) draws from
+    ``(seed, epoch, rank)``; ``chunks`` are its chunk windows (``None``: a full shuffle).
     """
 
     #: Whether training shuffles the order of batches after building them
@@ -93,16 +85,7 @@ class Batcher(ABC):
         return counts.astype(np.int64, copy=False)
 
     def build_batches(self, rank: int) -> Batches:
-        """Materialise one rank's batches.
-
-        Args:
-            rank: The rank.
-
-        Returns:
-            ``(sample_ids, offsets)``: ``(n_r,)`` the rank's sample ids, each
-            once, in yield order, and ``(num_batches + 1,)`` batch offsets
-            into them. Every batch is non-empty.
-        """
+        """One rank's batches: its sample ids, each once, in yield order; every batch non-empty."""
         ids, lens, rng, windows = self._order(rank)
         sample_ids, offsets = self._cut(ids, lens)
         if rng is not None and self.shuffles_batch_order:
@@ -116,16 +99,10 @@ class Batcher(ABC):
         return sample_ids, offsets
 
     def rank_order(self, rank: int) -> tuple[NDArray[np.int64], NDArray[np.int64], np.random.Generator | None]:
-        """A rank's samples in the order its batches are cut from.
+        """``(ids, lens, rng)``: a rank's samples and their lengths, ``(n_r,)``, in the order its batches are cut from.
 
-        Args:
-            rank: The rank.
-
-        Returns:
-            ``(ids, lens, rng)``: ``(n_r,)`` the rank's sample ids and
-            ``(n_r,)`` their lengths, in epoch order, or in a random order
-            when shuffling (the first draw of ``rng``); ``rng`` is the rank's
-            generator after that draw, ``None`` when not shuffling.
+        Epoch order, or when shuffling the first draw of ``rng``, the rank's
+        generator returned after that draw (``None`` when not shuffling).
         """
         ids, lens, rng, _ = self._order(rank)
         return ids, lens, rng
@@ -153,13 +130,4 @@ class Batcher(ABC):
 
     @abstractmethod
     def _cut(self, ids: NDArray[np.int64], lens: NDArray[np.int64]) -> Batches:
-        """Cut one rank's samples into batches (reordering them if the strategy needs to).
-
-        Args:
-            ids: ``(n_r,)`` the rank's sample ids, as :meth:`rank_order` gives them
-                (shuffled when ``self.shuffle``).
-            lens: ``(n_r,)`` their lengths.
-
-        Returns:
-            ``(sample_ids, offsets)`` as in :meth:`build_batches`.
-        """
+        """Cut one rank's samples, as :meth:`rank_order` gives them, into batches (reordering them if needed)."""

@@ -1,17 +1,11 @@
 """Length-bucketed batches (``bucketing=True``, with batch_size or max_tokens).
 
-Buckets have geometric upper bounds on the padded length (:func:`bucket_bounds`)
-and bucket ``j`` takes ``rows_j`` rows a batch (``batch_size``, or ``max(1,
-max_tokens // u_j)`` capped by ``max_rows``), so any batch drawn from it keeps
-the budget. Each bucket gives ``count_j // rows_j`` full batches, longest
-first; the remainders, laid out by decreasing length, are cut greedily
-(:func:`chunk_remainders`): a batch starting in bucket ``j`` takes ``rows_j``
-of them, which keeps the budget because all later ones are shorter. The rule
-in full: docs/planning.md ("Length buckets").
-
-A rank's count depends only on how many of its samples fall in each bucket:
-:func:`count_rank_buckets` gets that table for every rank in one pass over the
-lengths index (none with ``batch_size``: ``ceil(n_r / batch_size)``).
+Bucket ``j`` takes ``rows_j`` rows a batch (:func:`bucket_bounds`), so any
+batch drawn from it keeps the budget; the remainders, longest first, are cut
+greedily (:func:`chunk_remainders`), which keeps it too because all later ones
+are shorter. A rank's count depends only on how many of its samples fall in
+each bucket: :func:`count_rank_buckets` gets that table for every rank in one
+pass. The rule in full: docs/planning.md ("Length buckets").
 """
 
 from __future__ import annotations
@@ -37,18 +31,12 @@ _LUT_LIMIT = 1 << 22  # longest length for which a length -> bucket table is bui
 
 
 def bucket_bounds(max_length: int, batching: Batching) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Bucket upper bounds and rows per batch.
+    """``(upper, rows)``, each ``(B,)``: bucket upper bounds and rows per batch.
 
-    Args:
-        max_length: Longest sample in the whole lengths index.
-        batching: Batching options.
-
-    Returns:
-        ``(upper, rows)``, each ``(B,)``: ``upper[j]`` the largest padded
-        length of bucket ``j``, increasing, multiples of ``pad_to_multiple_of``;
-        the last is the longest padded length, unless the budget stops the
-        bounds first at a one-row bucket that takes everything longer.
-        ``rows[j]`` rows per batch of bucket ``j``.
+    ``upper[j]`` is the largest padded length of bucket ``j``, increasing,
+    multiples of ``pad_to_multiple_of``; the last is the longest padded length
+    (``max_length``: of the whole index), unless the budget stops the bounds
+    first at a one-row bucket that takes everything longer.
 
     >>> upper, rows = bucket_bounds(40, Batching(max_tokens=64, pad_to_multiple_of=8))
     >>> upper.tolist(), rows.tolist()
@@ -98,19 +86,10 @@ def count_rank_buckets(
     upper: NDArray[np.int64],
     table: NDArray[np.int64] | None,
 ) -> NDArray[np.int64]:
-    """How many samples of each rank fall in each bucket, in one pass.
+    """``(W, B)`` how many samples of each rank fall in each bucket, in one pass.
 
     Cost: O(N) vectorised, in cache-sized chunks read in sample-id order
     (sequential reads of a memory-mapped index), plus O(S + W).
-
-    Args:
-        lengths: ``(N,)`` lengths index.
-        layout: The epoch's shard -> rank layout.
-        upper: ``(B,)`` bucket upper bounds.
-        table: Length -> bucket table from :func:`length_table`, or ``None``.
-
-    Returns:
-        ``(W, B)`` sample counts.
     """
     world, num_buckets = layout.world_size, len(upper)
     starts, sizes, ranks = layout.pieces()  # (P,) runs of one rank, in sample-id order
@@ -137,11 +116,8 @@ def chunk_remainders(
     given (longest first). A batch starting at a sample of bucket ``j`` takes
     ``rows[j]`` samples (fewer at the end). Since each remainder is smaller
     than its ``rows``, every batch finishes at least one bucket: the loop runs
-    at most ``B`` times, each step vectorised over ranks.
-
-    Args:
-        left: ``(R, B)`` remainder counts per rank and bucket, longest bucket first.
-        rows: ``(B,)`` rows per batch of each bucket, same order.
+    at most ``B`` times, each step vectorised over ranks. ``left`` is
+    ``(R, B)``, ``rows`` ``(B,)``, both longest bucket first.
 
     Returns:
         ``(counts, starts)``: ``(R,)`` batches per rank, and one ``(R,)``

@@ -61,12 +61,7 @@ def even_chunk_rows(rows: int, per_chunk: int) -> int:
 
 @dataclass(frozen=True)
 class ChunkWindows:
-    """The resolved chunk-window option of one plan.
-
-    Attributes:
-        rows: value rows of the length field per chunk, before evening out per shard.
-        window: chunks per window (``>= 1``).
-    """
+    """The resolved chunk-window option of one plan: ``rows`` per chunk (before evening out), ``window >= 1``."""
 
     rows: int
     window: int
@@ -78,13 +73,8 @@ def resolve_chunk_windows(batching: Batching, set_rows: int | None, *, shuffled:
     ``Batching.chunk_window`` ``0`` turns them off, ``k >= 1`` asks for
     windows of ``k`` chunks, ``None`` means the set's default: on
     (:data:`DEFAULT_CHUNK_WINDOW` chunks) for a set with chunks, off for
-    others. Only training shuffles, so only training uses them; packing
-    reorders its rows itself and never uses them.
-
-    Args:
-        batching: the options (``chunk_window``, ``chunk_rows``).
-        set_rows: the set's rows per chunk (:attr:`PlanInputs.chunk_rows`), ``None`` without chunks.
-        shuffled: whether the stage shuffles.
+    others (``set_rows``: :attr:`PlanInputs.chunk_rows`). Only a shuffled
+    stage uses them; packing never does.
 
     Raises:
         PlanError: windows asked for a set without chunks and no ``Batching.chunk_rows``.
@@ -125,19 +115,10 @@ def chunk_blocks(
     """``(n,)`` the chunk of each of a rank's samples, numbered ``0, 1, ...`` in epoch order.
 
     Cost: one pass over the rank's lengths, plus the rest of the (at most two)
-    shards the rank reads only part of.
-
-    Args:
-        lengths: ``(N,)`` the lengths index (value rows of the length field).
-        lens: ``(n,)`` the lengths of the rank's samples, in epoch order.
-        shard_starts: ``(S + 1,)`` offsets of shards along sample ids.
-        segments: ``(starts, sizes)``, each ``(k,)``: the rank's runs of consecutive
-            sample ids, one per shard, in epoch order, all non-empty
-            (:meth:`~shardload.plan.assign.ShardLayout.rank_segments`).
-        rows: value rows per chunk, before evening out per shard.
-
-    Returns:
-        ``(n,)`` non-decreasing chunk numbers, one per sample of the runs in order.
+    shards the rank reads only part of. ``lens`` are the rank's lengths in
+    epoch order, ``segments`` its runs
+    (:meth:`~shardload.plan.assign.ShardLayout.rank_segments`), ``rows`` the
+    value rows per chunk before evening out per shard.
 
     >>> lengths = np.array([2, 2, 2, 2, 1])  # one shard of 9 rows: chunks of 3 rows (9 // ceil(9 / 4))
     >>> chunk_blocks(lengths, lengths[1:], np.array([0, 5]), (np.array([1]), np.array([4])), 4).tolist()
@@ -171,14 +152,9 @@ def window_order(
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Shuffle chunks, cut them into windows of ``window``, shuffle samples within each window.
 
-    Args:
-        blocks: ``(n,)`` chunk of each sample (:func:`chunk_blocks`).
-        window: chunks per window.
-        rng: the rank's generator (two draws: the chunk order, then the samples' keys).
-
-    Returns:
-        ``(order, windows)``: ``(n,)`` the new order (positions into ``blocks``)
-        and ``(n,)`` the window of each sample in that order (non-decreasing).
+    Two draws from ``rng``: the chunk order, then the samples' keys. Returns
+    ``(order, windows)``: ``(n,)`` positions into ``blocks``
+    (:func:`chunk_blocks`) and ``(n,)`` the window of each, non-decreasing.
     """
     num_blocks = int(blocks[-1]) + 1 if len(blocks) else 0
     place = np.empty(num_blocks, dtype=np.int64)
@@ -194,12 +170,8 @@ def window_batch_order(
     """``(num_batches,)`` an order of whole batches: by the window each completes in, shuffled within it.
 
     For batchers that gather a batch from all over the rank's order (length
-    buckets): a batch is read once all its samples' windows have been reached.
-
-    Args:
-        row_windows: ``(num_rows,)`` the window of each row, batch after batch.
-        offsets: ``(num_batches + 1,)`` batch offsets (every batch non-empty).
-        rng: the rank's generator.
+    buckets): a batch is read once all its samples' windows have been
+    reached. ``row_windows`` is ``(num_rows,)``, batch after batch; every batch is non-empty.
 
     >>> window_batch_order(np.array([0, 2, 1, 0]), np.array([0, 2, 3, 4]), np.random.default_rng(0)).tolist()
     [2, 1, 0]

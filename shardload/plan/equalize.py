@@ -30,14 +30,8 @@ def split_batches(offsets: NDArray[np.int64], target: int) -> NDArray[np.int64]:
     case) this cuts its few largest batches in two. Rows, their order and
     every token budget are kept (a piece of a batch never pads more than the
     batch). Cost: ``target - count`` extra, smaller steps on this rank; no
-    sample is dropped or repeated.
-
-    Args:
-        offsets: ``(count + 1,)`` batch offsets, every batch non-empty.
-        target: Wanted batch count, ``count <= target <= offsets[-1]`` (rows).
-
-    Returns:
-        ``(target + 1,)`` the new offsets into the same rows.
+    sample is dropped or repeated. Every batch is non-empty and
+    ``count <= target <= offsets[-1]`` (rows); returns ``(target + 1,)`` offsets.
 
     >>> split_batches(np.array([0, 10, 13]), 4).tolist()
     [0, 3, 6, 10, 13]
@@ -73,20 +67,11 @@ def equalize_batches(
     uneven: Uneven,
     filler_id: int,
 ) -> tuple[NDArray[np.int64], NDArray[np.float32], NDArray[np.int64]]:
-    """Give one rank's batches exactly ``target`` batches.
+    """Give one rank's batches exactly ``target`` batches, by ``uneven`` (see the module docstring).
 
-    Args:
-        sample_ids: ``(n,)`` the rank's sample ids in yield order.
-        offsets: ``(count + 1,)`` batch offsets into ``sample_ids``.
-        target: The batch count every rank must reach: the largest count for
-            ``"split"``/``"pad"``, the smallest for ``"drop"``.
-        uneven: The policy (see the module docstring).
-        filler_id: Sample id repeated (weight 0) in filler rows.
-
-    Returns:
-        ``(sample_ids, weights, offsets)``: ``(rows,)`` ids with filler
-        appended, ``(rows,)`` weights (1.0 real, 0.0 filler) and
-        ``(target + 1,)`` offsets.
+    ``target`` is the largest count of all ranks for ``"split"``/``"pad"``, the
+    smallest for ``"drop"``. Returns ``(sample_ids, weights, offsets)``: ids
+    with filler rows (``filler_id``, weight 0.0) appended.
     """
     count = len(offsets) - 1
     if uneven == "drop":

@@ -1,13 +1,10 @@
 """Token-budget batches without bucketing: a greedy fill of the sample order.
 
-Each batch takes the longest run of the next samples (random order in
-training, epoch order in evaluation) with ``k * padded_length(max of the k)
-<= max_tokens`` (at least one, at most ``max_rows``): the baseline bucketing
-improves on. The fill is sequential, so counting every rank runs it for every
-rank, vectorised: :func:`greedy_rows` gives every position's batch at once
-(binary lifting over a sparse table of range maxima, ``O(n log K)``), then
-the batch starts of all ranks are followed in lockstep. About 30x the cost of
-bucketing (docs/planning.md, "Figures").
+Each batch takes the longest run of the next samples within ``max_tokens``
+(at least one, at most ``max_rows``): the baseline bucketing improves on, at
+about 30x its cost. Counting every rank is vectorised: :func:`greedy_rows`
+gives every position's batch at once (binary lifting, ``O(n log K)``), then
+the batch starts of all ranks are followed in lockstep (docs/planning.md, "Greedy fill").
 """
 
 from __future__ import annotations
@@ -28,21 +25,14 @@ _GROUP = 1 << 20  # positions per sparse table: bounds its memory to ~100 MB
 def greedy_rows(
     costs: NDArray[np.int64], stop: NDArray[np.int64], budget: int, max_rows: int | None
 ) -> NDArray[np.int64]:
-    """Rows of the greedy batch that would start at each position.
+    """``(n,)`` rows of the greedy batch that would start at each position.
 
-    Works in windows of ``2**20`` positions (plus the longest possible batch
-    of look-ahead), so memory stays bounded however long the sequence.
-
-    Args:
-        costs: ``(n,)`` per-row cost: padded length, at least 1.
-        stop: ``(n,)`` exclusive end of the sequence each position belongs to
-            (a batch never crosses it; non-decreasing).
-        budget: The token budget.
-        max_rows: Optional cap on rows.
-
-    Returns:
-        ``(n,)`` the largest ``k >= 1`` with ``k * max(costs[p:p+k]) <=
-        budget`` (``k = 1`` if even one row is over budget).
+    That is the largest ``k >= 1`` (at most ``max_rows``) with ``k *
+    max(costs[p:p+k]) <= budget``, ``1`` if even one row is over budget.
+    ``costs`` (padded lengths, ``>= 1``) and ``stop`` (the exclusive end of
+    each position's sequence, which a batch never crosses; non-decreasing)
+    are ``(n,)``. Works in windows of ``2**20`` positions, so memory stays
+    bounded however long the sequence.
 
     >>> greedy_rows(np.array([4, 4, 8, 2, 2]), np.full(5, 5), 16, None).tolist()
     [2, 2, 2, 2, 1]

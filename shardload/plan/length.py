@@ -88,12 +88,9 @@ def epoch_steps(
 ) -> int:
     """The run's training steps per epoch (see the module docstring), computed once per run.
 
-    Args:
-        spec: A training epoch of the run (its epoch is ignored).
-        batching: The run's batching.
-        natural_of: The natural target of an epoch at draw 0.
-        memo: The inputs' memo (:meth:`~shardload.plan.PlanInputs.memo`).
-        margin: A mixture: probe :data:`MIX_PROBE_EPOCHS` epochs and add their spread, at least 1.
+    ``spec.epoch`` is ignored; ``natural_of(epoch)`` is an epoch's natural
+    target at draw 0; ``memo`` the inputs' (:meth:`~shardload.plan.PlanInputs.memo`).
+    ``margin`` (a mixture): probe :data:`MIX_PROBE_EPOCHS` epochs and add their spread, at least 1.
     """
     probes = MIX_PROBE_EPOCHS if margin else PROBE_EPOCHS
     key = ("epoch steps", batching, spec.world_size, spec.seed, spec.shard_assignment, probes)

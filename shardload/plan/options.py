@@ -46,19 +46,11 @@ def padded_length(max_len: int | NDArray[np.integer[Any]], pad_to_multiple_of: i
     """Length a batch is padded to: ``max_len`` rounded up to a multiple.
 
     The one rule for it: the collate pads every row of a batch to this length,
-    and the planner's token budgets (``Batching.max_tokens``), buckets and plan
-    summaries count ``rows * padded_length(...)``; the ``max_tokens``
-    guarantee holds because they all call this.
-
-    Args:
-        max_len: Longest sample of a batch (``>= 0``), or an integer array of
-            them (e.g. ``(num_batches,)`` or per-row lengths), rounded
-            element-wise in one vectorised step; array entries are not checked
-            (lengths indexes are checked when a set is opened).
-        pad_to_multiple_of: Round up to a multiple of this (``>= 1``).
-
-    Returns:
-        The padded length (int64 array for an array); ``0`` stays ``0``.
+    and the planner's token budgets, buckets and plan summaries count
+    ``rows * padded_length(...)``; the ``max_tokens`` guarantee holds because
+    they all call this. ``max_len`` may be an integer array, rounded
+    element-wise to int64 (its entries are not checked: lengths indexes are
+    checked when a set is opened); ``0`` stays ``0``.
 
     Raises:
         PlanError: If an int ``max_len < 0`` or ``pad_to_multiple_of < 1``.
@@ -95,10 +87,8 @@ MAX_PACKED_TOKENS = (1 << 31) - 1
 def check_packed_tokens(pack_length: int, rows_per_batch: int) -> None:
     """Refuse packed batches of more than :data:`MAX_PACKED_TOKENS` tokens (``cu_seqlens`` counts them in int32).
 
-    The one check of the packed batch size: :class:`Batching` makes it where
-    the options are written (so planning and ``shardload plan`` never count
-    with a batch that cannot be loaded), and
-    :class:`~shardload.load.collate_packed.PackSpec` for a spec built directly.
+    The one check of it: :class:`Batching` makes it where the options are
+    written, and :class:`~shardload.load.collate_packed.PackSpec` for a spec built directly.
 
     Raises:
         PlanError: naming both options, if their product is too large.

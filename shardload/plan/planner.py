@@ -56,13 +56,9 @@ class EpochPlanner:
     """What all ranks share for one epoch: layout, counts, target, fingerprint.
 
     Args:
-        inputs: The shard set's lengths and shard sizes (checked when built), or
-            a mixture's :class:`~shardload.plan.mix.inputs.MixInputs` (one per source), or
-            :class:`~shardload.plan.resume.ResumeInputs`: the rest of an epoch after
-            segments on other world sizes (planned over the remainder, whose
+        inputs: One shard set, a mixture, or :class:`~shardload.plan.resume.ResumeInputs`: the rest
+            of an epoch after segments on other world sizes (planned over the remainder, whose
             entries :attr:`rest` maps back to the base's sample ids and starts).
-        spec: The epoch to plan: world size, stage, seed, epoch, shard assignment.
-        batching: How rows become batches.
         steady: Training only: plan the epoch to the run's steps per epoch, the same in every epoch
             (:mod:`shardload.plan.length`). ``False``: the epoch's natural target (the probes of that
             module, and the replay of a resumed epoch's later segments, which were planned so).
@@ -155,7 +151,7 @@ class EpochPlanner:
         self.mix: MixBatcher | None = None
         #: the chunk windows of the set (of each source of a mixture; ``None``: a full shuffle)
         self.chunks: list[ChunkWindows | None] = []
-        if isinstance(self.inputs, MixInputs):  # a selection step, then one batcher per source (plan/mixbatch.py)
+        if isinstance(self.inputs, MixInputs):  # a selection step, then one batcher per source (plan/mix/batcher.py)
             self.mix = MixBatcher(self.inputs, self.spec, self.batching, order_seed=self.order_seed)
             self.chunks = self.mix.chunks
             return self.mix.count_batches()
@@ -205,9 +201,8 @@ class EpochPlanner:
     def consumed(self, batches: int) -> Iterator[tuple[NDArray[np.int64], NDArray[np.int64] | None]]:
         """Every rank's ``(sample_ids, starts)`` of the real entries of its first ``batches`` batches, in rank order.
 
-        The entries of :meth:`plans` cut at ``batches`` (a rank's in another
-        order when packed: rows are followed to their batch without sorting
-        the rank's entries); ``starts`` is ``None`` unless packed.
+        The entries of :meth:`plans` cut at ``batches`` (in another order when
+        packed); ``starts`` is ``None`` unless packed.
         """
         if self.mix is not None or not isinstance(self.batcher, PackBatcher):
             for plan in self.plans():
@@ -291,12 +286,9 @@ class EpochPlanner:
         return order_steps(ids, weights, offsets, lens, multiple=multiple, seed=self.order_seed, epoch=spec.epoch)
 
     def _filler_id(self, ids: NDArray[np.int64], lens: NDArray[np.int64] | None = None) -> int:
-        """Filler sample: the rank's shortest sample (``lens``: their lengths, when already read), else the
-        globally shortest.
+        """Filler sample: the rank's shortest (``lens``: their lengths, when already read), else the globally shortest.
 
-        A rank can only be empty when ``N < world_size`` (layouts cut by
-        tokens keep a sample on every rank too), so the global search is over
-        a tiny index.
+        A rank can only be empty when ``N < world_size``, so the global search is over a tiny index.
         """
         if len(ids):
             return int(ids[np.argmin(self.lengths[ids] if lens is None else lens)])

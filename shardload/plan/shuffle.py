@@ -18,11 +18,11 @@ __all__ = ["epoch_rng", "permute_batches", "position_rng", "rank_rng"]
 
 _EPOCH_STREAM = 0x5348  # tags: distinct entropy for the shared and the per-rank streams
 _RANK_STREAM = 0x524B
-_POSITION_STREAM = 0x5053  # packed batch positions: not the stream of the shard order
+_POSITION_STREAM = 0x5053  # step positions of batches: not the stream of the shard order
 
 
 def position_rng(seed: int, epoch: int) -> np.random.Generator:
-    """The generator of an epoch's packed batch positions, the same on every rank (its own stream)."""
+    """The generator of an epoch's step positions of batches (plan/steps.py), the same on every rank."""
     return np.random.default_rng([seed, epoch, _POSITION_STREAM])
 
 
@@ -39,16 +39,7 @@ def rank_rng(seed: int, epoch: int, rank: int) -> np.random.Generator:
 def permute_batches(
     sample_ids: NDArray[np.int64], offsets: NDArray[np.int64], perm: NDArray[np.int64]
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Reorder whole batches, keeping each batch's rows together and in order.
-
-    Args:
-        sample_ids: ``(num_rows,)`` sample ids, batch after batch.
-        offsets: ``(num_batches + 1,)`` offsets of batches into ``sample_ids``.
-        perm: ``(num_batches,)`` new order: output batch ``i`` is input batch
-            ``perm[i]``.
-
-    Returns:
-        ``(sample_ids, offsets)`` of the reordered batches.
+    """Reorder whole batches (output batch ``i`` is input batch ``perm[i]``), each batch's rows together and in order.
 
     >>> ids, off = permute_batches(np.arange(5), np.array([0, 2, 5]), np.array([1, 0]))
     >>> ids.tolist(), off.tolist()

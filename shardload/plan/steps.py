@@ -26,10 +26,7 @@ __all__ = ["batch_costs", "heaviest_first", "order_steps", "step_positions"]
 def batch_costs(lens: NDArray[np.int64], offsets: NDArray[np.int64], multiple: int) -> NDArray[np.int64]:
     """``(num_batches,)`` padded tokens of each batch: rows times the padded length of its longest row.
 
-    Args:
-        lens: ``(rows,)`` the length of each row, batch after batch.
-        offsets: ``(num_batches + 1,)`` batch offsets into ``lens``; every batch non-empty.
-        multiple: ``Batching.pad_to_multiple_of``.
+    ``lens`` is ``(rows,)``, batch after batch; every batch non-empty; ``multiple``: ``pad_to_multiple_of``.
 
     >>> batch_costs(np.array([5, 3, 9, 2]), np.array([0, 2, 4]), 4).tolist()
     [16, 24]
@@ -73,18 +70,6 @@ def order_steps(
 
     Rows stay in their batches and in their order within a batch; only whole
     batches move, so every count, budget and the set of samples are kept.
-
-    Args:
-        sample_ids: ``(rows,)`` the rank's sample ids, batch after batch (filler included).
-        weights: ``(rows,)`` their weights.
-        offsets: ``(num_batches + 1,)`` batch offsets.
-        lens: ``(rows,)`` the rows' lengths.
-        multiple: ``Batching.pad_to_multiple_of``.
-        seed: Run seed.
-        epoch: Epoch number.
-
-    Returns:
-        ``(sample_ids, weights, offsets)`` in step order.
 
     >>> ids, w, off = order_steps(
     ...     np.array([0, 1, 2]), np.ones(3, np.float32), np.array([0, 1, 3]), np.array([4, 4, 4]), multiple=1, seed=0, epoch=0)

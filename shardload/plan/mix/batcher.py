@@ -35,15 +35,7 @@ __all__ = ["MixBatcher", "MixedBatches", "SourcePart", "interleave"]
 
 @dataclass(frozen=True)
 class MixedBatches:
-    """One rank's equalised batches of a mixture (the fields of a :class:`~shardload.plan.RankPlan`).
-
-    Attributes:
-        sample_ids: ``(rows,)`` global ids (filler included).
-        weights: ``(rows,)`` 1.0 real, 0.0 filler.
-        batch_offsets: ``(num_batches + 1,)``.
-        rows: packed plans: ``(rows,)`` int32 row of each entry in its batch; else ``None``.
-        starts: packed plans: ``(rows,)`` first token of each entry's sample; else ``None``.
-    """
+    """One rank's equalised batches of a mixture: the fields of a :class:`~shardload.plan.RankPlan`, global ids."""
 
     sample_ids: NDArray[np.int64]
     weights: NDArray[np.float32]
@@ -66,14 +58,10 @@ class SourcePart:
     """One source's share of an epoch: the selected samples, their rank ranges and batcher.
 
     Attributes:
-        index: The source's position in the mixture.
         offset: The global id of its sample 0.
-        selection: How many times each of its samples is used.
         entries: ``(n,)`` local sample id of each selected use, in shard order
             (``None``: every sample once, the ids themselves).
         inputs: The selected uses as a lengths index (the source's own when ``entries`` is ``None``).
-        layout: The uses' shards -> rank ranges.
-        batcher: The strategy that batches each rank's uses.
     """
 
     index: int
@@ -92,12 +80,6 @@ class SourcePart:
 
 class MixBatcher:
     """Counts every rank's batches of a mixture and builds one rank's (see the module docstring).
-
-    Args:
-        mix: The mixture.
-        spec: The epoch (training selects; evaluation uses every sample once).
-        batching: How rows become batches.
-        order_seed: The seed of the shard and sample orders (default: ``spec.seed``).
 
     Raises:
         MixtureError: see :func:`~shardload.plan.mix.inputs.select_source`.
@@ -260,14 +242,9 @@ def interleave(sizes: list[NDArray[np.int64]]) -> NDArray[np.int64]:
     rule relative to each share, in one sort. Guarantee: after any prefix,
     source ``k`` has ``x_k`` of ``X`` units with ``|x_k - p_k X| <= (u_k +
     p_k * sum_j u_j) / 2`` (``p_k = t_k / sum_j t_j``, ``u_j`` the largest
-    unit of source ``j``): about one unit.
-
-    Args:
-        sizes: One ``(n_k,)`` array per source: the units (tokens or samples)
-            of each of its units, in the source's own order (kept).
-
-    Returns:
-        ``(sum n_k,)`` indices into the concatenation of the sources' units.
+    unit of source ``j``): about one unit. ``sizes``: one ``(n_k,)`` array
+    per source, the tokens or samples of each unit, in the source's order
+    (kept); returns ``(sum n_k,)`` indices into their concatenation.
 
     >>> interleave([np.array([1, 1, 1, 1]), np.array([2, 2])]).tolist()
     [0, 4, 1, 2, 5, 3]

@@ -1,17 +1,12 @@
 """Packing: a rank's samples laid end to end in rows of ``pack_length`` tokens, ``rows_per_batch`` rows a batch.
 
-The fourth batching strategy (``Batching(packing=True, pack_length=L,
-rows_per_batch=R)``): every packed batch has the shape ``[R, L]`` per variable
-field, and only what the rows leave empty is padding. A rank's samples
-(``pack_split``: cut into pieces of at most ``L`` tokens) are packed best-fit
+The fourth batching strategy (docs/planning.md, "Packing"): a rank's samples
+(``pack_split``: pieces of at most ``pack_length`` tokens) are packed best-fit
 decreasing (:mod:`~shardload.plan.packing.rows`), the rows ranked heaviest
-first and equalised into exactly ``target`` batches (:meth:`PackBatcher.build_packed`),
-and training places the batches at the step positions every rank shares
-(:func:`~shardload.plan.steps.step_positions`).
-
-The row count of a rank depends only on the multiset of its sizes, so
-counting every rank (to agree on the target) and building one give the same
-rows.
+first, equalised into exactly ``target`` batches (:meth:`PackBatcher.build_packed`)
+and placed at the step positions every rank shares
+(:func:`~shardload.plan.steps.step_positions`). A rank's row count depends only
+on the multiset of its sizes, so counting every rank and building one give the same rows.
 """
 
 from __future__ import annotations
@@ -84,12 +79,7 @@ class PackedBatches:
 
 
 class PackBatcher(Batcher):
-    """Packed rows, ``rows_per_batch`` a batch (see the module docstring).
-
-    Counting packs every rank's sizes (a rank's count is
-    ``ceil(rows / rows_per_batch)``); building packs one rank's samples and
-    then equalises at the row level (:meth:`build_packed`).
-    """
+    """Packed rows, ``rows_per_batch`` a batch (see the module docstring)."""
 
     def _prepare(self) -> None:
         b = self.batching
@@ -126,11 +116,7 @@ class PackBatcher(Batcher):
             rank = end
 
     def _count(self) -> NDArray[np.int64]:
-        """Every rank's ``ceil(rows / rows_per_batch)``: one best-fit run over every rank's size histogram.
-
-        :func:`~shardload.plan.packing.rows.count_rows` packs each rank as
-        :meth:`build_packed` packs it alone, so the counts are the built ones.
-        """
+        """Every rank's ``ceil(rows / rows_per_batch)``, from one best-fit run; equal to the built counts."""
         runs = self.size_runs()
         self._refuse_many_pieces(runs)
         rows = count_rows(runs, self.layout.world_size, self.capacity)
@@ -139,8 +125,7 @@ class PackBatcher(Batcher):
     def _refuse_many_pieces(self, runs: SizeRuns) -> None:
         """Refuse a rank to which ``pack_split`` adds more than :data:`MAX_CUT_PIECES` pieces, naming the longest sample.
 
-        A sample of ``n`` tokens is ``ceil(n / pack_length)`` entries of the
-        plan; one of ``10**9`` tokens in rows of 8 would need ~20 GB to build.
+        One sample of ``10**9`` tokens in rows of 8 would need ~20 GB to build.
         """
         if not self.batching.pack_split or self.max_length <= self.capacity:
             return
@@ -289,9 +274,8 @@ class PackBatcher(Batcher):
     ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """``(ids, starts)`` of the real entries in the first ``batches`` batches of :meth:`build_packed`'s plan.
 
-        The same entries as slicing the built plan (in another order), without
-        sorting the rank's entries: rows -> batches -> positions, and each
-        entry through its row. A rank that must cut rows is built.
+        The same entries as slicing the built plan, in another order, without
+        sorting the rank's entries (a rank that must cut rows is built).
         """
         rows = len(packed.used)
         uncut = self._row_batches(rows, target)
@@ -330,14 +314,9 @@ class PackBatcher(Batcher):
 def refuse_long_samples(lengths: NDArray[np.integer], max_length: int, batching: Batching) -> None:
     """Refuse a set with a sample longer than a row, unless ``pack_split`` cuts it (the one rule, for both callers).
 
-    The planner applies it before packing; the loader (``make_loader``, the
-    DataModule) when it is built, so the error comes where the options were
-    written, not at the first batch.
-
-    Args:
-        lengths: ``(N,)`` batching length of every sample.
-        max_length: ``lengths.max()`` (0 for an empty set).
-        batching: packed batching options.
+    The planner applies it before packing; the loader when it is built, so the
+    error comes where the options were written. ``max_length`` is
+    ``lengths.max()`` (0 for an empty set).
 
     Raises:
         PlanError: naming the first such sample, its length and ``pack_length``.

@@ -174,7 +174,6 @@ class Placement:
     """What one best-fit step (1 and later) places, group by group: what :meth:`BestFit._follow` is given.
 
     Attributes:
-        step: The step.
         segs: ``(s,)`` the segments placing items, increasing.
         touched: ``(g,)`` indices of their active groups that can take items (before the step), by segment.
         full: ``(g,)`` its first ``full`` rows (by row number) take ``per_row`` items each...
@@ -197,19 +196,12 @@ class Placement:
 
 
 class BestFit:
-    """One BFD run over the runs of many segments (see the module docstring).
+    """One BFD run over the runs of ``K = segments`` segments (the steps: the module docstring).
 
-    Step ``j`` places the ``j``-th largest size of every segment that has
-    one; segments never share a row, so each is packed as if alone. Rows
-    are kept as groups of equal gap: *active* groups, sorted by ``(segment,
-    gap)``, and *waiting* ones, filed by the step at which their segment's
-    sizes come down to their gap (groups whose segment has no size that
-    small left are dropped).
-
-    Args:
-        runs: Every segment's items (:meth:`SizeRuns.of`); sizes ``<= capacity``.
-        segments: Number of segments ``K``.
-        capacity: Tokens per row, ``>= 1``.
+    Rows are kept as groups of equal gap: *active* groups, sorted by
+    ``(segment, gap)``, and *waiting* ones, filed by the step that wakes them
+    (groups whose segment has no size that small left are dropped). Sizes in
+    ``runs`` are ``<= capacity``; ``capacity >= 1``.
     """
 
     def __init__(self, runs: SizeRuns, segments: int, capacity: int) -> None:
@@ -271,8 +263,7 @@ class BestFit:
     def _merge(self, seg: NDArray[np.int64], gap: NDArray[np.int64], cnt: NDArray[np.int64]) -> None:
         """Add groups to the active ones (kept sorted by ``(segment, gap)``, one group per key; empty ones ignored).
 
-        The new groups are few: they are sorted and inserted (an existing key
-        gets their rows), not the active groups re-sorted.
+        The new groups are few: inserting them is cheaper than re-sorting the active ones.
         """
         keep = cnt > 0
         seg, gap, cnt = seg[keep], gap[keep], cnt[keep]
@@ -321,10 +312,7 @@ class BestFit:
     def _file(
         self, step: int, seg: NDArray[np.int64], gap: NDArray[np.int64], cnt: NDArray[np.int64]
     ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-        """File groups of rows by the step that wakes them; drop those no later size fits.
-
-        Returns the groups that wake at the next step.
-        """
+        """File groups of rows by the step that wakes them, drop those no later size fits; return the next step's."""
         when = self._next_use(step, seg, gap)
         keep = (cnt > 0) & (when < self.seg_steps[seg])
         seg, gap, cnt, when = seg[keep], gap[keep], cnt[keep], when[keep]
@@ -400,15 +388,9 @@ class BestFit:
         """Called by step 0: ``n`` rows of one item of ``sizes`` open in segments ``segs``, in that order."""
 
     def _follow(self, placed: Placement) -> None:
-        """Called by each step before the groups change (rows followed one by one: ``packtrack.TrackedBestFit``)."""
+        """Called by each step before the groups change (rows followed one by one: ``track.TrackedBestFit``)."""
 
 
 def count_rows(runs: SizeRuns, segments: int, capacity: int) -> NDArray[np.int64]:
-    """``(segments,)`` rows BFD packs each segment's items into, each segment as if alone.
-
-    Args:
-        runs: Every segment's items (:meth:`SizeRuns.of`), sizes ``<= capacity``.
-        segments: Number of segments.
-        capacity: Tokens per row, ``>= 1``.
-    """
+    """``(segments,)`` rows BFD packs each segment's items into, each as if alone (sizes ``<= capacity``)."""
     return BestFit(runs, segments, capacity).run()

@@ -23,12 +23,9 @@ __all__ = ["TrackedBestFit", "pack_rows", "pack_segments"]
 class TrackedBestFit(BestFit):
     """A :class:`~shardload.plan.packing.rows.BestFit` run that also follows every row one by one.
 
-    Rows mirror the groups: the gap and segment of each row (grown by
-    doubling), and the rows as keys ``(segment, gap, row)`` (see
-    :meth:`_row_keys`): the active ones sorted, so that each active group's
-    rows are a slice in row order; those active from the next step on; the
-    waiting ones filed by step. ``placed`` holds the ``(rows, items)`` each
-    step placed.
+    Rows mirror the groups, as keys ``(segment, gap, row)`` (:meth:`_row_keys`):
+    the active ones sorted, so that each active group's rows are a slice in row
+    order. ``placed`` holds the ``(rows, items)`` each step placed.
 
     Raises:
         PlanError: when ``segments * (capacity + 1) * (items + 1)`` does not fit a row key (``2**63``).
@@ -55,13 +52,7 @@ class TrackedBestFit(BestFit):
         super()._wake(step)
 
     def _follow(self, placed: Placement) -> None:
-        """Follow the step row by row: which rows take how many items.
-
-        In each touched group the first ``full`` rows (by row number) take
-        ``per_row`` items and the next one ``part``. Only the rows that take
-        items and the new ones are touched (and the active rows' keys copied
-        once, without them).
-        """
+        """Follow the step row by row: which rows take how many items (only those rows and the new ones are touched)."""
         step, segs, full, per_row, part = placed.step, placed.segs, placed.full, placed.per_row, placed.part
         new_full, new_per_row, new_part = placed.new_full, placed.new_per_row, placed.new_part
         first = (np.cumsum(self.a_cnt) - self.a_cnt)[placed.touched]  # each touched group's first active row
@@ -140,11 +131,7 @@ def pack_segments(
 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
     """Pack the items of each segment into rows of at most ``capacity`` tokens, each segment as if alone.
 
-    Args:
-        sizes: ``(m,)`` item sizes, ``0 <= size <= capacity``.
-        seg: ``(m,)`` segment of each item, ``0 <= seg < segments`` (any order).
-        segments: Number of segments ``K``.
-        capacity: Tokens per row, ``>= 1``.
+    ``sizes`` and ``seg`` are ``(m,)``, ``0 <= size <= capacity``, ``0 <= seg < segments`` (any order).
 
     Returns:
         ``(row_of, used, row_seg)``: ``(m,)`` the row of each item, ``(rows,)``
@@ -196,8 +183,6 @@ def pack_segments(
 def _runs_by_segment(sizes: NDArray[np.int64], bounds: list[int], capacity: int) -> tuple[NDArray[np.int64], SizeRuns]:
     """``(order, runs)``: each segment's items largest first (stably, ``(m,)`` indices within the segment) and
     its size runs; ``bounds``: ``(K + 1,)`` each segment's first item (items given segment by segment).
-
-    One segment at a time, each within the cache.
     """
     order = np.empty(len(sizes), dtype=np.int64)
     seg, size, count = [], [], []
