@@ -5,7 +5,7 @@ from the lengths index and gets the same number of batches as every other
 rank::
 
     PlanInputs (lengths (N,), shard_sizes (S,), digest)   the shard set's index
-      or MixInputs (one PlanInputs per source, weights)    a mixture of shard sets (plan/mix.py)
+      or MixInputs (one PlanInputs per source, weights)    a mixture of shard sets (plan/mix/)
       or ResumeInputs (base inputs, history)             the rest of an epoch after other world sizes (plan/resume.py)
     EpochSpec (world_size, stage, seed, epoch, ...)       the epoch asked for
     Batching (batch_size | max_tokens, bucketing, ...)    how rows become batches
