@@ -104,15 +104,9 @@ def join_url(url: str, *names: str) -> str:
 def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
     """The fsspec filesystem serving ``url`` and the path of ``url`` on it.
 
-    Credentials and endpoints come the standard way for each filesystem (the
-    environment, config files, instance metadata) or from ``storage_options``
-    (for S3: ``{"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}``).
-
-    For S3, the client's own retries are off (botocore's ``retries`` in ``config_kwargs``, unless
-    ``storage_options`` or ``$AWS_MAX_ATTEMPTS`` sets them; s3fs's loop around botocore), so that a
-    store that cannot be reached fails within :class:`~shardload.remote.retry.RetryPolicy`'s waits,
-    and ``connect_timeout``/``read_timeout`` are :data:`CONNECT_TIMEOUT`/:data:`READ_TIMEOUT` unless
-    ``config_kwargs`` gives them.
+    For S3, the client's own retries are off (unless ``storage_options`` or ``$AWS_MAX_ATTEMPTS``
+    sets botocore's), so that :class:`~shardload.remote.retry.RetryPolicy` is the only retry loop,
+    and the timeouts are :data:`CONNECT_TIMEOUT`/:data:`READ_TIMEOUT` unless ``config_kwargs`` gives them.
 
     Raises:
         RemoteError: the URL has an empty path segment (:func:`normalize_url`).
