@@ -277,12 +277,10 @@ def with_retries(
     waits, so only ``policy.tries`` tries in a row without getting further end in ``RemoteError``.
 
     Raises:
-        RemoteError: every try failed with a transient error (names ``url``, the tries and the last
-            error), or the store answered with an error that another try would not change (a
-            ``400 Bad Request``, a ``405``...; names ``url``, ``what`` and the status).
+        RemoteError: every try failed with a transient error, or the store gave an answer another try
+            would not change (a ``400``, a ``405``...); names ``url``, the tries or the status.
         RemoteAccessError: the credentials were refused or missing; names ``url``.
-        FileNotFoundError: the object (or bucket) does not exist, as the filesystem raised it: the
-            caller says what a missing object means there (no shard set, a shard deleted, ...).
+        FileNotFoundError: the object (or bucket) does not exist: the caller says what that means there.
         Exception: any other error, as it is (a local one, such as a full disk, or a bug).
     """
     policy = policy or RetryPolicy()

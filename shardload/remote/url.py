@@ -1,10 +1,7 @@
 """Telling a URL from a local path, and opening the filesystem that serves it.
 
-Every entry point that takes a shard set asks :func:`is_remote` first: a local path (``out/``,
-``file:///data/set``) keeps the local code path; anything else with a scheme goes through
-fsspec. :func:`normalize_url` is the one spelling of a URL the rest uses (for the cache and
-staging directories too). :func:`open_filesystem` turns off the S3 client's own retries, so
-that :class:`~shardload.remote.retry.RetryPolicy` is the only retry loop.
+Every entry point that takes a shard set asks :func:`is_remote` first (``file://`` is local);
+:func:`normalize_url` is the one spelling of a URL the rest uses (cache and staging directories too).
 """
 
 from __future__ import annotations

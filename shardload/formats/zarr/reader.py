@@ -274,10 +274,7 @@ class ZarrShardReader(ShardReader):
                     values.decode_chunk(c)
 
     def read(self, key: str, rows: slice, *, chunk: int) -> np.ndarray:
-        """Decode ``rows`` of array ``key``; a failure is a :class:`CorruptShardError` naming ``chunk``.
-
-        ``rows`` must be ``slice(None)`` or lie within chunk ``chunk``.
-        """
+        """Decode ``rows`` (``slice(None)`` or within chunk ``chunk``) of array ``key``; else CorruptShardError."""
         arr = self.array(key)
         if key not in self._decoders:
             self._decoders[key] = ChunkDecoder.for_array(arr)
