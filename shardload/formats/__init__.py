@@ -1,11 +1,7 @@
 """The on-disk format of a shard set: its metadata files and its shard encodings (docs/format.md).
 
-The set's own files, the same for every encoding: :mod:`.manifest` (``manifest.json``),
-:mod:`.shardtable` (``shards.arrow``) and :mod:`.origin` (``origins.arrow``). The shard
-encodings are registered here by name as :class:`ShardFormat` (writer, reader, options, flags):
-``arrow`` (default: uncompressed Arrow IPC, memory-mapped, zero-copy) and ``zarr`` (compressed,
-decoded chunk by chunk; needs ``shardload[zarr]``). ``prepare`` and the readers find an encoding
-by name here.
+The set's own files: :mod:`.manifest`, :mod:`.shardtable` and :mod:`.origin`. The shard encodings
+are registered here by name as :class:`ShardFormat`: ``arrow`` (default, memory-mapped) and ``zarr``.
 """
 
 from __future__ import annotations

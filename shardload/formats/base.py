@@ -10,10 +10,8 @@ column by column. For each field, a shard has:
 * a text field: ``values`` the ``uint8`` bytes of every sample end to end and
   ``offsets`` as for a variable field (:attr:`~shardload.schema.fields.Field.has_offsets`).
 
-Writers take :class:`Columns`; readers give the same :class:`Columns` back,
-as zero-copy views where the format allows it. Each format also has its own
-frozen :class:`FormatOptions` (its defaults and checks), and registers the
-three classes by name as a :class:`ShardFormat` in :mod:`shardload.formats`.
+Writers take :class:`Columns`; readers give them back, zero-copy where the format allows. Each
+format registers its writer, reader and :class:`FormatOptions` as a :class:`ShardFormat`.
 """
 
 from __future__ import annotations
@@ -36,9 +34,7 @@ from shardload.schema.fields import Field, Schema
 class ChunkedValues(Protocol):
     """The ``values`` of a field a reader gives lazily (not as one ndarray), e.g. Zarr's decoded-on-demand chunks.
 
-    Besides ndarray-style indexing, such values tell the collate where a whole
-    batch's rows are, so each chunk the batch touches is looked up once and each
-    sample is then copied with one slice assignment
+    Besides ndarray-style indexing, they tell the collate where a whole batch's rows are
     (:func:`shardload.load.collate.copy_slices`).
     """
 
@@ -72,9 +68,8 @@ class FieldData:
     def offsets_problem(self, samples: int) -> str | None:
         """What is wrong with a variable field's offsets for ``samples`` samples, or ``None``.
 
-        The one rule the loader (on a shard's first open) and ``verify`` apply:
-        ``samples + 1`` offsets, from 0 to the number of value rows. (Whether they
-        never decrease is left to the lengths index they are compared with.)
+        The one rule of the loader and ``verify``: ``samples + 1`` offsets, from 0 to the number of
+        value rows (that they never decrease is left to the lengths index they are compared with).
         """
         offsets = self.offsets
         if offsets is None or len(offsets) != samples + 1:
@@ -163,11 +158,8 @@ def _pack_field(f: Field, parts: Sequence[np.ndarray]) -> FieldData:
 class FormatOptions:
     """The options of one shard format: the base of each format's own frozen options class.
 
-    A format's class holds its defaults (its field defaults, resolved in
-    ``__post_init__`` where one depends on another) and checks itself when
-    made, raising :class:`~shardload.errors.InputError`. ``prepare`` hands the
-    instance to the format's writer and records :meth:`to_json` in the
-    manifest's ``options``, where readers find it again.
+    A subclass resolves its defaults and checks itself when made (:class:`~shardload.errors.InputError`);
+    ``prepare`` records :meth:`to_json` in the manifest's ``options``, where readers find it again.
     """
 
     def to_json(self) -> dict[str, Any]:
@@ -199,15 +191,12 @@ class ShardWriter(ABC, Generic[OptionsT]):
     def write(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> None:
         """Write ``columns`` to ``path``; the caller renames it into place.
 
-        ``identity`` (set by ``prepare`` for the shards of a set, not for staged
-        chunks) goes into the file's own metadata, where readers give it back as
-        :attr:`ShardReader.stored_identity`.
+        ``identity`` (of a set's shard, not a staged chunk) goes into the file's own metadata
+        (:attr:`ShardReader.stored_identity`).
         """
 
     def write_checksummed(self, path: Path, columns: Columns, *, identity: ShardIdentity | None = None) -> str:
-        """:meth:`write`, and the checksum of the file written (what :func:`~shardload._base.checksum.file_checksum`
-        gives). Here the file is read back; a format whose writer can hash its bytes as it writes them does so."""
-
+        """:meth:`write`, and the file's :func:`~shardload._base.checksum.file_checksum` (here: read back)."""
         self.write(path, columns, identity=identity)
         return file_checksum(path)
 
@@ -216,13 +205,9 @@ class ShardReader(ABC):
     """Reads one shard back as :class:`Columns` (zero-copy where possible).
 
     Args:
-        path: the shard file.
-        schema: the shard set's schema (from the manifest).
-        samples: the samples the manifest gives this shard, when known; a
-            format whose sizes come from the file (Zarr) checks them against
-            it before reading anything that large.
-        options: the manifest's prepare options (e.g. Zarr's ``chunk_size``),
-            which bound what a shard may declare.
+        samples: the manifest's sample count, when known; a format whose sizes come from the file
+            (Zarr) checks them against it before reading anything that large.
+        options: the manifest's prepare options, which bound what a shard may declare.
     """
 
     def __init__(
@@ -238,11 +223,9 @@ class ShardReader(ABC):
 
     @classmethod
     def plan_chunk_rows(cls, schema: Schema, options: Mapping[str, object]) -> int | None:
-        """Value rows of the length field per stored chunk, for the planner's chunk windows; ``None``: no chunks.
+        """Value rows of the length field per stored chunk, before evening out per shard; ``None``: no chunks.
 
-        A format whose reads decode whole chunks (Zarr) says how many rows
-        its writer puts in one, before evening out per shard
-        (:attr:`shardload.plan.PlanInputs.chunk_rows`).
+        For the planner's chunk windows (:attr:`shardload.plan.PlanInputs.chunk_rows`).
         """
         return None
 
@@ -259,9 +242,7 @@ class ShardReader(ABC):
     def check_data(self) -> None:
         """Decode everything the shard holds once, for ``shardload verify``; raise on the first failure.
 
-        Formats that read by mapping (Arrow) have checked every buffer when the
-        shard was opened and do nothing more; formats that decode (Zarr) decode
-        each chunk, one at a time, within the bounds they check at open.
+        A mapped format (Arrow) checked every buffer at open already; Zarr decodes each chunk.
         """
         self.columns()
 
@@ -270,10 +251,7 @@ class ShardReader(ABC):
         return None
 
     def close(self) -> None:
-        """Release the file mapping; the reader may be reopened by ``columns()``.
-
-        Formats that hold more than the columns release it after calling this.
-        """
+        """Release the file mapping; the reader may be reopened by ``columns()``."""
         self._columns = None
 
 
@@ -282,13 +260,9 @@ class OptionFlag:
     """A flag of ``shardload prepare`` that sets one field of a format's options.
 
     Attributes:
-        field: the field of the format's options; the flag is ``--`` and the
-            field with ``-`` for ``_`` (``chunk_size``: ``--chunk-size``).
-        help: the flag's help line.
-        kind: how its text is read: ``"text"``, ``"int"``, or ``"size"``
-            (``64KiB``, ``1MB``: the units of ``--shard-size``).
+        field: the field of the format's options (``chunk_size``: ``--chunk-size``).
+        kind: how its text is read: ``"text"``, ``"int"``, or ``"size"`` (``64KiB``, as ``--shard-size``).
         choices: the values a ``"text"`` flag accepts, when they are few.
-        metavar: the placeholder of its value in the help.
     """
 
     field: str
@@ -308,13 +282,9 @@ class ShardFormat:
     """One on-disk shard format as registered in :data:`shardload.formats.FORMATS`.
 
     Attributes:
-        name: the format's one name: ``--format``, ``shard_format="..."`` and
-            the manifest's ``shard_format``.
-        writer: its :class:`ShardWriter`.
-        reader: its :class:`ShardReader`.
+        name: ``--format``, ``shard_format="..."`` and the manifest's ``shard_format``.
         options: its :class:`FormatOptions` class (``shard_format=name`` means its defaults).
         summary: what it is, in a few words (the help of ``--format``).
-        flags: the ``prepare`` flags of its options.
     """
 
     name: str

@@ -1,12 +1,9 @@
-"""The versioned manifest of a shard set: schema, shard list, checksums, stats.
+"""The versioned manifest of a shard set: schema, shard list, checksums, stats (docs/format.md).
 
-``manifest.json`` is written last, atomically, by ``prepare``: a directory
-without one is never a shard set. Everything read from it is validated before
-use, so a damaged or hostile manifest cannot steer reads outside the shard set
-or cause giant allocations. A set of many shards keeps its shard list in a
-columnar shard table beside the manifest (``shards.arrow``, format version 3;
-see :mod:`shardload.formats.shardtable`), which the manifest names and records the
-digest of.
+``manifest.json`` is written last, atomically: a directory without one is never a shard set.
+Everything read from it is validated before use, so a damaged or hostile manifest cannot steer
+reads outside the set or cause giant allocations. A set of many shards keeps its shard list in
+``shards.arrow`` (format version 3, :mod:`shardload.formats.shardtable`), named and digested here.
 """
 
 from __future__ import annotations
@@ -65,9 +62,8 @@ _INT_LIMIT = MAX_SAMPLES * 4096
 class PartInfo:
     """One part of a set merged from parts (``shardload merge``): its directory and what it holds.
 
-    The part's shards are the set's shards ``first_shard .. first_shard + shards - 1``;
-    each carries the identity the part's own prepare gave it (set ``set_id``,
-    its index and first sample inside the part).
+    Its shards are the set's ``first_shard .. first_shard + shards - 1``, each carrying the identity
+    the part's own prepare gave it (``set_id``, its index and first sample inside the part).
     """
 
     path: str
@@ -86,28 +82,16 @@ class Manifest:
     """Everything about a shard set except the samples themselves.
 
     Attributes:
-        schema: fields of a sample.
-        shard_format: registry name of the shard format (``"arrow"``).
-        shards: shards in global sample-id order: a :class:`~shardload.formats.shardtable.ShardTable`
-            (a sequence of ``ShardInfo`` built on access; its columns are
-            :attr:`table`); any sequence of ``ShardInfo`` given is made one.
-        total_samples: sum of ``shard.samples``.
+        shards: shards in global sample-id order; any sequence of ``ShardInfo`` given is made a
+            :class:`~shardload.formats.shardtable.ShardTable` (its columns: :attr:`table`).
         total_tokens: sum of the batching lengths.
-        lengths_file: the lengths index (``.npy``, one int per sample).
-        field_lengths: per-field lengths index files, for samples with several
-            independently varying fields.
-        options: the options prepare was run with.
-        stats: summary length statistics (min, max, mean, quantiles).
-        set_id: the id every shard of this set carries in its own metadata
-            (see :mod:`shardload._base.identity`); empty for sets prepared before
-            shards carried one, whose shards are then not checked. In a set
-            merged from parts, a digest of the parts' ids; each shard carries
-            its part's (see :meth:`identity_of`).
-        parts: the parts of a set merged from parts, in sample-id order;
-            empty for a set prepared in one run.
-        shard_table: the shard table file the shards are kept in (format
-            version 3), or ``""`` when they are a JSON list in the manifest;
-            writers set it with :meth:`with_table_form`.
+        field_lengths: per-field lengths index files, for samples with several varying fields.
+        set_id: the id every shard carries in its own metadata (:mod:`shardload._base.identity`);
+            empty for sets prepared before shards carried one (not checked then). In a merged
+            set, a digest of the parts' ids; each shard carries its part's (:meth:`identity_of`).
+        parts: the parts of a set merged from parts, in sample-id order; else empty.
+        shard_table: the shard table file (format version 3), or ``""`` when the shards are a
+            JSON list in the manifest; set by :meth:`with_table_form`.
     """
 
     schema: Schema
@@ -142,8 +126,7 @@ class Manifest:
     def identity_of(self, shard: int) -> tuple[str, int, int]:
         """``(set id, shard index, first sample)`` that shard ``shard``'s own identity record must hold.
 
-        Those of the set itself, or, in a set merged from parts, those inside
-        the part the shard was written for.
+        In a set merged from parts, those inside the part the shard was written for.
         """
         info = self.shards[shard]
         for part in self.parts:
@@ -155,8 +138,7 @@ class Manifest:
     def fingerprint(self) -> str:
         """A short digest that changes whenever any shard's content changes.
 
-        With a shard table, a digest of the table file's sha256 and its name
-        rule (no checksum is read one by one); else of every shard's file,
+        With a shard table, of the table file's sha256 and name rule; else of every shard's file,
         sample count and checksum.
         """
         h = hashlib.sha256(json.dumps(self.schema.to_json(), sort_keys=True).encode())
@@ -215,12 +197,9 @@ class Manifest:
 
     @classmethod
     def from_json(cls, obj: Any, *, where: str = MANIFEST_NAME, directory: Path | None = None) -> Manifest:
-        """Parse and validate a manifest object.
+        """Parse and validate the parsed ``manifest.json`` (``where`` names it in messages).
 
-        Args:
-            obj: the parsed ``manifest.json``.
-            where: how to name it in messages.
-            directory: the set's directory, where a version-3 manifest's shard table is read from.
+        ``directory`` is where a version-3 manifest's shard table is read from.
         """
         try:
             return _parse(obj, where, directory)
@@ -232,8 +211,7 @@ class Manifest:
     def write(self, directory: Path) -> Path:
         """Write the shard table (if any), then ``manifest.json``, into ``directory``, each atomically.
 
-        The manifest goes last: until it is renamed into place, the set is the
-        old one (or none), whichever table file is beside it.
+        The manifest goes last: until it is in place, the set is the old one (or none).
         """
         if self.shard_table:
             table = Path(directory) / self.shard_table
@@ -278,10 +256,9 @@ class Manifest:
 
 
 def metadata_files(manifest: Manifest) -> list[str]:
-    """The set-level files a reader needs at open, besides ``manifest.json``, each once, relative to the set.
+    """The set-level files a reader needs at open besides ``manifest.json``, each once, relative to the set.
 
-    The shard table (format version 3), the batching index, then each per-field index: what a remote
-    set's node cache fetches at open (``origins.arrow`` waits for the first ``origin()`` call).
+    What a remote set's node cache fetches at open (``origins.arrow`` waits for the first ``origin()``).
     """
     files = [manifest.shard_table] if manifest.shard_table else []
     files.append(manifest.lengths_file)
@@ -376,9 +353,8 @@ def _json_shards(raw_shards: Any, where: str) -> ShardTable:
 def _table(entry: Any, raw_parts: list[Any], where: str, directory: Path | None) -> ShardTable:
     """The shard table a version-3 manifest names: its entry checked, then the file read and checked.
 
-    Names come from the rule: its longest name (with the longest part folder)
-    is checked as a path, and the digits between prefix and suffix never make
-    a ``/`` or a ``..``, so every name stays inside the set.
+    Names come from the rule: its longest name (in the longest part folder) is checked as a path,
+    and the digits between prefix and suffix never make a ``/`` or ``..``: every name stays inside.
     """
     what = f"{where}: shard_table"
     if not isinstance(entry, dict) or not isinstance(entry.get("names"), dict):
@@ -445,11 +421,8 @@ def _parts(raw: list[Any], shards: ShardTable, total: int, where: str) -> tuple[
 def _check_field_indexes(schema: Schema, per_field: Mapping[str, str], where: str) -> None:
     """Per-field indexes must be exactly those the loader reads: one per variable field when several vary.
 
-    With one variable field the main index is its lengths; with several, each
-    one's lengths are in its own index, which the loader checks every shard's
-    offsets against. A manifest that lacks one (or names a field that has none)
-    would be refused at the first shard by the loader and not by ``verify``:
-    refused here, for both.
+    A manifest that lacks one (or names a field that has none) would be refused at the first shard
+    by the loader but not by ``verify``: refused here, for both.
     """
     variable = [f.name for f in schema.variable_fields]
     wrong = sorted(name for name in per_field if name not in variable)

@@ -1,10 +1,7 @@
 """Where each sample of a shard set came from: the source file and the row, line or member in it.
 
-Where it sits: ``prepare`` records, while it stages a unit's samples
-(:func:`shardload.prepare.ingest.ingest`), each sample's locator
-(:func:`locator_origins`) or a column batch's rows or lines (:func:`run_origins`) next to each
-staged chunk (:func:`write_chunk_origins`); once the shard order is known it writes them in that
-order as the set's ``origins.arrow`` (:func:`write_set_origins`), from which
+``prepare`` records the origins next to each staged chunk (:func:`write_chunk_origins`), then in
+shard order as the set's ``origins.arrow`` (:func:`write_set_origins`), from which
 :meth:`shardload.ShardSet.origin` reads one :class:`SampleOrigin` (:func:`read_origin`).
 
 ``origins.arrow`` is an Arrow IPC file with one row per sample, in sample-id order: ``file``
@@ -74,8 +71,7 @@ class SampleOrigin:
 def parse_locator(locator: str, files: Sequence[str]) -> SampleOrigin:
     """The :class:`SampleOrigin` a reader's locator text names (``files``: the paths of its unit).
 
-    A sample made by the map step has the origin of the record it was made
-    from (every piece of a split the same).
+    A sample made by the map step has the origin of its record (every piece of a split the same).
     """
     mapped = _MAPPED.match(locator)
     if mapped:
@@ -143,8 +139,7 @@ def locator_origins(locators: Sequence[str], files: Sequence[str]) -> pa.Table:
 def run_origins(file: str, kind: OriginKind, positions: NDArray[np.int64]) -> pa.Table:
     """The origins of samples read as a column batch: rows or lines ``positions`` of ``file``.
 
-    The same rows :func:`locator_origins` makes of their locators
-    (``"{file}: row {position}"``), built from the numbers directly.
+    The rows :func:`locator_origins` makes of their locators, built from the numbers directly.
     """
     n = len(positions)
     zeros = pa.array(np.zeros(n, dtype=np.int32))
@@ -161,8 +156,7 @@ def run_origins(file: str, kind: OriginKind, positions: NDArray[np.int64]) -> pa
 
 
 def write_chunk_origins(chunk: Path, origins: Sequence[pa.Table]) -> None:
-    """Record the origins of the samples of staged chunk ``chunk``: ``origins`` (those of :func:`locator_origins`
-    and :func:`run_origins`), in sample order."""
+    """Record the origins of staged chunk ``chunk``'s samples, in sample order."""
     whole = pa.concat_tables(origins).unify_dictionaries().combine_chunks() if len(origins) > 1 else origins[0]
     _write(chunk_origins_path(chunk), whole)
 

@@ -1,12 +1,9 @@
 """The shard table of a shard set: one row per shard, held as columns (numpy arrays).
 
-Where it sits: ``prepare`` and ``merge`` build a :class:`~shardload.formats.manifest.Manifest`
-whose ``shards`` is a :class:`ShardTable`; a set of :data:`SHARD_TABLE_MIN_SHARDS` shards or
-more is written with the table in its own file, ``shards.arrow`` (format version 3), before
-``manifest.json``, which names it and records its size and sha256. ``Manifest.load`` reads it in
-one go, checks it against that digest and validates the columns vectorised: no Python object
-per shard. Shard file names are not stored; they follow :class:`NameRule`. The file's layout:
-docs/format.md, "Shard table (version 3)".
+A :class:`~shardload.formats.manifest.Manifest`'s ``shards`` is a :class:`ShardTable`; a set of
+:data:`SHARD_TABLE_MIN_SHARDS` shards or more keeps it in ``shards.arrow`` (format version 3),
+read in one go, checked against the manifest's sha256 and validated vectorised (no Python object
+per shard). Shard file names follow a :class:`NameRule`. docs/format.md, "Shard table (version 3)".
 """
 
 from __future__ import annotations
@@ -105,11 +102,8 @@ class _Lazy(Sequence[T]):
 class ShardFiles(_Lazy[str]):
     """The shards' file names, made from a :class:`NameRule` on access (no string per shard is held).
 
-    Args:
-        rule: the name of a shard inside its part (or in the set).
-        count: number of shards.
-        part_starts: ``(P,)`` first shard of each part, ascending, from 0; empty for a set of one run.
-        part_paths: the folder of each part.
+    ``part_starts``: ``(P,)`` first shard of each part (folder ``part_paths[p]``), ascending from 0;
+    empty for a set of one run.
     """
 
     def __init__(
@@ -145,10 +139,8 @@ class HexDigests(_Lazy[str]):
 class ShardTable(_Lazy[ShardInfo]):
     """Every shard of a set as columns; ``table[k]`` is shard ``k``'s :class:`ShardInfo`, built on access.
 
-    Attributes:
-        samples, bytes, first_sample, tokens: ``(S,)`` int64 columns.
-        files: each shard's file (relative to the set).
-        checksums: each shard's ``"sha256:<hex>"``.
+    ``samples``, ``bytes``, ``first_sample``, ``tokens`` are ``(S,)`` int64 (:data:`INT_COLUMNS`, the
+    order ``columns`` gives them in); ``files`` and ``checksums`` are sequences of ``S`` strings.
     """
 
     samples: NDArray[np.int64]
@@ -157,7 +149,6 @@ class ShardTable(_Lazy[ShardInfo]):
     tokens: NDArray[np.int64]
 
     def __init__(self, columns: Sequence[NDArray[np.int64]], files: Sequence[str], checksums: Sequence[str]) -> None:
-        """Args: ``columns``: the :data:`INT_COLUMNS`, in that order; ``files``; ``checksums``."""
         for name, col in zip(INT_COLUMNS, columns, strict=True):
             setattr(self, name, col)
         self.files, self.checksums = files, checksums
@@ -256,9 +247,8 @@ def raw_digests(checksums: Sequence[str]) -> NDArray[np.uint8] | None:
 def wants_table(table: ShardTable, part_starts: Sequence[int] = (), part_paths: Sequence[str] = ()) -> bool:
     """Whether a set of these shards is written with a shard table (format version 3).
 
-    When it has :data:`SHARD_TABLE_MIN_SHARDS` shards or more, every name
-    follows a :class:`NameRule` and every checksum is a sha256 (as ``prepare``
-    writes them); otherwise the shards stay a JSON list in the manifest.
+    With :data:`SHARD_TABLE_MIN_SHARDS` shards or more, names following a :class:`NameRule` and
+    sha256 checksums (as ``prepare`` writes them).
     """
     return (
         len(table) >= SHARD_TABLE_MIN_SHARDS
@@ -270,10 +260,9 @@ def wants_table(table: ShardTable, part_starts: Sequence[int] = (), part_paths: 
 def read_table(path: Path, *, shards: int, size: int, sha256: str, files: ShardFiles) -> ShardTable:
     """Read and check the shard table file ``path`` that the manifest describes (its rows not yet validated).
 
-    Refused with a :class:`ManifestError` naming the file: a size or digest
-    other than the manifest's (truncated, damaged, another set's table), a
-    layout other than one uncompressed batch of exactly :data:`TABLE_SCHEMA`,
-    a row count other than ``shards``, nulls.
+    Raises:
+        ManifestError: a size or digest other than the manifest's, a layout other than one
+            uncompressed batch of :data:`TABLE_SCHEMA`, a row count other than ``shards``, nulls.
     """
     what = f"the shard table {path}"
     if size > shards * _ROW_BYTES + _TABLE_OVERHEAD:
@@ -326,9 +315,7 @@ def parse_table(data: bytes, path: Path, *, shards: int, files: ShardFiles, dige
 def check_rows(table: ShardTable, where: str, *, limit: int) -> int:
     """Validate the rows, vectorised; return the sample count.
 
-    Every integer in ``[0, limit]`` (checked per value for a JSON list, here
-    for a table file) and ``first_sample`` contiguous: shard ``k`` starts
-    where shard ``k - 1`` ends.
+    Every integer in ``[0, limit]``, and shard ``k`` starts where shard ``k - 1`` ends.
     """
     for name in INT_COLUMNS:
         col = getattr(table, name)

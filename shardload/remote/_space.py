@@ -1,16 +1,10 @@
 """Room and locks in the node cache of a remote set: which shards stay, and who may delete one.
 
-Where it sits: the eviction and locking half of :class:`~shardload.remote.cache.RemoteSet`
-(the other half, in :mod:`shardload.remote.cache`, fetches and checks). The rules, all by
-``fcntl.flock`` between the processes of a node:
-
-* a process that maps a shard holds a shared lock on the file until it closes it; eviction
-  removes only a file it can lock exclusively (non-blocking), so never one in use on the node;
-* with a ``cache_limit``, room is made (and reserved, as the ``.part`` file) under
-  ``.space.lock``, evicting the cached shard whose next use over every rank's published order
-  is farthest (Belady, :mod:`shardload.remote.policy`).
-
-docs/remote.md, "The node cache".
+The eviction and locking half of :class:`~shardload.remote.cache.RemoteSet` (docs/remote.md, "The
+node cache"). A process that maps a shard holds a shared ``flock`` on it; eviction removes only a
+file it can lock exclusively, so never one in use on the node. With a ``cache_limit``, room is made
+and reserved (as the ``.part`` file) under ``.space.lock``, farthest next use first
+(:mod:`shardload.remote.policy`).
 """
 
 from __future__ import annotations

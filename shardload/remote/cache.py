@@ -1,23 +1,12 @@
 """The node-local cache of a remote shard set: a local mirror that a plain ShardSet reads.
 
-Where it sits: below :class:`~shardload.ShardSet`, the storage layer. For a URL,
-``ShardSet`` asks :meth:`RemoteSet.open` for a local directory and then reads it
-exactly as a local set (every check unchanged); before mapping a shard it calls
-:meth:`RemoteSet.acquire`, after closing it :meth:`RemoteSet.release`.
-
-Layout: ``<cache_dir>/sets/<sha256(url)[:16]>/`` holds ``current.json`` (what the server's
-``manifest.json`` was, and its fingerprint), ``.lock`` and one mirror per fingerprint (manifest,
-lengths indexes, shards at their manifest paths); docs/remote.md, "The node cache". This module
-fetches and checks, between the processes of a node (ranks, loader workers), by ``fcntl.flock``:
-
-* the manifest and lengths indexes are fetched once, under ``.lock``; each open costs one ``info()``
-  (HEAD) of the remote manifest, and a re-prepared set (another ETag, size or mtime, and then another
-  fingerprint) gets a mirror of its own;
-* a shard is downloaded once, under its own ``.<name>.lock``, to ``.<name>.<pid>.part`` (a try cut
-  midway continued from the bytes received, :mod:`shardload.remote.download`), its sha256 compared
-  with the manifest's, then renamed into place: a partial download never has the final name.
-
-Room, eviction and the locks of shards in use: :mod:`shardload.remote._space`.
+For a URL, ``ShardSet`` asks :meth:`RemoteSet.open` for a local directory and reads it exactly as a
+local set (every check unchanged), calling :meth:`RemoteSet.acquire` before mapping a shard and
+:meth:`RemoteSet.release` after closing it. Layout and rules: docs/remote.md, "The node cache".
+Between the processes of a node, by ``fcntl.flock``: the manifest and lengths indexes are fetched
+once per fingerprint, under ``.lock``; a shard once, under its ``.<name>.lock``, into a ``.part``
+file renamed into place after its sha256 matched the manifest's (a partial download never has the
+final name). Room, eviction and the locks of shards in use: :mod:`shardload.remote._space`.
 """
 
 from __future__ import annotations
@@ -61,10 +50,6 @@ _READERS = itertools.count()  # tells apart the RemoteSets of one process in the
 class RemoteSet(CacheSpace):
     """The node-local mirror of one remote shard set, shared by every process of the node.
 
-    Args:
-        url: the set's URL (``s3://bucket/prefix/set``, ``https://host/set``).
-        options: credentials, cache directory and limit, prefetch and retry settings.
-
     Picklable: a worker gets the URL and options and opens its own filesystem (s3fs event loops do
     not survive a fork); locks held by the process that pickled it stay with that process.
     """
@@ -88,9 +73,7 @@ class RemoteSet(CacheSpace):
     def forget_inherited(self) -> None:
         """In a forked process: close, without unlocking, the lock descriptors inherited from the parent.
 
-        A copy shares the parent's lock (``flock`` locks belong to the open file, not the process):
-        unlocked here, it would release the parent's; kept, it would only hold a descriptor (and the
-        file's space once the cache deletes it). Nothing happens in the process that took them.
+        ``flock`` locks belong to the open file: unlocking the copy would release the parent's lock.
         """
         if os.getpid() == self._pid:
             return
@@ -203,7 +186,7 @@ class RemoteSet(CacheSpace):
         """``rel`` of the set, whole, to ``dest`` through a ``.part`` file renamed into place.
 
         Raises:
-            ShardSetError: storage has no such object (reason ``missing``), naming its URL.
+            ShardSetError: storage has no such object (reason ``missing``).
         """
         dest.parent.mkdir(parents=True, exist_ok=True)
         part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
@@ -283,9 +266,8 @@ class RemoteSet(CacheSpace):
     def download(self, shard: int, *, urgent: bool) -> bool:
         """Make sure shard ``shard`` is in the cache; ``False`` if a prefetch found no room or it is busy.
 
-        ``urgent`` (a reader needs it now): wait for another process's download of it, and for room in a
-        full cache, up to ``wait_timeout``. Not urgent (prefetch): skip a shard another process is
-        fetching, and evict only shards needed later than this one.
+        ``urgent`` (a reader needs it now): wait up to ``wait_timeout`` for another process's download
+        and for room. Else (prefetch): skip a busy shard, evict only shards needed later than this one.
         """
         path = self._path(shard)
         if path.is_file():
@@ -317,9 +299,8 @@ class RemoteSet(CacheSpace):
     def _fetch_checked(self, shard: int, part: Path, path: Path) -> None:
         """Download into ``part``, compare size and sha256 with the manifest (one more try), rename to ``path``.
 
-        A try cut midway is continued from the bytes received (:func:`~shardload.remote.download.fetch_to`);
-        the check here decides, and a mismatch is downloaded again whole, from byte 0, each try of that
-        second download too (ranges that were answered wrongly are not trusted twice).
+        The check here decides; a mismatch is downloaded again whole, asking for no range (ranges that
+        were answered wrongly are not trusted twice).
         """
         assert self.manifest is not None
         info, url = self.manifest.shards[shard], self.shard_url(shard)
@@ -381,8 +362,8 @@ class RemoteSet(CacheSpace):
     def check_unchanged(self) -> None:
         """Raise :class:`ShardSetChangedError` if the set was re-prepared since it was opened (one HEAD).
 
-        The loader calls it at the start of every pass over a remote set: a job whose shards are all
-        cached already would otherwise read the old set's copies without a word.
+        Called at the start of every pass: a job whose shards are all cached would otherwise read the
+        old set's copies without a word.
         """
         if self._changed():
             raise ShardSetChangedError(

@@ -1,18 +1,10 @@
 """Downloading one shard into its ``.part`` file, continuing a try cut midway from the bytes received.
 
-Where it sits: in the storage layer, below :class:`~shardload.remote.cache.RemoteSet`, whose
-``_fetch_checked`` holds the shard's lock, calls :func:`fetch_to`, and then compares the part's
-size and sha256 with the manifest (a mismatch is fetched once more from byte 0, asking for no
-range) before it renames the part into place. That final check decides; this module only makes
-a try cut midway cheaper. The rules (docs/remote.md, "The node cache", "A download cut midway"):
-
-* the first try is one streaming ``get_file`` (one stream even where the backend would split it);
-* a later try, once the part holds some bytes, appends the rest with ranged reads of at most
-  :data:`CHUNK` bytes, halved after a try that appended nothing (down to ``CHUNK / MIN_CHUNK_DIVISOR``);
-* a continuation that cannot be trusted (the object's size is not the manifest's, ranges ignored,
-  no seek, the object changed meanwhile) is given up for a restart from byte 0, with no range again;
-* a try that gets further, past a :data:`CHUNK` boundary, restarts the policy's count: a download
-  ends after at most ``policy.tries * (size / CHUNK + 2)`` tries.
+Called by :class:`~shardload.remote.cache.RemoteSet`, which holds the shard's lock and then checks
+the part's size and sha256: that check decides, this module only makes a cut try cheaper. The rules:
+docs/remote.md, "The node cache" ("A download cut midway"). A continuation that cannot be trusted
+(size not the manifest's, ranges ignored, no seek, the object changed) restarts from byte 0 with no
+range; a download ends after at most ``policy.tries * (size / CHUNK + 2)`` tries.
 """
 
 from __future__ import annotations
@@ -68,9 +60,7 @@ class _Download:
     def progress(self) -> int:
         """How many :data:`CHUNK`-byte pieces the part has reached (a piece begun counts; capped at the end).
 
-        Counted in chunks, not bytes: a try counts as getting further only when it crossed a chunk
-        boundary, so the policy's count restarts at most ``size / CHUNK + 1`` times and a link that
-        gives a few more bytes on each try ends in ``RemoteError`` rather than trying for ever.
+        In chunks, not bytes, so the policy's count restarts at most ``size / CHUNK + 1`` times.
         """
         return -(-min(_size(self.part), self.size) // CHUNK)
 
@@ -123,17 +113,8 @@ def fetch_to(
 ) -> None:
     """Download ``remote_path`` of ``fs`` into ``part`` (rewritten from byte 0), continuing cut tries.
 
-    Args:
-        fs: the fsspec filesystem of the set.
-        remote_path: the object's path on ``fs``.
-        part: the local ``.part`` file; only the caller (the holder of the shard's lock) writes it.
-        size: the object's size in the manifest; a continuation never reads past it.
-        url: the object's URL, for messages.
-        what: what the download is, for messages (``"downloading shard 3"``).
-        policy: tries and waits, counted as the module docstring says.
-        ranges: whether a cut try may be continued with ranged GETs; ``False`` restarts each try from
-            byte 0 (the download after a mismatch: a path that answers ranges wrongly, say a proxy
-            sending the wrong bytes in a ``206``, must not spoil the second download too).
+    A continuation never reads past ``size`` (the manifest's). ``ranges=False`` restarts each try
+    from byte 0 (the download after a mismatch: a proxy answering ranges wrongly must not spoil it).
 
     Raises:
         RemoteError: ``policy.tries`` tries in a row failed without getting further, or the store

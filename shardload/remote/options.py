@@ -1,9 +1,7 @@
 """How a remote shard set is reached and cached: one small frozen object, :class:`RemoteOptions`.
 
-Where it sits: given to ``shardload.open(url, ...)`` (as keywords), and as
-``remote=RemoteOptions(...)`` to ``make_loader``, ``ShardDataModule``,
-``Mixture.open`` and ``verify``; it travels to the loader's workers with the
-opened set. A local set ignores it.
+Given to ``shardload.open(url, ...)`` as keywords, or as ``remote=`` to the loaders, ``Mixture.open``
+and ``verify``; it travels to the workers with the opened set. docs/remote.md, "Options".
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Retrying object-storage calls that may pass: backoff with jitter, then one clear error.
 
-:func:`is_transient` tells a failure that may pass (HTTP 5xx, throttling, timeouts, a dropped
-connection) from one that never does, walking the exception and its causes (fsspec backends
-wrap botocore and aiohttp errors in ``OSError``). :func:`with_retries`, through which every
-remote call of shardload goes, retries the first kind with exponential backoff and full jitter,
-then raises :class:`~shardload.errors.RemoteError` naming the URL, the tries and the last error;
-the second kind at once, as :func:`with_retries` says. docs/remote.md, "Failure messages".
+:func:`with_retries`, through which every remote call of shardload goes, retries what
+:func:`is_transient` finds among the exception's causes (HTTP 5xx, throttling, timeouts, a dropped
+connection; fsspec backends wrap botocore and aiohttp errors in ``OSError``), and raises the rest
+at once. docs/remote.md, "Failure messages".
 """
 
 from __future__ import annotations
@@ -187,8 +185,7 @@ def is_transient(exc: BaseException) -> bool:
 def describe(exc: BaseException) -> str:
     """``exc`` in one line for a message, with the HTTP status and service code found among its causes.
 
-    s3fs turns a throttled call into ``OSError(EBUSY, "Please reduce your request rate.")``: the
-    ``503 SlowDown`` that says what happened is only on the botocore error it wraps.
+    s3fs's ``OSError(EBUSY, "Please reduce your request rate.")`` gets the ``503 SlowDown`` it wraps.
     """
     text = f"{type(exc).__name__}: {str(exc).rstrip('. ')}"
     for e in _chain(exc):
@@ -243,10 +240,9 @@ _STORAGE_PACKAGES = frozenset(
 def is_storage_error(exc: BaseException) -> bool:
     """Whether ``exc`` (or an error it wraps) is an answer of the storage service or its client.
 
-    That is: an HTTP status or service error code is among its causes, an error class of a storage
-    package (botocore, s3fs, aiohttp, ...) is, or it is an ``OSError`` with neither an errno nor a
-    file name (what fsspec backends raise for the store). A local failure (a disk full, a file of the
-    cache that cannot be written: these carry an errno), an error of shardload or a bug is not one.
+    An HTTP status, service code or storage package's error class among its causes, or an ``OSError``
+    with neither errno nor file name (fsspec's for the store); not a local failure (a full disk carries
+    an errno), an error of shardload or a bug.
 
     >>> is_storage_error(OSError("Bad Request")), is_storage_error(OSError(28, "No space left on device"))
     (True, False)
@@ -273,29 +269,18 @@ def with_retries(
 ) -> T:
     """``call()``, retried on transient errors with backoff and jitter.
 
-    The one place where an error of the storage service becomes one of shardload's.
+    The one place where an error of the storage service becomes one of shardload's. ``url`` and
+    ``what`` (``"downloading shard 3"``) name the call in messages; ``sleep`` and ``rng`` are for tests.
 
-    With ``progress`` (a download that continues where a failed try stopped), a try that got further
-    than every try before it starts the policy's count and waits afresh: a long transfer over a link
-    that drops now and then finishes, while ``policy.tries`` tries in a row without getting further
-    end in :class:`~shardload.errors.RemoteError`. Without it, every failed try counts.
-
-    Args:
-        call: one attempt (a download, an upload, a listing).
-        url: the object or prefix, for the message.
-        what: what the call does, for the message (``"downloading shard 3"``).
-        policy: tries and waits (default :class:`RetryPolicy`).
-        sleep, rng: injected by tests.
-        progress: how far the work has got (bytes received, say), read before the first try and
-            after each failed one; it must be bounded, so that progress cannot go on for ever.
+    ``progress`` (bounded: how far a resumable transfer has got) is read before the first try and
+    after each failed one; a try that got further than all before restarts the policy's count and
+    waits, so only ``policy.tries`` tries in a row without getting further end in ``RemoteError``.
 
     Raises:
-        RemoteError: every try failed with a transient error (names ``url``, the tries and the last
-            error), or the store answered with an error that another try would not change (a
-            ``400 Bad Request``, a ``405``...; names ``url``, ``what`` and the status).
+        RemoteError: every try failed with a transient error, or the store gave an answer another try
+            would not change (a ``400``, a ``405``...); names ``url``, the tries or the status.
         RemoteAccessError: the credentials were refused or missing; names ``url``.
-        FileNotFoundError: the object (or bucket) does not exist, as the filesystem raised it: the
-            caller says what a missing object means there (no shard set, a shard deleted, ...).
+        FileNotFoundError: the object (or bucket) does not exist: the caller says what that means there.
         Exception: any other error, as it is (a local one, such as a full disk, or a bug).
     """
     policy = policy or RetryPolicy()

@@ -1,20 +1,11 @@
 """Uploading a finished local shard set to object storage: shards first, ``manifest.json`` last.
 
-Where it sits: the last step of ``prepare -o s3://...`` (:mod:`shardload.prepare.remote`), after
-the set was committed in a local staging directory. The rules (docs/remote.md, "Preparing into
-object storage"):
-
-* **The index last.** ``manifest.json`` is put once every other object is in place. Over an old
-  set (``overwrite``) its manifest is deleted before the first new object is put, so that no reader
-  opens a mix; the old objects the new set lacks are deleted after the new manifest is in place.
-* **Whole objects only.** A PUT creates the whole object or none, so an object there with the staged
-  file's size is complete.
-* **Resumable.** Each finished upload is appended to an :class:`UploadRecord` tied to the staged
-  manifest's digest; a resume skips an object only when the record names it *and* the store has it
-  with the right size (and MD5, where the ETag is one): size alone could match an old set's object.
-
-Every call to the store goes through :func:`~shardload.remote.retry.with_retries`; an error that
-retrying cannot help becomes an :class:`~shardload.errors.OutputError` naming the URL.
+The last step of ``prepare -o s3://...`` (:mod:`shardload.prepare.remote`); the rules are in
+docs/remote.md, "Preparing into object storage". Guarantees: no reader opens a mix of an old and a
+new set (an old manifest is deleted before the first new object is put, old objects after the new
+manifest is in place); a resume skips an object only when the :class:`UploadRecord` names it *and*
+the store has it with the right size (and MD5, where the ETag is one). Every call goes through
+:func:`~shardload.remote.retry.with_retries`; what retrying cannot help is an ``OutputError``.
 """
 
 from __future__ import annotations
@@ -80,11 +71,7 @@ def _hint(exc: BaseException) -> str:
 class SetUploader:
     """Lists, uploads and deletes the objects of one shard set at ``url``.
 
-    Args:
-        url: the set's URL (``s3://bucket/prefix/set``).
-        storage_options: passed to fsspec (credentials, ``client_kwargs={"endpoint_url": ...}``).
-        policy: retries of every call (default :class:`~shardload.remote.retry.RetryPolicy`).
-        progress: show an upload bar (``None``: when stderr is a terminal).
+    ``progress``: show an upload bar (``None``: when stderr is a terminal).
     """
 
     def __init__(
@@ -165,8 +152,7 @@ class SetUploader:
     def check_target(self, objects: Mapping[str, RemoteObject], *, resume: bool, overwrite: bool) -> None:
         """Refuse a URL that holds a set or an unfinished upload (as the options say), or other objects.
 
-        With ``resume``, a set there is one an interrupted ``--overwrite`` had not yet replaced, or the one
-        the interrupted upload finished (the caller checks that a run into this URL was staged).
+        With ``resume`` a set there is accepted (an old one not yet replaced, or this run's own).
 
         Raises:
             OutputExistsError: naming the URL and the option that goes on.
@@ -198,13 +184,10 @@ class SetUploader:
 
     # -- the upload -------------------------------------------------------------------------------
     def upload_set(self, local: Path, record: UploadRecord) -> int:
-        """Upload the finished set in ``local``; ``manifest.json`` last. Returns the bytes uploaded.
+        """Upload the finished set in ``local``, ``manifest.json`` last; return the bytes uploaded.
 
-        Objects that ``record`` names and the store holds whole are skipped. A
-        manifest already there (of an old set being replaced) is deleted first,
-        unless it is this set's own (an upload stopped after its manifest); the
-        objects of an old set that the new one lacks are deleted once the new
-        manifest is in place.
+        Objects that ``record`` names and the store holds whole are skipped; an old set's manifest
+        (not this set's own) is deleted first, its other objects the new one lacks at the end.
         """
         objects = self.listing()
         if MANIFEST_NAME in objects and self.read_manifest() != (local / MANIFEST_NAME).read_bytes():
@@ -251,10 +234,8 @@ def _set_files(local: Path) -> list[tuple[str, Path]]:
 class UploadRecord:
     """The objects an upload of one staged set has finished, kept beside the staging for a resume.
 
-    A text file: a header line with the digest of the staged ``manifest.json``,
-    then one ``name size`` line per finished object, appended as each upload
-    finishes (a line cut by a kill is ignored). A record of another staged set
-    (its header differs) counts as empty.
+    A header line with the digest of the staged ``manifest.json`` (a record of another staged set
+    counts as empty), then one ``name size`` line per finished object (a line cut by a kill is ignored).
     """
 
     def __init__(self, path: Path, manifest: Path, *, fresh: bool = False) -> None:

@@ -1,10 +1,7 @@
 """Telling a URL from a local path, and opening the filesystem that serves it.
 
-Every entry point that takes a shard set asks :func:`is_remote` first: a local path (``out/``,
-``file:///data/set``) keeps the local code path; anything else with a scheme goes through
-fsspec. :func:`normalize_url` is the one spelling of a URL the rest uses (for the cache and
-staging directories too). :func:`open_filesystem` turns off the S3 client's own retries, so
-that :class:`~shardload.remote.retry.RetryPolicy` is the only retry loop.
+Every entry point that takes a shard set asks :func:`is_remote` first (``file://`` is local);
+:func:`normalize_url` is the one spelling of a URL the rest uses (cache and staging directories too).
 """
 
 from __future__ import annotations
@@ -104,15 +101,9 @@ def join_url(url: str, *names: str) -> str:
 def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
     """The fsspec filesystem serving ``url`` and the path of ``url`` on it.
 
-    Credentials and endpoints come the standard way for each filesystem (the
-    environment, config files, instance metadata) or from ``storage_options``
-    (for S3: ``{"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}``).
-
-    For S3, the client's own retries are off (botocore's ``retries`` in ``config_kwargs``, unless
-    ``storage_options`` or ``$AWS_MAX_ATTEMPTS`` sets them; s3fs's loop around botocore), so that a
-    store that cannot be reached fails within :class:`~shardload.remote.retry.RetryPolicy`'s waits,
-    and ``connect_timeout``/``read_timeout`` are :data:`CONNECT_TIMEOUT`/:data:`READ_TIMEOUT` unless
-    ``config_kwargs`` gives them.
+    For S3, the client's own retries are off (unless ``storage_options`` or ``$AWS_MAX_ATTEMPTS``
+    sets botocore's), so that :class:`~shardload.remote.retry.RetryPolicy` is the only retry loop,
+    and the timeouts are :data:`CONNECT_TIMEOUT`/:data:`READ_TIMEOUT` unless ``config_kwargs`` gives them.
 
     Raises:
         RemoteError: the URL has an empty path segment (:func:`normalize_url`).

@@ -1,11 +1,9 @@
 """Check an Arrow IPC file's layout before pyarrow reads a record batch from it.
 
-pyarrow acts on a file's metadata while reading a batch (a zstd or lz4 body is decompressed, a
-big-endian file byte-swapped, a dictionary decoded), so a 14 KB file can make it allocate
-gigabytes before any check on the result could run. :func:`check_ipc_layout` reads that
-metadata first, straight from the flatbuffers of the footer and of the batch message (Arrow's
-``File.fbs`` / ``Message.fbs`` / ``Schema.fbs``, only the fields needed, every read
-bounds-checked), and refuses anything the writer never produces.
+pyarrow acts on the metadata while reading a batch (decompresses, byte-swaps, decodes
+dictionaries), so a 14 KB file could make it allocate gigabytes. :func:`check_ipc_layout` reads the
+footer's and batch message's flatbuffers first (Arrow's ``File.fbs`` / ``Message.fbs`` /
+``Schema.fbs``, every read bounds-checked) and refuses anything the writer never produces.
 """
 
 from __future__ import annotations
@@ -29,9 +27,7 @@ class BatchBlock:
 
     Attributes:
         offset: file position of the message (its length prefix).
-        metadata_length: bytes of the prefix and the flatbuffer, padding included.
-        body_length: bytes of the body, which follows the metadata.
-        rows: the batch's row count, as the message declares it.
+        metadata_length: bytes of the prefix and the flatbuffer, padding included; the body follows.
     """
 
     offset: int
@@ -97,10 +93,7 @@ class _Flatbuffer:
 
 
 def check_ipc_layout(data: memoryview) -> BatchBlock:
-    """Check the IPC file in ``data`` holds one uncompressed, little-endian batch and no dictionaries.
-
-    Args:
-        data: the whole file (a view of its mapping; nothing is copied).
+    """Check the whole IPC file ``data`` holds one uncompressed, little-endian batch and no dictionaries.
 
     Returns:
         The block of the record batch, checked to lie inside the file.

@@ -17,11 +17,7 @@ from shardload.schema.fields import Field, Schema
 
 
 class ArrowShardReader(ShardReader):
-    """Memory-maps one Arrow IPC shard and exposes its buffers as numpy views.
-
-    Nothing is read until :meth:`columns` is called; the pages are then shared
-    through the OS page cache with every other process that maps the file.
-    """
+    """Memory-maps one Arrow IPC shard and exposes its buffers as numpy views (shared through the page cache)."""
 
     def __init__(
         self, path: Path, schema: Schema, *, samples: int | None = None, options: Mapping[str, object] | None = None
@@ -140,8 +136,7 @@ class ArrowShardReader(ShardReader):
     def _text_field(self, f: Field, col: pa.Array, n: int) -> FieldData:
         """A ``large_string``/``large_binary`` column as its bytes and int64 offsets (views of the mapping).
 
-        ``batch.validate()`` at open has checked the offsets against the data
-        buffer; UTF-8 of a ``str`` field is checked as each value is decoded.
+        UTF-8 of a ``str`` field is checked as each value is decoded.
         """
         if col.null_count:
             raise CorruptShardError(f"shard {self.path}: column {f.name!r} holds nulls; shardload never writes them")
@@ -154,13 +149,10 @@ class ArrowShardReader(ShardReader):
         return FieldData(values, offsets)
 
     def _flat_view(self, f: Field, col: pa.Array) -> np.ndarray:
-        """The primitive values under ``col`` as one flat numpy view of the mapped file.
+        """The primitive values under ``col`` (fixed-size lists, type checked) as one flat view of the mapped file.
 
-        Reads the data buffer directly rather than through ``flatten()`` /
-        ``to_numpy()``, whose first call in a process imports pyarrow.compute
-        and pandas (0.4-1.3 s, paid again by every DataLoader worker). The type
-        was checked against the schema already, so each level below is a
-        fixed-size list until the primitive values.
+        Not ``flatten()``/``to_numpy()``: their first call imports pyarrow.compute and pandas
+        (0.4-1.3 s, paid again by every DataLoader worker).
         """
         start, count = col.offset, len(col)
         while pa.types.is_fixed_size_list(col.type):

@@ -1,14 +1,10 @@
 """Writing an Arrow IPC file of several pieces' samples without concatenating them in memory first.
 
-Where it sits: under prepare's ingest, where
-:meth:`~shardload.formats.arrow.ArrowShardWriter.write_concatenated` writes the file
-:func:`~shardload.formats.base.concat_columns` of the pieces would give, byte for byte.
-Each numeric field's values go to pyarrow as a :func:`placeholder` of the concatenated size
-(an untouched anonymous mapping: no memory); :class:`SplicingFile`, the sink, writes the
-pieces' values where a placeholder comes and everything else as pyarrow made it. Only a
-placeholder handed over whole is replaced; if one was not (:attr:`SplicingFile.complete`), the
-caller writes the file the plain way, so a pyarrow that copied or cut a buffer costs time,
-never bytes.
+For :meth:`~shardload.formats.arrow.ArrowShardWriter.write_concatenated`: each numeric field goes to
+pyarrow as a :func:`placeholder` of the concatenated size (an untouched anonymous mapping), and
+:class:`SplicingFile` writes the pieces where a placeholder comes. Only a placeholder handed over
+whole is replaced; else (:attr:`SplicingFile.complete`) the caller writes the plain way, so a
+pyarrow that copied or cut a buffer costs time, never bytes.
 """
 
 from __future__ import annotations
@@ -37,10 +33,7 @@ def placeholder(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 class SplicingFile:
     """A new file at ``path``, open for writing, where each placeholder buffer is written as its pieces.
 
-    Args:
-        path: the file to create (or truncate).
-        splices: for each placeholder, its address: its size in bytes and the
-            C-contiguous arrays whose bytes, one after the other, replace it.
+    ``splices``: by placeholder address, its size in bytes and the C-contiguous arrays replacing it.
     """
 
     def __init__(self, path: Path, splices: Mapping[int, tuple[int, Sequence[np.ndarray]]]) -> None:

@@ -94,10 +94,8 @@ class ArrowShardWriter(ShardWriter[ArrowOptions]):
     def write_concatenated(self, path: Path, pieces: Sequence[Columns]) -> None:
         """``write(path, concat_columns(schema, pieces))``, the same bytes, without the concatenation in memory.
 
-        Numeric values are written piece by piece in place of a placeholder
-        (see :mod:`shardload.formats.arrow.splice`); a text field (checked
-        whole as UTF-8 before it is written) or a placeholder pyarrow did not
-        hand over as it was makes it the plain concatenation.
+        See :mod:`shardload.formats.arrow.splice`; a text field (checked whole as UTF-8) makes it the
+        plain concatenation.
         """
         if len(pieces) == 1:
             self.write(path, pieces[0])

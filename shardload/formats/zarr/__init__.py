@@ -1,10 +1,6 @@
-"""Zarr v3 shards: the compressed format (zstd or blosc-lz4), one zip file per shard.
+"""Zarr v3 shards: the compressed format (zstd or blosc-lz4), one zip file per shard (docs/format.md).
 
-Same logical layout as the Arrow shards (per field, flat ``values`` plus
-``offsets``), decoded chunk by chunk through a bounded per-process cache.
-Needs the optional ``zarr`` package (``pip install shardload[zarr]``); this
-package imports without it. :data:`ZARR` is its registration: writer, reader,
-:class:`ZarrOptions` and the ``prepare`` flags of those options.
+Needs the optional ``zarr`` package only when used. :data:`ZARR` is its registration.
 """
 
 from shardload.formats.base import OptionFlag, ShardFormat

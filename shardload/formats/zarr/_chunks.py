@@ -1,9 +1,7 @@
 """Decoding one chunk of a Zarr shard straight from the mapped zip file (no zarr event loop).
 
-Where it sits: below :class:`~shardload.formats.zarr.reader.ZarrShardReader`, which
-maps the shard with :func:`map_read_only` and decodes each chunk through a
-:class:`ChunkDecoder` (a chunk stored raw is a slice of the mapping, every member's
-CRC-32 checked). docs/format.md, "How shardload reads a Zarr shard".
+Below :class:`~shardload.formats.zarr.reader.ZarrShardReader`; every member's CRC-32 is checked.
+docs/format.md, "How shardload reads a Zarr shard".
 """
 
 from __future__ import annotations
@@ -33,12 +31,8 @@ _LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 def map_read_only(path: Path, fd: int) -> memoryview | None:
     """The shard file mapped read-only, if it is still the file open as ``fd``; else ``None`` (zipfile reads it).
 
-    Chunks are slices of this mapping (a chunk stored raw is the slice itself).
-    pyarrow's mapping lets go of its file descriptor here and stays mapped
-    while any slice of it lives, as an Arrow shard's does: a chunk cached after
-    its shard was closed holds memory, never a descriptor (an ``mmap.mmap``
-    would keep a duplicate descriptor open for as long as one of its chunks is
-    cached).
+    A pyarrow mapping, not ``mmap.mmap``: it lets go of its descriptor and stays mapped while a slice
+    lives, so a chunk cached after its shard was closed holds memory, never a descriptor.
     """
     try:
         mapped = pa.memory_map(str(path), "r")
@@ -56,16 +50,10 @@ def map_read_only(path: Path, fd: int) -> memoryview | None:
 class ChunkDecoder:
     """Decodes one chunk of an array written by :class:`ZarrShardWriter` without zarr's event loop.
 
-    zarr's own read path hands every chunk to an event-loop thread and then to
-    a thread pool; for one small chunk that costs several times the
-    decompression itself. For the exact codec chains the writer produces
-    (``bytes`` little-endian, then zstd, blosc or nothing) and the default
-    chunk key encoding, the chunk's stored bytes are a slice of the shard's
-    read-only mapping (found through the zip directory, their CRC-32 checked)
-    and are decompressed with numcodecs, the codec library zarr itself uses.
-    Any other layout returns ``None`` from :meth:`for_array` (and is
-    refused when the shard is opened, see :mod:`.bounds`); then, as in tests
-    that compare both paths, it is read through zarr.
+    zarr's read path (an event-loop thread, then a thread pool) costs several times the
+    decompression of one small chunk. For the writer's codec chains the stored bytes are a slice of
+    the mapping, decompressed with numcodecs; any other layout gets ``None`` from :meth:`for_array`
+    (and is refused at open, :mod:`.bounds`) and is read through zarr.
     """
 
     def __init__(
@@ -103,12 +91,8 @@ class ChunkDecoder:
     def _read(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo, mapped: memoryview | None) -> Any:
         """The stored bytes of member ``info``, its CRC-32 checked.
 
-        A member stored uncompressed (what zarr's ``ZipStore`` writes) is a
-        slice of ``mapped``, the shard file mapped read-only: no copy, and for a
-        chunk stored raw the decoded chunk is that slice itself, as an Arrow
-        column is a slice of its mapped file. Its local header (whose name must
-        be the member's) gives the data offset, kept for later reads. Anything
-        else goes through ``zf.read``.
+        A member stored uncompressed is a slice of ``mapped`` (no copy), found through its local
+        header, whose name must be the member's; anything else goes through ``zf.read``.
         """
         if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1 or mapped is None:
             return zf.read(info)  # checks the member's CRC-32

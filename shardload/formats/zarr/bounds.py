@@ -1,12 +1,8 @@
 """What a Zarr shard may declare, checked before anything in it is read or decompressed.
 
-Everything that says how large a shard is once decoded (the zip's member sizes, each array's
-shape and chunk shape, each compressed frame's header) comes from the file itself. These checks
-tie those declarations to what the writer produces and to the manifest, so that a damaged or
-crafted shard is refused while it is still a few kilobytes of metadata, before the allocation it
-asks for: :func:`check_zip` (the zip), :func:`check_array` and :func:`check_chunk_members` (each
-array), :func:`check_stored_size` and :func:`check_encoded` (each chunk, as it is read).
-docs/format.md, "Zarr shards", **Bounds**.
+The sizes a shard declares (zip members, array and chunk shapes, frame headers) are tied to what
+the writer produces and to the manifest, so a damaged or crafted shard is refused while it is a few
+kilobytes of metadata, before the allocation it asks for. docs/format.md, "Zarr shards", **Bounds**.
 """
 
 from __future__ import annotations
@@ -64,8 +60,7 @@ def check_zip(zf: zipfile.ZipFile, file_size: int) -> None:
 def manifest_chunk_size(options: Mapping[str, Any] | None, attrs: Mapping[str, Any]) -> int:
     """The ``chunk_size`` the shard was written with: the manifest's, else the shard's own, else 64 KiB.
 
-    Every shard prepare writes records its chunk size; one that records none is bounded by 64 KiB,
-    the default when chunk sizes were not yet recorded (it is not today's default, which may grow).
+    64 KiB was the default when chunk sizes were not yet recorded (not today's, which may grow).
     """
     for source in (options or {}, attrs):
         value = source.get("chunk_size")
@@ -82,9 +77,7 @@ def max_chunk_bytes(chunk_size: int, row_bytes: int) -> int:
 def codec_chain(meta: Mapping[str, Any], key: str) -> str:
     """The compressor (``""``: none) of the writer's codec chain and chunk key encoding in ``meta``; else BoundsError.
 
-    Args:
-        meta: the array's metadata as a dict (``zarr.json``).
-        key: the array's path, for messages.
+    ``meta`` is the array's ``zarr.json`` as a dict, ``key`` its path (for messages).
     """
     try:
         codecs = [(c["name"], c.get("configuration", {})) for c in meta["codecs"]]
@@ -112,12 +105,8 @@ def check_array(
 ) -> str:
     """Check one array's metadata against the writer's layout; returns its compressor (``""``: none).
 
-    Args:
-        meta, key: as for :func:`codec_chain`.
-        shape: its declared shape, whose trailing axes were checked against the schema.
-        chunks: its declared chunk shape.
-        itemsize: bytes per element of its dtype.
-        bound: the largest decoded chunk allowed, in bytes.
+    ``shape`` and ``chunks`` are as declared (trailing axes already checked against the schema);
+    ``bound`` is the largest decoded chunk allowed, in bytes.
     """
     compressor = codec_chain(meta, key)
     if len(chunks) != len(shape) or chunks[0] < 1 or tuple(chunks[1:]) != tuple(max(1, d) for d in shape[1:]):
@@ -136,8 +125,7 @@ def check_array(
 def check_chunk_members(zf: zipfile.ZipFile, prefix: str, suffix: str, rows: int, chunk_rows: int) -> None:
     """Every chunk the array declares must be in the zip (the writer stores all of them, even empty ones).
 
-    This also bounds the declared shape by the file: a shard cannot declare
-    more chunks than it has members.
+    This bounds the declared shape by the file: no more chunks than it has members.
     """
     count = math.ceil(rows / chunk_rows) if rows else 0
     members = zf.NameToInfo
@@ -174,8 +162,7 @@ def check_stored_size(stored: int, compressor: str, nbytes: int) -> None:
 def check_encoded(raw: bytes, compressor: str, nbytes: int) -> None:
     """The size a stored chunk declares (its frame header) must be the chunk's exact decoded size.
 
-    Decoding then goes into a buffer of exactly ``nbytes``, so a frame that
-    lies about its size fails instead of allocating what it claims.
+    Decoding then goes into exactly ``nbytes``: a lying frame fails instead of allocating its claim.
     """
     if compressor == "":
         declared = len(raw)

@@ -1,11 +1,9 @@
 """A per-process cache of decoded Zarr chunks, bounded in bytes, evicting by second chance.
 
-Samples next to each other in a shard share a chunk: without a cache a batch of neighbours
-would decompress it once per sample. Every :class:`~shardload.formats.zarr.ZarrShardReader` of
-a process shares one :class:`ChunkCache` unless given its own; its bound is
-``SHARDLOAD_ZARR_CACHE_BYTES`` (default 64 MiB, ``0``: off), read on first use, or
-:func:`set_chunk_cache_bytes`. Each DataLoader worker has its own. docs/format.md, "How
-shardload reads a Zarr shard".
+Neighbouring samples share a chunk: without a cache a batch would decompress it once per sample.
+Every Zarr reader of a process shares one :class:`ChunkCache` unless given its own, bounded by
+``SHARDLOAD_ZARR_CACHE_BYTES`` (default 64 MiB, ``0``: off) or :func:`set_chunk_cache_bytes`.
+docs/format.md, "How shardload reads a Zarr shard".
 """
 
 from __future__ import annotations
@@ -35,10 +33,8 @@ _CHUNK_BITS = 40
 class ChunkTable:
     """The chunks of one array that its cache holds now, by chunk number: the gather's fast path.
 
-    ``slots[c]`` is chunk ``c`` while the cache holds it, else ``None``;
-    ``used[c]`` is set when a batch used chunk ``c`` and cleared when eviction
-    passes over it (its second chance). Reading ``slots`` takes no lock: an
-    array read there stays valid after it is evicted, it is only no longer kept.
+    ``slots[c]`` is chunk ``c`` while cached, else ``None``; ``used[c]`` is set when a batch used it and
+    cleared when eviction passes over it. Reading ``slots`` takes no lock: a chunk stays valid once evicted.
     """
 
     __slots__ = ("slots", "used")
@@ -57,21 +53,10 @@ class ChunkTable:
 class ChunkCache:
     """Decoded chunks by key, at most ``max_bytes`` in all, the oldest unused since last passed over evicted first.
 
-    Eviction is the second-chance (CLOCK) approximation of least recently
-    used: chunks are kept in the order they were loaded, and a chunk that a
-    batch used since eviction last passed over it goes to the back once more
-    instead of being evicted. Marking a chunk used is one store in its
-    array's :class:`ChunkTable`, which a batch's gather does for all its
-    chunks at once, instead of reordering the cache per chunk.
-
-    A chunk larger than the whole bound is returned but not kept. Cached
-    arrays are read-only, since every reader of the process shares them.
-
-    Attributes:
-        max_bytes: the bound on the bytes of the chunks held.
-        nbytes: bytes held now.
-        hits: lookups answered from the cache (one per chunk a batch found there).
-        loads: chunks decoded (cache misses).
+    Second chance (CLOCK): chunks are kept in load order, and one used since eviction last passed
+    over it goes to the back instead; marking it used is one store in its array's :class:`ChunkTable`.
+    A chunk larger than the whole bound is returned but not kept. Cached arrays are read-only
+    (every reader of the process shares them). ``hits`` counts chunks found, ``loads`` chunks decoded.
     """
 
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
@@ -96,8 +81,7 @@ class ChunkCache:
     def table(self, name: Hashable, chunks: int) -> tuple[int, ChunkTable]:
         """The base key and the :class:`ChunkTable` of array ``name`` (one array of one file), of ``chunks`` chunks.
 
-        Chunk ``c`` of that array is cached under the integer key ``base + c``. The caller holds the
-        table until it calls :meth:`release` (a Zarr array's values, when they are garbage).
+        Chunk ``c`` is cached under ``base + c``. The caller holds the table until :meth:`release`.
         """
         with self._lock:
             base = self._spaces.get(name)

@@ -1,11 +1,6 @@
 """The zarr codecs of Zarr shards, and the check that zarr is installed.
 
-Nothing here imports zarr at module level, so ``shardload`` (and the Arrow
-format) keeps working without the optional ``[zarr]`` extra; asking for a
-Zarr shard without it raises
-:class:`~shardload.errors.MissingDependencyError` with the install command.
-The compression names, levels and defaults are the options'
-(:mod:`shardload.formats.zarr.options`).
+zarr is imported on use only, so ``shardload`` works without the optional ``[zarr]`` extra.
 """
 
 from __future__ import annotations
@@ -34,10 +29,7 @@ def require_zarr() -> ModuleType:
 
 
 def compressors_for(compression: str, level: int | None, itemsize: int) -> list[Any] | None:
-    """The zarr v3 bytes-to-bytes codecs for ``compression`` at ``level`` (``None``: stored raw).
-
-    ``level`` is the resolved one of :class:`~shardload.formats.zarr.options.ZarrOptions`.
-    """
+    """The zarr v3 bytes-to-bytes codecs for ``compression`` at the resolved ``level`` (``None``: stored raw)."""
     zarr = require_zarr()
     if compression == "none":
         return None

@@ -1,10 +1,6 @@
 """The options of Zarr shards, their defaults and their checks: the one place that holds them.
 
-``prepare`` takes them as ``shard_format=ZarrOptions(...)`` (``"zarr"`` alone
-means these defaults) and gives the instance to
-:class:`~shardload.formats.zarr.writer.ZarrShardWriter`; the manifest's
-``options`` record :meth:`ZarrOptions.to_json`, with every default resolved,
-which the reader bounds its chunks by.
+The manifest's ``options`` record them with every default resolved; the reader bounds its chunks by them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Read a Zarr shard: offsets eagerly, values lazily, one decoded chunk at a time.
 
-:meth:`ZarrShardReader.columns` gives the same :class:`Columns` as the Arrow
-reader, so planning, the dataset and the collate need not know the format.
-Offsets (and small metadata) are read when the shard is opened; each
-``values`` array is a :class:`ZarrValues`, which decodes only the chunks a
-slice touches and keeps them in the per-process :class:`ChunkCache`.
+The same :class:`Columns` as the Arrow reader gives; each ``values`` array is a :class:`ZarrValues`,
+which decodes only the chunks a slice touches and keeps them in the per-process :class:`ChunkCache`.
 """
 
 from __future__ import annotations
@@ -49,18 +46,14 @@ class ZarrShardReader(ShardReader):
     """Opens one Zarr shard (a zip store) and exposes its fields as :class:`Columns`.
 
     Args:
-        path: the ``.zarr.zip`` shard file.
-        schema: the shard set's schema (from the manifest).
         cache: where decoded chunks are kept; default: the process-wide
             :func:`~shardload.formats.zarr.cache.chunk_cache`.
-        samples: the manifest's sample count for this shard. Pass it when the
-            shard may be untrusted: without it, the shard's own count sizes
-            the offsets that are decoded when it is opened.
+        samples: the manifest's sample count; pass it when the shard may be untrusted (without it,
+            the shard's own count sizes the offsets decoded at open).
         options: the manifest's options; ``chunk_size`` bounds a decoded chunk
-            (default: the shard's own attribute, else 64 KiB, see :func:`.bounds.manifest_chunk_size`).
+            (:func:`.bounds.manifest_chunk_size`).
 
-    The zip file is reopened after a fork, so columns taken in a parent
-    process stay usable in DataLoader workers.
+    The zip file is reopened after a fork, so columns taken in a parent stay usable in workers.
     """
 
     def __init__(
@@ -281,10 +274,7 @@ class ZarrShardReader(ShardReader):
                     values.decode_chunk(c)
 
     def read(self, key: str, rows: slice, *, chunk: int) -> np.ndarray:
-        """Decode ``rows`` of array ``key``; a failure is a :class:`CorruptShardError` naming ``chunk``.
-
-        ``rows`` must be ``slice(None)`` or lie within chunk ``chunk``.
-        """
+        """Decode ``rows`` (``slice(None)`` or within chunk ``chunk``) of array ``key``; else CorruptShardError."""
         arr = self.array(key)
         if key not in self._decoders:
             self._decoders[key] = ChunkDecoder.for_array(arr)
@@ -302,17 +292,11 @@ class ZarrShardReader(ShardReader):
 
 
 class ZarrValues:
-    """The ``values`` of one field of a Zarr shard, decoded chunk by chunk on demand.
+    """The ``values`` of one field of a Zarr shard, ``(rows, *inner)``, decoded chunk by chunk on demand.
 
-    Supports the indexing the loader uses on an ndarray: an integer, a slice,
-    or an integer array along the first axis (then any further indices), and
-    ``numpy.asarray``. A slice within one chunk is a read-only view of the
-    cached chunk; anything wider is a new array.
-
-    Attributes:
-        shape: ``(rows, *inner)``.
-        dtype: the field's dtype.
-        chunk_rows: rows per stored chunk.
+    Supports the indexing the loader uses on an ndarray (an integer, a slice or an integer array
+    along the first axis, then any further indices) and ``numpy.asarray``. A slice within one chunk
+    is a read-only view of the cached chunk; anything wider is a new array.
     """
 
     def __init__(
@@ -396,10 +380,9 @@ class ZarrValues:
     def _cache(self) -> tuple[ChunkCache, int, ChunkTable]:
         """The cache of this array's chunks, the key of its chunk 0 there (chunk ``c`` is key + ``c``), its table.
 
-        The table is held for as long as this object lives (released when it is garbage, not when its
-        shard is closed: a batch may still read a shard closed to open another one it needs). The chunks
-        of an array stored raw are slices of the shard's mapping, cheap to take again: they leave the cache
-        with the table, so a closed shard's file is not kept mapped by them.
+        The table is held while this object lives, not until its shard is closed (a batch may still
+        read a shard closed to open another). Chunks stored raw (slices of the shard's mapping) leave
+        the cache with the table, so a closed shard's file is not kept mapped by them.
         """
         reader = self.reader
         cache = reader.cache if reader.cache is not None else chunk_cache()
@@ -416,17 +399,11 @@ class ZarrValues:
     def slice_sources(
         self, starts: NDArray[np.int64], stops: NDArray[np.int64]
     ) -> tuple[list[np.ndarray], list[int], list[int]]:
-        """Where the collate copies rows ``starts[i]:stops[i]`` from, for a whole batch at once.
+        """``(sources, los, his)``: rows ``starts[i]:stops[i]`` are ``sources[i][los[i]:his[i]]``, for a batch.
 
-        Returns ``(sources, los, his)``: rows ``starts[i]:stops[i]`` of this
-        array are ``sources[i][los[i]:his[i]]``. A slice within one chunk
-        (nearly every sample) points into that cached chunk, read from the
-        array's :class:`ChunkTable` (the chunks a batch touches are marked used
-        in one store; only a missing one goes through the cache's lock); a
-        slice across chunks is its own joined array; an empty slice is an
-        empty array. The collate then copies each sample with one slice
-        assignment, as from an Arrow buffer (see
-        :func:`shardload.load.collate.copy_slices`).
+        A slice within one chunk (nearly every sample) points into that cached chunk, found in the
+        array's :class:`ChunkTable` (only a missing chunk goes through the cache's lock); a slice
+        across chunks is its own joined array. See :func:`shardload.load.collate.copy_slices`.
         """
         cr = self.chunk_rows
         first = starts // cr

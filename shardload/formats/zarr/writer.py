@@ -1,9 +1,7 @@
 """Write one shard as a Zarr v3 group packed in a single uncompressed zip file.
 
-The arrays are built in memory with zarr's own codecs, then packed into the
-zip with fixed timestamps and sorted member names, so the same samples and
-options always give the same bytes (what lets ``prepare --resume`` finish a
-run with the checksums an uninterrupted one would have had).
+Fixed timestamps and sorted member names: the same samples and options always give the same bytes
+(what lets ``prepare --resume`` finish with the checksums an uninterrupted run would have had).
 """
 
 from __future__ import annotations
@@ -53,12 +51,7 @@ def check_node_name(name: str) -> None:
 
 
 class ZarrShardWriter(ShardWriter[ZarrOptions]):
-    """Writes :class:`Columns` as a Zarr v3 group inside one zip file (``.zarr.zip``).
-
-    Args:
-        schema: the shard set's schema (its field names must be Zarr node names).
-        options: compression, level and chunk size (:class:`ZarrOptions`, checked when made).
-    """
+    """Writes :class:`Columns` as a Zarr v3 group inside one zip file (``.zarr.zip``)."""
 
     suffix: ClassVar[str] = ".zarr.zip"
 
