@@ -95,10 +95,9 @@ def _copy_ranges(
 ) -> None:
     """``dst[dst_starts[k]:+lens[k]] = src[starts[k]:+lens[k]]`` for every k, in blocks of bounded size.
 
-    Runs of short samples are copied with one fancy index per block of about
-    :data:`GATHER_BLOCK_ROWS` rows; a block whose samples average
-    :data:`SLICE_MIN_ROWS` rows or more, and a sample longer than a block, are
-    copied one slice per sample (no index array, no temporary).
+    Runs of short samples are copied with one fancy index per block of about :data:`GATHER_BLOCK_ROWS`
+    rows; a block whose samples average :data:`SLICE_MIN_ROWS` rows or more, and a sample longer than
+    a block, one slice per sample (no index array, no temporary).
     """
     ends = np.cumsum(lens)
     i, m = 0, len(lens)

@@ -192,12 +192,9 @@ def check_new_set(wd: WorkDir) -> None:
     """Open the finished set in the work dir as the loader will, so the commit only replaces valid with valid.
 
     Raises:
-        InputError: the set would not open; the work dir is removed (a resume
-            would end the same way) and any old set in ``OUT`` is untouched.
-        OutputError: the process ran out of file descriptors (``ulimit -n``),
-            or a file could not be read for a reason of the operating system
-            (permission denied, an I/O error); the work dir is kept, a resume
-            once the cause is fixed commits the set.
+        InputError: the set would not open; the work dir is removed (a resume would end the same way).
+        OutputError: out of file descriptors, or an error of the operating system (permission denied,
+            I/O); the work dir is kept, so a resume once the cause is fixed commits the set.
     """
     from shardload.sets.shardset import ShardSet
 

@@ -29,15 +29,13 @@ def write_index(
     field_lengths: Mapping[str, NDArray[np.int64]],
     order: NDArray[np.int64],
 ) -> dict[str, str]:
-    """Write the lengths index (and per-field indexes when several fields vary) in shard order, and ``origin.npy``.
+    """Write the lengths index (and per-field indexes when several fields vary) in shard order, and ``origin.npy``;
+    return the files written, by field (``""``: the batching lengths).
 
     Args:
         lengths: ``(N,)`` batching length per source position.
         field_lengths: field -> ``(N,)`` first-axis length per source position, for the variable fields.
         order: ``(N,)`` source position of each sample, in shard order.
-
-    Returns:
-        The files written, by field (``""``: the batching lengths).
     """
     files = {"": LENGTHS_NAME}
     arrays = {"": lengths}

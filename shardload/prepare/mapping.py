@@ -54,11 +54,9 @@ def map_name(fn: Callable[..., Any]) -> str:
 def map_identity(fn: Callable[..., Any]) -> dict[str, Any]:
     """What ``--resume`` compares and the manifest records: the function's name and a hash of its source.
 
-    The hash covers the source text of the function (or of the class of a
-    callable object) and the arguments bound by a :func:`functools.partial`;
-    it is ``None`` when the source cannot be found (a built-in, a function
-    typed into an interactive session). A change in what the function calls
-    (another function, a tokenizer file, a package version) is not seen.
+    The hash covers the source of the function (or of a callable object's class) and the arguments of
+    a :func:`functools.partial`; ``None`` when the source cannot be found (a built-in, a REPL function).
+    A change in what the function calls (another function, a tokenizer file, a package) is not seen.
     """
     target = fn.func if isinstance(fn, functools.partial) else fn
     code = target if inspect.isfunction(target) or inspect.ismethod(target) else type(target)

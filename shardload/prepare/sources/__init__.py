@@ -309,10 +309,9 @@ def discover(
     that is, or lies inside, it is refused.
 
     Raises:
-        InputError: a path that does not exist or is not a regular file (a FIFO,
-            a device, a broken link), an empty name, a pattern that matches
-            nothing, a file of no known kind, an unknown ``source_format``, the
-            same file twice, a symbolic link loop, or a folder reached twice.
+        InputError: a path that does not exist or is not a regular file (a FIFO, a device, a broken link),
+            an empty name, a pattern that matches nothing, a file of no known kind, an unknown
+            ``source_format``, the same file twice, a symbolic link loop, or a folder reached twice.
     """
     options = options or SourceOptions()
     if source_format is not None and source_format not in READERS:
