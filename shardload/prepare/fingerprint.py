@@ -1,16 +1,8 @@
 """Fingerprints of the source files, so that ``--resume`` never mixes old and new input.
 
-A resumed run reuses the samples staged by the interrupted one. If a source
-file changed in between, the result would hold some samples of the old file
-and some of the new one, without a word. Each file's identity is recorded in
-the run's state when it starts: its :func:`shardload._base.identity.file_stamp`
-(inode, size, modification and change time; not the device, which another
-machine mounting the same file system numbers differently), compared with the one
-rule of :func:`shardload._base.identity.same_bytes` (a ``chmod``, ``chown`` or new
-hard link is accepted; a change time that moved on its own is a write whose
-modification time was put back, ``cp -p`` or ``rsync --inplace -t`` over the
-file, and is refused), and for small files (while a budget lasts) a hash of
-the content as well.
+Each file's :func:`shardload._base.identity.file_stamp` is recorded when a run starts and compared by
+the one rule of :func:`shardload._base.identity.same_bytes`; small files (while a budget lasts) also
+get a hash of their content.
 """
 
 from __future__ import annotations
@@ -82,9 +74,7 @@ def _entry(a: Any) -> tuple[str, FileStamp | str, str | None] | None:
 def changed_input(old: Any, new: Sequence[Sequence[Sequence[Any]]], units: Iterable[int]) -> str | None:
     """What changed in ``units`` between two :func:`fingerprint_units` results, naming a file; None if nothing.
 
-    A record that is not a list of the expected shape and types (damaged, or
-    written by another version) proves nothing about the input: reported as
-    no fingerprint, so the caller refuses the resume.
+    A damaged or foreign ``old`` proves nothing: reported as no fingerprint, so the resume is refused.
     """
     damaged = "the interrupted run recorded no fingerprint of these sources"
     if not isinstance(old, list) or len(old) != len(new):

@@ -1,10 +1,4 @@
-"""Gather one shard's samples out of the staged chunks, in memory proportional to the shard.
-
-The samples of a shard are spread over many staged chunks (the layout
-shuffles them), so writing a shard is a gather. Its memory is the shard itself
-plus per-sample index arrays and temporaries of bounded size, whatever the
-dtype; see :func:`gather`.
-"""
+"""Gather one shard's samples out of the staged chunks (the layout shuffles them), in memory of about the shard."""
 
 from __future__ import annotations
 
@@ -33,12 +27,9 @@ def gather(
 ) -> Columns:
     """The samples at source ``positions`` (in that order), copied out of the staged chunks.
 
-    Memory is the shard itself plus per-sample index arrays and temporaries of
-    at most :data:`GATHER_BLOCK_ROWS` rows, whatever the dtype: the output is
-    allocated once and each sample's rows are copied straight to their place,
-    never through an int64 index per element of the whole shard (which was 8x
-    the data for uint8) or an intermediate copy in chunk order. Chunks are
-    mapped one at a time and unmapped after use, so their pages do not pile up.
+    Memory is the shard itself plus per-sample index arrays and temporaries of at most
+    :data:`GATHER_BLOCK_ROWS` rows, whatever the dtype (no int64 index per element, no copy in chunk
+    order); chunks are mapped one at a time, so their pages do not pile up.
     """
     positions = np.asarray(positions, dtype=np.int64)
     n = len(positions)
@@ -104,10 +95,9 @@ def _copy_ranges(
 ) -> None:
     """``dst[dst_starts[k]:+lens[k]] = src[starts[k]:+lens[k]]`` for every k, in blocks of bounded size.
 
-    Runs of short samples are copied with one fancy index per block of about
-    :data:`GATHER_BLOCK_ROWS` rows; a block whose samples average
-    :data:`SLICE_MIN_ROWS` rows or more, and a sample longer than a block, are
-    copied one slice per sample (no index array, no temporary).
+    Runs of short samples are copied with one fancy index per block of about :data:`GATHER_BLOCK_ROWS`
+    rows; a block whose samples average :data:`SLICE_MIN_ROWS` rows or more, and a sample longer than
+    a block, one slice per sample (no index array, no temporary).
     """
     ends = np.cumsum(lens)
     i, m = 0, len(lens)

@@ -1,18 +1,9 @@
 """Checks that keep prepare from writing what the loader would refuse, and from mixing old and new input.
 
-Everything here runs at the edges of a run, never per value in a loop:
-
-* before anything is created: the output path, the options against the
-  first sample's fields, the schema of the first sample (:func:`check_schema`,
-  the same :func:`~shardload.schema.fields.schema_problems` that ``Manifest.load``
-  runs, plus what prepare cannot store);
-* per sample: its size against what one Arrow array can hold;
-* on resume: source fingerprints (:func:`check_inputs`) and staged samples
-  (:func:`skip_staged`);
-* at the layout: shards whose field would exceed an Arrow array, for a format
-  that stores a field as one (:func:`lay_out`);
-* before the commit: the finished set, opened as the loader opens it
-  (:func:`check_new_set`).
+They run at the edges of a run, never per value: before anything is created (output path, options,
+the first sample's schema by the rules ``Manifest.load`` applies), per sample (its size), on resume
+(:func:`check_inputs`, :func:`skip_staged`), at the layout (:func:`lay_out`) and before the commit
+(:func:`check_new_set`).
 """
 
 from __future__ import annotations
@@ -102,10 +93,8 @@ def check_sample_size(checked: Mapping[str, np.ndarray], where: str) -> None:
 def check_inputs(wd: WorkDir, units: Sequence[SourceUnit], keys: Sequence[str]) -> None:
     """Refuse to resume over a source file that changed since its samples were staged (naming it).
 
-    Only units staged whole (``.done``) are compared by fingerprint; a unit
-    staged in part is compared sample by sample as it is skipped
-    (:func:`skip_staged`), and a unit not staged yet is simply read. So a file
-    fixed after the run stopped on it can be resumed over.
+    Only units staged whole are compared by fingerprint (a unit staged in part is compared sample by
+    sample in :func:`skip_staged`), so a file fixed after the run stopped on it can be resumed over.
     """
     inputs = fingerprint_units(units)
     path = wd.work / "inputs.json"
@@ -131,18 +120,10 @@ def skip_staged(
     unit: str,
     first: int = 0,
 ) -> int:
-    """Skip the samples of one chunk staged by an interrupted run, checking that they are the same.
+    """Skip the samples of one ``staged`` chunk of an interrupted run from ``it``, checking they are the same.
 
-    A resumed run must read what the interrupted one read: otherwise the set
-    would mix old and new samples without a word (a changed file, or an
-    iterable given to ``write`` that yields other samples).
-
-    Args:
-        it: the unit's samples, from where the chunk starts.
-        staged: the chunk.
-        check: casts and checks a sample as ingest does.
-        unit: the input, for messages (a file, or the samples given to ``write``).
-        first: how many of the unit's samples come before the chunk (messages count from the unit's start).
+    Otherwise the set would mix old and new samples without a word. ``check`` casts a sample as ingest
+    does; ``unit`` names the input and ``first`` counts the unit's samples before the chunk, for messages.
     """
     for i in range(staged.num_samples):
         item = next(it, None)
@@ -208,19 +189,12 @@ def _most_values(
 
 
 def check_new_set(wd: WorkDir) -> None:
-    """Open the finished set in the work dir as the loader will, before it replaces anything.
-
-    The commit then only ever replaces a valid set with a valid set. The schema
-    was checked on the first sample already; this catches whatever else the
-    loader refuses (manifest, lengths indexes, shard files).
+    """Open the finished set in the work dir as the loader will, so the commit only replaces valid with valid.
 
     Raises:
-        InputError: the set would not open; the work dir is removed (a resume
-            would end the same way) and any old set in ``OUT`` is untouched.
-        OutputError: the process ran out of file descriptors (``ulimit -n``),
-            or a file could not be read for a reason of the operating system
-            (permission denied, an I/O error); the work dir is kept, a resume
-            once the cause is fixed commits the set.
+        InputError: the set would not open; the work dir is removed (a resume would end the same way).
+        OutputError: out of file descriptors, or an error of the operating system (permission denied,
+            I/O); the work dir is kept, so a resume once the cause is fixed commits the set.
     """
     from shardload.sets.shardset import ShardSet
 

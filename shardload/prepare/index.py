@@ -1,9 +1,5 @@
-"""Step 4 of prepare: the lengths indexes and the manifest of the new set, written into the work directory.
-
-:func:`~shardload.prepare.pipeline.run_prepare` calls these once every shard
-is written; :class:`~shardload.prepare.workdir.WorkDir` then commits the files
-(the manifest last).
-"""
+"""Step 4 of prepare: the lengths indexes and the manifest of the new set, written into the work directory
+once every shard is written (:class:`~shardload.prepare.workdir.WorkDir` then commits them)."""
 
 from __future__ import annotations
 
@@ -33,16 +29,13 @@ def write_index(
     field_lengths: Mapping[str, NDArray[np.int64]],
     order: NDArray[np.int64],
 ) -> dict[str, str]:
-    """Write the lengths index (and per-field indexes when several fields vary) in shard order, and ``origin.npy``.
+    """Write the lengths index (and per-field indexes when several fields vary) in shard order, and ``origin.npy``;
+    return the files written, by field (``""``: the batching lengths).
 
     Args:
-        work: the work directory the files go into.
         lengths: ``(N,)`` batching length per source position.
         field_lengths: field -> ``(N,)`` first-axis length per source position, for the variable fields.
         order: ``(N,)`` source position of each sample, in shard order.
-
-    Returns:
-        The files written, by field (``""``: the batching lengths).
     """
     files = {"": LENGTHS_NAME}
     arrays = {"": lengths}

@@ -1,11 +1,7 @@
 """Step 1 of prepare, ingest: check one unit's samples against the schema and stage them as Arrow chunks.
 
-:func:`ingest` stages the samples of one source unit (or of the iterable given
-to ``write()``) in ``OUT/.prepare/staging``, a chunk of about ``chunk_bytes``
-at a time, each renamed when complete, so that a resumed run skips them;
-:class:`SampleChecker` is the per-sample check, and
-:func:`~shardload.prepare.staging.check_batch` its whole-column form.
-The run that calls it per unit, in worker processes, is :mod:`shardload.prepare.pipeline`.
+Each chunk is renamed when complete, so that a resumed run skips it. :class:`SampleChecker` is the
+per-sample check, :func:`~shardload.prepare.staging.check_batch` its whole-column form.
 """
 
 from __future__ import annotations
@@ -97,14 +93,9 @@ def ingest(
 ) -> StagedUnit:
     """Stage one unit's samples as Arrow chunks; resume after complete chunks.
 
-    ``source`` names the input in messages (the unit's file); ``files`` are the
-    unit's paths (none for an iterable), which each sample's origin names
-    (recorded next to each chunk, see :mod:`shardload.formats.origin`). With
-    ``batches`` (the same samples as column batches, see
-    :func:`~shardload.prepare.sources.read_unit_batches`), a batch is checked
-    and staged whole where :func:`~shardload.prepare.staging.check_batch`
-    accepts it, else sample by sample; ``samples`` is then not read. Returns
-    the unit's record: chunk names, sample count, bytes and the records the map dropped.
+    ``source`` names the input in messages; ``files`` (the unit's paths) are what sample origins name.
+    With ``batches`` (the same samples as column batches), ``samples`` is not read: a batch is staged
+    whole where :func:`~shardload.prepare.staging.check_batch` accepts it, else sample by sample.
     """
     done = staging / f"{unit_key}.done"
     if done.exists():

@@ -1,11 +1,8 @@
 """The jobs the prepare pipeline sends to its worker processes, and the records they send back.
 
-:mod:`shardload.prepare.pipeline` makes one :class:`IngestJob` per source unit
-(step 1, staging) and one :class:`ShardJob` per shard (step 3, writing); the
-process pool of :mod:`shardload._base.pool` pickles them to a worker,
-which returns a :class:`StagedUnit` or a :class:`ShardRecord`. The records
-are also what a finished step leaves on disk (``staging/<unit>.done``,
-``done/<shard>.json``, as JSON), which is how ``--resume`` skips it.
+One :class:`IngestJob` per source unit (step 1) and one :class:`ShardJob` per shard (step 3) go to a
+worker, which returns a :class:`StagedUnit` or a :class:`ShardRecord`. The records are also what a
+finished step leaves on disk as JSON, which is how ``--resume`` skips it.
 """
 
 from __future__ import annotations
@@ -25,16 +22,7 @@ from shardload.schema.fields import Schema
 
 @dataclass(frozen=True)
 class IngestJob:
-    """Stage source unit ``key`` (step 1): read it, check every sample, write Arrow chunks.
-
-    Attributes:
-        key: the name of the unit's staged files (``u00000003``).
-        unit: the files to read.
-        source_options: how to read them.
-        schema: the schema every sample is checked against.
-        options: the run's options (casts, NaN check, staged chunk size).
-        staging: the staging directory.
-    """
+    """Stage source unit ``key`` (the name of its staged files, ``u00000003``): read, check, write Arrow chunks."""
 
     key: str
     unit: SourceUnit
@@ -46,10 +34,9 @@ class IngestJob:
 
 @dataclass(frozen=True)
 class StagedUnit:
-    """A staged source unit: its chunks in order, how many samples and payload bytes they hold.
+    """A staged source unit (``staging/<unit>.done``): its chunks in order, their samples and payload bytes.
 
-    Recorded as ``staging/<unit>.done`` (JSON) once the unit is complete.
-    ``dropped`` counts the records the map function dropped (0 without one).
+    ``dropped`` counts the records the map function dropped.
     """
 
     unit: str
@@ -76,14 +63,9 @@ class ShardJob:
     """Write shard ``index`` (step 3) from the staged samples at ``positions``.
 
     Attributes:
-        index: the shard's number.
         positions: ``(n,)`` source positions of its samples, in shard order.
-        tokens: the sum of their batching lengths.
         staged_paths: every staged chunk, in source order.
         chunk_starts: ``(num_chunks + 1,)`` first source position of each chunk.
-        schema: the set's schema.
-        shard_format: the format's options (the writer is the format's).
-        work: the run's work directory (``OUT/.prepare``).
         set_id: the set's id, written into the shard's identity ("" for none).
         first_sample: the global id of its first sample.
     """
@@ -104,13 +86,8 @@ class ShardJob:
 class ShardRecord:
     """A written shard, as the manifest lists it; recorded as ``done/<shard>.json`` once it is in place.
 
-    Attributes:
-        file: its path inside the set (``shards/shard-000000.arrow``).
-        samples: how many samples it holds.
-        bytes: its size.
-        checksum: ``sha256:...`` of its bytes.
-        tokens: the sum of its samples' batching lengths.
-        set_id: the id of the set it was written for ("" for a shard of an older shardload).
+    ``file`` is its path in the set (``shards/shard-000000.arrow``), ``checksum`` ``sha256:...`` of its
+    bytes, ``set_id`` "" for a shard of an older shardload.
     """
 
     file: str

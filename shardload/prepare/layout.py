@@ -32,10 +32,9 @@ def assign_samples(
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Lay samples out in shards.
 
-    Guarantee: shard sample counts differ by at most one. With
-    ``balance="tokens"``, samples are dealt longest-first in a snake order
-    (0..S-1, S-1..0, ...), so shard token totals differ by at most the longest
-    sample.
+    Guarantee: shard sample counts differ by at most one. With ``balance="tokens"``, samples are dealt
+    longest-first in a snake order (0..S-1, S-1..0, ...), so shard token totals differ by at most the
+    longest sample.
 
     Returns:
         order: ``(num_samples,)`` source positions in output order.

@@ -54,11 +54,9 @@ def map_name(fn: Callable[..., Any]) -> str:
 def map_identity(fn: Callable[..., Any]) -> dict[str, Any]:
     """What ``--resume`` compares and the manifest records: the function's name and a hash of its source.
 
-    The hash covers the source text of the function (or of the class of a
-    callable object) and the arguments bound by a :func:`functools.partial`;
-    it is ``None`` when the source cannot be found (a built-in, a function
-    typed into an interactive session). A change in what the function calls
-    (another function, a tokenizer file, a package version) is not seen.
+    The hash covers the source of the function (or of a callable object's class) and the arguments of
+    a :func:`functools.partial`; ``None`` when the source cannot be found (a built-in, a REPL function).
+    A change in what the function calls (another function, a tokenizer file, a package) is not seen.
     """
     target = fn.func if isinstance(fn, functools.partial) else fn
     code = target if inspect.isfunction(target) or inspect.ismethod(target) else type(target)
@@ -73,12 +71,8 @@ def map_identity(fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 def raised(exc: BaseException) -> str:
-    """What the user's code did, for an error message: ``raised KeyError: 'x'``, or ``called sys.exit(0)``.
-
-    A ``SystemExit`` is an error like any other here: left to propagate, it
-    would end prepare with the map's exit status and no message (status 0: a
-    run that wrote nothing would look successful).
-    """
+    """What the user's code did, for an error message: ``raised KeyError: 'x'``, or ``called sys.exit(0)``
+    (a ``SystemExit`` left to propagate would end prepare with no message, maybe with status 0)."""
     if isinstance(exc, SystemExit):
         return f"called sys.exit({exc.code!r}) (a map returns or raises; it must not exit)"
     return f"raised {type(exc).__name__}: {exc}"
@@ -125,7 +119,7 @@ def load_map(spec: str) -> MapFunction:
 
 
 def check_sendable(fn: MapFunction, workers: int) -> None:
-    """Refuse a map that cannot be sent to worker processes (pickled), before any worker starts.
+    """Refuse a map that cannot be pickled to worker processes, before any worker starts.
 
     Raises:
         InputError: naming the function and how to make it sendable.
@@ -142,12 +136,7 @@ def check_sendable(fn: MapFunction, workers: int) -> None:
 
 
 class MappedSamples:
-    """The ``(locator, sample)`` pairs of a reader, passed through a map (or not, for ``fn=None``).
-
-    Iterating applies the map lazily; :attr:`dropped` counts the records it
-    dropped so far. :meth:`peek` returns the first mapped sample without
-    consuming it (the schema is inferred from it).
-    """
+    """The ``(locator, sample)`` pairs of a reader, passed lazily through a map (or not, for ``fn=None``)."""
 
     def __init__(self, samples: Iterable[tuple[str, Mapping[str, Any]]], fn: MapFunction | None = None) -> None:
         self._it = iter(samples)

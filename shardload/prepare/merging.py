@@ -1,17 +1,11 @@
 """Merge the parts of a prepare run into one shard set, without copying a shard.
 
-Where it sits: after ``prepare --part K/N`` (or :class:`shardload.integrations.ray_sink.ShardSink`)
-has written every part under ``OUT/parts/``, and before ``open``/the loader.
-:func:`merge` writes into ``OUT`` only what one set needs beyond the parts'
-shards (the layout is in docs/format.md, "Sets merged from parts"): sample
-ids follow part order, whichever part finished first; no shard is opened; the
-manifest is written last (atomically), so a stopped merge leaves no set and is
-simply run again, and merging an already merged ``OUT`` again writes the same bytes.
-
-Every part must be committed (its own ``manifest.json``), be from the same run
-(the run id its prepare recorded: the same input, options and part count) and
-hold the same schema and options; otherwise :class:`~shardload.errors.MergeError`
-names the part and what to do, and nothing in ``OUT`` is changed.
+After ``prepare --part K/N`` has written every part under ``OUT/parts/``, :func:`merge` writes
+into ``OUT`` only what one set needs beyond the parts' shards (docs/format.md, "Sets merged from
+parts"): sample ids follow part order; the manifest goes last, so a stopped merge is simply run
+again, and a merge run again writes the same bytes. Every part must be committed, from the same
+run and with the same schema and options; otherwise :class:`~shardload.errors.MergeError` names
+the part, and nothing in ``OUT`` is changed.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Options of ``prepare``/``write``, grouped in one frozen object.
 
-The shard format's own options (Zarr's compression, for instance) are not
-fields here: ``shard_format`` holds them, as the format's options object
-(:class:`~shardload.formats.base.FormatOptions`, found through the registry
-:data:`shardload.formats.FORMATS`), so that nothing here depends on which
-formats exist.
+The format's own options live in ``shard_format`` (a :class:`~shardload.formats.base.FormatOptions`),
+so that nothing here depends on which formats exist.
 """
 
 from __future__ import annotations
@@ -167,11 +164,8 @@ class PrepareOptions:
         return cast(FormatOptions, self.shard_format)
 
     def layout_key(self) -> dict[str, Any]:
-        """The options that decide the output bytes (compared on ``resume``, recorded in the manifest).
-
-        The format's own options come last, with their defaults resolved: the
-        manifest records what was written.
-        """
+        """The options that decide the output bytes (compared on ``resume``, recorded in the manifest; the
+        format's own options last, defaults resolved)."""
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in (*_RUN_ONLY, "map")}
         if self.map is not None:  # absent without one: the record of a run made before maps existed still matches
             d["map"] = map_identity(self.map)

@@ -1,13 +1,8 @@
 """Parts of a prepare run: which source units part K of N reads, where it goes, and what ties the parts together.
 
-Where it sits: before the pipeline. ``prepare(..., part=(K, N))`` (``--part
-K/N``) runs the ordinary pipeline (:mod:`shardload.prepare.pipeline`) over
-part K of a deterministic split of the source units (contiguous runs,
-balanced by input bytes, depending only on the units and ``N``), into
-``OUT/parts/KKKKK-of-NNNNN``: a complete shard set of its own, which
-:func:`shardload.merge.merge` joins to the others once every part is
-committed. Every part records the *run id* of the whole input, options and
-``N``, so that the merge refuses a part of another run. See docs/parts.md.
+``--part K/N`` runs the ordinary pipeline over part K of a deterministic split of the units into
+``OUT/parts/KKKKK-of-NNNNN``, a set of its own; each part records the *run id* of the whole input,
+options and ``N``, so that the merge refuses a part of another run. See docs/parts.md.
 """
 
 from __future__ import annotations
@@ -90,12 +85,8 @@ def unit_bytes(unit: SourceUnit) -> int:
 def split_units(units: Sequence[SourceUnit], n: int) -> list[list[SourceUnit]]:
     """Cut ``units`` into ``n`` contiguous runs balanced by input bytes (``n - len(units)`` empty when fewer units).
 
-    A unit goes to the part its middle byte falls in, with the input's bytes
-    cut into ``n`` equal ranges: deterministic and contiguous. That alone can leave a part empty next to
-    one of several small units (a big unit's middle in the part before): each
-    unit is then moved to the nearest part that keeps every part filled (with
-    at least ``n`` units; with fewer, one unit per part), so no machine of a
-    run idles while another reads two files.
+    A unit goes to the part its middle byte falls in, then moves to the nearest part that keeps every
+    part filled (with fewer than ``n`` units, one per part), so no machine idles while another reads two files.
     """
     m = len(units)
     sizes = np.array([unit_bytes(u) for u in units], dtype=np.float64)
@@ -133,10 +124,7 @@ def _set_at(out: str | os.PathLike[str]) -> Manifest | None:
 
 
 def refuse_part_into_single_set(out: str | os.PathLike[str], k: int, n: int) -> None:
-    """Refuse ``prepare --part K/N`` into an ``out`` that holds a set prepared in one run.
-
-    The part would be written into ``out/parts/`` of that set, and the merge
-    refuses such an ``out``: the whole part's work would be lost.
+    """Refuse ``prepare --part K/N`` into an ``out`` that holds a set prepared in one run (the merge would refuse it).
 
     Raises:
         OutputExistsError: naming the set and what to do.
@@ -167,11 +155,7 @@ def refuse_resume_of_merged(out: str | os.PathLike[str]) -> None:
 def finished_part(out: str | os.PathLike[str], k: int, n: int, run: str) -> bool:
     """Whether ``out`` holds part ``k`` of ``n`` of run ``run``, committed, with no interrupted work.
 
-    ``--resume`` of such a part has nothing to do: a scheduler reruns a task
-    that had finished (a requeued SLURM array task, a retried Spark or Dask
-    task), and it must succeed, not stop the merge that waits for it. A part
-    of another run (other sources, options or N) is left to the ordinary
-    rules of the output (refused).
+    Then ``--resume`` has nothing to do and succeeds: a scheduler may rerun a task that had finished.
     """
     from shardload.prepare.workdir import WORK
 

@@ -1,24 +1,12 @@
 """The prepare pipeline: read sources -> stage chunks -> lay out shards -> write -> commit.
 
-1. **ingest** (:mod:`shardload.prepare.ingest`): each source unit (in parallel,
-   one process per unit) is read, passed through the map function if one is
-   given (:mod:`shardload.prepare.mapping`), every sample is checked against
-   the schema, and samples are staged as Arrow chunks in ``OUT/.prepare/staging``
-   (each renamed when complete).
-2. **layout**: with every sample's length known, choose the shard count and
-   which samples go where (:mod:`shardload.prepare.layout`).
-3. **write**: each shard (in parallel) gathers its samples from the staged
-   chunks, is written to a temporary name, checksummed, and renamed.
-4. **commit**: lengths index, then ``manifest.json`` last
-   (:class:`~shardload.prepare.workdir.WorkDir`), once the finished set opens
-   as the loader opens it.
+1. **ingest** (:mod:`.ingest`): each source unit, in parallel, is read, mapped, checked and staged as Arrow chunks.
+2. **layout** (:mod:`.layout`): with every sample's length known, the shard count and which samples go where.
+3. **write**: each shard, in parallel, gathers its samples from the chunks, is written, checksummed and renamed.
+4. **commit** (:class:`~.workdir.WorkDir`): the indexes, then ``manifest.json`` last, once the set opens.
 
-The checks that guard each step (the first sample's schema before anything is
-created, resume over changed input, Arrow's array length, the new set before
-the commit) are in :mod:`shardload.prepare.guards`.
-
-Every step skips work whose result is already on disk, which is what makes
-``resume`` finish an interrupted run with the same bytes as an uninterrupted one.
+The checks of each step are in :mod:`.guards`. Every step skips work whose result is already on
+disk, which is what makes ``resume`` give the same bytes as an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -109,8 +97,7 @@ class PrepareResult:
 
 # -- 1. ingest: the run's side (the step itself is shardload.prepare.ingest) ------------------------
 def _ingest_unit(job: IngestJob) -> StagedUnit:
-    """Stage one source unit (in a worker process); a unit is read as column batches where its reader can
-    and no map applies (a map works on one sample at a time)."""
+    """Stage one source unit (in a worker process), as column batches where its reader can and no map applies."""
     check = SampleChecker(job.schema, job.options)
     unit = job.unit
     source = unit.paths[0] if len(unit.paths) == 1 else unit.describe()
@@ -170,11 +157,7 @@ def shard_file(k: int, suffix: str) -> str:
 
 
 def write_shard(job: ShardJob) -> ShardRecord:
-    """Write shard ``job.index`` unless a finished copy is recorded; return its record.
-
-    The format's writer gets the job's format options. With a ``set_id``, the
-    shard carries its identity (set, index, first sample, count) in its metadata.
-    """
+    """Write shard ``job.index`` unless a finished copy is recorded; with a ``set_id``, its identity goes in."""
     done = job.work / "done" / f"{job.index:06d}.json"
     if done.exists():
         record = ShardRecord.from_json(json.loads(done.read_text()))
@@ -214,11 +197,8 @@ def run_prepare(
 ) -> PrepareResult:
     """Run the pipeline over source ``units`` or over an iterable of ``samples``.
 
-    With ``part=(K, N)``, only part K of the units (see
-    :func:`~shardload.prepare.parts.split_units`) is read, into ``out`` (the
-    part's folder); the schema still comes from the first sample of all units,
-    so that every part has the one schema a single run would, and a part with
-    no samples is a set of none (its manifest records the part for the merge).
+    With ``part=(K, N)``, only part K of the units is read, into ``out``; the schema still comes from
+    the first sample of all units (every part has the one schema), and a part with no samples is a set of none.
     """
     source_options = source_options or SourceOptions(fields=options.fields, drop_fields=options.drop_fields)
     started = time.perf_counter()

@@ -1,13 +1,8 @@
 """``prepare``/``write`` into object storage: prepare in a local staging directory, then upload.
 
-Where it sits: around the pipeline (:mod:`shardload.prepare.pipeline`), when
-the output is a URL (``s3://bucket/prefix/set``, any fsspec URL). The URL is
-checked before any work (:meth:`~shardload.remote.upload.SetUploader.check_target`),
-the ordinary pipeline prepares and commits the set in ``STAGING/set``, the
-upload (:meth:`~shardload.remote.upload.SetUploader.upload_set`) puts
-``manifest.json`` last, and ``STAGING`` is removed once it is complete.
-The steps, what ``STAGING`` holds and how ``--resume`` goes on are in
-docs/remote.md, "Preparing into object storage".
+Around the pipeline when the output is a URL: the URL is checked before any work, the set is
+prepared and committed in ``STAGING/set``, uploaded with ``manifest.json`` last, and ``STAGING``
+removed. Steps and ``--resume``: docs/remote.md, "Preparing into object storage".
 """
 
 from __future__ import annotations
@@ -45,13 +40,10 @@ def staging_dir(url: str, staging: str | os.PathLike[str] | None = None) -> Path
 
 
 def refuse_remote_parts(url: str, what: str = "parts (--part K/N, shardload merge)") -> None:
-    """Refuse ``--part K/N``, a merge or a Ray sink (whatever writes parts) with a URL as the output.
-
-    Parts are merged by writing a manifest that names every part's shards, which
-    needs the parts' files where the merge runs; that is not done over a URL.
+    """Refuse ``--part K/N``, a merge or a Ray sink with a URL output: a merge needs the parts' files at hand.
 
     Raises:
-        OutputError: naming the URL and what to do instead.
+        OutputError: always.
     """
     raise OutputError(
         f"{url}: {what} need an output directory every machine can write, not a URL: "
@@ -61,12 +53,10 @@ def refuse_remote_parts(url: str, what: str = "parts (--part K/N, shardload merg
 
 
 def refuse_remote_options(out: str | os.PathLike[str], **given: object) -> None:
-    """Refuse the options of a URL output (``storage_options``, ``staging``, ...) given with a local ``out``.
-
-    ``given``: each option by its name, ``None`` (or ``False``, or an empty dict) when not given.
+    """Refuse options of a URL output (``given`` by name; ``None``, ``False``, ``{}``: not given) with a local ``out``.
 
     Raises:
-        InputError: naming the options and the output.
+        InputError: naming the options given.
     """
     flags = {"staging": " (--staging)", "keep_staging": " (--keep-staging)"}  # the command line's spelling
     named = [name for name, value in given.items() if value is not None and value is not False and value != {}]
@@ -92,18 +82,9 @@ def prepare_to_url(
 ) -> PrepareResult:
     """Prepare into a staging directory with ``stage(local_out)``, then upload the set to ``url``.
 
-    Args:
-        url: where the set goes (``s3://bucket/prefix/set``).
-        stage: runs the pipeline into the given local directory (with ``options``).
-        options: the run's options (``resume``, ``overwrite`` and ``progress`` apply to the upload too).
-        sources: what the run reads, as JSON (compared on ``--resume`` with the staged set's).
-        storage_options: fsspec's options (credentials, endpoint); default: the environment's.
-        staging: the staging directory (see :func:`staging_dir`).
-        keep_staging: keep the staged set after the upload.
-        retry: retries of every call to the store.
-
-    Returns:
-        the staged run's result, with ``path`` the URL and ``uploaded_bytes`` what this run uploaded.
+    ``options.resume``, ``overwrite`` and ``progress`` apply to the upload too; ``sources`` (JSON) is
+    compared on ``--resume`` with the staged set's. Returns the staged run's result, with ``path`` the
+    URL and ``uploaded_bytes`` what this run uploaded.
 
     Raises:
         OutputExistsError: the URL holds a set (without ``overwrite``), an unfinished upload (without
@@ -162,13 +143,10 @@ def _make_dir(root: Path, url: str) -> None:
 
 
 def _refuse_foreign_staging(root: Path) -> None:
-    """Refuse a staging directory that holds files of someone else's: the run would overwrite and then remove them.
-
-    A staging directory is empty, new, or holds what a run put there (``set/``, ``run.json``, ``uploaded.log``,
-    ``.upload.lock``, with a ``run.json`` of a run). ``--staging .`` or ``--staging data/`` is refused.
+    """Refuse a staging directory that holds files of someone else's (``--staging .``): the run would remove them.
 
     Raises:
-        OutputError: naming the directory and the files that are not a staging's.
+        OutputError: naming the files that are not a staging's.
     """
     try:
         names = sorted(p.name for p in root.iterdir())

@@ -1,19 +1,9 @@
-"""Staging a unit's checked samples as chunks, one sample or a whole column batch at a time.
+"""Staging a unit's checked samples as chunks, one sample or a whole column batch at a time (part of ingest).
 
-Part of ingest (:func:`shardload.prepare.ingest.ingest`, step 1 of prepare):
-samples come either one by one, checked by
-:class:`~shardload.prepare.ingest.SampleChecker`, or as a
-:class:`~shardload.prepare.sources.SampleBatch` of whole columns, which
-:func:`check_batch` checks with a few vectorised calls per field. Both go into
-one :class:`ChunkStager`, which cuts chunks by the one rule of where a chunk
-ends, so that the staged chunks hold the same bytes whichever way the samples
-came.
-
-:func:`check_batch` accepts a batch only where the per-sample checks would
-accept every sample of it and give the same arrays (dtype, shape, ``--dtype``
-casts by :func:`~shardload.schema.cast.cast_exact`, ``--reject-nonfinite``, the size
-of one field); otherwise it returns None, and ingest reads the batch's samples
-one by one, so that the first wrong sample is reported as it is today.
+:func:`check_batch` accepts a batch only where the per-sample checks would accept every sample and
+give the same arrays (else ingest reads it sample by sample, which reports the first wrong one);
+:class:`ChunkStager` cuts chunks by one rule, so the chunks hold the same bytes either way
+(docs/design.md, "Prepare in stages").
 """
 
 from __future__ import annotations
@@ -35,11 +25,10 @@ __all__ = ["CheckedBatch", "ChunkStager", "check_batch"]
 
 
 class CheckedBatch:
-    """A batch that passed :func:`check_batch`: its columns in staged form, and each sample's size.
+    """A batch that passed :func:`check_batch`: its columns as a chunk holds them, and each sample's size.
 
     Attributes:
-        columns: the samples as a chunk holds them (variable fields with offsets, fixed ones without).
-        sizes: ``(n,)`` payload bytes of each sample (what the per-sample path adds up).
+        sizes: ``(n,)`` payload bytes of each sample.
         values: ``(n,)`` the most values any one field of each sample holds.
     """
 
@@ -104,15 +93,9 @@ def _as_field(f: Field, values: np.ndarray, offsets: np.ndarray | None, n: int) 
 class ChunkStager:
     """Collects checked samples and column batches, and writes a chunk whenever one is full.
 
-    The one rule of where a chunk ends: after the sample that brings it to
-    ``chunk_bytes`` bytes, or before a sample that would bring one field's
-    values past an Arrow array's length (:data:`~shardload.prepare.guards.MAX_FIELD_VALUES`).
-    ``write`` stores one chunk, given as the pieces whose samples it holds in
-    order (the chunk is their concatenation, see
-    :meth:`~shardload.formats.arrow.ArrowShardWriter.write_concatenated`), and
-    its samples' origins (see :mod:`shardload.formats.origin`: of a sample, from its
-    locator, naming one of ``files``; of a batch, the table given with it), in
-    the same order.
+    The one rule of where a chunk ends: after the sample that brings it to ``chunk_bytes``, or before
+    a sample that would bring one field past :data:`~shardload.prepare.guards.MAX_FIELD_VALUES`.
+    ``write`` gets the chunk as the pieces it concatenates, in order, and their samples' origins.
     """
 
     def __init__(

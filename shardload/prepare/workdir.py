@@ -50,13 +50,10 @@ _COMMITTED: set[str] = set()
 class WorkDir:
     """Owns ``OUT`` for the duration of one prepare run (use as a context manager).
 
-    Nothing is created before the checks that can refuse the run have passed
-    (they run once before anything is created, and again under the lock). A
-    run that ends with no work dir (refused, committed, or its new set refused
-    before the commit) removes the lock file, and ``OUT`` too if this run
-    created it and it is empty: a refused run leaves no trace. A run that
-    failed keeps its work dir for ``--resume``, with the bad input it stopped
-    on, if any, in ``FAILED`` (so that messages say why, not just "resume").
+    The checks that can refuse the run pass before anything is created (and again under the lock).
+    A run that ends with no work dir removes the lock file, and ``OUT`` if it created it and it is
+    empty: a refused run leaves no trace. A failed run keeps its work dir for ``--resume``, with the
+    bad input it stopped on, if any, in ``FAILED``.
     """
 
     def __init__(self, out: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> None:
@@ -180,8 +177,7 @@ class WorkDir:
     def _check_existing(self, dry: bool = False) -> None:
         """Refuse an output that holds a set, an interrupted run or other files (as the options say).
 
-        With ``dry``, only look (before anything is created); otherwise also
-        remove a work dir with nothing to resume and set up a fresh one.
+        With ``dry``, only look; otherwise also replace a work dir with nothing to resume by a fresh one.
         """
         out = self.out
         has_set = (out / MANIFEST_NAME).exists()
@@ -246,11 +242,9 @@ class WorkDir:
 
     # -- commit -----------------------------------------------------------------------------------
     def commit(self, files: list[str]) -> None:
-        """Replace any old set by the new one; ``manifest.json`` goes last.
+        """Replace any old set by the new one (``shards/`` and ``files``, names in the work dir); the manifest last.
 
-        ``files`` are names inside the work dir (besides ``shards/``) to move
-        into ``OUT``, e.g. the lengths index. Idempotent: an interrupted commit
-        is finished by calling it again.
+        Idempotent: an interrupted commit is finished by calling it again.
         """
         marker = self.work / "COMMIT"
         if not marker.exists():
@@ -366,11 +360,9 @@ def interrupted_hint(work: Path) -> str:
 
 
 def fd_limit_reached(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception it was raised from or during) is the open-files limit (EMFILE/ENFILE).
+    """Whether ``exc`` or any exception in its chain (``from None`` included) is the open-files limit.
 
-    Looks through the whole chain, ``raise ... from None`` included, and at the
-    text of errors that crossed a process boundary (a worker's) or came from
-    pyarrow, which keep only the message.
+    Also matches the text, for errors from a worker process or pyarrow, which keep only the message.
     """
     seen: set[int] = set()
     cur: BaseException | None = exc
@@ -411,12 +403,8 @@ def fd_limit_hint(*, resume: bool = True) -> str:
 def output_errors(out: Path, what: str, *, partial: Path | None = None, started: bool = True) -> Iterator[None]:
     """Turn an ``OSError`` while writing into ``out`` into an :class:`OutputError` that says what to do.
 
-    Args:
-        out: the output directory (named in the message).
-        what: the step that failed, e.g. ``"writing shard 3"``.
-        partial: a half-written file to remove on failure (or a directory whose
-            ``*.tmp`` files are removed), so a full disk gets its space back.
-        started: False before the run has written anything (nothing to resume).
+    ``what`` names the step (``"writing shard 3"``). ``partial``: a half-written file (or a directory of
+    ``*.tmp`` files) removed on failure, so a full disk gets its space back. ``started=False``: nothing to resume.
     """
     try:
         yield

@@ -94,11 +94,8 @@ MARKER_FILES = frozenset({"_SUCCESS", "_metadata", "_common_metadata", EXPORT_IN
 def not_data(path: Path, root: Path) -> str | None:
     """Why a file found under directory ``root`` is certainly not data, or None if it may be.
 
-    Only hidden entries (a name starting with ``.`` for the file or a directory
-    on the way, e.g. ``.git``, ``.ipynb_checkpoints``), the marker files of
-    :data:`MARKER_FILES` and ``.crc`` checksum files are skipped. Anything else,
-    ``_utils.npy`` or ``__init__.npy`` included, is read (or refused by name when
-    its kind is unknown): a skipped data file would be lost without a word.
+    Only hidden entries (the file or a directory on the way), :data:`MARKER_FILES` and ``.crc`` files
+    are skipped; anything else is read or refused by name: a skipped data file would be lost without a word.
     """
     parts = path.relative_to(root).parts
     if any(p.startswith(".") for p in parts):
@@ -169,14 +166,10 @@ def _count_files(top: str, reason: str, listing: _Listing) -> None:
 def _walk(root: Path, listing: _Listing, collect: bool = True) -> list[str]:
     """Every file under directory ``root`` in sorted order, following symbolic links to folders.
 
-    A linked folder is read like any other (skipping it would lose its files
-    without a word). A link back to a folder on the way down (a loop), or a
-    second path to a folder already listed, is refused by name: following it
-    would never end, or read the same files twice. Hidden folders and the output
-    directory are not entered except to count the files they hold.
+    Hidden folders and the output directory are only entered to count their files.
 
     Raises:
-        InputError: naming the link and the folder it leads to again.
+        InputError: a link loop, or a second path to a folder already listed (its files would be read twice).
     """
     found: list[str] = []
     seen: dict[FileKey, str] = {}
@@ -309,24 +302,16 @@ def discover(
     skipped: dict[str, list[str]] | None = None,
     output: str | os.PathLike[str] | None = None,
 ) -> list[SourceUnit]:
-    """Find the input files of ``sources`` and group them into units.
+    """Find the input files of ``sources`` (files, directories, globs, brace patterns) and group them into units.
 
-    Args:
-        sources: files, directories, globs or brace patterns.
-        source_format: read every file as this kind instead of detecting it.
-        options: how sources are read.
-        skipped: filled with the files left out as certainly not data, by
-            reason (see :func:`not_data`; ``output`` for files in ``output``),
-            for the caller to report.
-        output: the output directory of the run: a directory or glob source
-            that covers it leaves it out (its files are counted as skipped);
-            a source that is, or lies inside, it is refused.
+    ``skipped`` is filled with the files left out as not data, by reason (:func:`not_data`; ``output``).
+    A directory or glob that covers ``output`` (the run's output directory) leaves it out; a source
+    that is, or lies inside, it is refused.
 
     Raises:
-        InputError: a path that does not exist or is not a regular file (a FIFO,
-            a device, a broken link), an empty name, a pattern that matches
-            nothing, a file of no known kind, an unknown ``source_format``, the
-            same file twice, a symbolic link loop, or a folder reached twice.
+        InputError: a path that does not exist or is not a regular file (a FIFO, a device, a broken link),
+            an empty name, a pattern that matches nothing, a file of no known kind, an unknown
+            ``source_format``, the same file twice, a symbolic link loop, or a folder reached twice.
     """
     options = options or SourceOptions()
     if source_format is not None and source_format not in READERS:
@@ -359,12 +344,7 @@ def discover(
 
 
 def read_unit(unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
-    """Yield ``(locator, sample)`` for every sample of ``unit``, with only the fields ``options`` selects.
-
-    Parquet/Arrow read only the selected columns themselves
-    (``selects_fields``); the samples of the other kinds are filtered here
-    (JSON Lines leaves the values of the others unconverted).
-    """
+    """Yield ``(locator, sample)`` for every sample of ``unit``, with only the fields ``options`` selects."""
     reader = READERS[unit.kind]
     if reader.selects_fields:
         yield from reader.read(unit, options)
@@ -374,12 +354,8 @@ def read_unit(unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, S
 
 
 def read_unit_batches(unit: SourceUnit, options: SourceOptions, schema: Schema) -> Iterator[SampleBatch] | None:
-    """The samples of ``unit`` as column batches (see :class:`SampleBatch`), or None if it is read per sample.
-
-    With a field choice (``fields`` / ``drop_fields``) only a kind that reads
-    just the selected fields itself (``selects_fields``) gives batches: the
-    others' samples are filtered by :func:`read_unit`.
-    """
+    """The samples of ``unit`` as column batches, or None if it is read per sample (always, with a field
+    choice, for a kind that does not select fields itself)."""
     reader = READERS[unit.kind]
     if not reader.selects_fields and (options.fields is not None or options.drop_fields):
         return None

@@ -31,9 +31,7 @@ def load_npy(fh: IO[bytes], size: int, where: str, what: str, *, allow_pickle: b
     """The one array of an ``.npy`` stream ``fh`` of ``size`` bytes (seekable, at its start).
 
     Raises:
-        InputError: naming ``where``: not an ``.npy`` (with what it looks like),
-            a header that does not match the bytes after it, damage, or a
-            pickled array without ``allow_pickle``.
+        InputError: not an ``.npy``, a header that does not match the bytes after it, damage, or a pickle.
     """
     try:
         head = fh.read(len(NPY_MAGIC))
@@ -86,11 +84,8 @@ def _looks_like(head: bytes) -> str:
 def load_npz(source: str | bytes, where: str, what: str, *, allow_pickle: bool, limit: int) -> dict[str, np.ndarray]:
     """The arrays of an ``.npz`` file (path) or member (bytes), named as ``numpy.savez`` named them.
 
-    Every member must be an ``.npy`` array of at most ``limit`` bytes, and no
-    two members may give one name (``x`` and ``x.npy``, or a name twice).
-
     Raises:
-        InputError: naming ``where`` and the member.
+        InputError: a member that is not an ``.npy`` array of at most ``limit`` bytes, or two that give one name.
     """
     name = None
     try:

@@ -1,15 +1,10 @@
 """What every source reader provides: units of work that yield samples.
 
-A *unit* is the smallest piece of input that one worker process reads on its
-own (a tar shard, a group of ``.npy`` files, or a part of one big file: a byte
-range of a JSON Lines file cut at line boundaries, a run of Parquet row groups,
-a run of Arrow IPC record batches; see :attr:`SourceOptions.unit_bytes`). Units
-are small picklable descriptions, made once from the file sizes and layout
-alone, never from the number of workers, so that the output does not depend on
-``--workers``; :func:`read_unit` turns one into samples. Each sample comes with
-a *locator* naming where it came from (``"data/a.jsonl: line 17"``; a part of a
-file knows the line or row it starts at, so locators stay exact), used in every
-error message about it.
+A *unit* is the smallest piece of input one worker reads on its own (a tar, a group of ``.npy``
+files, or a part of one big file): a small picklable description made from the file sizes and
+layout alone, never from ``--workers``, so the output does not depend on it (docs/design.md,
+"Prepare in stages"). Each sample comes with a *locator* (``"data/a.jsonl: line 17"``), exact
+also in a part of a file, used in every error message about it.
 """
 
 from __future__ import annotations
@@ -80,15 +75,9 @@ class SourceOptions:
     Attributes:
         field: field name for sources whose files hold one unnamed array (``.npy``).
         dtypes: dtype per field, applied while decoding (JSON has no dtypes).
-        allow_pickle: allow pickled members/arrays; off by default because
-            unpickling untrusted data runs arbitrary code.
         files_per_unit: how many one-sample files (``.npy``/``.npz``) one unit reads.
-        unit_bytes: a file larger than this is split into units (see the module
-            docstring) of about this many bytes, so that workers share one big file.
-        max_record_bytes: the most bytes of one line, tar member or ``.npz`` array,
-            once decompressed (:data:`MAX_RECORD_BYTES`, or ``SHARDLOAD_MAX_RECORD_BYTES``).
-        fields: keep only these fields (``--fields``); ``None``: all.
-        drop_fields: leave these fields out (``--drop-fields``).
+        unit_bytes: a file larger than this is split into units of about this many bytes.
+        max_record_bytes: see :data:`MAX_RECORD_BYTES`.
     """
 
     field: str = "data"
@@ -105,10 +94,10 @@ class SourceOptions:
         return field_kept(name, self.fields, self.drop_fields)
 
     def select(self, names: Sequence[str], where: str) -> list[str]:
-        """The names of ``names`` that are read, in their order; refuses a named field that is not there.
+        """The names of ``names`` that are read, in their order.
 
         Raises:
-            InputError: naming ``where``, the missing fields and the fields that exist.
+            InputError: a field named by the options is missing, or no field is left.
         """
         named = self.drop_fields if self.fields is None else self.fields
         missing = [n for n in named if n not in names]
@@ -152,14 +141,10 @@ class SourceUnit:
     """One unit of input: a kind and the files it reads, in order, or a part of one file.
 
     Attributes:
-        kind: the source kind (``--source-format`` name).
-        paths: the files, in order (one file for a part).
         part: ``(start, stop)`` of a part of ``paths[0]``: bytes for JSON Lines,
             row groups for Parquet, record batches for Arrow IPC; None for whole files.
-        first: the number of lines (JSON Lines) or rows (Parquet, Arrow) of the
-            file before the part, which locators count from.
-        nbytes: the input bytes of a part (what balances ``--part K/N``); 0 for whole files,
-            whose size is their files' sizes.
+        first: the lines or rows of the file before the part, which locators count from.
+        nbytes: the input bytes of a part (what balances ``--part K/N``); 0 for whole files.
     """
 
     kind: str
@@ -187,24 +172,15 @@ class SourceUnit:
 class SampleBatch:
     """A run of consecutive samples of a unit, whole columns at once (the columnar ingest path).
 
-    Readers that can (:meth:`SourceReader.read_batches`) hand ingest a record
-    batch's columns instead of one dict per sample; ingest checks and stages
-    them whole (:mod:`shardload.prepare.staging`). ``samples`` gives the same
-    samples one by one, exactly as :meth:`SourceReader.read` would: ingest reads
-    them so whenever the columns are in any doubt (a null, a value to cast that
-    does not fit, a line the column reader cannot prove it read as the exact
-    reader does), so that what is staged and every message stay those of the
-    per-sample path.
+    ``samples`` gives the same samples one by one, exactly as :meth:`SourceReader.read` would; ingest
+    reads them so whenever the columns are in any doubt, so that what is staged and every message stay
+    those of the per-sample path.
 
     Attributes:
-        columns: the samples' fields, or None where only ``samples`` can read
-            them. A field with offsets holds sample ``i`` in
-            ``values[offsets[i]:offsets[i + 1]]``; one without holds it in ``values[i]``.
-        samples: the ``(locator, sample)`` pairs of the same samples.
-        where: with ``columns``, where the samples are, for their origins
-            (:func:`shardload.formats.origin.run_origins`): the file, ``"row"`` or
-            ``"line"``, and each sample's row or line number in it, the numbers
-            its locator names.
+        columns: the samples' fields, or None where only ``samples`` can read them. A field with
+            offsets holds sample ``i`` in ``values[offsets[i]:offsets[i + 1]]``, one without in ``values[i]``.
+        where: with ``columns``, for :func:`shardload.formats.origin.run_origins`: the file, ``"row"``
+            or ``"line"``, and each sample's row or line number, as its locator names it.
     """
 
     columns: Columns | None
@@ -238,8 +214,7 @@ class SourceReader(ABC):
         """Yield ``(locator, sample)`` for every sample of ``unit``, in a fixed order.
 
         Raises:
-            InputError: naming the file and the sample, for unreadable or
-                malformed input.
+            InputError: naming the file and the sample, for unreadable or malformed input.
         """
 
     @classmethod
@@ -250,11 +225,7 @@ class SourceReader(ABC):
 
 
 class OneSamplePerFileReader(SourceReader):
-    """A kind whose every file holds one sample (``.npy``, ``.npz``): many files make one unit.
-
-    Reading a unit is loading its files in order, each checked just before it
-    is read (:meth:`SourceUnit.files`); a subclass says how to load one file.
-    """
+    """A kind whose every file holds one sample (``.npy``, ``.npz``): a subclass says how to load one file."""
 
     one_sample_per_file: ClassVar[bool] = True
 
@@ -278,13 +249,7 @@ READERS: dict[str, type[SourceReader]] = {}
 
 
 def check_input_file(path: str) -> None:
-    """Refuse anything but a regular file, without opening it.
-
-    Opening a FIFO waits for a writer for ever, and a device such as
-    ``/dev/zero`` never ends: reading either would hang prepare or fill its
-    memory. ``os.stat`` tells the type without opening the file (following
-    symbolic links, as reading would). Called when the sources are listed and
-    again just before each file is read.
+    """Refuse anything but a regular file, without opening it (a FIFO or a device would hang prepare).
 
     Raises:
         InputError: naming the file and what it is instead.
@@ -314,13 +279,8 @@ def register(reader: type[SourceReader]) -> type[SourceReader]:
 
 
 def numpy_load_error(where: str, what: str, exc: BaseException, *, hint: str = "") -> InputError:
-    """The error for an ``np.load`` of ``where`` that failed: a refused pickle, or damaged data.
-
-    One wording for every source that holds numpy files (``.npy``/``.npz`` files
-    and tar members). ``what`` names the kind (``".npy file"``); ``hint`` is
-    appended to the damage message. A damaged ``.npy`` header can raise almost
-    anything (numpy parses it as a Python literal), so callers pass any exception.
-    """
+    """The error for an ``np.load`` of ``where`` (a ``what``, ``".npy file"``) that failed: a refused pickle,
+    or damaged data (any exception: numpy parses a header as a Python literal), with ``hint`` appended."""
     if isinstance(exc, ValueError) and "allow_pickle" in str(exc):
         return InputError(
             f"{where}: holds a pickled object array; refusing to unpickle untrusted data. "

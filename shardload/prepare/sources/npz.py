@@ -1,14 +1,7 @@
-"""``.npz`` files, one sample per file, one field per array (named as in the file).
+"""``.npz`` files, one sample per file, one field per array, in the order saved (``arr_0``, ... when unnamed).
 
-``np.savez(path, tokens=t, features=f)`` gives a sample with fields ``tokens``
-and ``features``, in the order they were saved; arrays saved without a name
-are ``arr_0``, ``arr_1``, ... as numpy names them. Many files are grouped into
-one unit (``SourceOptions.files_per_unit``), as for ``.npy``.
-
-Every member of the archive must be an ``.npy`` array; two members that give
-one name (``x`` and ``x.npy``, or one name twice) are refused, as is an array
-larger than ``SourceOptions.max_record_bytes`` once decompressed
-(:mod:`.arrays`).
+What is refused (a member that is not ``.npy``, two members giving one name, an array over
+``max_record_bytes``) is in :func:`.arrays.load_npz`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """WebDataset tar shards (``.tar``, ``.tar.gz``, ``.tgz``, ``.tar.bz2``, ``.tar.xz``): the members sharing a key.
 
-A tar is read as a stream (nothing is extracted to disk); one tar is one unit.
-Member naming (key, suffix, decoder extension, field name) and what each
-decoder extension gives are in docs/format.md, "WebDataset interoperability";
-``json``/``txt`` values convert by the rules of JSON Lines
-(:mod:`~shardload.prepare.sources.jsonl`), numbers by the one rule of
-:func:`shardload.schema.cast.cast_exact`.
+A tar is read as a stream; one tar is one unit. Member naming and what each decoder extension
+gives: docs/format.md, "WebDataset interoperability" (``json``/``txt`` values convert by the rules
+of JSON Lines).
 
 Safety: member names that are absolute or contain ``..``, links (symbolic or
 hard) and device/FIFO members are refused, and a tar that ends without its
@@ -187,12 +184,8 @@ _STREAM_ERRORS = (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAErro
 
 
 def _open_stream(path: str) -> io.BufferedIOBase:
-    """``path`` as a stream of tar bytes, decompressed by a reader that checks the compressed data's checksum.
-
-    tarfile's own gzip stream never checks the CRC, and stops reading at the
-    archive's end marker; these readers check it when the stream is read to
-    its end (which :func:`_read_tar` does).
-    """
+    """``path`` as a stream of tar bytes, decompressed by a reader that checks the checksum once read to its end
+    (tarfile's own gzip stream never does)."""
     with open(path, "rb") as fh:
         magic = fh.read(6)
     stream: io.BufferedIOBase
@@ -315,9 +308,7 @@ def _from_value(
     value: Any, field: str, where: str, options: SourceOptions, **json: bool
 ) -> list[tuple[str, np.ndarray]]:
     """A decoded JSON / unpickled value: a mapping gives one field per entry, anything else one field.
-
-    ``json`` are :func:`json_to_array`'s flags about the text a JSON value came from.
-    """
+    ``json``: :func:`json_to_array`'s flags."""
     if isinstance(value, Mapping):
         if not value:
             raise InputError(f"{where}: an empty object gives no fields; remove the member")

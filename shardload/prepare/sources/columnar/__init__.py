@@ -90,11 +90,8 @@ def _guarded(path: str, what: str, batches: Iterator[pa.RecordBatch], state: lis
 
 # -- units: runs of row groups or record batches -------------------------------------------------------
 def split_runs(sizes: Sequence[int], rows: Sequence[int], unit_bytes: int) -> list[tuple[tuple[int, int], int]]:
-    """Group consecutive pieces (row groups, record batches) of ``sizes`` bytes into runs of about ``unit_bytes``.
-
-    A run ends once it holds ``unit_bytes`` or more. Returns ``((start, stop),
-    rows before start)`` per run, covering every piece.
-    """
+    """``((start, stop), rows before start)`` per run of consecutive pieces (row groups, record batches), each run
+    ending once it holds ``unit_bytes`` or more."""
     runs: list[tuple[tuple[int, int], int]] = []
     start, acc, before = 0, 0, 0
     for i, size in enumerate(sizes):
@@ -109,11 +106,8 @@ def split_runs(sizes: Sequence[int], rows: Sequence[int], unit_bytes: int) -> li
 def _split_files(
     kind: str, files: Sequence[str], options: SourceOptions, pieces: Callable[[str], tuple[list[int], list[int]]]
 ) -> list[SourceUnit]:
-    """One unit per file, or per run of a larger file's ``pieces`` (bytes and rows of each piece, in order).
-
-    A file whose pieces cannot be listed (damaged, not of this kind, an IPC
-    stream) is one unit: reading it reports the problem, or reads the stream.
-    """
+    """One unit per file, or per run of a larger file's ``pieces`` (bytes and rows of each piece, in order);
+    a file whose pieces cannot be listed (damaged, an IPC stream) is one unit."""
     units = []
     for path in files:
         runs: list[tuple[tuple[int, int], int]] = []

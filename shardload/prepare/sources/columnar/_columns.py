@@ -168,12 +168,8 @@ EarlierArrays = Callable[[str], Iterator[pa.Array]]
 
 
 class _ColumnConverter:
-    """Converts one column, batch after batch (it remembers the last inner width for empty rows).
-
-    A unit that does not start the file looks up that width in the batches
-    before it (``earlier``), only when an empty row comes before any non-empty
-    one: the same width a read of the whole file gives.
-    """
+    """Converts one column, batch after batch (it remembers the last inner width for empty rows; a unit
+    that does not start the file looks it up in ``earlier``, as a whole-file read would have it)."""
 
     def __init__(self, path: str, name: str, earlier: EarlierArrays | None = None) -> None:
         self.path, self.name = path, name
@@ -259,11 +255,7 @@ def batch_samples(
     first: int = 0,
     earlier: EarlierArrays | None = None,
 ) -> Iterator[tuple[str, Sample]]:
-    """Yield ``(locator, sample)`` for every row of ``batches``, numbering rows from ``first``.
-
-    ``earlier`` gives a column's arrays before the first batch, for a unit that
-    does not start the file.
-    """
+    """Yield ``(locator, sample)`` for every row of ``batches``, numbering rows from ``first``."""
     names = schema.names
     check_schema(path, schema)
     converters = [_ColumnConverter(path, n, earlier) for n in names]
@@ -275,9 +267,7 @@ def batch_samples(
 
 
 def _columnar(t: pa.DataType) -> bool:
-    """A column type whose batches go whole through the columnar ingest path (no text, whose values are
-    Python ``str``/``bytes`` per row, no ``list<list<T>>``, whose empty rows take a width from earlier rows,
-    and no dictionary)."""
+    """A column type whose batches go whole through the columnar ingest path (not text, list of lists, dictionary)."""
     return _element_ok(t) or (_is_list(t) and _element_ok(t.value_type))
 
 
@@ -290,9 +280,7 @@ def column_batches(
 ) -> Iterator[SampleBatch]:
     """The rows of ``batches`` as :class:`SampleBatch` runs, one per record batch, numbering rows from ``first``.
 
-    The columns are the flat arrays :func:`batch_samples` slices its rows from
-    (a null raises the same error); a table with a column of another type is
-    one run read row by row (``earlier`` as for :func:`batch_samples`).
+    A table with a column that :func:`_columnar` refuses is one run read row by row.
     """
     check_schema(path, schema)
     if not all(_columnar(t) for t in schema.types):

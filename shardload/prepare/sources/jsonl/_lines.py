@@ -54,15 +54,10 @@ def _count_newlines(mm: mmap.mmap, start: int, stop: int) -> int:
 
 
 def line_cuts(path: str, size: int, unit_bytes: int) -> list[tuple[int, int, int]]:
-    """Cut the file at ``path`` (``size`` bytes) into byte ranges of about ``unit_bytes``, just after newlines.
+    """``(start, stop, lines before start)`` per byte range of about ``unit_bytes`` of the file, covering it.
 
-    Each cut is the first line boundary at least ``unit_bytes`` after the
-    previous one (a line longer than that stays whole in one range); a last
-    range of less than a quarter of ``unit_bytes`` joins the one before. The
-    newlines are counted on the way (on the mapping, no line is decoded).
-
-    Returns:
-        ``(start, stop, lines before start)`` per range, covering the file.
+    Each cut is the first line boundary at least ``unit_bytes`` after the previous one; a last range
+    of less than a quarter of ``unit_bytes`` joins the one before.
 
     Raises:
         InputError: the file cannot be read.
@@ -143,11 +138,7 @@ def read_lines(
 
 class _SeenBefore(_Seen):
     """The ``seen`` record of a byte range that does not start the file: a field missing from it is looked up
-    in the lines before the range, last line first, so that ``[]`` becomes what it would in a whole-file read.
-
-    The look-back happens only for an empty list of a field not yet seen in the range (rare: a field of
-    empty lists right after a cut), and stops at the first line with a non-empty list of that field.
-    """
+    in the lines before the range, last line first, so that ``[]`` becomes what it would in a whole-file read."""
 
     def __init__(self, path: str, start: int, options: SourceOptions) -> None:
         super().__init__()

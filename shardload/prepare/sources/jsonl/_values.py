@@ -35,16 +35,9 @@ _NONZERO_DIGIT = re.compile(r"[1-9]")
 def loads(text: str) -> tuple[Any, bool]:
     """Decode JSON text as :func:`json.loads`, refusing a key given twice in an object (the last would win).
 
-    The common text takes the fast path of :func:`json.loads`; keys are
-    compared only when one may repeat. With ``Infinity`` in the text, numbers
-    are checked one by one (:func:`checked_float`), so that an ``inf`` in the
-    value was written so.
-
-    Returns:
-        The value, and whether its numbers were checked. When not, an ``inf``
-        in it is a number too large for a float64 (``1e400``) and a ``0.0`` may
-        be one too small (``1e-400``): :func:`json_to_array` refuses the first,
-        :func:`check_tiny_numbers` the second.
+    Returns the value, and whether its numbers were checked one by one (only with ``Infinity`` in the
+    text). When not, an ``inf`` in it is a number too large for a float64 (``1e400``), which
+    :func:`json_to_array` refuses, and a ``0.0`` may be one too small, which :func:`check_tiny_numbers` refuses.
 
     Raises:
         json.JSONDecodeError, RecursionError: as :func:`json.loads`.
@@ -63,9 +56,8 @@ def loads(text: str) -> tuple[Any, bool]:
 def check_tiny_numbers(text: str, arrays: Iterable[np.ndarray]) -> None:
     """Refuse JSON ``text`` holding a nonzero number that a float64 made ``0.0`` (``1e-400``).
 
-    ``arrays`` are the fields decoded from it: only a float 0 in them can be
-    such a number, and only a negative exponent or 300 zeros in a row can write
-    one, so most text is not parsed again.
+    Text is parsed again only when ``arrays`` (the fields decoded from it) hold a float 0 and the text
+    a negative exponent or 300 zeros in a row.
 
     Raises:
         NumberRangeError: naming the number.
@@ -98,11 +90,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def may_mix_bools(text: str) -> bool:
-    """Whether JSON ``text`` may hold a list mixing booleans with numbers (most text cannot: no value is searched).
-
-    True when a ``true``/``false`` follows ``[`` or ``,`` (an element of a list);
-    found with substring searches, which cost far less than a regex that tries every comma.
-    """
+    """Whether JSON ``text`` may hold a list mixing booleans with numbers: a ``true``/``false`` after ``[`` or ``,``."""
     for word in ("true", "false"):
         i = text.find(word)
         while i >= 0:
@@ -121,13 +109,11 @@ def json_to_array(
     """Convert a decoded JSON value (number, bool or nested lists of them) to an array, by the rules of
     :mod:`..jsonl` (``dtype`` is the field's ``--dtype``, if any).
 
-    ``may_hold_bools=False`` (the JSON text holds no ``true``/``false`` in a
-    list) skips looking for them; ``infinity_written=False`` (see :func:`loads`)
-    refuses an ``inf``, which can then only come from a number too large.
+    ``may_hold_bools=False`` skips looking for booleans in lists; ``infinity_written=False`` (see
+    :func:`loads`) refuses an ``inf``.
 
     Raises:
-        ValueError: the value is not numeric, is ragged, or does not fit ``dtype``;
-            the message says which (the caller adds file and sample).
+        ValueError: not numeric, ragged, or not fitting ``dtype`` (the caller adds file and sample).
 
     >>> json_to_array([1, 2.5]).dtype
     dtype('float32')
@@ -167,12 +153,9 @@ def json_to_array(
 def _cast_mixed(value: list[Any], arr: np.ndarray, target: np.dtype[Any]) -> np.ndarray:
     """``cast_exact(arr, target)`` for a list whose integers numpy put into float64 along with its fractions.
 
-    In ``[16777217, 0.5]`` numpy makes the integer a float64 (and one beyond
-    2**53 a rounded one), and a float may then be rounded to ``target``. An
-    integer keeps the integer rule instead (it must fit ``target`` exactly), as
-    it would in a list of integers. Only integral values too large for
-    ``target`` to hold exactly can be such integers: lists without any (almost
-    every list of fractions) are not looked at value by value.
+    An integer keeps the integer rule (it must fit ``target`` exactly: ``[16777217, 0.5]`` to float32 is
+    refused), as in a list of integers. Only lists with integral values too large for ``target`` are
+    looked at value by value.
     """
     bits = min(np.finfo(target).nmant + 1, 53) if target.kind == "f" else 53
     with np.errstate(invalid="ignore"):
