@@ -69,6 +69,10 @@ class FileChecks:
         self._checked_indexes: set[str] = set()  # lengths files whose values were checked
         self._index_stamps: dict[str, FileStamp] = {}  # stamp of each lengths file when first mapped
         self._host = socket.gethostname()
+        self._mapped: dict[str, NDArray[np.integer]] = {}  # each lengths index mapped in this process
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_mapped": {}}  # a worker maps each index afresh
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -97,7 +101,15 @@ class FileChecks:
         self._manifest_stat = now  # rewritten with the same content
 
     # -- the lengths indexes -------------------------------------------------------------------------------
-    def load_index(self, file: str, total: int | None = None) -> NDArray[np.integer]:
+    def index(self, file: str, total: int | None = None) -> NDArray[np.integer]:
+        """Lengths index ``file``, mapped on first use; each use checks (one ``stat``) that it is unchanged."""
+        if file not in self._mapped:
+            self._mapped[file] = self._load_index(file, total)
+        else:
+            self.check_index_unchanged(file)
+        return self._mapped[file]
+
+    def _load_index(self, file: str, total: int | None) -> NDArray[np.integer]:
         """Map one lengths index after checking its file, header and (once) its values."""
         path = resolve_inside(self.path, file, what="the lengths index")
         try:
@@ -142,13 +154,7 @@ class FileChecks:
         )
 
     # -- a shard -----------------------------------------------------------------------------------------
-    def open_shard(
-        self,
-        shard: int,
-        room_for: RoomFor[Any],
-        lengths: Callable[[], NDArray[np.integer]],
-        field_lengths: Callable[[str], NDArray[np.integer]],
-    ) -> tuple[ShardReader, Columns, FileStamp]:
+    def open_shard(self, shard: int, room_for: RoomFor[Any]) -> tuple[ShardReader, Columns, FileStamp]:
         """Map shard ``shard`` and run the cheap checks; its reader, columns and the stamp of its file.
 
         Cost: a few ``stat`` calls and O(samples in the shard) numpy over the
@@ -194,7 +200,7 @@ class FileChecks:
                     f"shard {shard} ({path}) holds {cols.num_samples} samples, the manifest says {info.samples}. "
                     f"Run `shardload verify {self.path}` and re-run prepare."
                 )
-            self._check_offsets(shard, cols, lengths(), field_lengths)
+            self._check_offsets(shard, cols)
         except BaseException:
             reader.close()
             raise
@@ -260,23 +266,22 @@ class FileChecks:
             f"while a job reads it; run `shardload verify {self.path}`, then restart the job."
         )
 
-    def _check_offsets(
-        self, shard: int, cols: Columns, main: NDArray[np.integer], field_lengths: Callable[[str], NDArray[np.integer]]
-    ) -> None:
+    def _check_offsets(self, shard: int, cols: Columns) -> None:
         """Each variable field's offsets must agree with the lengths indexes, sample by sample.
 
         Checks every index a reader uses: each per-field index, and the batching
-        index the planner reads (``main``, ``lengths.npy``), recomputed from the offsets
+        index the planner reads (``lengths.npy``), recomputed from the offsets
         with the rule ``prepare`` used (:meth:`Schema.batching_lengths`).
 
         Raises:
             CorruptShardError: naming the shard, the field (or index) and the first bad sample.
         """
-        schema, info = self.manifest.schema, self.manifest.shards[shard]
+        m, schema, info = self.manifest, self.manifest.schema, self.manifest.shards[shard]
         lo, hi = info.first_sample, info.first_sample + info.samples
         # Each index is fetched (and its file checked unchanged: one stat) once per open, then used as an array.
+        main = self.index(m.lengths_file, total=m.total_tokens)
         index = {
-            f.name: main if f.name not in self.manifest.field_lengths else field_lengths(f.name)
+            f.name: main if f.name not in m.field_lengths else self.index(m.field_lengths[f.name])
             for f in schema.variable_fields
         }
         found: dict[str, NDArray[np.int64]] = {}

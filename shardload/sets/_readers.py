@@ -1,11 +1,7 @@
-"""The shards one process holds open for a :class:`~shardload.sets.shardset.ShardSet`: a bounded pool of readers.
+"""The shards one process holds open for a :class:`~shardload.sets.shardset.ShardSet`: a bounded reader pool.
 
-:class:`ReaderPool` keeps at most ``limit`` shard readers open (mapped, holding
-file descriptors), closing the least recently used one to make room; arrays
-handed out before stay valid, as they keep their mapping alive. It checks an
-open shard's stamp (:meth:`~shardload.sets._integrity.FileChecks.check_stamp`)
-at each use, and lets go of a process's inherited readers after a fork. See
-docs/loading.md, "Open files per process".
+See docs/loading.md, "Open files per process"; the checks of each shard's file are
+:mod:`shardload.sets._integrity`'s.
 """
 
 from __future__ import annotations

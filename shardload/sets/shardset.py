@@ -83,9 +83,7 @@ class ShardSet:
         self.manifest = self._checks.manifest
         self.index = ShardIndex(self.manifest.table.samples)
         self._readers = ReaderPool(self.max_open_shards, self._checks, self._remote)
-        self._lengths: NDArray[np.integer] | None = None
         self._plan_inputs: PlanInputs | None = None
-        self._field_lengths: dict[str, NDArray[np.integer]] = {}
 
     @property
     def remote(self) -> RemoteSet | None:
@@ -124,11 +122,7 @@ class ShardSet:
         :class:`~shardload.errors.ShardSetChangedError`, never a plan from other
         values or a ``SIGBUS``.
         """
-        if self._lengths is None:
-            self._lengths = self._checks.load_index(self.manifest.lengths_file, total=self.manifest.total_tokens)
-        else:
-            self._checks.check_index_unchanged(self.manifest.lengths_file)
-        return self._lengths
+        return self._checks.index(self.manifest.lengths_file, total=self.manifest.total_tokens)
 
     def plan_inputs(self) -> PlanInputs:
         """What the planner needs of this set: lengths, samples per shard and a digest of them.
@@ -154,11 +148,7 @@ class ShardSet:
         file = self.manifest.field_lengths.get(name)
         if file is None:  # a single variable field: the main index is its lengths
             return self.lengths
-        if name not in self._field_lengths:
-            self._field_lengths[name] = self._checks.load_index(file)
-        else:
-            self._checks.check_index_unchanged(file)
-        return self._field_lengths[name]
+        return self._checks.index(file)
 
     # -- samples: opens shards lazily ----------------------------------------------------------
     def shard_columns(self, shard: int) -> Columns:
@@ -180,9 +170,7 @@ class ShardSet:
         if self._remote is not None:
             self._remote.acquire(shard)
         try:
-            reader, cols, stamp = self._checks.open_shard(
-                shard, self._readers.room_for, lambda: self.lengths, self.field_lengths
-            )
+            reader, cols, stamp = self._checks.open_shard(shard, self._readers.room_for)
         except BaseException as exc:
             if self._remote is not None:
                 self._remote.release(shard)
@@ -238,10 +226,6 @@ class ShardSet:
     def close(self) -> None:
         """Unmap every shard opened so far; later reads map them again."""
         self._readers.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Worker processes map shards and lengths themselves (the reader pool pickles empty).
-        return {**self.__dict__, "_lengths": None, "_field_lengths": {}}
 
 
 def open_shard_set(
