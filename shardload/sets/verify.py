@@ -214,7 +214,7 @@ def verify(
             read_origins(root, manifest.total_samples, every_row=True)
         except ShardSetError as exc:
             problems.append(Problem(None, ORIGINS_NAME, "unreadable", str(exc)))
-    report = VerifyReport(
+    return VerifyReport(
         path=str(path) if cache is not None else str(root),
         shards=len(manifest.shards),
         samples=manifest.total_samples,
@@ -222,7 +222,6 @@ def verify(
         seconds=time.perf_counter() - started,
         problems=tuple(problems),
     )
-    return report
 
 
 # -- the lengths index ---------------------------------------------------------------------------------
