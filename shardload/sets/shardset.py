@@ -165,7 +165,10 @@ class ShardSet:
         return cols
 
     def _open_shard(self, shard: int) -> Columns:
-        """Map shard ``shard`` after its first-open checks: a remote set's is fetched into the node cache first, and held there while mapped."""
+        """Map shard ``shard`` after its first-open checks (a remote set's is fetched into the node cache first).
+
+        A remote shard stays held in the node cache while it is mapped here.
+        """
         self._readers.make_room(shard)
         if self._remote is not None:
             self._remote.acquire(shard)
