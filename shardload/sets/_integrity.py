@@ -1,13 +1,8 @@
 """The checks of a shard set's files against its manifest, for :class:`~shardload.sets.shardset.ShardSet`.
 
-:class:`FileChecks` owns what an opened set knows of its files on disk: the
-identity of ``manifest.json`` (a re-prepare under a live job is named as such,
-never reported as damage), the stamp of each lengths index when first mapped,
-and the checks of a shard at its first open in a process (size, identity
-record, sample count, offsets against the lengths indexes) and at each later
-use (its stamp). Cheap by design: a few ``stat`` calls and O(samples) numpy
-per open, no sample data read; ``shardload verify`` (:mod:`shardload.sets.verify`)
-is the thorough counterpart. See docs/reliability.md.
+Cheap by design (a few ``stat`` calls and O(samples) numpy per shard opened, no
+sample data read); ``shardload verify`` is the thorough counterpart. The faults
+they catch, and what each raises, are docs/reliability.md, "A shard set on disk".
 """
 
 from __future__ import annotations
@@ -55,6 +50,12 @@ def _stat_manifest(path: Path) -> tuple[int, int, int] | None:
 
 class FileChecks:
     """The manifest of the set at ``path``, and the checks of the set's files against it.
+
+    What an opened set knows of its files: the identity of ``manifest.json`` (a
+    re-prepare under a live job is named as such, never reported as damage), the
+    stamp of each lengths index when first mapped, and the checks of a shard at its
+    first open in a process (size, identity record, sample count, offsets against
+    the lengths indexes) and at each later use (its stamp).
 
     Kept across pickling (a worker maps each lengths index afresh and must find
     the file whose values were checked, and that the plan was made from),
