@@ -36,12 +36,14 @@ def per_batch(tmp: str, scale: float) -> None:
     assert isinstance(ss, shardload.ShardSet)
     for k in range(8):
         ss.shard_columns(k)
-    reader = ss._readers[1]
+    reader = ss._readers.readers[1]
     n = max(1000, int(200_000 * scale))
     fd = reader.fileno()
     assert fd is not None
     print(f"os.fstat: {timeit.timeit(lambda: os.fstat(fd), number=n) / n * 1e6:.2f} us")
-    print(f"stamp check (one shard): {timeit.timeit(lambda: ss._check_stamp(1, reader), number=n) / n * 1e6:.2f} us")
+    print(
+        f"stamp check (one shard): {timeit.timeit(lambda: ss._readers.check_stamp(1, reader), number=n) / n * 1e6:.2f} us"
+    )
     rng = np.random.default_rng(0)
     for b, pool in ((32, 500), (32, 4000), (256, 4000)):
         ids = np.sort(rng.choice(pool, b, replace=False)).astype(np.int64)

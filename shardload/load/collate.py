@@ -1,24 +1,12 @@
 """Turn the samples of one planned batch into padded numpy arrays.
 
-The batch contract (what a training step receives, as torch tensors):
-
-* for each variable field ``f``: ``batch[f]`` of shape ``[B, L_pad, *inner]``,
-  padded with the field's pad value, and ``batch[f + "_lengths"]`` (int64 ``[B]``);
-* for each fixed field ``f``: ``batch[f]`` of shape ``[B, *shape]``;
-* ``batch["sample_id"]``: int64 ``[B]``, global sample ids;
-* ``batch["weight"]``: float32 ``[B]``, 1.0 for a real sample, 0.0 for filler;
-* for each text field ``f`` (``str``/``bytes``): ``batch[f]``, a Python list of
-  ``B`` values in the batch's sample order (not a tensor).
-
-``L_pad`` is the longest sample of the batch, rounded up to ``pad_to_multiple_of``.
-
-The collate works in two steps: it first works out every output's shape (a
-:data:`Layout`), then asks an :data:`Allocate` callable for the arrays and fills
-them. Each sample is copied once, as a slice, straight into its row. The
-allocator decides where the arrays live: separate numpy arrays by default, or
-views of one shared-memory buffer per batch in a DataLoader worker (see
-:mod:`shardload.load.dataset`), which the worker hands over as one piece instead of
-one per array.
+The batch contract (keys, shapes, dtypes, padding) is docs/loading.md, "The
+batch contract". The collate works in two steps: it first works out every
+output's shape (a :data:`Layout`), then asks an :data:`Allocate` callable for
+the arrays and fills them, copying each sample once, as a slice, straight into
+its row. The allocator decides where the arrays live: separate numpy arrays by
+default, or views of one shared-memory buffer per batch in a DataLoader worker
+(:class:`~shardload.load.dataset.BatchArena`).
 """
 
 from __future__ import annotations

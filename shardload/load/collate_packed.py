@@ -4,37 +4,15 @@ Where it sits: a packed plan gives, per batch, which samples ("documents")
 go into which row (:class:`~shardload.load.dataset.BatchKey` with ``rows`` and
 ``starts``); :class:`~shardload.load.dataset.ShardBatchDataset`, given a
 :class:`PackSpec`, calls :func:`collate_packed` instead of
-:func:`~shardload.load.collate.collate_batch`. Both share the allocator
-(:data:`~shardload.load.collate.Allocate`: by value or one shared buffer per worker
-batch) and the copy loop (:func:`~shardload.load.collate.copy_slices`).
+:func:`~shardload.load.collate.collate_batch`. Both share the allocator and the
+copy loop (:func:`~shardload.load.collate.copy_slices`).
 
-The batch contract, ``R = rows_per_batch``, ``P = pack_length``, ``E`` = documents in the batch:
-
-* each variable field ``f``: ``[R, P, *inner]``, the documents of a row laid
-  end to end from its start, the field's pad value after the last one (an
-  empty row is all padding); the same shape for every batch;
-* ``position_ids``: int64 ``[R, P]``, ``position_start, position_start + 1, ...``
-  restarting for every document, 0 on padding;
-* ``document_ids``: int32 ``[R, P]``, the document's index in the batch
-  (``0 .. E-1``, in entry order), -1 on padding;
-* ``cu_seqlens``: int32 ``(E + 1 + k,)``, boundaries of the sequences of the
-  flattened ``R * P`` tokens, for FlashAttention's varlen kernels: every
-  document is one sequence, and each of the ``k`` rows that ends in padding has
-  its padding tail as one more sequence, so ``cu_seqlens[0] == 0`` and
-  ``cu_seqlens[-1] == R * P``; every token is in exactly one sequence;
-* ``max_seqlen``: int32 0-d, the longest sequence of ``cu_seqlens`` (padding
-  tails included; at most ``P``);
-* per document: ``sample_id`` int64 ``(E,)``, ``weight`` float32 ``(E,)``
-  (0.0: filler), ``f + "_lengths"`` int64 ``(E,)`` (tokens of the document in
-  the batch: of the piece, for a cut sample) and each fixed field ``[E, *shape]``;
-* each text field: a Python list of ``E`` values (``str``/``bytes``), in the
-  order of the documents in the batch's rows (row 0's documents first, each
-  row's from its start); a sample cut into pieces gives its whole text to each
-  piece.
-
-A document is sample ``sample_ids[i]`` from token ``starts[i]``:
-``[start, min(start + P, length))`` of every variable field (all variable
-fields of a packed set share the batching length of each sample).
+The contract (``[R, P]`` fields, ``position_ids``, ``document_ids``,
+``cu_seqlens`` covering every token, ``max_seqlen``, per-document keys) is
+docs/loading.md, "Packed batches". A document is sample ``sample_ids[i]``
+from token ``starts[i]``: ``[start, min(start + P, length))`` of every
+variable field (all variable fields of a packed set share the batching
+length of each sample).
 """
 
 from __future__ import annotations
@@ -171,7 +149,7 @@ def collate_packed(
     pack: PackSpec,
     allocate: Allocate = allocate_separately,
 ) -> dict[str, Any]:
-    """Build one packed batch (the contract is in the module docstring).
+    """Build one packed batch (the contract: docs/loading.md, "Packed batches").
 
     Args:
         schema: the shard set's schema (checked with :meth:`PackSpec.check_set`).

@@ -1,25 +1,16 @@
 """A map-style dataset whose items are whole planned batches.
 
-The sampler (:mod:`shardload.load.loader`) runs in the main process and yields one
+The sampler (:mod:`shardload.load.sampler`) runs in the main process and yields one
 :class:`BatchKey` per batch: the global sample ids and weights the plan chose.
 A worker turns a key into tensors with :meth:`ShardBatchDataset.__getitem__`,
 memory-mapping on first use only the shards those ids live in. Workers never
 hold the plan, so they need no update between epochs, and the batches are the
 same whatever ``num_workers`` is.
 
-How a worker hands a batch to the main process (:class:`WorkerBatch`):
-
-* a small batch (under :data:`SHARED_FROM_BYTES`) goes through the DataLoader's
-  pipe by value, as numpy arrays;
-* a larger one is built in one shared-memory buffer, which travels as one
-  file descriptor, without a copy.
-
-torch sends every tensor's storage by file descriptor, and each exchange
-needs the sending worker's helper thread to get the GIL while the worker is
-busy collating: about 0.4 ms per storage on a 2-core machine, more than
-building a small batch. By value, a 64 KiB batch went 2.9x faster than as
-one shared storage; from about 1 MiB on, the shared buffer is faster (see
-docs/benchmarks.md).
+A worker hands a batch under :data:`SHARED_FROM_BYTES` to the main process by
+value, a larger one as one shared-memory buffer (:class:`WorkerBatch`): torch
+sends each tensor's storage by file descriptor, which costs more than building
+a small batch (docs/benchmarks.md, "Worker hand-off").
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
-"""The loader's own options (:class:`LoaderOptions`) and the shortcut rule.
+"""The loader's own options: :class:`LoaderOptions` (how batches are delivered).
 
-:func:`~shardload.load.loader.make_loader` and
-:class:`~shardload.integrations.datamodule.ShardDataModule` take three option objects:
-:class:`~shardload.plan.Batching` (how rows become batches),
-:class:`LoaderOptions` (how batches are delivered) and, for the epoch,
-:class:`~shardload.plan.EpochSpec` (built from ``stage``, ``seed``, ``epoch``,
-``shard_assignment`` and the world size). Each checks itself when built, so a
-wrong type or value fails where the user wrote it, with a
-:class:`~shardload.errors.PlanError` naming the option, instead of being
-rounded, ignored, or failing in a worker an epoch later; pad values and fields
-are checked by :class:`~shardload.load.collate.PadSpec`. :func:`~shardload._base.checks.with_shortcuts` is
-the one rule for a shortcut keyword (``batch_size=``, ``max_tokens=``,
-``num_workers=``) given beside its object.
+Beside :class:`~shardload.plan.Batching` (how rows become batches) and
+:class:`~shardload.plan.EpochSpec` (the epoch), it is one of the three option
+objects of :func:`~shardload.load.loader.make_loader` and the DataModule. Each
+checks itself when built, raising a :class:`~shardload.errors.PlanError` that
+names the option where the user wrote it (docs/loading.md, "Options").
 """
 
 from __future__ import annotations

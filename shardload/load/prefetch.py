@@ -1,14 +1,11 @@
-"""Plan-driven prefetch of a rank's remote shards into the node cache.
+"""Plan-driven prefetch of a rank's remote shards into the node cache (docs/remote.md, "Prefetch").
 
-Where it sits: between the plan and the dataset. The loader (in the rank's main
-process, also with ``num_workers > 0``) knows every batch of its epoch: it maps
+Where it sits: between the plan and the dataset. The rank's main process maps
 each batch's sample ids to shards (:func:`read_order`), publishes that order in
-the cache (so that every process's eviction sees the next uses of every rank of
-the node), and runs a :class:`Prefetcher`: a background thread that downloads
-the shards ahead of the rank, in that order, bounded by bytes ahead and by
-concurrent downloads. Readers (the main process or its workers) fetch a shard
-themselves when it is not there yet (:meth:`~shardload.remote.cache.RemoteSet.acquire`);
-both go through the same per-shard lock, so a shard is downloaded once per node.
+the cache for every process's eviction, and runs a :class:`Prefetcher` thread
+that downloads the shards ahead of the rank. Readers fetch a shard themselves
+when it is not there yet, under the same per-shard lock, so a shard is
+downloaded once per node.
 """
 
 from __future__ import annotations

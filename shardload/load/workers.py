@@ -2,17 +2,9 @@
 
 When a batch does not arrive, :class:`~shardload.load.loader.ShardLoader` asks
 this module why and raises :class:`~shardload.errors.WorkerError` with the
-answer:
-
-* a worker **died**: the signal that killed it, by name, and what that signal
-  usually means (SIGKILL: the out-of-memory killer or an orchestrator;
-  SIGTERM from another process: stopped from outside; a SIGTERM from the
-  training process itself ends a torch worker with status 0, reported as such; SIGBUS: a mapped shard file shrank, which is
-  checked against the manifest right away, or ``/dev/shm`` is full; SIGSEGV:
-  a crash in native code), or its exit status;
-* no batch came within ``timeout``: each live worker's state from
-  ``/proc/<pid>/stat`` (stopped, traced, waiting on disk I/O) and what to do.
-
+answer: for a worker that died, the signal by name and what it usually means
+(or its exit status); for no batch within ``timeout``, each live worker's state
+from ``/proc/<pid>/stat`` and what to do (docs/loading.md, "A stuck worker").
 None of this runs while batches flow: only after a failure.
 """
 

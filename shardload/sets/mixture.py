@@ -1,20 +1,13 @@
 """A mixture of shard sets, read as one: the public :class:`Mixture` and the opened :class:`MixedSets`.
 
-Where a shard set path is accepted (``make_loader``, ``ShardDataModule(train=,
-val=, ...)``, ``shardload plan``), a :class:`Mixture` is too::
-
-    Mixture({"web": "sets/web", "code": "sets/code"}, weights={"web": 0.7, "code": 0.3})
-       |  open()        each source opened as its own ShardSet (manifest + lengths only);
-       |                check_fields(): the loaded fields agree between sources
-       v
-    MixedSets: one id space (source k's sample i is offsets[k] + i) and one shard numbering
-       |  plan_inputs()    -> MixInputs for the planner (plan/mix.py, plan/mixbatch.py)
-       |  shard_columns(g) -> the source's own shard, mapped by its own ShardSet (locality kept)
-       v
-    ShardBatchDataset: batches as for one set, plus batch["source"] (index into Mixture.names)
-
-Each source keeps its own :class:`~shardload.ShardSet`, so every check on
-open, on mapping and before and after each batch is the one a single set gets.
+Where a shard set is accepted (``make_loader``, ``ShardDataModule``, ``shardload
+plan``), a :class:`Mixture` is too (docs/loading.md, "Mixtures").
+``Mixture.open()`` opens each source as its own :class:`~shardload.ShardSet`
+(manifest and lengths only), so every check on open, on mapping and before and
+after each batch is the one a single set gets. :class:`MixedSets` gives the
+sources one id space and one shard numbering: ``plan_inputs()`` for the
+planner (:mod:`shardload.plan.mix`), ``shard_columns(g)`` mapped by the
+source's own set, and ``batch["source"]`` in each batch.
 """
 
 from __future__ import annotations
@@ -303,14 +296,18 @@ class MixedSets:
         k, local = self._source_of_shard(shard)
         return self.sets[k].shard_columns(local)
 
+    def _by_source(self, shards: Iterable[int]) -> list[list[int]]:
+        """Global shards as each source's local ones."""
+        local: list[list[int]] = [[] for _ in self.sets]
+        for g in shards:
+            k, j = self._source_of_shard(int(g))
+            local[k].append(j)
+        return local
+
     def check_shards_unchanged(self, shards: Iterable[int]) -> None:
         """Each source's check that its shards are the files it mapped."""
-        by_source: dict[int, list[int]] = {}
-        for g in shards:
-            k, local = self._source_of_shard(int(g))
-            by_source.setdefault(k, []).append(local)
-        for k, local_shards in by_source.items():
-            self.sets[k].check_shards_unchanged(local_shards)
+        for s, local in zip(self.sets, self._by_source(shards)):
+            s.check_shards_unchanged(local)
 
     def source_of(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:
         """``(n,)`` the source index of each global sample id."""
@@ -318,12 +315,8 @@ class MixedSets:
 
     def release_others(self, shards: Iterable[int]) -> None:
         """Each remote source in a bounded cache keeps only these (global) shards open."""
-        keep: dict[int, list[int]] = {k: [] for k in range(len(self.sets))}
-        for g in shards:
-            k, local = self._source_of_shard(int(g))
-            keep[k].append(local)
-        for k, local_shards in keep.items():
-            self.sets[k].release_others(local_shards)
+        for s, local in zip(self.sets, self._by_source(shards)):
+            s.release_others(local)
 
     def close(self) -> None:
         """Unmap every source's shards."""

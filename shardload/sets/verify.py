@@ -1,18 +1,12 @@
-"""Check a shard set on disk against its manifest, byte for byte.
+"""Check a shard set on disk against its manifest, byte for byte (``shardload verify OUT``).
 
-Where it sits: beside the flow, after ``prepare`` (``shardload verify OUT``).
-:func:`verify` reads every shard in full (that is its point), so it is the slow,
-thorough counterpart of :func:`shardload.open`, which only checks sizes lazily.
+Where it sits: beside the flow, after ``prepare``; the slow, thorough
+counterpart of the checks :func:`shardload.open` makes lazily
+(:mod:`shardload.sets._integrity`). Every shard is read in full, by the
+checks and in the order docs/cli.md ("shardload verify") lists. Damage is
+*reported* (:class:`Problem`), never raised, so one run lists everything that
+is wrong:
 
-For each shard it checks, in order: the file exists, its size, its sha256
-checksum, that the format's reader can open it with the manifest's schema (which
-checks the format's bounds: uncompressed Arrow, Zarr sizes within the manifest's),
-that its own identity record names this set and this position, its sample count, that its data decodes (every Zarr chunk, one at a time), and
-that the lengths recomputed from its offsets equal its slice
-of the lengths index (and of each per-field index). Damage is *reported*, never
-raised, so one run lists everything that is wrong:
-
->>> from shardload.sets.verify import verify
 >>> report = verify("out/")                # doctest: +SKIP
 >>> for p in report.problems:              # doctest: +SKIP
 ...     print(p)
@@ -33,7 +27,6 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from shardload._base.checksum import file_checksum
-from shardload._base.identity import ShardIdentity, identity_problem
 from shardload._base.messages import one_line
 from shardload._base.pool import map_in_workers
 from shardload._base.progress import Progress
@@ -46,6 +39,7 @@ from shardload.formats.origin import ORIGINS_NAME, read_origins
 from shardload.remote.options import RemoteOptions
 from shardload.remote.url import is_remote
 from shardload.schema.fields import Field, Schema
+from shardload.sets._integrity import identity_problem_of
 
 if TYPE_CHECKING:
     from shardload.remote.cache import RemoteSet
@@ -220,7 +214,7 @@ def verify(
             read_origins(root, manifest.total_samples, every_row=True)
         except ShardSetError as exc:
             problems.append(Problem(None, ORIGINS_NAME, "unreadable", str(exc)))
-    report = VerifyReport(
+    return VerifyReport(
         path=str(path) if cache is not None else str(root),
         shards=len(manifest.shards),
         samples=manifest.total_samples,
@@ -228,7 +222,6 @@ def verify(
         seconds=time.perf_counter() - started,
         problems=tuple(problems),
     )
-    return report
 
 
 # -- the lengths index ---------------------------------------------------------------------------------
@@ -357,9 +350,7 @@ class _ShardChecker:
                 report("unreadable", f"the {self.manifest.shard_format} reader refuses it: {one_line(exc)}")
                 return
             try:
-                found = ShardIdentity.parse(reader.stored_identity, where=f"{k} ({path})")
-                set_id, position, first = self.manifest.identity_of(k)
-                misplaced = identity_problem(found, position, first, info.samples, set_id)
+                misplaced = identity_problem_of(self.manifest, k, reader)
             except CorruptShardError as exc:
                 misplaced = str(exc)
             if misplaced is not None:

@@ -1,7 +1,8 @@
 """A shard reader closed in a process forked from the one that opened it leaves nothing mapped.
 
 Loader workers are forked from a process that may have just opened shards; a worker closes its copies
-(see ``ShardSet._forget_inherited``) so that a shard the node cache deletes frees its space. pyarrow
+(see ``ReaderPool.forget_inherited`` in shardload/sets/_readers.py) so that a shard the node cache
+deletes frees its space. pyarrow
 reads an IPC file's footer through its I/O threads, which hold the file's map for a moment after the
 open returns: a process forked in that moment inherits the hold from a thread it does not have, and
 can never unmap the file. The race is short, so the test forks right after each of many opens.

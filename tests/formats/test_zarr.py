@@ -511,7 +511,7 @@ def test_the_cache_keeps_no_table_for_shards_closed_long_ago(tmp_path: Path) -> 
     )
     small = ChunkCache(8 << 10)
     ss = shardload.ShardSet(tmp_path / "s", max_open_shards=2)
-    ss._reader_cls = lambda path, schema, **kw: ZarrShardReader(path, schema, cache=small, **kw)  # type: ignore[assignment]
+    ss._checks.reader_cls = lambda path, schema, **kw: ZarrShardReader(path, schema, cache=small, **kw)  # type: ignore[assignment]
     for _ in range(2):
         for i in range(len(ss)):
             ss[i]
@@ -546,7 +546,7 @@ def test_a_batch_over_more_shards_than_stay_open_leaves_no_table_behind(tmp_path
     shardload.write(samples, out, shard_format=options, num_shards=4, shuffle=False)
     cache = ChunkCache(1 << 30)
     ss = shardload.ShardSet(out, max_open_shards=1)
-    ss._reader_cls = lambda path, schema, **kw: ZarrShardReader(path, schema, cache=cache, **kw)  # type: ignore[assignment]
+    ss._checks.reader_cls = lambda path, schema, **kw: ZarrShardReader(path, schema, cache=cache, **kw)  # type: ignore[assignment]
     ids = np.array([0, 150, 250, 390], dtype=np.int64)
     for _ in range(5):
         batch = ShardBatchDataset(ss).fetch(ids, np.ones(len(ids), np.float32))

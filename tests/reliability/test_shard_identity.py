@@ -570,13 +570,13 @@ def test_shard_of_the_wrong_size_is_read_for_its_identity_within_the_manifests_b
         f.write(b"\0" * 16)
     ss = shardload.open(out)
     calls: list[dict[str, Any]] = []
-    real = ss._reader_cls
+    real = ss._checks.reader_cls
 
     def spy(path: Path, schema: Any, **kwargs: Any) -> Any:
         calls.append(kwargs)
         return real(path, schema, **kwargs)
 
-    ss._reader_cls = spy  # type: ignore[assignment]
+    ss._checks.reader_cls = spy  # type: ignore[assignment]
     with pytest.raises(shardload.CorruptShardError, match=r"shard 1 .* has \d+ bytes, the manifest says"):
         ss[first_sample(out, 1)]
     info = read_manifest(out)
@@ -590,12 +590,12 @@ def test_a_shard_open_checks_each_lengths_index_once(damaged: Path, monkeypatch:
     for name in ("tokens", "features"):
         ss.field_lengths(name)
     checked: list[str] = []
-    real = type(ss)._check_index_unchanged
+    real = type(ss._checks).check_index_unchanged
 
     def spy(self: Any, file: str) -> None:
         checked.append(file)
         real(self, file)
 
-    monkeypatch.setattr(type(ss), "_check_index_unchanged", spy)
+    monkeypatch.setattr(type(ss._checks), "check_index_unchanged", spy)
     ss[0]
     assert sorted(checked) == sorted(set(checked)) and len(checked) == 3, checked
