@@ -1,7 +1,7 @@
 """Module paths from before the package was arranged in layers, kept importable.
 
 Version 0.1.0 had most modules side by side at the top of ``shardload/``;
-they now live in the folder of their layer (docs/design.md, "The package
+they now live in the folder of their layer (docs/design.md, "The flow and the package
 tree"). A program that imports an old path (``from shardload.loader import
 make_loader``) still works: the old name is the new module itself
 (``sys.modules`` holds it under both), with a ``DeprecationWarning`` that
