@@ -87,8 +87,7 @@ class LengthDistribution:
     def histogram(self, bins: int = 16) -> tuple[list[int], list[int]]:
         """Counts in log-spaced integer bins ``[edges[i], edges[i + 1])``.
 
-        Length 0 gets a bin of its own (a log scale cannot hold it); when the
-        range is narrower than ``bins``, every length gets its own bin.
+        Length 0 gets a bin of its own (a log scale cannot hold it); a range narrower than ``bins``, one per length.
         """
         if not len(self.values):
             return [0, 1], [0]
