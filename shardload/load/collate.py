@@ -1,12 +1,8 @@
-"""Turn the samples of one planned batch into padded numpy arrays.
+"""Turn the samples of one planned batch into padded numpy arrays (contract: docs/loading.md, "The batch contract").
 
-The batch contract (keys, shapes, dtypes, padding) is docs/loading.md, "The
-batch contract". The collate works in two steps: it first works out every
-output's shape (a :data:`Layout`), then asks an :data:`Allocate` callable for
-the arrays and fills them, copying each sample once, as a slice, straight into
-its row. The allocator decides where the arrays live: separate numpy arrays by
-default, or views of one shared-memory buffer per batch in a DataLoader worker
-(:class:`~shardload.load.dataset.BatchArena`).
+It first works out every output's shape (a :data:`Layout`), then asks an :data:`Allocate` callable for the
+arrays (separate numpy arrays, or views of one shared-memory :class:`~shardload.load.dataset.BatchArena` in a
+DataLoader worker) and copies each sample once, as a slice, straight into its row.
 """
 
 from __future__ import annotations
@@ -41,8 +37,7 @@ PadValue = int | float | bool
 class PadSpec:
     """How to pad variable fields.
 
-    Construction checks what can be checked without the shard set (types,
-    duplicates, the multiple); :meth:`for_schema` checks the rest against the
+    Construction checks what it can without the shard set; :meth:`for_schema` checks the rest against the
     set's schema. Both raise :class:`~shardload.errors.PlanError`.
 
     Attributes:
@@ -144,13 +139,9 @@ def check_fields(fields: object) -> tuple[str, ...] | None:
 def fit_pad_value(name: str, value: object, dtype: np.dtype) -> PadValue:
     """``value`` as a Python scalar that ``dtype`` holds exactly, else :class:`PlanError` naming field and dtype.
 
-    The rule is :func:`shardload.schema.cast.cast_exact`, the one prepare applies to
-    data: integer fields take whole numbers in their range (``-1.0`` is fine),
-    float fields the integers they hold exactly (not ``16777217`` in float32) and
-    floats that neither overflow nor underflow (not ``1e-50`` in float32), and
-    NaN or +-inf given as such (deliberate markers); bool fields take 0, 1,
-    False or True. Beyond that rule a bool is refused on a number field, where
-    ``True`` meaning 1 is a mistake, as for every option.
+    The rule is :func:`shardload.schema.cast.cast_exact`, the one prepare applies to data (``-1.0`` fits an
+    integer field; ``16777217`` and ``1e-50`` do not fit float32; NaN and +-inf are kept as markers), except
+    that a bool is refused on a number field.
     """
     where = f"pad_values[{name!r}] = {value!r} for field {name!r} of dtype {dtype}"
     if isinstance(value, (bool, np.bool_)):
@@ -241,18 +232,10 @@ def collate_batch(
     pad: PadSpec,
     allocate: Allocate = allocate_separately,
 ) -> dict[str, Any]:
-    """Build one batch.
+    """Build one batch: the arrays ``allocate`` made, filled, in contract order, then a list per text field.
 
-    Args:
-        schema: the shard set's schema.
-        columns_of: shard index -> its (memory-mapped) columns.
-        shards, rows: ``(B,)`` where each sample lives.
-        sample_ids, weights: ``(B,)`` global ids and weights from the plan.
-        pad: padding options.
-        allocate: makes the output arrays (default: one ``np.empty`` each).
-
-    Returns:
-        The arrays ``allocate`` made, filled, keyed by name in contract order; then a list per text field.
+    ``columns_of`` maps a shard index to its (memory-mapped) columns; ``shards``, ``rows``, ``sample_ids`` and
+    ``weights`` are ``(B,)``, from the plan.
     """
     b = len(sample_ids)
     groups = group_by_shard(shards)
@@ -394,19 +377,10 @@ def copy_slices(
 ) -> None:
     """Copy each sample's values into its place of ``flat``, then pad after it up to ``pad_to`` (if given).
 
-    The one copy loop of both collates: sample ``i`` (in shard ``groups``)
-    holds ``values[src[0][i]:src[1][i]]`` of field ``name``; it goes to
-    ``flat[dst[i]:dst[i] + n]``, one numpy slice copy per sample, and
-    ``flat[dst[i] + n:pad_to[i]]`` is set to ``pad_value``.
-
-    Args:
-        flat: the output array with its row and length axes merged (a view).
-        cols, groups: the shards' columns and the batch's samples grouped by shard (:func:`group_by_shard`).
-        name: the field.
-        src: ``(B,)`` start and end offsets in the shard's values buffer.
-        dst: ``(B,)`` first position of each sample in ``flat``.
-        pad_to: ``(B,)`` end of the padding after each sample, or None for none.
-        pad_value: the field's pad value.
+    The one copy loop of both collates: sample ``i`` (``groups``: :func:`group_by_shard`) holds
+    ``values[src[0][i]:src[1][i]]`` of field ``name``; it goes to ``flat[dst[i]:dst[i] + n]`` (``flat``: the
+    output with its row and length axes merged), one slice copy per sample, and ``flat[dst[i] + n:pad_to[i]]``
+    is set to ``pad_value``. ``src``, ``dst`` and ``pad_to`` are ``(B,)``.
     """
     for s, pos in groups:
         values = cols[s].fields[name].values

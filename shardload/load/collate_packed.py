@@ -1,18 +1,10 @@
 """Turn the documents of one packed batch into fixed-shape, padding-free numpy arrays.
 
-Where it sits: a packed plan gives, per batch, which samples ("documents")
-go into which row (:class:`~shardload.load.dataset.BatchKey` with ``rows`` and
-``starts``); :class:`~shardload.load.dataset.ShardBatchDataset`, given a
-:class:`PackSpec`, calls :func:`collate_packed` instead of
-:func:`~shardload.load.collate.collate_batch`. Both share the allocator and the
-copy loop (:func:`~shardload.load.collate.copy_slices`).
-
-The contract (``[R, P]`` fields, ``position_ids``, ``document_ids``,
-``cu_seqlens`` covering every token, ``max_seqlen``, per-document keys) is
-docs/loading.md, "Packed batches". A document is sample ``sample_ids[i]``
-from token ``starts[i]``: ``[start, min(start + P, length))`` of every
-variable field (all variable fields of a packed set share the batching
-length of each sample).
+A packed plan gives, per batch, which samples ("documents") go into which row (a
+:class:`~shardload.load.dataset.BatchKey` with ``rows`` and ``starts``); given a :class:`PackSpec`, the dataset
+calls :func:`collate_packed` instead of :func:`~shardload.load.collate.collate_batch`, sharing its allocator and
+copy loop. Contract: docs/loading.md, "Packed batches". A document is sample ``sample_ids[i]`` from token
+``starts[i]``: ``[start, min(start + P, length))`` of every variable field (which share the batching length).
 """
 
 from __future__ import annotations
@@ -54,8 +46,7 @@ from shardload.schema.fields import (
 class PackSpec:
     """The shape of packed batches: ``rows_per_batch`` rows of ``pack_length`` tokens.
 
-    Construction checks the numbers; :meth:`check_set` checks a shard set
-    (its schema and lengths) can be packed. Both raise
+    Construction checks the numbers; :meth:`check_set` checks a shard set can be packed. Both raise
     :class:`~shardload.errors.PlanError`.
 
     Attributes:
@@ -88,12 +79,8 @@ class PackSpec:
     ) -> None:
         """Refuse a shard set that packed batches cannot be built from.
 
-        Args:
-            schema: the set's schema.
-            pad: the loading options, checked against the schema (which fields are loaded).
-            lengths: ``(N,)`` batching length of every sample (what the plan packs).
-            field_lengths: field name -> its ``(N,)`` first-axis lengths.
-            where: the set, for messages.
+        ``lengths`` is the ``(N,)`` batching length of every sample; ``field_lengths`` gives a field's ``(N,)``
+        first-axis lengths.
 
         Raises:
             PlanError: no variable field is loaded; a loaded field has the name
@@ -149,22 +136,11 @@ def collate_packed(
     pack: PackSpec,
     allocate: Allocate = allocate_separately,
 ) -> dict[str, Any]:
-    """Build one packed batch (the contract: docs/loading.md, "Packed batches").
+    """Build one packed batch: the arrays ``allocate`` made, filled, then a list per text field (one per document).
 
-    Args:
-        schema: the shard set's schema (checked with :meth:`PackSpec.check_set`).
-        columns_of: shard index -> its (memory-mapped) columns.
-        shards, shard_rows: ``(E,)`` shard and row in the shard of each document's sample.
-        sample_ids, weights: ``(E,)`` global ids and weights from the plan.
-        rows: ``(E,)`` row of each document in the batch, non-decreasing.
-        starts: ``(E,)`` first token of each document's sample (0 unless the sample was cut).
-        pad: pad values and loaded fields.
-        pack: rows and row length.
-        allocate: makes the output arrays.
-
-    Returns:
-        The arrays ``allocate`` made, filled, keyed by name; then, per text
-        field, a list with one value per document (``E``), in entry order.
+    All arrays are ``(E,)``, one entry per document: ``shards``, ``shard_rows`` say where its sample lives,
+    ``rows`` its row in the batch (non-decreasing), ``starts`` its first token (0 unless the sample was cut).
+    The schema was checked with :meth:`PackSpec.check_set`.
 
     Raises:
         PlanError: the documents do not fit the spec (a row out of range or

@@ -1,16 +1,9 @@
 """A map-style dataset whose items are whole planned batches.
 
-The sampler (:mod:`shardload.load.sampler`) runs in the main process and yields one
-:class:`BatchKey` per batch: the global sample ids and weights the plan chose.
-A worker turns a key into tensors with :meth:`ShardBatchDataset.__getitem__`,
-memory-mapping on first use only the shards those ids live in. Workers never
-hold the plan, so they need no update between epochs, and the batches are the
-same whatever ``num_workers`` is.
-
-A worker hands a batch under :data:`SHARED_FROM_BYTES` to the main process by
-value, a larger one as one shared-memory buffer (:class:`WorkerBatch`): torch
-sends each tensor's storage by file descriptor, which costs more than building
-a small batch (docs/benchmarks.md, "Worker hand-off").
+The sampler (main process) yields one :class:`BatchKey` per batch; a worker turns it into tensors, mapping on
+first use only the shards it touches. Workers never hold the plan, so they need no update between epochs and
+batches do not depend on ``num_workers``. A batch under :data:`SHARED_FROM_BYTES` goes back by value, a larger
+one as one shared-memory buffer (why: docs/benchmarks.md, "Worker hand-off").
 """
 
 from __future__ import annotations
@@ -39,17 +32,13 @@ from shardload.sets.shardset import ShardSet
 class BatchKey:
     """One planned batch, as sent to a worker.
 
-    A padded batch has one sample per row; a packed batch (``rows`` given)
-    lays several documents end to end in each row (:mod:`shardload.load.collate_packed`).
-
     Attributes:
         index: position of the batch in this rank's epoch plan.
         sample_ids: ``(B,)`` int64 global ids (filler rows included); packed: ``(E,)``, one per document.
         weights: ``(B,)`` float32, 0.0 for filler.
-        rows: packed batches only: ``(E,)`` int32 row of each document, documents ordered by row, then by
-            position in the row.
-        starts: packed batches only: ``(E,)`` int64 first token of each document's sample (0 unless the
-            sample was cut into pieces); None means all 0.
+        rows: packed batches only (:mod:`shardload.load.collate_packed`): ``(E,)`` int32 row of each document,
+            ordered by row, then by position in the row.
+        starts: packed batches only: ``(E,)`` int64 first token of each document's sample; None means all 0.
     """
 
     index: int
@@ -71,12 +60,7 @@ def torch_dtype(dtype: np.dtype) -> torch.dtype:
 
 
 class WorkerBatch:
-    """A batch on its way from a worker to the main process.
-
-    Holds numpy arrays (sent by value) or torch views of one shared buffer.
-    :class:`~shardload.load.loader.ShardLoader` turns it into the batch dict; the
-    DataLoader's pinning thread calls :meth:`pin_memory`.
-    """
+    """A batch on its way from a worker: numpy arrays (sent by value) or torch views of one shared buffer."""
 
     __slots__ = ("arrays", "shared")
 
@@ -85,10 +69,7 @@ class WorkerBatch:
         self.shared = shared
 
     def tensors(self) -> dict[str, Any]:
-        """The batch dict. Small tensors of a shared buffer are copied out (see :func:`own_small_tensors`).
-
-        A text field's list travels in the batch as it is (pickled with it).
-        """
+        """The batch dict; small tensors of a shared buffer are copied out (:func:`own_small_tensors`)."""
         if not self.shared:
             return as_tensors(self.arrays)
         return own_small_tensors(self.arrays)
@@ -105,12 +86,7 @@ def as_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
 
 
 class BatchArena:
-    """The :data:`~shardload.load.collate.Allocate` of a worker: by value, or one shared buffer.
-
-    Args:
-        shared_from: batches of at least this many bytes go in one
-            shared-memory buffer, smaller ones in separate numpy arrays
-            (default :data:`SHARED_FROM_BYTES`).
+    """The :data:`~shardload.load.collate.Allocate` of a worker: one shared buffer from ``shared_from`` bytes.
 
     After the call, :meth:`batch` wraps the arrays for sending.
     """
@@ -148,9 +124,7 @@ class BatchArena:
 def own_small_tensors(batch: dict[str, Any]) -> dict[str, Any]:
     """Copy out of a shared batch buffer every tensor under 1/8 of its size.
 
-    A tensor that is a view keeps its whole buffer alive: without this, a loop
-    that keeps ``batch["sample_id"]`` of every batch would keep every padded
-    batch. The copies are the per-sample vectors, a few hundred bytes each.
+    A view keeps its whole buffer alive: a loop that keeps ``batch["sample_id"]`` would keep every batch.
     """
     tensors = [t for t in batch.values() if isinstance(t, torch.Tensor)]
     if not tensors:
@@ -163,20 +137,14 @@ class ShardBatchDataset(Dataset[Any]):
     """Fetches and pads planned batches from one shard set, or from a mixture of sets.
 
     Args:
-        path: the shard set directory, or an opened :class:`ShardSet` to reuse
-            (saves parsing the manifest again in the main process; worker
-            processes get a copy without mappings and map their own shards),
-            or an opened mixture (:class:`~shardload.sets.mixture.MixedSets`, which
-            workers get the same way); a mixture's batches also hold
-            ``batch["source"]``, the source of each sample.
-        pad: padding options (pad values, multiple, fields to load); checked
-            against the set's schema (:meth:`PadSpec.for_schema`) when the set
-            is opened, here if an opened set is given.
-        fingerprint: the manifest fingerprint the plan was made from; a worker
-            that finds a different one (the set was re-prepared) raises
-            :class:`ShardSetChangedError` instead of mixing old and new data.
-        pack: build packed batches of this shape (keys with ``rows``); checked
-            against the set (:meth:`PackSpec.check_set`) with ``pad``.
+        path: the shard set directory, or an opened :class:`ShardSet` or mixture
+            (:class:`~shardload.sets.mixture.MixedSets`) to reuse; workers get a copy without mappings. A
+            mixture's batches also hold ``batch["source"]``.
+        pad: checked against the set's schema (:meth:`PadSpec.for_schema`) when the set is opened, here if
+            an opened set is given.
+        fingerprint: the manifest fingerprint the plan was made from; a worker that finds a different one
+            raises :class:`ShardSetChangedError` instead of mixing old and new data.
+        pack: build packed batches of this shape; checked against the set (:meth:`PackSpec.check_set`).
     """
 
     def __init__(
@@ -238,9 +206,6 @@ class ShardBatchDataset(Dataset[Any]):
         starts: NDArray[np.integer] | None = None,
     ) -> dict[str, Any]:
         """The batch as numpy arrays (a list per text field): padded, or packed when ``rows`` is given.
-
-        See :mod:`shardload.load.collate` and :mod:`shardload.load.collate_packed` for the
-        contracts; ``rows`` and ``starts`` are those of :class:`BatchKey`.
 
         Raises:
             PlanError: a packed key for a dataset without a :class:`PackSpec`, or the reverse.

@@ -1,9 +1,8 @@
 """The torch DataLoader side: a resumable loader over the plan-driven sampler (load/sampler.py).
 
 :class:`ShardLoader` is a ``DataLoader`` with ``batch_size=None`` over a
-:class:`~shardload.load.dataset.ShardBatchDataset`, plus ``state_dict()`` /
-``load_state_dict()`` for mid-epoch resume (Lightning saves and restores these
-automatically for the training loader).
+:class:`~shardload.load.dataset.ShardBatchDataset`, plus ``state_dict()`` / ``load_state_dict()`` for
+mid-epoch resume (which Lightning calls itself for the training loader).
 """
 
 from __future__ import annotations
@@ -157,14 +156,9 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
     def _direct_fetch(self, it: Any) -> Callable[[], Any] | None:
         """Without workers or pinning: the next batch as torch's single-process iterator makes it, called directly.
 
-        That iterator's ``__next__`` takes the next key from the sampler and
-        indexes the dataset with it (the collate is the identity); its
-        wrappers around that (a profiler range, counters) cost about as much
-        as the sampler and the shard lookups together. The iterator itself is
-        still created, so everything it does once per pass (the sampler's
-        iterator, the draw from torch's random generator) happens as before.
-        None (go through ``next(it)``) with workers, with ``pin_memory``, or if
-        this torch's iterator has no ``_sampler_iter``.
+        Its ``__next__`` wrappers (profiler range, counters) cost as much as the sampler and shard lookups
+        together. ``it`` is still created, so its once-per-pass work (the draw from torch's generator) happens as
+        before. None (use ``next(it)``) with workers, with ``pin_memory``, or without ``it._sampler_iter``.
         """
         keys = getattr(it, "_sampler_iter", None)
         if self.num_workers or keys is None or getattr(it, "_pin_memory", True):
@@ -308,9 +302,8 @@ def build_loader(
 ) -> ShardLoader:
     """The loader of checked option objects: what :func:`make_loader` and the DataModule both build.
 
-    Opens the shard set, or every source of a mixture (manifest and lengths
-    only), and checks ``pad`` against its schema (a mixture's sources against
-    each other too); no batch is planned or read yet.
+    Opens the set or every source of a mixture (manifest and lengths only) and checks ``pad`` against it; no
+    batch is planned or read yet.
     """
     check_request(spec, batching)
     shard_set = open_source(path, remote)

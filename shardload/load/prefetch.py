@@ -1,11 +1,8 @@
 """Plan-driven prefetch of a rank's remote shards into the node cache (docs/remote.md, "Prefetch").
 
-Where it sits: between the plan and the dataset. The rank's main process maps
-each batch's sample ids to shards (:func:`read_order`), publishes that order in
-the cache for every process's eviction, and runs a :class:`Prefetcher` thread
-that downloads the shards ahead of the rank. Readers fetch a shard themselves
-when it is not there yet, under the same per-shard lock, so a shard is
-downloaded once per node.
+Between the plan and the dataset: the rank's main process computes its shard order (:func:`read_order`),
+publishes it for eviction, and runs a :class:`Prefetcher` thread ahead of the rank. Readers fetch a missing
+shard themselves under the same per-shard lock, so a shard is downloaded once per node.
 """
 
 from __future__ import annotations
@@ -39,17 +36,10 @@ logger = logging.getLogger("shardload.remote")
 def read_order(
     sample_ids: NDArray[np.int64], batch_offsets: NDArray[np.int64], index: ShardIndex
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """The shards a rank reads, in order, and where each batch starts in that order.
+    """``(sequence, starts)``: each batch's distinct shards by first use, batch after batch, and where each starts.
 
-    Args:
-        sample_ids: ``(rows,)`` the plan's sample ids, batch after batch.
-        batch_offsets: ``(B + 1,)`` where each batch starts in ``sample_ids``.
-        index: the set's (or mixture's) sample id -> shard index.
-
-    Returns:
-        ``(sequence, starts)``: ``sequence`` holds each batch's distinct shards in order of first
-        occurrence in the batch, batch after batch; batch ``i``'s shards are
-        ``sequence[starts[i]:starts[i + 1]]``.
+    ``sample_ids`` are the plan's, batch after batch, batch ``i`` at ``batch_offsets[i]:batch_offsets[i + 1]``;
+    its shards are ``sequence[starts[i]:starts[i + 1]]``.
     """
     num_batches = len(batch_offsets) - 1
     if len(sample_ids) == 0:
@@ -65,8 +55,7 @@ def read_order(
 def check_step_fits(remote: RemoteSet, sequence: NDArray[np.int64], starts: NDArray[np.int64], readers: int) -> None:
     """Refuse a cache limit below what one step of the node holds at once.
 
-    A batch's shards stay in the cache while it is built; ``readers`` processes of the node (workers
-    of every rank) build one batch each at a time.
+    A batch's shards stay cached while it is built, and ``readers`` processes of the node build one each.
 
     Raises:
         PlanError: naming the cache limit and the bytes one step needs.
@@ -88,14 +77,9 @@ def check_step_fits(remote: RemoteSet, sequence: NDArray[np.int64], starts: NDAr
 class Prefetcher:
     """Downloads one remote set's shards ahead of this rank, in read order (a daemon thread).
 
-    Args:
-        remote: the set's node cache.
-        sequence: ``(n,)`` local shard ids in read order (:func:`read_order`, restricted to this set).
-        starts: ``(B + 1,)`` where each batch starts in ``sequence``.
-
-    :meth:`advance` tells it which batch the rank reads now; it then keeps the next
-    ``ahead_bytes`` of distinct shards downloaded, with at most ``prefetch_downloads`` at once.
-    A prefetch that fails is left to the reader, which fetches the shard itself and raises.
+    ``sequence`` and ``starts`` are :func:`read_order`'s, restricted to this set (local shard ids). After
+    :meth:`advance` it keeps the next ``ahead_bytes`` of distinct shards downloaded, ``prefetch_downloads`` at
+    once. A failed prefetch is left to the reader, which fetches the shard itself and raises.
     """
 
     def __init__(self, remote: RemoteSet, sequence: NDArray[np.int64], starts: NDArray[np.int64]) -> None:
@@ -187,10 +171,7 @@ def split_order(
 ) -> ReadOrders:
     """Each remote set's part of a (possibly mixed) read order, checked against its cache limit.
 
-    Args:
-        remotes: ``(remote set, first global shard, shards)`` of each remote set read.
-        sequence, starts: the read order in global shard ids (:func:`read_order`).
-        readers: batches read at once on the node, for :func:`check_step_fits`.
+    ``remotes`` holds ``(remote set, first global shard, shards)`` of each remote set read.
     """
     batch_of = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
     out: ReadOrders = []
@@ -204,10 +185,7 @@ def split_order(
 
 
 def start_prefetch(orders: ReadOrders) -> list[Prefetcher]:
-    """One running :class:`Prefetcher` per remote set (none where ``prefetch_downloads`` is 0).
-
-    Start them after the loader's workers have forked: no download thread may run across a fork.
-    """
+    """One running :class:`Prefetcher` per remote set (none where ``prefetch_downloads`` is 0); call after the fork."""
     return [Prefetcher(remote, seq, starts) for remote, seq, starts in orders if remote.options.prefetch_downloads]
 
 

@@ -1,15 +1,8 @@
 """The plan-driven sampler: this rank's plan for the current epoch, one batch key per batch.
 
-:class:`PlanSampler` computes the rank's plan (in the main process) and yields
-one :class:`~shardload.load.dataset.BatchKey` per batch. It subclasses
-``DistributedSampler`` so that Lightning, with its default
-``use_distributed_sampler=True``, recognises the loader as already distributed
-and leaves it alone, and calls :meth:`PlanSampler.set_epoch` every epoch.
-
-A trainer that keeps its own clock of the epoch (Lightning) reaches the
-sampler through a :class:`TrainerLink`: the steps a checkpoint counts as done,
-and the length of an epoch that starts (shardload.integrations.trainer makes
-Lightning's).
+:class:`PlanSampler` subclasses ``DistributedSampler`` so that Lightning (``use_distributed_sampler=True``)
+leaves the loader alone and calls :meth:`PlanSampler.set_epoch` every epoch. A trainer with its own clock of
+the epoch reaches the sampler through a :class:`TrainerLink` (shardload.integrations.trainer makes Lightning's).
 """
 
 from __future__ import annotations

@@ -51,11 +51,9 @@ _KEYS_2 = ("history", "identity")
 
 @dataclass(frozen=True)
 class LoaderState:
-    """A checked loader state (see the module docstring for the fields).
+    """A checked loader state (fields: the module docstring); ``identity`` is ``None`` for a version-1 state.
 
-    ``history`` is as saved (its segments are checked by
-    :class:`~shardload.plan.resume.ResumeInputs`); ``identity`` is ``None`` for a
-    version-1 state.
+    ``history`` is as saved: :class:`~shardload.plan.resume.ResumeInputs` checks its segments.
     """
 
     epoch: int
@@ -79,13 +77,10 @@ class LoaderState:
 
 
 def check_state(state: object) -> LoaderState:
-    """A loader state from ``state_dict()``, checked for shape and types.
-
-    Whether it fits this loader's plan is the caller's check.
+    """A loader state from ``state_dict()``, checked for shape and types (not whether it fits this loader's plan).
 
     Raises:
-        PlanError: not a mapping, a key missing, a value of the wrong type or
-            out of range, or an unknown version.
+        PlanError: not a mapping, a key missing, a value of the wrong type or out of range, or an unknown version.
     """
     if not isinstance(state, Mapping):
         raise PlanError(
@@ -129,8 +124,7 @@ def check_identity(saved: Mapping[str, Any], now: Mapping[str, Any]) -> None:
     """Refuse a state whose run differs from this loader's, naming every difference.
 
     Raises:
-        PlanMismatchError: the shard set, stage, seed, shard assignment or a
-            batching option differs.
+        PlanMismatchError: the shard set, stage, seed, shard assignment or a batching option differs.
     """
     changed = []
     for key in sorted(set(saved) | set(now), key=str):  # an edited state may hold keys of other types
@@ -172,16 +166,12 @@ def resume_point(
 ) -> tuple[RankPlan, int, History]:
     """Where a loader resumes from ``saved``: ``(plan, start, history)`` on this rank of ``world``.
 
-    Same world size: the plan the state counted batches of, from its next
-    batch. Another world size: the saved segment joins the history, and the
-    plan is that of the rest of the epoch for this world size, from batch 0.
-    ``plan(epoch, history)`` plans this rank's share of what ``history``
-    left (the loader's own planning, so a same-world resume plans as an
-    uninterrupted run does).
+    Same world size: the plan the state counted batches of, from its next batch. Another world size: the saved
+    segment joins the history, and the rest of the epoch is planned for this world size, from batch 0.
+    ``plan(epoch, history)`` is the loader's own planning, so a same-world resume plans as an uninterrupted run.
 
     Raises:
-        PlanMismatchError: the state's run differs (:func:`check_identity`, or
-            its plan's fingerprint).
+        PlanMismatchError: the state's run differs (:func:`check_identity`, or its plan's fingerprint).
         PlanError: the history is malformed, or a segment claims more batches than its plan has.
     """
     spec = spec.at_epoch(saved.epoch)

@@ -1,11 +1,9 @@
 """What went wrong with a DataLoader worker, in words a user can act on.
 
-When a batch does not arrive, :class:`~shardload.load.loader.ShardLoader` asks
-this module why and raises :class:`~shardload.errors.WorkerError` with the
-answer: for a worker that died, the signal by name and what it usually means
-(or its exit status); for no batch within ``timeout``, each live worker's state
-from ``/proc/<pid>/stat`` and what to do (docs/loading.md, "A stuck worker").
-None of this runs while batches flow: only after a failure.
+When a batch does not arrive, :class:`~shardload.load.loader.ShardLoader` raises
+:class:`~shardload.errors.WorkerError` with this module's answer: a dead worker's signal and what it usually
+means, or each live worker's ``/proc/<pid>/stat`` state after ``timeout`` (docs/loading.md, "A stuck worker").
+Nothing here runs while batches flow.
 """
 
 from __future__ import annotations

@@ -51,15 +51,12 @@ def _stat_manifest(path: Path) -> tuple[int, int, int] | None:
 class FileChecks:
     """The manifest of the set at ``path``, and the checks of the set's files against it.
 
-    What an opened set knows of its files: the identity of ``manifest.json`` (a
-    re-prepare under a live job is named as such, never reported as damage), the
-    stamp of each lengths index when first mapped, and the checks of a shard at its
-    first open in a process (size, identity record, sample count, offsets against
-    the lengths indexes) and at each later use (its stamp).
+    It knows the identity of ``manifest.json`` (a re-prepare under a live job is named as such, never reported as
+    damage) and the stamp of each lengths index when first mapped, and checks a shard at its first open in a
+    process (size, identity record, sample count, offsets) and at each later use (its stamp).
 
-    Kept across pickling (a worker maps each lengths index afresh and must find
-    the file whose values were checked, and that the plan was made from),
-    except on another machine, where a ``stat`` of the same file differs.
+    Kept across pickling (a worker must find the lengths files whose values were checked and the plan was made
+    from), except on another machine, where a ``stat`` of the same file differs.
     """
 
     def __init__(self, path: Path) -> None:
@@ -158,9 +155,8 @@ class FileChecks:
     def open_shard(self, shard: int, room_for: RoomFor[Any]) -> tuple[ShardReader, Columns, FileStamp]:
         """Map shard ``shard`` and run the cheap checks; its reader, columns and the stamp of its file.
 
-        Cost: a few ``stat`` calls and O(samples in the shard) numpy over the
-        offsets buffers and the lengths index; no sample data is read. A byte
-        changed inside sample data is only found by ``shardload verify``.
+        No sample data is read (a few ``stat`` calls, O(samples) numpy): a byte changed inside it is only found
+        by ``shardload verify``.
         """
         info = self.manifest.shards[shard]
         path = resolve_inside(self.path, info.file, what=f"shard {shard}")
@@ -240,13 +236,10 @@ class FileChecks:
     def check_stamp(self, shard: int, reader: ShardReader, old: FileStamp) -> FileStamp:
         """The stamp to keep for open shard ``shard``, stamped ``old``; raise if its file changed since.
 
-        One ``fstat`` of the reader's own descriptor (about 1-2 us in all): a write into
-        the mapped file, or a truncation, changes its size, mtime or ctime (see
-        :func:`~shardload._base.identity.same_bytes`). A file
-        replaced by a rename leaves the mapped one intact and is not an error
-        here (a re-prepare is caught through the manifest, a foreign file by its
-        identity when it is next opened). The dataset checks every shard a
-        batch touches, before reading and again after the batch is built.
+        One ``fstat`` of the reader's descriptor (1-2 us): a write or truncation changes size, mtime or ctime
+        (:func:`~shardload._base.identity.same_bytes`). A file replaced by a rename leaves the mapped one intact
+        and is not an error here (a re-prepare is caught through the manifest, a foreign file by its identity
+        when next opened).
 
         Raises:
             ShardSetChangedError: naming the shard and how its file changed.
@@ -270,9 +263,8 @@ class FileChecks:
     def _check_offsets(self, shard: int, cols: Columns) -> None:
         """Each variable field's offsets must agree with the lengths indexes, sample by sample.
 
-        Checks every index a reader uses: each per-field index, and the batching
-        index the planner reads (``lengths.npy``), recomputed from the offsets
-        with the rule ``prepare`` used (:meth:`Schema.batching_lengths`).
+        Every index a reader uses: each per-field one, and ``lengths.npy`` recomputed from the offsets with
+        :meth:`Schema.batching_lengths`, the rule ``prepare`` used.
 
         Raises:
             CorruptShardError: naming the shard, the field (or index) and the first bad sample.

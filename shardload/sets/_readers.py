@@ -26,12 +26,8 @@ T = TypeVar("T")
 class ReaderPool:
     """The open readers of one shard set in this process, least recently used first.
 
-    Args:
-        limit: the most shards kept open.
-        checks: the set's file checks (the stamp check at each use, the manifest for shard sizes).
-        remote: the node cache of a remote set, which holds each shard while it is open here.
-
-    Pickled empty: a worker process maps the shards it reads itself.
+    At most ``limit`` are kept open; ``remote``, the node cache of a remote set, holds each shard while it is
+    open here. Pickled empty: a worker process maps the shards it reads itself.
     """
 
     def __init__(self, limit: int, checks: FileChecks, remote: RemoteSet | None) -> None:

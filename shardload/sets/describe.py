@@ -1,9 +1,7 @@
 """Describe a shard set from its manifest and lengths index, without reading a shard.
 
-Where it sits: beside the flow, after ``prepare`` (``shardload inspect OUT``).
-Everything here comes from ``manifest.json`` and the memory-mapped lengths
-index, so it costs the same for 3 shards or 100,000, and streams the index in
-chunks so that a billion-sample index needs no more than a few hundred MB.
+``shardload inspect OUT``. It reads only ``manifest.json`` and the lengths index, streamed in chunks, so it
+costs the same for 3 shards or 100,000 and a billion-sample index needs a few hundred MB.
 
 >>> info = describe("out/")                       # doctest: +SKIP
 >>> info["samples"], info["lengths"]["p99"]       # doctest: +SKIP
@@ -89,8 +87,7 @@ class LengthDistribution:
     def histogram(self, bins: int = 16) -> tuple[list[int], list[int]]:
         """Counts in log-spaced integer bins ``[edges[i], edges[i + 1])``.
 
-        Length 0 gets a bin of its own (a log scale cannot hold it); when the
-        range is narrower than ``bins``, every length gets its own bin.
+        Length 0 gets a bin of its own (a log scale cannot hold it); a range narrower than ``bins``, one per length.
         """
         if not len(self.values):
             return [0, 1], [0]
@@ -261,8 +258,7 @@ def plot_lengths(
 ) -> Path:
     """Save a histogram of the sample lengths of the set at ``path`` to ``png``.
 
-    Uses matplotlib's object API (no pyplot, no global backend change), so it is
-    safe inside notebooks and headless jobs alike.
+    matplotlib's object API (no pyplot, no global backend change): safe in notebooks and headless jobs.
 
     Raises:
         ModuleNotFoundError: matplotlib is not installed (``pip install shardload[plot]``).

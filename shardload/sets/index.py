@@ -1,11 +1,7 @@
 """Sample id <-> (shard, row) arithmetic, from the shard sample counts alone.
 
-No shard is opened here. :class:`~shardload.sets.shardset.ShardSet` holds one
-(``ShardSet.index``) to find the shard and row of a sample id, for ``ds[i]``
-and for the loader's workers when they fetch a batch; the locality tests use
-:meth:`ShardIndex.shards_of`. The planner does not use it: it takes the shard
-sizes (``ShardSet.index.sizes``) and lays out its own offsets per epoch
-(``shardload/plan/assign.py``).
+No shard is opened here. ``ShardSet.index`` serves ``ds[i]`` and the loader's workers; the planner only takes
+its ``sizes`` and lays out its own offsets per epoch (``shardload/plan/assign.py``).
 """
 
 from __future__ import annotations

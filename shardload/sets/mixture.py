@@ -1,13 +1,8 @@
 """A mixture of shard sets, read as one: the public :class:`Mixture` and the opened :class:`MixedSets`.
 
-Where a shard set is accepted (``make_loader``, ``ShardDataModule``, ``shardload
-plan``), a :class:`Mixture` is too (docs/loading.md, "Mixtures").
-``Mixture.open()`` opens each source as its own :class:`~shardload.ShardSet`
-(manifest and lengths only), so every check on open, on mapping and before and
-after each batch is the one a single set gets. :class:`MixedSets` gives the
-sources one id space and one shard numbering: ``plan_inputs()`` for the
-planner (:mod:`shardload.plan.mix`), ``shard_columns(g)`` mapped by the
-source's own set, and ``batch["source"]`` in each batch.
+Accepted wherever a shard set is (docs/loading.md, "Mixtures"). Each source is opened as its own
+:class:`~shardload.ShardSet`, so every check is the one a single set gets; :class:`MixedSets` gives the sources
+one id space and one shard numbering.
 """
 
 from __future__ import annotations
@@ -170,11 +165,9 @@ class Mixture:
 class MixedSets:
     """An opened :class:`Mixture`: what the loader reads from, in place of one :class:`~shardload.ShardSet`.
 
-    Global sample ids are source-major (source ``k``'s sample ``i`` is
-    ``offsets[k] + i``) and so are shard numbers (source ``k``'s shard ``j``
-    is ``shard_offsets[k] + j``); each shard is read through its own source's
-    set. Picklable: a worker gets each source without its mappings. The
-    loaders call :meth:`check_fields` with the fields they load before any batch.
+    Global sample ids are source-major (source ``k``'s sample ``i`` is ``offsets[k] + i``), and so are shard
+    numbers (``shard_offsets[k] + j``). Picklable: a worker gets each source without its mappings. The loaders
+    call :meth:`check_fields` with the fields they load before any batch.
     """
 
     def __init__(self, mixture: Mixture, sets: tuple[ShardSet, ...]) -> None:
@@ -270,9 +263,7 @@ class MixedSets:
     def plan_inputs(self) -> MixInputs:
         """The planner's request for this mixture: each source's own ``plan_inputs()``, rebuilt when one changes.
 
-        Each call asks every source, so each epoch's plan checks, as a single
-        set's does, that no source's lengths index changed on disk (a source
-        re-prepared under a live loader is a ``ShardSetChangedError``).
+        Each call asks every source, so a source re-prepared under a live loader is a ``ShardSetChangedError``.
         """
         sources = tuple(s.plan_inputs() for s in self.sets)
         if self._inputs is None or any(a is not b for a, b in zip(sources, self._inputs.sources)):

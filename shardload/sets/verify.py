@@ -1,11 +1,8 @@
 """Check a shard set on disk against its manifest, byte for byte (``shardload verify OUT``).
 
-Where it sits: beside the flow, after ``prepare``; the slow, thorough
-counterpart of the checks :func:`shardload.open` makes lazily
-(:mod:`shardload.sets._integrity`). Every shard is read in full, by the
-checks and in the order docs/cli.md ("shardload verify") lists. Damage is
-*reported* (:class:`Problem`), never raised, so one run lists everything that
-is wrong:
+The slow, thorough counterpart of the checks :func:`shardload.open` makes lazily
+(:mod:`shardload.sets._integrity`): every shard is read in full, by the checks docs/cli.md ("shardload
+verify") lists. Damage is *reported* (:class:`Problem`), never raised, so one run lists everything wrong:
 
 >>> report = verify("out/")                # doctest: +SKIP
 >>> for p in report.problems:              # doctest: +SKIP
@@ -136,23 +133,16 @@ def verify(
 ) -> VerifyReport:
     """Check every shard of the set at ``path`` against its manifest.
 
-    A remote set (a URL) is checked through the node cache: each shard is downloaded
-    (or found there), its sha256 compared with the manifest's as every download is,
-    then checked as a local shard; with a ``cache_limit``, checked shards make room for
-    the next ones. A shard whose object is not in storage is ``missing``; one whose object does not
-    match (after one more download) is ``checksum_mismatch`` (or ``truncated``/``size_mismatch`` by its
-    size), as for a local set; each names its URL.
+    A remote set is checked through the node cache: each shard is downloaded (its sha256 compared with the
+    manifest's), then checked as a local one; with a ``cache_limit``, checked shards make room for the next. An
+    object not in storage is ``missing``; one that does not match after a second download is
+    ``checksum_mismatch`` (or ``truncated``/``size_mismatch`` by its size); each names its URL.
 
     Args:
-        path: a shard set directory, or a URL (``s3://``, ``gs://``, ``https://``).
-        workers: shards checked in parallel (threads: hashing and page-ins
-            release the GIL). More than 1 helps on fast disks.
-        progress: show a progress bar; ``None`` means "if stderr is a terminal"
-            (otherwise a log line every few seconds).
-        remote: credentials and node cache of a URL (:class:`~shardload.remote.RemoteOptions`).
-
-    Returns:
-        A :class:`VerifyReport`; ``report.ok`` is true when nothing is wrong.
+        path: a shard set directory, or a URL.
+        workers: shards checked in parallel (threads: hashing and page-ins release the GIL).
+        progress: show a progress bar; ``None`` means "if stderr is a terminal" (else a log line every few seconds).
+        remote: credentials and node cache of a URL.
 
     Raises:
         ManifestError: the manifest is missing, unreadable or inconsistent, so
