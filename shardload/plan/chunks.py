@@ -1,19 +1,12 @@
 """Chunk windows: a training order that reads each stored chunk about once per epoch.
 
-A compressed shard (Zarr) decodes a whole chunk to read one sample, so a full
-shuffle decodes each chunk again and again. With ``Batching(chunk_window=k)``
-a rank's training order shuffles *chunks* (:func:`chunk_blocks`: the chunk of
-each sample), cuts them into windows of ``k`` and shuffles the samples within
-each window (:func:`window_order`). Every sample of a chunk lies in one
-window, so a reader that keeps the window's chunks decodes each about once.
-The batcher still cuts the batches, so every batching guarantee holds;
-batchers that reorder whole batches order them by the window they complete
-in (:func:`window_batch_order`).
+With ``Batching(chunk_window=k)`` a rank's training order shuffles *chunks* (:func:`chunk_blocks`,
+chunked by :func:`even_chunk_rows`, the rule the Zarr writer chunks by), cuts them into windows of
+``k`` and shuffles the samples within each window (:func:`window_order`); batchers that reorder whole
+batches order them by the window they complete in (:func:`window_batch_order`).
 
-A "chunk" here is what lengths alone tell: the value rows of the length field
-laid end to end per shard, cut every ``rows`` rows, evened out per shard by
-:func:`even_chunk_rows` (the rule the Zarr writer chunks by). Shuffle quality:
-docs/planning.md ("Chunk windows").
+Guarantee: every sample of a chunk lies in one window, and the batcher still cuts the batches, so every
+batching guarantee holds. The rule and its shuffle quality: docs/planning.md, "Chunk windows".
 """
 
 from __future__ import annotations

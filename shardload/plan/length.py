@@ -1,24 +1,14 @@
 """The length of a training epoch: the same batch count in every epoch of a run.
 
-A trainer reads the length of an epoch once (Lightning's validation point,
-``estimated_stepping_batches``, ``limit_train_batches``), so every training
-epoch of a run is planned to the same ``steps``: a function of the inputs, the
-world size, the batching, the seed and the shard assignment, not of the
-epoch. Evaluation plans are not concerned::
+A trainer reads the length of an epoch once, so every training epoch of a run is planned to the same
+``steps``, fixed once per run from ``PROBE_EPOCHS`` probe epochs (a mixture's: ``MIX_PROBE_EPOCHS`` plus
+their spread); an epoch whose natural count does not fit is drawn again from ``(seed, draw)``, up to
+:data:`MAX_DRAWS` times. Evaluation plans are not concerned.
 
-    steps  = the largest natural target of the probe epochs 0 .. PROBE_EPOCHS - 1 (the smallest with
-             uneven="drop"); a mixture's: of MIX_PROBE_EPOCHS epochs, plus their spread, once per run
-    epoch e: its natural target fits?  plan it to exactly `steps` (split / pad / drop)
-             it does not: draw its shard and sample orders again from (seed, draw) until one fits
-
-Guarantee: every training epoch has ``steps`` batches on every rank. The
-draws depend on nothing but the request (every rank makes the same ones). If
-all :data:`MAX_DRAWS` miss, the epoch is still planned to ``steps``: a rank
-above it leaves its last batches out (a packed set: its lightest rows) and an
-:class:`EpochLengthWarning` says how many, so only then does
-``uneven="split"`` not train every sample. Cost: the probes count
-``PROBE_EPOCHS`` epochs once (kept with the inputs); a redraw counts one epoch
-again. Why and what it costs: docs/loading.md ("The length of an epoch").
+Guarantee: every training epoch has ``steps`` batches on every rank, and the draws depend on nothing
+but the request (every rank makes the same ones). If every draw misses, a rank above ``steps`` leaves
+its last batches out and an :class:`EpochLengthWarning` says how many. The rule, its cost and why:
+docs/loading.md, "The length of an epoch".
 """
 
 from __future__ import annotations

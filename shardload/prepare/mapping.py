@@ -1,25 +1,14 @@
 """The map step of ``prepare``/``write``: a user function applied to every sample as it is read.
 
-Where it sits: prepare -> (read a source unit -> **map** -> check against the
-schema -> stage) -> lay out -> write shards. The map runs in the ingest worker
-processes (:func:`shardload.prepare.pipeline._ingest_unit`), on every sample
-the reader yields, before the schema check: the schema is inferred from the
-first *mapped* sample, so a map may drop fields the reader produced and add
-new ones (``{"text": str}`` -> ``{"input_ids": int32 array}``).
+Where it sits: prepare -> (read a source unit -> **map** -> check against the schema -> stage) -> lay
+out -> write shards. The map runs in the ingest worker processes
+(:func:`shardload.prepare.pipeline._ingest_unit`), before the schema check, so the schema is that of
+the first *mapped* sample.
 
-The function takes one sample dict and returns:
-
-* a sample dict: the sample, as mapped;
-* ``None`` or ``[]``: the sample is dropped (counted in
-  :attr:`~shardload.prepare.pipeline.PrepareResult.dropped`);
-* a list of dicts: the record becomes several samples, in list order. Their
-  locators gain ``", piece 2 of 3"``, so each stays unique and deterministic.
-
-A run is identified by the function (:func:`map_identity`: ``module:qualname``
-and a hash of its source), so ``--resume`` refuses a run whose map changed.
-Worker processes get the function by pickling, which sends a module-level
-function by name: a lambda or a nested function works in-process only
-(``workers=1``), and is refused with a message otherwise (:func:`check_sendable`).
+Guarantees: a run is identified by the function (:func:`map_identity`: ``module:qualname`` and a hash
+of its source), so ``--resume`` refuses a run whose map changed; a function that cannot be pickled by
+name to the workers (a lambda, a nested function) is refused up front (:func:`check_sendable`). What
+the function may return and how its samples are located: docs/cli.md, "shardload prepare" (``--map``).
 """
 
 from __future__ import annotations

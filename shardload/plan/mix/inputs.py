@@ -1,18 +1,10 @@
 """Mixtures: several shard sets planned as one, each contributing its weight of every epoch.
 
-:class:`MixInputs` is the planner's request for a mixture, beside
-:class:`~shardload.plan.PlanInputs`, planned by the same
-:class:`~shardload.plan.EpochPlanner` (pipeline: docs/planning.md, "Mixtures").
-This module makes its selection step, before assignment.
-
-**Selection** (training only; evaluation uses every sample once). Source
-``k`` has ``U_k`` units (tokens, or samples with ``by="samples"``) and gets
-``T_k = round(w_k * T)`` of the epoch's ``T`` units. Its samples lie end to
-end in a permutation fixed by ``(seed, source)``, repeated for ever; epoch
-``e`` takes those whose first unit falls in ``[e * T_k, (e + 1) * T_k)``. So
-over ``E`` epochs each sample is used ``floor`` or ``ceil`` of ``E * T_k /
-U_k`` times, and a source with less than its share repeats each sample
-``floor`` or ``ceil`` of ``T_k / U_k`` times in the epoch.
+:class:`MixInputs` is the planner's request for a mixture, beside :class:`~shardload.plan.PlanInputs`,
+planned by the same :class:`~shardload.plan.EpochPlanner`. This module makes its selection step, before
+assignment: each source's share of an epoch is a window of an endless permutation of its samples, so
+every sample is used ``floor`` or ``ceil`` of its expected count. The rule and the pipeline:
+docs/planning.md, "Mixtures".
 """
 
 from __future__ import annotations

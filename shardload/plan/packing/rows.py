@@ -1,19 +1,10 @@
 """Row packing: items into rows of at most ``capacity`` tokens, best-fit decreasing over size histograms.
 
-Best-fit decreasing (BFD) takes the items largest first and puts each in the
-row with the smallest gap it fits. It runs on histograms, not items: for
-``n`` items of size ``s`` BFD fills the rows with the smallest gaps ``g >= s``
-first, ``g // s`` items each, so one step per distinct size places them all,
-and rows of equal gap are kept as groups ``(gap, count)``. One
-:class:`BestFit` run packs many segments (the ranks of an epoch), each as if
-alone: step 0 opens a row for every item larger than ``capacity / 2``, step
-``j`` places the next size of every segment, and a group of rows waits, filed
-by step, until its segment's sizes come down to its gap (the algorithm in
-full: docs/planning.md, "Packing").
+One :class:`BestFit` run packs many segments (the ranks of an epoch), each as if alone, one step per
+distinct size; the algorithm: docs/planning.md, "Batching" (**Packing**).
 
-Guarantee: counting (:func:`count_rows`) and building
-(:mod:`~shardload.plan.packing.track`, the same run following every row) take
-the same steps, so they agree exactly, and both are textbook BFD
+Guarantee: counting (:func:`count_rows`) and building (:mod:`~shardload.plan.packing.track`, the same
+run following every row) take the same steps, so they agree exactly, and both are textbook BFD
 (tests/plan/test_pack.py).
 """
 

@@ -1,20 +1,9 @@
 """Source readers for ``prepare``: find input files, split them into units, read samples.
 
-Kinds and how they are detected (``--source-format`` overrides detection):
-
-==============  =========================================  ======================================
-kind            files                                      one sample is
-==============  =========================================  ======================================
-``npy``         ``*.npy`` (a directory or a glob)          one file (field ``--field``)
-``npz``         ``*.npz``                                  one file (one field per array)
-``parquet``     ``*.parquet``, ``*.pq``                    one row (one field per column)
-``arrow``       ``*.arrow``, ``*.feather``, ``*.ipc``      one row (one field per column)
-``jsonl``       ``*.jsonl``, ``*.ndjson`` (also ``.gz``)   one line (one field per entry)
-``webdataset``  ``*.tar``, ``*.tar.gz``, ``*.tgz``, ...    the members sharing a key
-==============  =========================================  ======================================
-
-Each kind's module says how its values become fields: :mod:`.npz`, :mod:`.columnar`
-(Parquet and Arrow), :mod:`.jsonl` (JSON dtypes), :mod:`.webdataset` (field naming).
+Each kind (``npy``, ``npz``, ``parquet``, ``arrow``, ``jsonl``, ``webdataset``) registers its reader in
+:data:`READERS`, and is detected by its file suffixes unless ``--source-format`` names it. The kinds, and
+how each one's values become fields: docs/format.md, "Input sources"; which files are read:
+docs/cli.md, "shardload prepare".
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """``.npy`` files, one sample per file, one field (``--field``, default ``data``).
 
-A file must hold exactly one array: its header is checked against the bytes
-that follow it (:mod:`.arrays`), so a truncated file, or one that two
-``numpy.save`` calls wrote into, is refused rather than read in part.
+A file whose header does not match the bytes after it is refused (:mod:`.arrays`), never read in
+part. Input rules: docs/format.md, "NumPy files".
 """
 
 from __future__ import annotations

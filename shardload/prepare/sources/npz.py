@@ -1,7 +1,6 @@
-"""``.npz`` files, one sample per file, one field per array, in the order saved (``arr_0``, ... when unnamed).
+"""``.npz`` files, one sample per file, one field per array, in the order saved.
 
-What is refused (a member that is not ``.npy``, two members giving one name, an array over
-``max_record_bytes``) is in :func:`.arrays.load_npz`.
+What is refused is checked in :func:`.arrays.load_npz`. Input rules: docs/format.md, "NumPy files".
 """
 
 from __future__ import annotations

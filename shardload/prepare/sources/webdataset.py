@@ -1,16 +1,10 @@
 """WebDataset tar shards (``.tar``, ``.tar.gz``, ``.tgz``, ``.tar.bz2``, ``.tar.xz``): the members sharing a key.
 
-A tar is read as a stream; one tar is one unit. Member naming and what each decoder extension
-gives: docs/format.md, "WebDataset interoperability" (``json``/``txt`` values convert by the rules
-of JSON Lines).
-
-Safety: member names that are absolute or contain ``..``, links (symbolic or
-hard) and device/FIFO members are refused, and a tar that ends without its
-end-of-archive marker (truncated, or corrupt in the middle) is an error rather
-than a silently shorter dataset. A compressed tar is read to the end of its
-compressed stream, so that the codec's checksum (gzip's CRC) is checked, and
-a member larger than ``SourceOptions.max_record_bytes`` (also once gunzipped)
-is refused before it is read.
+A tar is read as a stream; one tar is one unit. Unsafe members (names that are absolute or hold
+``..``, links, devices), truncated tars, oversized members and compressed tars whose checksum fails
+are refused, never read in part. Member naming, what each extension gives (``json``/``txt`` values
+convert by the rules of JSON Lines) and what is refused: docs/format.md, "WebDataset
+interoperability".
 """
 
 from __future__ import annotations

@@ -1,48 +1,10 @@
 """Parquet (``.parquet``, ``.pq``) and Arrow IPC / Feather v2 (``.arrow``, ``.feather``, ``.ipc``) tables.
 
-One row is one sample; each column is one field, in the table's column order.
-A file up to ``SourceOptions.unit_bytes`` is one unit; a larger one is split
-into runs of row groups (Parquet) or record batches (Arrow IPC *file* format)
-of about that many bytes, each knowing the number of its first row. An Arrow
-IPC *stream* cannot be read from the middle: one unit. How a column's type
-becomes a field:
+This module splits files into units (runs of row groups or record batches of about
+``SourceOptions.unit_bytes``, each knowing the number of its first row) and reads their record
+batches, each fully validated before its rows are read; :mod:`._columns` turns columns into fields.
 
-=====================================================  ============================
-column type                                            field of one row
-=====================================================  ============================
-int / uint / float / bool                              0-d array (a scalar)
-``list<T>`` / ``large_list<T>``                        ``T[L]``, L varies by row
-``list<fixed_size_list<T, C>>``                        ``T[rows, C]``, rows vary
-``list<list<T>>``                                      ``T[rows, C]``: the inner lists
-                                                       of a row must be equally long
-``fixed_size_list<T, C>``                              ``T[C]`` (the same every row)
-``string`` / ``large_string`` / ``string_view``        a text field: ``str``
-``binary`` / ``large_binary`` / ``binary_view`` /      a text field: ``bytes``
-``fixed_size_binary``
-``dictionary<T>``                                      as ``T``
-=====================================================  ============================
-
-With ``fields`` / ``drop_fields`` (``--fields``, ``--drop-fields``) only the
-selected columns are read (column projection): the others are never decoded
-or checked.
-
-``fixed_size_list`` may nest (``fixed_size_list<fixed_size_list<T, 3>, 2>`` is
-``T[2, 3]``). A row of a ``list<list<T>>`` column with no inner lists is
-``T[0, C]`` with the ``C`` of the previous non-empty row of the file (0 if none).
-
-Refused with an :class:`~shardload.errors.InputError` naming the file, the
-row and the column: nulls at any level, lists of strings or binaries (a text
-field is one string per row: drop them), and other types (timestamps, decimals, structs, maps, deeper
-list nesting).
-
-The rules are applied by :mod:`._columns`; this module splits files into
-units and reads their record batches.
-
-Damage: Parquet pages that carry a CRC (written with ``write_page_checksum=True``)
-are checked, and every record batch of either format is fully validated (list
-offsets in order and in bounds) before its rows are read. Arrow IPC files carry
-no checksum of their values, so a flipped bit in a value that leaves the file
-well formed cannot be detected; Parquet with page checksums can.
+Column types, units and damage checks (input format): docs/format.md, "Parquet and Arrow".
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""How Arrow columns become fields: the type rules of :mod:`..columnar`, checked once per file, and the values
-of each record batch, converted with a few vectorised numpy calls (flat values + offsets).
+"""How Arrow columns become fields: the type rules of docs/format.md, "Parquet and Arrow", checked once
+per file, and the values of each record batch, converted with a few vectorised numpy calls (flat values +
+offsets).
 
 A row is then a slice (a view) of those arrays, never a Python object per
 value: :func:`batch_samples` gives one sample at a time, :func:`column_batches`

@@ -2,7 +2,7 @@
 
 :func:`json_batches` gives ingest (:func:`shardload.prepare.ingest.ingest`)
 a block's columns only where they are provably what the exact reader
-(:mod:`._lines`) gives under the rules of :mod:`..jsonl`; any other block is
+(:mod:`._lines`) gives under the rules of docs/format.md, "JSON Lines"; any other block is
 read by that reader, which reports any error with its file, line and field.
 What makes a block provably alike:
 

@@ -1,4 +1,5 @@
-"""The exact JSON Lines reader: line by line, every rule of :mod:`..jsonl` with its file, line and field.
+"""The exact JSON Lines reader: line by line, every value rule (docs/format.md, "JSON Lines") with its
+file, line and field.
 
 Also where a file is cut into units (:func:`line_cuts`) and what the block reader
 (:mod:`._blocks`) falls back to for any block it cannot prove it reads alike.

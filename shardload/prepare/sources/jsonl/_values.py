@@ -1,4 +1,4 @@
-"""How a decoded JSON value becomes an array: the rules of the package docstring (:mod:`..jsonl`), stated once.
+"""How a decoded JSON value becomes an array: the rules of docs/format.md, "JSON Lines", implemented once.
 
 Used by both paths of the JSON Lines reader and by WebDataset ``.json``/``.txt`` members.
 """
@@ -107,7 +107,7 @@ def json_to_array(
     value: Any, dtype: str | np.dtype | None = None, *, may_hold_bools: bool = True, infinity_written: bool = True
 ) -> np.ndarray:
     """Convert a decoded JSON value (number, bool or nested lists of them) to an array, by the rules of
-    :mod:`..jsonl` (``dtype`` is the field's ``--dtype``, if any).
+    docs/format.md, "JSON Lines" (``dtype`` is the field's ``--dtype``, if any).
 
     ``may_hold_bools=False`` skips looking for booleans in lists; ``infinity_written=False`` (see
     :func:`loads`) refuses an ``inf``.
