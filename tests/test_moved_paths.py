@@ -246,3 +246,19 @@ def test_a_name_that_moved_to_a_sibling_module_is_still_in_its_old_one(old: str,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(new), name)
+
+
+@pytest.mark.parametrize(
+    ("package", "name"),
+    [("shardload.plan", "pack"), ("shardload.plan", "validate"), ("shardload.remote", "prefetch"),
+     ("shardload.formats.zarr", "codecs"), ("shardload.prepare.sources", "jsonblocks")],
+)  # fmt: skip
+def test_a_moved_submodule_is_still_an_attribute_of_its_old_package(package: str, name: str) -> None:
+    parent = importlib.import_module(package)
+    vars(parent).pop(name, None)  # as in a fresh process, where nothing imported the old path yet
+    sys.modules.pop(f"{package}.{name}", None)
+    with pytest.warns(DeprecationWarning, match=re.escape(MOVED[f"{package}.{name}"])):
+        module = getattr(parent, name)
+    assert module is importlib.import_module(MOVED[f"{package}.{name}"])
+    with pytest.raises(AttributeError, match="no attribute 'no_such_module'"):
+        parent.no_such_module  # noqa: B018

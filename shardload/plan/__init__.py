@@ -25,6 +25,8 @@ rank::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from shardload.plan.length import EpochLengthWarning
 from shardload.plan.mix.inputs import MixInputs
 from shardload.plan.options import Batching, ShardAssignment, Stage, Uneven, padded_length
@@ -51,3 +53,12 @@ __all__ = [
     "plan_rank",
     "summarize_plan",
 ]
+
+
+if not TYPE_CHECKING:  # hidden from type checkers, which would take any attribute as this one's
+
+    def __getattr__(name: str) -> object:
+        """A submodule of 0.1.0 that moved (``shardload.plan.pack``), as before an attribute of this package."""
+        from shardload._compat import moved_attribute
+
+        return moved_attribute(__name__, name)

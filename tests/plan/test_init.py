@@ -23,6 +23,8 @@ def test_all_is_sorted_and_importable() -> None:
 
 #: the base modules the planner may use: they must be as pure as the planner itself
 PURE_BASE = ("shardload._base.checks", "shardload._base.messages", "shardload._base.ranges")
+#: the table of 0.1.0 module paths (standard library only): the package answers old submodule names through it
+COMPAT = "shardload._compat"
 
 
 def _imports(path: Path) -> list[str]:
@@ -49,7 +51,7 @@ def test_plan_modules_are_pure() -> None:
                 name.split(".")[0] in stdlib
                 or name == "numpy"
                 or name.startswith("numpy.")
-                or name in ("shardload.errors", *PURE_BASE)
+                or name in ("shardload.errors", COMPAT, *PURE_BASE)
                 or name.startswith("shardload.plan")
             ), f"{path.name} imports {name}"
 
@@ -58,7 +60,7 @@ def test_base_modules_of_the_planner_are_pure() -> None:
     import importlib
 
     stdlib = set(sys.stdlib_module_names)
-    for module in PURE_BASE:
+    for module in (*PURE_BASE, COMPAT):
         path = Path(importlib.import_module(module).__file__ or "")
         for name in _imports(path):
             # Invariant: the base modules the planner imports import no more than it may

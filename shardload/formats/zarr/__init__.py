@@ -3,6 +3,8 @@
 Needs the optional ``zarr`` package only when used. :data:`ZARR` is its registration.
 """
 
+from typing import TYPE_CHECKING
+
 from shardload.formats.base import OptionFlag, ShardFormat
 from shardload.formats.zarr.cache import CACHE_ENV, ChunkCache, chunk_cache, set_chunk_cache_bytes
 from shardload.formats.zarr.compression import require_zarr
@@ -44,3 +46,12 @@ __all__ = [
     "require_zarr",
     "set_chunk_cache_bytes",
 ]
+
+
+if not TYPE_CHECKING:  # hidden from type checkers, which would take any attribute as this one's
+
+    def __getattr__(name: str) -> object:
+        """A submodule of 0.1.0 that moved (``shardload.formats.zarr.codecs``), as before an attribute of this package."""
+        from shardload._compat import moved_attribute
+
+        return moved_attribute(__name__, name)

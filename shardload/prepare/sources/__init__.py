@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shardload.errors import InputError
 from shardload.formats.manifest import MANIFEST_NAME
@@ -349,3 +350,12 @@ def read_unit_batches(unit: SourceUnit, options: SourceOptions, schema: Schema) 
     if not reader.selects_fields and (options.fields is not None or options.drop_fields):
         return None
     return reader.read_batches(unit, options, schema)
+
+
+if not TYPE_CHECKING:  # hidden from type checkers, which would take any attribute as this one's
+
+    def __getattr__(name: str) -> object:
+        """A submodule of 0.1.0 that moved (``shardload.prepare.sources.jsonblocks``), as before an attribute of this package."""
+        from shardload._compat import moved_attribute
+
+        return moved_attribute(__name__, name)
