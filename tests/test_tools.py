@@ -18,6 +18,7 @@ contestant is reported).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import math
 import re
@@ -460,3 +461,23 @@ def test_the_import_graph_tool_counts_modules_lines_and_cycles() -> None:
     assert int(m.group(2).replace(",", "")) == sum(len(f.read_text().splitlines()) for f in files)
     cycles = re.search(r"^(\d+) import cycles", out, re.M)
     assert cycles and len(re.findall(r"^  shardload\S* <-> ", out, re.M)) == int(cycles.group(1)), out
+
+
+def test_the_plan_digest_is_the_same_on_every_run_and_moves_with_a_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import plan_digest
+    finally:
+        sys.path.remove(str(TOOLS))
+    first, again = (
+        plan_digest.main(["--cases", "30", "--large", "0"]),
+        plan_digest.main(["--cases", "30", "--large", "0"]),
+    )
+    # Invariant: the digest is a function of the plans alone (seeded requests, no time, no randomness)
+    assert first.hash.hexdigest() == again.hash.hexdigest() and first.planned > 30 and first.refused >= 0
+    real = plan_digest.plan_rank
+    monkeypatch.setattr(
+        plan_digest, "plan_rank", lambda *a, **k: dataclasses.replace(real(*a, **k), weights=0 * real(*a, **k).weights)
+    )
+    # Invariant: a plan that changes changes the digest
+    assert plan_digest.main(["--cases", "30", "--large", "0"]).hash.hexdigest() != first.hash.hexdigest()
