@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +167,59 @@ def test_a_shortcut_beside_its_object_must_agree(small_set: Path, keywords: dict
             # Invariant: a shortcut that disagrees with its object raises instead of being ignored
             with pytest.raises(shardload.PlanError, match="disagrees with"):
                 build()
+
+
+MOVED_KEYWORDS = [
+    ("bucketing", True, "batching=Batching(bucketing=...)"),
+    ("packing", True, "batching=Batching(packing=...)"),
+    ("uneven", "pad", "batching=Batching(uneven=...)"),
+    ("prefetch_factor", 4, "loader_options=LoaderOptions(prefetch_factor=...)"),
+    ("timeout", 30, "loader_options=LoaderOptions(timeout=...)"),
+    ("cache_dir", "/tmp/cache", "remote=RemoteOptions(cache_dir=...)"),
+    ("storage_options", {"key": "s3cr3t"}, "remote=RemoteOptions(storage_options=...)"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "spelling"), MOVED_KEYWORDS)
+def test_a_keyword_that_moved_into_an_option_object_is_refused_with_its_new_spelling(
+    small_set: Path, name: str, value: Any, spelling: str
+) -> None:
+    for entry in (
+        lambda: shardload.make_loader(small_set, rank=0, world_size=1, **{name: value}),
+        lambda: shardload.ShardDataModule(train=small_set, **{name: value}),
+    ):
+        # Invariant: a ShardloadError that shows the new spelling, never Python's bare TypeError
+        with pytest.raises(shardload.PlanError, match=re.escape(spelling)) as info:
+            entry()
+        assert "s3cr3t" not in str(info.value)  # a value is never printed: it may be a credential
+
+
+@pytest.mark.parametrize(
+    ("entry", "keyword", "suggested"),
+    [
+        ("make_loader", "batchsize", "batch_size"),
+        ("write", "num_shard", "num_shards"),
+        ("prepare", "shardsize", "shard_size"),
+    ],
+)
+def test_an_unknown_keyword_names_the_closest_ones(
+    tmp_path: Path, small_set: Path, entry: str, keyword: str, suggested: str
+) -> None:
+    calls = {
+        "make_loader": lambda: shardload.make_loader(small_set, rank=0, world_size=1, **{keyword: 1}),
+        "write": lambda: shardload.write(synthetic_samples(3), tmp_path / "out", **{keyword: 1}),
+        "prepare": lambda: shardload.prepare([str(small_set)], tmp_path / "out", **{keyword: 1}),
+    }
+    with pytest.raises(
+        shardload.ShardloadError, match=rf"{entry}\(\) takes no keyword {keyword}= \(did you mean .*{suggested}"
+    ):
+        calls[entry]()
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def test_the_signatures_stay_visible_to_tools() -> None:
+    import inspect
+
+    # Invariant: the check wraps the entry points without hiding their parameters (help, IDEs, Lightning)
+    assert {"batching", "loader_options", "remote"} <= set(inspect.signature(shardload.make_loader).parameters)
+    assert {"batching", "train", "val"} <= set(inspect.signature(shardload.ShardDataModule.__init__).parameters)

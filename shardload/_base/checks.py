@@ -8,9 +8,12 @@ and integer options in range.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import inspect
 import math
-from collections.abc import Mapping
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -27,6 +30,8 @@ __all__ = [
     "check_rank",
     "check_real",
     "check_scalar",
+    "keywords_checked",
+    "unknown_keywords",
     "with_shortcuts",
 ]
 
@@ -170,3 +175,50 @@ def with_shortcuts(
     if passed:
         dataclasses.replace(given, **passed)  # type: ignore[type-var]  # the field's own checks, for their types
     return given
+
+
+def unknown_keywords(owner: str, given: Iterable[str], known: Iterable[str], homes: Mapping[str, type]) -> str | None:
+    """What to say of keywords ``owner`` does not take, or ``None`` when it takes them all.
+
+    A keyword that is a field of one of the option classes in ``homes`` (keyword -> class) moved into that
+    object: the message shows the new spelling (``batching=Batching(bucketing=...)``); any other is named with
+    the closest keywords ``owner`` does take.
+    """
+    known = list(known)
+    lines = []
+    for name in (n for n in given if n not in known):
+        home = next((kw for kw, cls in homes.items() if name in {f.name for f in dataclasses.fields(cls)}), None)
+        if home is not None:
+            cls = homes[home].__name__
+            lines.append(f"{name}= is a field of {cls} now: pass {home}={cls}({name}=...)")
+        else:
+            close = difflib.get_close_matches(name, known, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            lines.append(f"{owner} takes no keyword {name}={hint}")
+    return "; ".join(lines) or None
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def keywords_checked(owner: str, **homes: type) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Refuse a keyword the function does not take with a :class:`PlanError` that says what to write instead.
+
+    Python's own refusal is a bare ``TypeError`` that cannot show where an option moved; this one names the
+    option object a keyword belongs to now (``homes``: keyword -> option class, see :func:`unknown_keywords`).
+    """
+
+    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+        known = list(inspect.signature(fn).parameters)
+        taken = set(known)
+
+        @functools.wraps(fn)
+        def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+            if not kwargs.keys() <= taken:
+                raise PlanError(unknown_keywords(owner, kwargs, known, homes) or "")
+            return fn(*args, **kwargs)
+
+        return checked
+
+    return wrap

@@ -16,7 +16,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from shardload._base.checks import with_shortcuts
+from shardload._base.checks import keywords_checked, with_shortcuts
 from shardload.errors import PlanError
 from shardload.integrations.trainer import current_epoch, train_link
 from shardload.load.collate import PadSpec
@@ -86,6 +86,7 @@ class ShardDataModule(pl.LightningDataModule):
     #: the loader options when neither ``loader_options`` nor ``num_workers`` is given
     DEFAULT_LOADER_OPTIONS: Mapping[str, Any] = {"num_workers": 2}
 
+    @keywords_checked("ShardDataModule()", batching=Batching, loader_options=LoaderOptions, remote=RemoteOptions)
     def __init__(
         self,
         train: SetArg | None = None,

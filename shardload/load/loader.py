@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from shardload._base.checks import MAX_WORLD_SIZE, check_scalar, with_shortcuts
+from shardload._base.checks import MAX_WORLD_SIZE, check_scalar, keywords_checked, with_shortcuts
 from shardload.errors import PlanError, ShardloadError, WorkerError
 from shardload.load.collate import PadSpec
 from shardload.load.collate_packed import PackSpec
@@ -207,6 +207,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         self._new_iteration("load_state_dict() was called")
 
 
+@keywords_checked("make_loader()", batching=Batching, loader_options=LoaderOptions, remote=RemoteOptions)
 def make_loader(
     path: Source | Mapping[str, str | os.PathLike[str]],
     *,

@@ -10,11 +10,13 @@ local staging directory first, then uploaded (:mod:`shardload.prepare.remote`).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from shardload._base.checks import unknown_keywords
 from shardload.errors import InputError
 from shardload.prepare.fingerprint import fingerprint_units
 from shardload.prepare.options import PrepareOptions
@@ -92,7 +94,7 @@ def prepare(
         refuse_remote_options(
             out, storage_options=storage_options, staging=staging, keep_staging=keep_staging, retry=retry
         )
-    opts = PrepareOptions(**_tupled(options))
+    opts = _options("prepare()", options, prepare)
     which = None if part is None else parse_part(part)
     if remote and which is not None:
         refuse_remote_parts(os.fsdecode(out))
@@ -186,7 +188,7 @@ def write(
             f"write() takes an iterable of samples (dicts of arrays), and got {type(samples).__name__} {repr(samples)[:60]}: "
             "pass a list or generator of samples, e.g. write([{'tokens': array}], out)"
         ) from None
-    opts = PrepareOptions(**_tupled(options))
+    opts = _options("write()", options, write)
     if is_remote(out):
         return prepare_to_url(
             os.fsdecode(out),
@@ -200,6 +202,15 @@ def write(
         )
     refuse_remote_options(out, storage_options=storage_options, staging=staging, keep_staging=keep_staging, retry=retry)
     return run_prepare(out, options=opts, samples=samples)
+
+
+def _options(owner: str, options: dict[str, Any], entry: Any) -> PrepareOptions:
+    """The :class:`PrepareOptions` of an entry point's keywords; one it does not take is an :class:`InputError`."""
+    fields = [f.name for f in dataclasses.fields(PrepareOptions)]
+    if not options.keys() <= set(fields):
+        known = [*inspect.signature(entry).parameters, *fields]
+        raise InputError(unknown_keywords(owner, options, known, {}) or "")
+    return PrepareOptions(**_tupled(options))
 
 
 def _tupled(options: dict[str, Any]) -> dict[str, Any]:
