@@ -18,6 +18,7 @@ from typing import Any
 
 from shardload._base.checks import unknown_keywords
 from shardload.errors import InputError
+from shardload.formats import FORMATS
 from shardload.prepare.fingerprint import fingerprint_units
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.parts import parse_part, part_dir, refuse_part_into_single_set, refuse_resume_of_merged
@@ -206,8 +207,10 @@ def write(
 
 def _options(owner: str, options: dict[str, Any], entry: Any) -> PrepareOptions:
     """The :class:`PrepareOptions` of an entry point's keywords; one it does not take is an :class:`InputError`."""
+    # a format's own option (compression=) is PrepareOptions' to refuse, with the spelling that replaces it
     fields = [f.name for f in dataclasses.fields(PrepareOptions)]
-    if not options.keys() <= set(fields):
+    taken = {*fields, *(name for fmt in FORMATS.values() for name in fmt.option_names())}
+    if not options.keys() <= taken:
         known = [*inspect.signature(entry).parameters, *fields]
         raise InputError(unknown_keywords(owner, options, known, {}) or "")
     return PrepareOptions(**_tupled(options))
