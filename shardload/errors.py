@@ -25,9 +25,14 @@ A name in parentheses is a second, built-in base class, so ``except ValueError``
 (``OSError``, ``ImportError``, ``RuntimeError``) catches those errors too. The
 command line maps each branch to an exit status (docs/cli.md, "Exit status").
 Messages name the file, the shard or the sample, and say what to do about it.
+No message holds a credential: every string given to a :class:`ShardloadError` passes
+through the mask of :mod:`shardload._base.redact` (URL passwords, secret options).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 __all__ = [
     "CorruptShardError",
@@ -50,8 +55,29 @@ __all__ = [
 ]
 
 
+def _unmasked(text: str) -> str:
+    return text
+
+
+#: what masks credentials in every message; shardload._base.redact, which this lowest layer cannot
+#: import, installs its mask here (through _install_mask) when it is imported, before any URL is read
+_mask: Callable[[str], str] = _unmasked
+
+
+def _install_mask(mask: Callable[[str], str]) -> None:
+    global _mask
+    _mask = mask
+
+
 class ShardloadError(Exception):
-    """Base class of every error shardload raises on purpose."""
+    """Base class of every error shardload raises on purpose.
+
+    Its string arguments (the message, an ``OSError``'s text and file name) are masked: a URL's
+    password or a secret storage option never reaches ``str()``, ``repr()`` or a traceback.
+    """
+
+    def __init__(self, *args: object, **kwargs: Any) -> None:  # keywords: ImportError's name= and path=
+        super().__init__(*(_mask(a) if isinstance(a, str) else a for a in args), **kwargs)
 
 
 class InputError(ShardloadError, ValueError):
@@ -135,7 +161,7 @@ class RemoteError(ShardloadError, OSError):
 
     def __init__(self, message: str, url: str = "") -> None:
         super().__init__(message)
-        self.url = url
+        self.url = _mask(url)
 
 
 class RemoteAccessError(RemoteError, PermissionError):

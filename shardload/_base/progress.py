@@ -7,10 +7,11 @@ one :class:`Progress` while they run.
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from typing import Any, Literal
+
+from shardload._base.redact import get_logger
 
 
 class Progress:
@@ -35,7 +36,7 @@ class Progress:
         log: str = "shardload",
     ) -> None:
         self.desc = desc
-        self._logger = logging.getLogger(log)
+        self._logger = get_logger(log)
         self.total = total
         self.unit = unit
         self.samples = 0

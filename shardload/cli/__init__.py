@@ -23,8 +23,9 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
-from typing import TextIO
+from typing import Any, TextIO
 
+from shardload._base.redact import redact
 from shardload.cli._common import EXIT_CODES_HELP, CommandError, Exit
 from shardload.errors import (
     InputError,
@@ -94,6 +95,11 @@ def _main(argv: Sequence[str] | None) -> int:
     module = _command(args.command)
     # What to do after an interruption: a prepare is finished by rerunning it with --resume.
     after = "; rerun the same command with --resume to continue where it stopped" if args.command == "prepare" else ""
+    with _masked_output():  # errors, tracebacks (--debug), --json, prints, logs: no credential in any
+        return _run(module, args, after)
+
+
+def _run(module: ModuleType, args: argparse.Namespace, after: str) -> int:
     try:
         with _logging_to_stderr(), _sigterm_raises():
             return int(module.run(args))
@@ -191,8 +197,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 def _committed(out: str) -> bool:
     """Whether this process's prepare committed its set into ``out``."""
     from shardload.prepare.workdir import WorkDir
+    from shardload.remote.url import local_path
 
-    return WorkDir.committed(out)
+    return WorkDir.committed(local_path(out))
 
 
 #: commands whose module is named otherwise (a module named ``inspect`` would shadow the standard library's)
@@ -218,6 +225,30 @@ def _tolerant_stdout() -> None:
             reconfigure(errors="backslashreplace")
         except (ValueError, OSError):  # not a text stream we own (pytest's capture, a closed stream)
             pass
+
+
+class _MaskedStream:
+    """A text stream that masks credentials (:func:`~shardload._base.redact.redact`) in all that is written to it."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(redact(text))
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding, ...: the stream's own
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def _masked_output() -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` masked for the duration of a command: the last line of the credential mask."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _MaskedStream(out), _MaskedStream(err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
 
 
 def _error(message: str) -> None:

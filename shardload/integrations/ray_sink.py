@@ -32,7 +32,7 @@ from shardload.prepare.merging import MergeResult, merge
 from shardload.prepare.parts import PART_NAME, PARTS_DIR, part_name, part_record
 from shardload.prepare.pipeline import run_prepare
 from shardload.prepare.remote import refuse_remote_parts
-from shardload.remote.url import is_remote
+from shardload.remote.url import is_remote, local_path
 
 try:
     # Importing Ray adds warning filters; the caller's stay as they were (a library sets none).
@@ -76,7 +76,7 @@ class ShardSink(Datasink["dict[str, Any] | None"]):
         PrepareOptions(**options)  # invalid options are refused here, on the driver, before any task runs
         if is_remote(out):
             refuse_remote_parts(os.fsdecode(out), "ShardSink (one part per task, merged on the driver)")
-        self.out = Path(out)
+        self.out = Path(local_path(out))
         self.overwrite = overwrite
         self.options = dict(options)
         #: the id of this write, recorded by every part (the merge refuses parts of another write)

@@ -23,7 +23,7 @@ from shardload.errors import PlanError, ShardSetChangedError
 from shardload.formats import Columns
 from shardload.load.collate import Allocate, Layout, PadSpec, allocate_separately, collate_batch
 from shardload.load.collate_packed import PackSpec, collate_packed
-from shardload.remote.url import is_remote
+from shardload.remote.url import is_remote, local_path
 from shardload.sets.mixture import SOURCE_KEY, MixedSets
 from shardload.sets.shardset import ShardSet
 
@@ -166,7 +166,7 @@ class ShardBatchDataset(Dataset[Any]):
             self._shard_set, self.path = path, path.path
             self._check_pad(path)  # a typo in pad_values fails here, not in a worker
         else:
-            self.path = str(path) if is_remote(path) else Path(path)
+            self.path = str(path) if is_remote(path) else Path(local_path(path))
         self.fingerprint = fingerprint
 
     def _check_pad(self, shard_set: ShardSet | MixedSets) -> None:

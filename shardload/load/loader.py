@@ -7,7 +7,6 @@ mid-epoch resume (which Lightning calls itself for the training loader).
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -16,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from shardload._base.checks import MAX_WORLD_SIZE, check_scalar, keywords_checked, with_shortcuts
+from shardload._base.redact import get_logger
 from shardload.errors import PlanError, ShardloadError, WorkerError
 from shardload.load.collate import PadSpec
 from shardload.load.collate_packed import PackSpec
@@ -31,7 +31,7 @@ from shardload.plan.request import check_request
 from shardload.remote.options import RemoteOptions
 from shardload.sets.mixture import MixedSets, Source, as_source, open_source
 
-logger = logging.getLogger("shardload.loader")
+logger = get_logger("shardload.loader")
 
 
 def _as_is(batch: Any) -> Any:

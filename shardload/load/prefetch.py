@@ -8,7 +8,6 @@ shard themselves under the same per-shard lock, so a shard is downloaded once pe
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload._base import envvars
+from shardload._base.redact import get_logger
 from shardload.errors import PlanError
 from shardload.remote.cache import RemoteSet
 from shardload.sets.index import ShardIndex
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Prefetcher", "check_step_fits", "read_order", "read_orders", "start_prefetch"]
 
-logger = logging.getLogger("shardload.remote")
+logger = get_logger("shardload.remote")
 
 
 def read_order(

@@ -7,7 +7,6 @@ the epoch reaches the sampler through a :class:`TrainerLink` (shardload.integrat
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from torch.utils.data import DistributedSampler
 
 from shardload._base.checks import MAX_EPOCH, check_scalar
+from shardload._base.redact import get_logger
 from shardload.errors import PlanError, PlanMismatchError
 from shardload.load.dataset import BatchKey
 from shardload.load.state import LoaderState, check_state, resume_point
@@ -25,7 +25,7 @@ from shardload.plan.resume import ResumeInputs, run_identity
 from shardload.sets.mixture import MixedSets
 from shardload.sets.shardset import ShardSet
 
-logger = logging.getLogger("shardload.loader")
+logger = get_logger("shardload.loader")
 
 
 @dataclass(frozen=True)

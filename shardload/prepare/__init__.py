@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shardload._base.checks import unknown_keywords
+from shardload._base.redact import get_logger
 from shardload.errors import InputError
 from shardload.formats import FORMATS
 from shardload.prepare.fingerprint import fingerprint_units
@@ -26,9 +26,9 @@ from shardload.prepare.pipeline import PrepareResult, run_prepare
 from shardload.prepare.remote import prepare_to_url, refuse_remote_options, refuse_remote_parts, staging_dir
 from shardload.prepare.sources import SKIP_REASONS, SourceOptions, discover
 from shardload.remote.retry import RetryPolicy
-from shardload.remote.url import is_remote
+from shardload.remote.url import is_remote, local_path
 
-logger = logging.getLogger("shardload.prepare")
+logger = get_logger("shardload.prepare")
 
 __all__ = ["PrepareOptions", "PrepareResult", "prepare", "write"]
 
@@ -53,7 +53,7 @@ def prepare(
 
     Args:
         sources: files, directories, globs or brace patterns (``data-{000..009}.tar``).
-        out: the shard set directory to create, or a URL (``s3://bucket/prefix/set``, any fsspec URL): the
+        out: the shard set directory to create, or a URL (``s3://bucket/prefix/set``; the forms of docs/remote.md, "URLs"): the
             set is then prepared in a local staging directory and uploaded, ``manifest.json`` last
             (:mod:`shardload.prepare.remote`).
         source_format: force a source kind instead of detecting it by suffix.
@@ -92,6 +92,7 @@ def prepare(
         sources = [sources]
     remote = is_remote(out)
     if not remote:
+        out = local_path(out)  # file:///abs/path is that directory
         refuse_remote_options(
             out, storage_options=storage_options, staging=staging, keep_staging=keep_staging, retry=retry
         )
@@ -201,6 +202,7 @@ def write(
             keep_staging=keep_staging,
             retry=retry,
         )
+    out = local_path(out)  # file:///abs/path is that directory
     refuse_remote_options(out, storage_options=storage_options, staging=staging, keep_staging=keep_staging, retry=retry)
     return run_prepare(out, options=opts, samples=samples)
 

@@ -31,7 +31,7 @@ from shardload.prepare.index import length_stats
 from shardload.prepare.parts import PART_NAME, PARTS_DIR, part_name
 from shardload.prepare.remote import refuse_remote_parts
 from shardload.prepare.workdir import LOCK, WORK, recorded_failure
-from shardload.remote.url import is_remote
+from shardload.remote.url import is_remote, local_path
 
 __all__ = ["MergeResult", "merge"]
 
@@ -86,7 +86,7 @@ def merge(out: str | os.PathLike[str]) -> MergeResult:
     started = time.perf_counter()
     if is_remote(out):
         refuse_remote_parts(os.fsdecode(out))
-    root = Path(out)
+    root = Path(local_path(out))
     if not (root / PARTS_DIR).is_dir():
         raise MergeError(
             f"{root}: has no {PARTS_DIR}/ folder, so there is nothing to merge; prepare the parts first "

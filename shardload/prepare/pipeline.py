@@ -12,7 +12,6 @@ disk, which is what makes ``resume`` give the same bytes as an uninterrupted run
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,6 +28,7 @@ from shardload._base.output import atomic_file, atomic_write_text
 from shardload._base.pool import map_in_workers
 from shardload._base.progress import Progress
 from shardload._base.ranges import offsets_from_lengths
+from shardload._base.redact import get_logger
 from shardload.errors import InputError, OutputError
 from shardload.formats import format_of
 from shardload.formats.arrow import ArrowShardReader
@@ -54,7 +54,7 @@ from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit, read
 from shardload.prepare.workdir import WorkDir, output_errors
 from shardload.schema.fields import Schema
 
-logger = logging.getLogger("shardload.prepare")
+logger = get_logger("shardload.prepare")
 
 
 @dataclass(frozen=True)

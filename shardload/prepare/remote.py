@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from shardload._base.output import OutputLock, atomic_write_text
+from shardload._base.redact import redact
 from shardload.errors import InputError, OutputError, OutputExistsError
 from shardload.formats.manifest import MANIFEST_NAME
 from shardload.prepare.options import PrepareOptions
@@ -99,7 +100,7 @@ def prepare_to_url(
     local = root / _SET
     # a run into this URL was staged (whole or in part): --resume finishes it, even over an old set that an
     # interrupted --overwrite had not yet replaced
-    staged = _staged_url(root) == url and ((local / WORK).exists() or (local / MANIFEST_NAME).exists())
+    staged = _staged_url(root) == redact(url) and ((local / WORK).exists() or (local / MANIFEST_NAME).exists())
     objects = uploader.listing()
     if MANIFEST_NAME in objects and options.resume and not staged:
         raise OutputExistsError(
@@ -115,7 +116,8 @@ def prepare_to_url(
     lock.acquire()
     try:
         identity = json.loads(
-            json.dumps({"url": url, "options": options.layout_key(), "sources": sources}, default=str)
+            # the URL as messages show it: no password in a file on disk
+            json.dumps({"url": redact(url), "options": options.layout_key(), "sources": sources}, default=str)
         )
         if options.resume and (local / MANIFEST_NAME).exists() and not (local / WORK).exists():
             _check_same_run(root, identity)

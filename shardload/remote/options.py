@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from shardload._base import envvars
 from shardload._base.checks import check_real, check_scalar
 from shardload._base.envvars import env_int
+from shardload._base.redact import redact_options
 from shardload.errors import InputError
 from shardload.remote.retry import RetryPolicy
 
@@ -41,7 +42,7 @@ def default_cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "shardload"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class RemoteOptions:
     """Storage credentials, the node cache and the prefetcher of a remote shard set.
 
@@ -96,6 +97,12 @@ class RemoteOptions:
             raise InputError(
                 f"RemoteOptions.retry must be a shardload.remote.RetryPolicy or None, got {type(self.retry).__name__}"
             )
+
+    def __repr__(self) -> str:
+        """The fields as the dataclass shows them, with the values of secret-like storage options masked."""
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        shown["storage_options"] = redact_options(self.storage_options)
+        return f"RemoteOptions({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     @property
     def directory(self) -> Path:

@@ -11,7 +11,6 @@ the store has it with the right size (and MD5, where the ETag is one). Every cal
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 
 from shardload._base.faults import crash_point
 from shardload._base.progress import Progress
+from shardload._base.redact import get_logger
 from shardload.errors import OutputError, OutputExistsError, ShardloadError
 from shardload.formats.manifest import MANIFEST_NAME
 from shardload.formats.origin import ORIGINS_NAME
@@ -31,7 +31,7 @@ from shardload.remote.url import join_url, normalize_url, open_filesystem
 
 __all__ = ["AT_URL", "RemoteObject", "SetUploader", "UploadRecord", "is_owned"]
 
-logger = logging.getLogger("shardload.prepare")
+logger = get_logger("shardload.prepare")
 
 T = TypeVar("T")
 

@@ -1,7 +1,19 @@
 """Telling a URL from a local path, and opening the filesystem that serves it.
 
-Every entry point that takes a shard set asks :func:`is_remote` first (``file://`` is local);
-:func:`normalize_url` is the one spelling of a URL the rest uses (cache and staging directories too).
+Every entry point that takes a shard set (or an output) asks :func:`is_remote` first, which refuses
+every URL form shardload cannot read, by name, before any request; a local one then goes through
+:func:`local_path` (``file://`` URLs). :func:`normalize_url` is the one spelling of a URL the rest uses
+(cache and staging directories too). The forms, decided once (docs/remote.md, "URLs"):
+
+* a local path, or ``file:///abs/path`` (``file://localhost/...``; percent escapes decoded, as
+  ``Path.as_uri()`` writes them, RFC 8089);
+* ``s3://`` ``s3a://`` (s3fs), ``gs://`` ``gcs://`` (gcsfs), ``az://`` ``abfs://`` ``abfss://`` (adlfs),
+  ``http://`` ``https://`` (fsspec's HTTP filesystem, aiohttp; ``user:password@`` is sent as Basic auth).
+
+A query string or fragment is refused for every scheme: a set is a prefix under which shardload joins
+file names, and a query (an S3 ``versionId``, a GCS ``generation``, a signature) belongs to one object.
+Credentials before ``@`` in an ``s3://``/``gs://`` URL are refused too: s3fs and gcsfs read them as part
+of the bucket name. Any other scheme, even one an installed fsspec backend serves, is refused.
 """
 
 from __future__ import annotations
@@ -10,11 +22,22 @@ import os
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from shardload._base import envvars
+from shardload._base.redact import mask_storage_logs, register_secrets, register_url
 from shardload.errors import MissingDependencyError, RemoteError
 
-__all__ = ["CONNECT_TIMEOUT", "READ_TIMEOUT", "is_remote", "join_url", "local_path", "normalize_url", "open_filesystem"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "READ_TIMEOUT",
+    "SCHEMES",
+    "is_remote",
+    "join_url",
+    "local_path",
+    "normalize_url",
+    "open_filesystem",
+]
 
 # "scheme://" with a scheme as RFC 3986 spells it; a Windows drive ("C:\\") has no "//"
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -27,7 +50,14 @@ _PACKAGES = {
     "az": "adlfs",
     "abfs": "adlfs",
     "abfss": "adlfs",
+    "http": "aiohttp",
+    "https": "aiohttp",
 }
+#: the schemes of a URL shardload reads and writes, as messages list them (``local://`` is an alias of ``file://``)
+SCHEMES = (*_PACKAGES, "file")
+_LOCAL = ("file", "local")
+#: schemes whose host part is a bucket name, in which s3fs and gcsfs would take ``user:password@`` as part of it
+_BUCKETS = ("s3", "s3a", "gs", "gcs")
 #: seconds the S3 client waits for a connection, and for each read of an answer, before one try fails
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 15.0
@@ -49,16 +79,61 @@ def is_remote(path: str | os.PathLike[str]) -> bool:
 
     >>> is_remote("s3://bucket/set"), is_remote("out/set"), is_remote("file:///data/set")
     (True, False, False)
+
+    Raises:
+        RemoteError: ``path`` is a URL of a form shardload cannot use (module docstring): an unsupported
+            scheme, a query string or fragment, credentials in an ``s3://``/``gs://`` URL, a ``file://``
+            URL of another host. So every entry point refuses it the same way, before any request.
     """
     scheme = _scheme(path)
-    return scheme is not None and scheme not in ("file", "local")
+    if scheme is None:
+        return False
+    if scheme in _LOCAL:
+        local_path(path)  # refused here if malformed, as a remote URL is
+        return False
+    normalize_url(str(path))
+    return True
 
 
 def local_path(path: str | os.PathLike[str]) -> str | os.PathLike[str]:
-    """``path`` without a ``file://`` prefix (a local path is returned as it is)."""
-    if isinstance(path, str) and _scheme(path) in ("file", "local"):
-        return path.split("://", 1)[1]
-    return path
+    """The local path a ``file://`` URL names, by RFC 8089 (as ``Path.as_uri()`` writes it); any other path as it is.
+
+    >>> local_path("file:///data/my%20set"), local_path("file://localhost/data/set"), local_path("out/set")
+    ('/data/my set', '/data/set', 'out/set')
+
+    Raises:
+        RemoteError: a ``file://`` URL with a host other than ``localhost``, no path, a query or a fragment.
+    """
+    if not isinstance(path, str) or _scheme(path) not in _LOCAL:
+        return path
+    parts = urlsplit(path)
+    _refuse_query(path, parts.query, parts.fragment)
+    if parts.netloc not in ("", "localhost"):
+        raise RemoteError(
+            f"{path}: names a file on host '{parts.netloc}', and shardload reads this machine's files only; "
+            f"write file:///ABSOLUTE/PATH (three slashes) for a path here, or mount that host's directory",
+            path,
+        )
+    if not parts.path:
+        raise RemoteError(f"{path}: names no path; write file:///ABSOLUTE/PATH", path)
+    return unquote(parts.path)
+
+
+def _refuse_query(url: str, query: str, fragment: str) -> None:
+    """Refuse a ``?query`` or ``#fragment`` (even an empty one), saying what to write instead."""
+    at_query, at_fragment = url.find("?"), url.find("#")
+    if at_query < 0 and at_fragment < 0:
+        return
+    base = url[: min(i for i in (at_query, at_fragment) if i >= 0)]
+    # urlsplit's rule: a "?" before any "#" starts the query, a "#" starts the fragment
+    what = f"a query string ('?{query}')" if at_query >= 0 and len(base) == at_query else f"a fragment ('#{fragment}')"
+    raise RemoteError(
+        f"{url}: {what} cannot be part of a shard set's URL: shardload joins file names (manifest.json, "
+        "shards/...) onto the set's path, and a query belongs to one object (an S3 versionId, a GCS generation, "
+        f"a signature). Write the URL without it (drop it): {base}; give credentials in storage_options or the "
+        'environment (docs/remote.md, "URLs")',
+        url,
+    )
 
 
 def normalize_url(url: str) -> str:
@@ -68,13 +143,30 @@ def normalize_url(url: str) -> str:
     's3://bucket/sets/train'
 
     Raises:
-        RemoteError: the path of an object-store URL has an empty segment (``s3://bucket/a//set``,
+        RemoteError: a URL form shardload cannot use (:func:`is_remote`); the path of an object-store URL has an empty segment (``s3://bucket/a//set``,
             which S3-compatible services answer with ``400 Bad Request``) or no bucket (``s3:///set``).
     """
     m = _SCHEME.match(url)
     if m is None:
         return url
     scheme, rest = m.group(1).lower(), url[m.end() :].rstrip("/")
+    register_url(url)
+    if scheme not in SCHEMES and scheme not in _LOCAL:
+        raise RemoteError(
+            f"{url}: unsupported URL scheme '{scheme}'; supported: {', '.join(SCHEMES)} (a local path), "
+            '(docs/remote.md, "URLs")',
+            url,
+        )
+    parts = urlsplit(url)
+    _refuse_query(url, parts.query, parts.fragment)
+    if scheme in _BUCKETS and "@" in parts.netloc:
+        bucket = parts.netloc.rsplit("@", 1)[1]
+        raise RemoteError(
+            f"{url}: credentials cannot be written into an {scheme}:// URL ({_PACKAGES[scheme]} would read "
+            f"'...@{bucket}' as the bucket name); write {scheme}://{bucket}{parts.path} and give them in "
+            "storage_options (key/secret for S3, token for GCS) or the environment (AWS_ACCESS_KEY_ID, ...)",
+            url,
+        )
     if scheme not in ("http", "https", "file", "local") and "" in rest.split("/"):
         if rest.startswith("/") or not rest:
             raise RemoteError(
@@ -112,6 +204,8 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
     """
     url = normalize_url(url)
     scheme = _scheme(url) or "file"
+    register_secrets(storage_options)  # a storage library's message that quotes one is masked like the rest
+    mask_storage_logs()
     options = dict(storage_options or {})
     if scheme in ("s3", "s3a"):
         options["config_kwargs"] = _s3_config(options.get("config_kwargs"))

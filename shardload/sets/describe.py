@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload._base.messages import format_bytes
+from shardload._base.redact import redact
 from shardload.formats.manifest import Manifest
 from shardload.remote.options import RemoteOptions
 from shardload.schema.text import TEXT_DTYPES
@@ -162,7 +163,7 @@ def describe(path: str | os.PathLike[str], *, bins: int = 16, remote: RemoteOpti
     if lengths:
         lengths["mean"] = round(dist.mean, 2)
     return {
-        "path": ss.url or str(ss.path),
+        "path": redact(ss.url or str(ss.path)),
         "fingerprint": m.fingerprint,
         "shard_format": m.shard_format,
         "created": m.created,

@@ -23,7 +23,7 @@ from shardload.errors import MixtureError, PlanError, ShardSetError
 from shardload.formats import Columns
 from shardload.plan.mix.inputs import MixBy, MixInputs, check_weights
 from shardload.remote.options import RemoteOptions
-from shardload.remote.url import is_remote
+from shardload.remote.url import is_remote, local_path
 from shardload.schema.fields import Schema
 from shardload.sets.index import ShardIndex
 from shardload.sets.shardset import ShardSet
@@ -96,7 +96,11 @@ class Mixture:
             if isinstance(where, ShardSet):
                 path = where.url or str(where.path.resolve())
             else:
-                path = where.rstrip("/") if isinstance(where, str) and is_remote(where) else str(Path(where).resolve())
+                path = (
+                    where.rstrip("/")
+                    if isinstance(where, str) and is_remote(where)
+                    else str(Path(local_path(where)).resolve())
+                )
             if path in seen:
                 raise MixtureError(
                     f"sources {seen[path]!r} and {name!r} are the same shard set ({path}): give each set once "

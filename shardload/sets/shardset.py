@@ -17,6 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload._base.checks import check_scalar, with_shortcuts
+from shardload._base.redact import redact
 from shardload._base.setfiles import ENV_MAX_OPEN_SHARDS, MAX_OPEN_SHARDS, env_limit
 from shardload.errors import CorruptShardError, ShardSetError
 from shardload.formats import Columns
@@ -24,7 +25,7 @@ from shardload.formats.manifest import ShardInfo
 from shardload.formats.origin import SampleOrigin, read_origin
 from shardload.plan.request import PlanInputs
 from shardload.remote.options import RemoteOptions
-from shardload.remote.url import is_remote
+from shardload.remote.url import is_remote, local_path
 from shardload.schema.fields import Schema
 from shardload.schema.text import decode_text
 from shardload.sets._integrity import FileChecks
@@ -65,7 +66,7 @@ class ShardSet:
             self._remote = RemoteSet(str(path), remote or RemoteOptions())
             self.url = self._remote.url
             path = self._remote.open()
-        self.path = Path(path)
+        self.path = Path(local_path(path))
         #: shards kept open in this process (default: $SHARDLOAD_MAX_OPEN_SHARDS, else 128)
         # 0 once meant the default and a negative number closed every shard at each open: both are refused
         self.max_open_shards = (
@@ -111,7 +112,7 @@ class ShardSet:
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{f.name}:{f.dtype}{list(f.shape)}" for f in self.schema.fields)
-        return f"ShardSet({self.url or str(self.path)!r}, samples={len(self)}, shards={len(self.shards)}, fields=[{fields}])"
+        return f"ShardSet({redact(self.url or str(self.path))!r}, samples={len(self)}, shards={len(self.shards)}, fields=[{fields}])"
 
     @property
     def lengths(self) -> NDArray[np.integer]:

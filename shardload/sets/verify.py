@@ -27,6 +27,7 @@ from shardload._base.checksum import file_checksum
 from shardload._base.messages import one_line
 from shardload._base.pool import map_in_workers
 from shardload._base.progress import Progress
+from shardload._base.redact import redact
 from shardload._base.setfiles import check_index_values, check_path_encoding, open_index, open_regular, reason_of
 from shardload.errors import CorruptShardError, MissingDependencyError, ShardSetError
 from shardload.formats import Columns, get_format
@@ -34,7 +35,7 @@ from shardload.formats.arrow.writer import to_arrow
 from shardload.formats.manifest import Manifest, ShardInfo, resolve_inside
 from shardload.formats.origin import ORIGINS_NAME, read_origins
 from shardload.remote.options import RemoteOptions
-from shardload.remote.url import is_remote
+from shardload.remote.url import is_remote, local_path
 from shardload.schema.fields import Field, Schema
 from shardload.sets._integrity import identity_problem_of
 
@@ -159,7 +160,7 @@ def verify(
         cache = RemoteSet(str(path), remote or RemoteOptions())
         root = cache.open()
     else:
-        root = Path(path)
+        root = Path(local_path(path))
     manifest = Manifest.load(root)  # ManifestError propagates: nothing to check against
     started = time.perf_counter()
     index_problems: list[Problem] = []
@@ -205,7 +206,7 @@ def verify(
         except ShardSetError as exc:
             problems.append(Problem(None, ORIGINS_NAME, "unreadable", str(exc)))
     return VerifyReport(
-        path=str(path) if cache is not None else str(root),
+        path=redact(str(path)) if cache is not None else str(root),
         shards=len(manifest.shards),
         samples=manifest.total_samples,
         bytes=nbytes,

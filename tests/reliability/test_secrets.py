@@ -1,0 +1,143 @@
+"""No credential is ever printed: a URL's password and secret storage options are masked in every text.
+
+Claims tested, against real servers on 127.0.0.1 (the stdlib HTTP server ignores the Basic auth that
+``http://user:SECRETPW@host/set`` sends; rclone S3 checks its key and secret): ``inspect``, ``verify``,
+``plan`` (human and ``--json``, with ``--debug``) and ``prepare -o URL``, on a working set, a missing one,
+a damaged one and an unwritable URL, print ``user:***@`` and never the password; the Python entry points
+(``open``, ``describe``, ``verify``, ``make_loader``) never show it in a repr, a result, an exception's
+``str``/``repr``/``url``/traceback, a warning or a log record (DEBUG included); nor do the cache's and
+the staging's files on disk. ``repr(RemoteOptions)`` masks secret-like storage options, nested ones too,
+and a secret given in storage_options that a storage library's message quotes is masked as well.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import traceback
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardload
+from shardload.cli import main
+from shardload.errors import RemoteError, ShardloadError
+from shardload.remote import RemoteOptions, RetryPolicy, open_filesystem
+from shardload.sets.describe import describe
+from shardload.sets.verify import verify
+from tests.helpers.servers import SECRET, S3Server, free_port, http_server, s3_server
+
+PASSWORD = "SECRETPW"
+FAST = RetryPolicy(tries=2, base_delay=0.01, max_delay=0.02)
+
+
+@pytest.fixture
+def www(pristine: Path, tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A good set (``set``) and a damaged one (``bad``) over HTTP; yields the root and ``http://user:PASSWORD@host``."""
+    root = tmp_path / "www"
+    shutil.copytree(pristine, root / "set")
+    shutil.copytree(pristine, root / "bad")
+    (root / "bad" / "manifest.json").write_text("{not json")
+    with http_server(root) as base:
+        yield root, base.replace("http://", f"http://user:{PASSWORD}@")
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    with s3_server(tmp_path_factory.mktemp("s3") / "root") as server:
+        yield server
+
+
+def _no_secret(texts: list[str], *secrets: str) -> None:
+    for text in texts:
+        for secret in secrets:
+            # Invariant: no credential in any text shardload let out
+            assert secret not in text, text
+
+
+def test_the_cli_never_prints_a_url_password(
+    www: tuple[Path, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, base = www
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    src = tmp_path / "src.npy"
+    np.save(src, np.arange(12, dtype=np.int32).reshape(3, 4))
+    runs = {
+        ("inspect", f"{base}/set"): 0,
+        ("inspect", f"{base}/set", "--json"): 0,
+        ("verify", f"{base}/set"): 0,
+        ("verify", f"{base}/set", "--json"): 0,
+        ("plan", f"{base}/set", "--world-size", "2", "--batch-size", "4"): 0,
+        ("plan", f"{base}/set", "--world-size", "2", "--batch-size", "4", "--json"): 0,
+        ("--debug", "inspect", f"{base}/missing"): 5,
+        ("--debug", "verify", f"{base}/bad"): 5,
+        ("plan", f"{base}/bad", "--world-size", "2", "--batch-size", "4", "--json"): 5,
+        ("--debug", "inspect", f"{base}/set?token={PASSWORD}"): 8,
+    }
+    texts: list[str] = []
+    caplog.set_level(logging.DEBUG)
+    for argv, code in runs.items():
+        assert main([*argv, *cache]) == code, (argv, capsys.readouterr())
+        out, err = capsys.readouterr()
+        texts += [out, err]
+    assert main(["--debug", "prepare", str(src), "-o", f"{base}/out", "--staging", str(tmp_path / "st")]) != 0
+    texts += [*capsys.readouterr(), *(r.getMessage() for r in caplog.records)]
+    _no_secret(texts, PASSWORD)
+    # Invariant: the URL is still named, with its password masked
+    assert sum("user:***@127.0.0.1" in t for t in texts) >= len(runs)
+    files = [p.read_bytes().decode("utf-8", "replace") for p in tmp_path.rglob("*") if p.is_file()]
+    _no_secret([*files, *(str(p) for p in tmp_path.rglob("*"))], PASSWORD)
+
+
+def test_python_entry_points_never_show_a_url_password(
+    www: tuple[Path, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, base = www
+    caplog.set_level(logging.DEBUG)
+    remote = RemoteOptions(cache_dir=tmp_path / "cache", retry=FAST)
+    texts: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ss = shardload.open(f"{base}/set", remote=remote)
+        texts += [repr(ss), str(ss.path), describe(f"{base}/set", remote=remote)["path"]]
+        report = verify(f"{base}/set", remote=remote, progress=False)
+        texts += [report.path, str(report.to_json())]
+        loader = shardload.make_loader(f"{base}/set", batch_size=8, rank=0, world_size=1, remote=remote)
+        assert sum(len(b["tokens"]) for b in loader) == len(ss)
+        closed = f"http://user:{PASSWORD}@127.0.0.1:{free_port()}/set"
+        for url in (f"{base}/missing", f"{base}/bad", closed, f"ftp://user:{PASSWORD}@host/set"):
+            with pytest.raises(ShardloadError) as err:
+                shardload.open(url, remote=remote)
+            texts += [str(err.value), repr(err.value), getattr(err.value, "url", "")]
+            texts += traceback.format_exception(err.value)
+    texts += [str(w.message) for w in caught] + [r.getMessage() for r in caplog.records]
+    _no_secret(texts, PASSWORD)
+    assert "user:***@127.0.0.1" in repr(ss)
+
+
+def test_remote_options_and_s3_errors_never_show_storage_secrets(s3: S3Server, tmp_path: Path) -> None:
+    local = tmp_path / "set"
+    shardload.write([{"tokens": np.arange(5, dtype=np.int32)}] * 4, local, progress=False)
+    url = s3.upload(local, "secrets/set")
+    given = {**s3.storage_options, "client_kwargs": {**s3.storage_options["client_kwargs"], "aws_session_token": "T"}}
+    remote = RemoteOptions(storage_options=given, cache_dir=tmp_path / "cache", retry=FAST)
+    texts = [repr(remote), str(remote), repr(shardload.open(url, remote=remote))]
+    assert "'secret': '***'" in repr(remote) and "'aws_session_token': '***'" in repr(remote)
+    wrong = RemoteOptions(storage_options={**given, "secret": "WRONG-SECRET-9f8e7d"}, cache_dir=tmp_path / "c2")
+    with pytest.raises(RemoteError) as err:
+        shardload.open(url, remote=wrong)
+    texts += [str(err.value), repr(err.value), repr(wrong), *traceback.format_exception(err.value)]
+    _no_secret(texts, SECRET, "WRONG-SECRET-9f8e7d")
+
+
+def test_a_storage_secret_quoted_by_a_library_message_is_masked(tmp_path: Path) -> None:
+    token = "tok-" + "a1b2c3d4e5f6"
+    # the secret reaches the storage library (a real fsspec filesystem); its message may quote it
+    open_filesystem("http://127.0.0.1/set", {"headers": {"Authorization": f"Bearer {token}"}})
+    err = RemoteError(f"the store said: invalid token Bearer {token} for http://127.0.0.1/set")
+    assert token not in str(err) and "invalid token *** for" in str(err)
+    with pytest.raises(RemoteError):
+        shardload.open(f"gs://{token}:x@bucket/set", cache_dir=tmp_path / "cache")
