@@ -111,7 +111,7 @@ class RemoteSet(CacheSpace):
     # -- open: manifest and lengths indexes, once per node -----------------------------------------------
     def open(self) -> Path:
         """The local mirror holding this set's manifest and lengths indexes (fetched if new or changed)."""
-        self.set_dir.mkdir(parents=True, exist_ok=True)
+        self.options.make_directory(self.set_dir)
         stamp = self.stamp = self._stamp()
         mirror = self._current(stamp)
         if mirror is None:
