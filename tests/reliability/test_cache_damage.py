@@ -106,6 +106,41 @@ def test_damaged_cache_copy_is_downloaded_again_and_reading_goes_on(
     assert "shard-000001.arrow" in " ".join(warned) and "downloading it again" in warned[0]
 
 
+def test_damaged_cache_copy_read_by_two_workers_is_downloaded_again_once(
+    remote_set: tuple[Path, str, RemoteOptions],
+) -> None:
+    local, url, remote = remote_set
+    truncate(cached_copy(remote, url, 1))
+    # timeout=: a stuck worker ends the test with a WorkerError instead of hanging it
+    got = batches(url, remote, loader_options=shardload.LoaderOptions(num_workers=2, timeout=60))
+    assert_same(got, batches(local))
+    # Invariant: each worker that found the damage asked for a new copy; the shard was downloaded again once
+    assert downloads(remote.directory) == Counter({0: 1, 1: 2, 2: 1})
+
+
+def test_refetch_keeps_a_good_copy_another_holder_fetched_first(remote_set: tuple[Path, str, RemoteOptions]) -> None:
+    # Two holders of one damaged copy (flock locks are per open file, so two sets in one process hold as two
+    # processes do): the second to refetch finds a new file at the path and neither removes nor downloads it.
+    _, url, remote = remote_set
+    truncate(cached_copy(remote, url, 1))
+    first, second = (shardload.open(url, remote=remote).remote for _ in range(2))
+    assert first is not None and second is not None
+    old = first.acquire(1)
+    second.acquire(1)
+    with open(old, "rb") as held:  # a mapping of the damaged copy, as a reader in another process has it
+        damaged = held.read()
+        first.refetch(1, shardload.CorruptShardError("truncated"))
+        second.refetch(1, shardload.CorruptShardError("truncated"))
+        # Invariant: one new download for both holders; the copy now in place is the good one
+        assert downloads(remote.directory)[1] == 2
+        assert first.cached(1) and old.stat().st_size == first.manifest.shards[1].bytes  # type: ignore[union-attr]
+        # Invariant: the damaged file stays intact for whoever still has it open (unlinked, not rewritten)
+        held.seek(0)
+        assert held.read() == damaged
+    first.release(1)
+    second.release(1)
+
+
 def test_cache_copy_and_storage_object_both_damaged_blames_storage(
     remote_set: tuple[Path, str, RemoteOptions], s3: S3Server
 ) -> None:
