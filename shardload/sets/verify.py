@@ -301,28 +301,37 @@ class _ShardChecker:
             return problems, [], read
         file, url = self.manifest.shards[k].file, self.cache.shard_url(k)
         was_cached = self.cache.cached(k)
+        again: list[Problem] = []
         try:
             self.cache.acquire(k)
             problems, read = self._check(k)
-            if not problems or not was_cached:
-                return problems, [], read
-            self.cache.refetch(k, CorruptShardError(problems[0].detail))
-            again, more = self._check(k)
+            if problems and was_cached:
+                self.cache.refetch(k, CorruptShardError(problems[0].detail))
+                again, more = self._check(k)
+                read += more
         except CorruptShardError as exc:  # missing from storage, or not matching it after a second download
             return [Problem(k, file, _reason(exc), str(exc))], [], 0
         finally:
             self.cache.release(k)
-        if again:  # a fresh copy, matching the manifest's sha256: the stored object is bad
-            from shardload.remote.cache import diagnosis
+        if not problems:
+            return [], [], read
+        if was_cached and not again:
+            # The first problem is the size or checksum one (checked first), which any damage to a copy changes.
+            wrong = f"{problems[0].reason}: {problems[0].detail}"
+            if len(problems) > 1:
+                wrong += f"; also {', '.join(sorted({p.reason for p in problems[1:]}))}"
+            note = (
+                f"its copy in the node cache was damaged ({wrong}); downloaded again from {url}, the new copy is good"
+            )
+            return [], [Problem(k, file, problems[0].reason, note)], read
+        from shardload.remote.cache import diagnosis
 
-            found = [Problem(k, file, p.reason, f"{diagnosis(p.detail)} (in storage: {url})") for p in again]
-            return found, [], read + more
-        # The first problem is the size or checksum one (checked first), which any damage to a copy changes.
-        wrong = f"{problems[0].reason}: {problems[0].detail}"
-        if len(problems) > 1:
-            wrong += f"; also {', '.join(sorted({p.reason for p in problems[1:]}))}"
-        note = f"its copy in the node cache was damaged ({wrong}); downloaded again from {url}, the new copy is good"
-        return [], [Problem(k, file, problems[0].reason, note)], read + more
+        # A fresh copy, which matched the manifest's sha256: the problems are the stored object's.
+        return (
+            [Problem(k, file, p.reason, f"{diagnosis(p.detail)} (in storage: {url})") for p in again or problems],
+            [],
+            read,
+        )
 
     def _check(self, k: int) -> tuple[list[Problem], int]:
         info = self.manifest.shards[k]

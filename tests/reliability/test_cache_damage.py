@@ -133,7 +133,7 @@ def test_refetch_keeps_a_good_copy_another_holder_fetched_first(remote_set: tupl
         second.refetch(1, shardload.CorruptShardError("truncated"))
         # Invariant: one new download for both holders; the copy now in place is the good one
         assert downloads(remote.directory)[1] == 2
-        assert first.cached(1) and old.stat().st_size == first.manifest.shards[1].bytes  # type: ignore[union-attr]
+        assert first.manifest is not None and old.stat().st_size == first.manifest.shards[1].bytes
         # Invariant: the damaged file stays intact for whoever still has it open (unlinked, not rewritten)
         held.seek(0)
         assert held.read() == damaged
@@ -176,6 +176,11 @@ def test_stored_object_that_matches_its_manifest_but_is_damaged_is_blamed_on_sto
     assert f"{url}/shards/shard-000001.arrow" in msg and "damaged in storage" in msg, msg
     # Invariant: downloaded once more after the first copy failed, not more
     assert downloads(remote.directory)[1] == 2
+    # Invariant: verify, with the copy in the cache or without, names the stored object and repairs nothing
+    for cache in (remote, options(s3, tmp_path / "cold")):
+        report = verify(url, remote=cache)
+        assert report.damaged_shards == [1] and report.refetched == (), report
+        assert all(p.detail.endswith(f"(in storage: {url}/shards/shard-000001.arrow)") for p in report.problems)
 
 
 def test_local_set_keeps_the_rerun_prepare_advice(damaged: Path) -> None:
