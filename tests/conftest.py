@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from hypothesis import settings
 
 import shardload
 from shardload.testing import synthetic_samples
+from tests.helpers.servers import S3Server, s3_server
 
 # A suite started in the background by a non-interactive shell (`cmd &`, nohup) inherits SIGINT ignored, and
 # every child would too: the tests that press Ctrl-C in a child process need it delivered. A handled signal is
@@ -49,3 +51,13 @@ def pristine_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def damageable_set(pristine_set: Path, tmp_path: Path) -> Path:
     """A private copy of ``pristine_set``, free to damage."""
     return Path(shutil.copytree(pristine_set, tmp_path / "set"))
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """``rclone serve s3`` on 127.0.0.1 for the whole session; give each test its own prefix.
+
+    Here, not in one folder's conftest, so that tests/remote and tests/reliability share one server.
+    """
+    with s3_server(tmp_path_factory.mktemp("s3") / "root") as server:
+        yield server

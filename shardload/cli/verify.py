@@ -7,7 +7,9 @@ is printed as one line naming the shard, the file and a reason code: missing,
 truncated, size_mismatch, checksum_mismatch, unreadable, wrong_count,
 lengths_mismatch. The exit status is 1 when anything is wrong. A URL is
 checked through the node cache: every shard is downloaded (or found there),
-its sha256 compared, then checked as a local one.
+its sha256 compared, then checked as a local one; a copy found damaged in the
+cache is downloaded again and checked afresh (a line says so; not a problem
+of the set when the new copy is good).
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.json:
         print_json(report.to_json())
-    elif report.ok:
+        return Exit.OK if report.ok else Exit.PROBLEMS
+    for repaired in report.refetched:  # the node cache's damage, repaired: not a problem of the set
+        print(f"shard {repaired.shard} ({repaired.file}): {repaired.detail}")
+    if report.ok:
         print(f"ok: {report.shards:,} shards, {report.samples:,} samples verified")
     else:
         for problem in report.problems:

@@ -6,7 +6,8 @@ local set (every check unchanged), calling :meth:`RemoteSet.acquire` before mapp
 Between the processes of a node, by ``fcntl.flock``: the manifest and lengths indexes are fetched
 once per fingerprint, under ``.lock``; a shard once, under its ``.<name>.lock``, into a ``.part``
 file renamed into place after its sha256 matched the manifest's (a partial download never has the
-final name). Room, eviction and the locks of shards in use: :mod:`shardload.remote._space`.
+final name). Room, eviction and the locks of shards in use: :mod:`shardload.remote._space`. A cached copy that
+fails a check later was damaged in the cache: :meth:`RemoteSet.refetch` replaces it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import fcntl
 import hashlib
 import itertools
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -43,6 +45,8 @@ from shardload.remote.retry import with_retries
 from shardload.remote.url import join_url, normalize_url, open_filesystem
 
 __all__ = ["RemoteSet"]
+
+logger = logging.getLogger("shardload.remote")
 
 _READERS = itertools.count()  # tells apart the RemoteSets of one process in the published read orders
 
@@ -111,7 +115,7 @@ class RemoteSet(CacheSpace):
     # -- open: manifest and lengths indexes, once per node -----------------------------------------------
     def open(self) -> Path:
         """The local mirror holding this set's manifest and lengths indexes (fetched if new or changed)."""
-        self.set_dir.mkdir(parents=True, exist_ok=True)
+        self.options.make_directory(self.set_dir)
         stamp = self.stamp = self._stamp()
         mirror = self._current(stamp)
         if mirror is None:
@@ -255,6 +259,55 @@ class RemoteSet(CacheSpace):
             "downloaded: the cache is too small for the processes reading it; raise cache_limit"
         )
 
+    def refetch(self, shard: int, problem: BaseException) -> Path:
+        """Shard ``shard``, held by this process, failed a check (``problem``): download it again and hold the new copy.
+
+        A copy is renamed into the cache only after its sha256 matched the manifest's, so one that fails a check
+        later was damaged in the cache (a disk fault, a stray write, a user's edit), not in storage. That very file
+        is removed, by its identity and under the shard's download lock: a process that found the same damage
+        first and fetched a good copy keeps it. A process that has the damaged file mapped keeps its mapping
+        (``unlink`` leaves an open file intact, and :meth:`_lock_shared` refuses an unlinked one), so this needs
+        no exclusive lock.
+
+        Raises:
+            CorruptShardError: the new download does not match the manifest (the object in storage is damaged),
+                or is missing from storage.
+        """
+        self.forget_inherited()
+        path = self._path(shard)
+        fd = self._held.get(shard)
+        try:
+            bad = os.fstat(fd) if fd is not None else os.stat(path)
+        except OSError:
+            bad = None
+        self.release(shard)
+        logger.warning(
+            "shard %d (%s): its copy in the node cache (%s) is damaged, downloading it again: %s",
+            shard,
+            self.shard_url(shard),
+            path,
+            diagnosis(problem),
+        )
+        if bad is not None:
+            lock = path.parent / f".{path.name}.lock"
+            what = f"shard {shard} ({self.shard_url(shard)})"
+            with locked(lock, timeout=self.options.wait_timeout, what=what), contextlib.suppress(FileNotFoundError):
+                now = os.stat(path)
+                if (now.st_dev, now.st_ino) == (bad.st_dev, bad.st_ino):
+                    os.unlink(path)
+        return self.acquire(shard)
+
+    def damaged_in_storage(self, shard: int, problem: BaseException) -> ShardSetError:
+        """The error for shard ``shard`` when a fresh copy, matching the manifest's sha256, fails a check too."""
+        return tagged(
+            CorruptShardError,
+            f"shard {shard} ({self.shard_url(shard)}) is damaged in storage: its copy in the node cache failed "
+            f"the check on first open, and so does a fresh download, which matches the manifest's size and sha256 "
+            f"(the manifest was written for, or edited to agree with, the damaged object): {diagnosis(problem)}. Run "
+            f"`shardload verify {self.url}`, and upload the set again (prepare -o URL --overwrite).",
+            reason_of(problem),
+        )
+
     def release(self, shard: int) -> None:
         """Drop this process's hold on shard ``shard``: the cache may evict it now."""
         self.forget_inherited()
@@ -377,6 +430,19 @@ class RemoteSet(CacheSpace):
         state["_held"] = {}  # locks stay with the process that took them
         state["_pid"] = -1
         return state
+
+
+def diagnosis(problem: BaseException | str) -> str:
+    """What a check found wrong with a shard, without the advice that follows it (made for a local set).
+
+    The advice of every shard check names ``shardload verify``; it starts the sentence or clause cut here.
+    """
+    text = str(problem)
+    at = text.find("shardload verify")
+    if at < 0:
+        return text
+    end = max(text.rfind(". ", 0, at), text.rfind("; ", 0, at))
+    return text[:end] if end > 0 else text
 
 
 def _shard_table_file(raw: bytes, where: str) -> str:

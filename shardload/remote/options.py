@@ -6,6 +6,7 @@ and ``verify``; it travels to the workers with the opened set. docs/remote.md, "
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -109,6 +110,36 @@ class RemoteOptions:
         """The cache directory to use."""
         return Path(self.cache_dir).expanduser() if self.cache_dir is not None else default_cache_dir()
 
+    def directory_setting(self) -> str:
+        """The setting that chose :attr:`directory`, and its value, for messages."""
+        if self.cache_dir is not None:
+            return f"cache_dir={str(self.cache_dir)!r} (--cache-dir on the command line)"
+        given = os.environ.get(ENV_CACHE_DIR, "").strip()
+        if given:
+            return f"${ENV_CACHE_DIR}={given!r}"
+        xdg = os.environ.get(envvars.XDG_CACHE_HOME, "").strip()
+        if xdg:
+            return f"the default, $XDG_CACHE_HOME/shardload with ${envvars.XDG_CACHE_HOME}={xdg!r}"
+        return "the default, ~/.cache/shardload"
+
+    def make_directory(self, path: Path) -> None:
+        """Create ``path``, inside :attr:`directory`, if need be; refuse a cache the process cannot write to.
+
+        Raises:
+            InputError: naming the setting that chose the cache directory, its value, what is in the way
+                (a file, no permission, a read-only file system) and what to do.
+        """
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "not writable by this process")
+        except OSError as exc:
+            raise InputError(
+                f"the node cache {self.directory} ({self.directory_setting()}) cannot be used: "
+                f"{_obstacle(path, exc)}. Set it to a directory this process can write to, on this node's "
+                f"local disk (cache_dir=, --cache-dir or ${ENV_CACHE_DIR})."
+            ) from None
+
     @property
     def limit(self) -> int | None:
         """The cache limit in bytes (``None``: no limit)."""
@@ -128,3 +159,15 @@ class RemoteOptions:
     @property
     def policy(self) -> RetryPolicy:
         return self.retry or RetryPolicy()
+
+
+def _obstacle(path: Path, exc: OSError) -> str:
+    """Why ``path`` cannot be made or written: the file in the way, if one is, else the system's reason."""
+    for p in (path, *path.parents):
+        if p.is_symlink() and not p.exists():
+            return f"{p} is a broken symbolic link"
+        if p.exists():
+            if not p.is_dir():
+                return f"{p} is a file, not a directory"
+            break
+    return f"{exc.filename or path}: {exc.strerror or exc}"

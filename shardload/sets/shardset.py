@@ -17,10 +17,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardload._base.checks import check_scalar, with_shortcuts
+from shardload._base.identity import FileStamp
 from shardload._base.redact import redact
 from shardload._base.setfiles import ENV_MAX_OPEN_SHARDS, MAX_OPEN_SHARDS, env_limit
 from shardload.errors import CorruptShardError, ShardSetError
-from shardload.formats import Columns
+from shardload.formats import Columns, ShardReader
 from shardload.formats.manifest import ShardInfo
 from shardload.formats.origin import SampleOrigin, read_origin
 from shardload.plan.request import PlanInputs
@@ -171,18 +172,38 @@ class ShardSet:
         A remote shard stays held in the node cache while it is mapped here.
         """
         self._readers.make_room(shard)
-        if self._remote is not None:
-            self._remote.acquire(shard)
-        try:
+        if self._remote is None:
             reader, cols, stamp = self._checks.open_shard(shard, self._readers.room_for)
-        except BaseException as exc:
-            if self._remote is not None:
-                self._remote.release(shard)
-                if isinstance(exc, ShardSetError) and self.url is not None and self.url not in str(exc):
-                    raise type(exc)(f"{self.url}: {exc}") from exc
-            raise
+        else:
+            reader, cols, stamp = self._open_cached(shard, self._remote)
         self._readers.add(shard, reader, stamp)
         return cols
+
+    def _open_cached(self, shard: int, remote: RemoteSet) -> tuple[ShardReader, Columns, FileStamp]:
+        """:meth:`FileChecks.open_shard` of a remote shard, held in the node cache; a damaged copy is fetched again.
+
+        The copy was sha256-checked against the manifest when it was downloaded, so a copy that fails the
+        first-open checks (size, identity, sample count, offsets, the format's own) was damaged in the cache: it
+        is downloaded again, once (:meth:`RemoteSet.refetch`). A fresh copy that fails too is the stored
+        object's fault (:meth:`RemoteSet.damaged_in_storage`). A byte changed in sample values passes these
+        checks (loading reads no more than asked): only ``verify`` finds it.
+        """
+        remote.acquire(shard)
+        for fresh in (False, True):
+            try:
+                return self._checks.open_shard(shard, self._readers.room_for)
+            except CorruptShardError as exc:
+                if fresh:
+                    remote.release(shard)
+                    raise remote.damaged_in_storage(shard, exc) from exc
+                damage = exc
+            except BaseException as exc:
+                remote.release(shard)
+                if isinstance(exc, ShardSetError) and self.url is not None and self.url not in str(exc):
+                    raise type(exc)(f"{self.url}: {exc}") from exc
+                raise
+            remote.refetch(shard, damage)  # the new copy held, or the stored object named as damaged
+        raise AssertionError("unreachable: the second try returns or raises")
 
     def release_others(self, shards: Iterable[int]) -> None:
         """Close every open shard but ``shards`` when this remote set's cache is bounded (else nothing).

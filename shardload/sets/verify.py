@@ -93,7 +93,10 @@ class VerifyReport:
         samples: number of samples in the manifest.
         bytes: bytes of shard data read and checksummed.
         seconds: wall time of the check.
-        problems: everything found wrong, ordered by shard, then set-level problems.
+        problems: everything found wrong, ordered by shard, then set-level problems. Of a URL: the set in
+            storage's (a copy found damaged in the node cache is downloaded again first, see ``refetched``).
+        refetched: of a URL, the shards whose copy in the node cache was damaged (what was wrong with it), and
+            which were downloaded again and found good: the set in storage is fine, the cache is repaired.
     """
 
     path: str
@@ -102,6 +105,7 @@ class VerifyReport:
     bytes: int
     seconds: float
     problems: tuple[Problem, ...]
+    refetched: tuple[Problem, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -122,6 +126,7 @@ class VerifyReport:
             "seconds": round(self.seconds, 3),
             "damaged_shards": self.damaged_shards,
             "problems": [p.to_json() for p in self.problems],
+            "refetched": [p.to_json() for p in self.refetched],
         }
 
 
@@ -137,7 +142,9 @@ def verify(
     A remote set is checked through the node cache: each shard is downloaded (its sha256 compared with the
     manifest's), then checked as a local one; with a ``cache_limit``, checked shards make room for the next. An
     object not in storage is ``missing``; one that does not match after a second download is
-    ``checksum_mismatch`` (or ``truncated``/``size_mismatch`` by its size); each names its URL.
+    ``checksum_mismatch`` (or ``truncated``/``size_mismatch`` by its size); each names its URL. A copy that was
+    in the cache already and has problems is downloaded again and checked afresh: good, it is listed in
+    ``refetched`` (the cache was damaged, not the set); bad, its problems are the stored object's.
 
     Args:
         path: a shard set directory, or a URL.
@@ -180,6 +187,7 @@ def verify(
             )
     checker = _ShardChecker(root, manifest, indexes, cache)
     problems: list[Problem] = []
+    refetched: list[Problem] = []
     nbytes = 0
     bar = Progress(
         "verify",
@@ -190,8 +198,10 @@ def verify(
         log="shardload.verify",
     )
     try:
-        for k, (found, read) in enumerate(map_in_workers(checker, range(len(manifest.shards)), workers, threads=True)):
+        shards = range(len(manifest.shards))
+        for k, (found, repaired, read) in enumerate(map_in_workers(checker, shards, workers, threads=True)):
             problems.extend(found)
+            refetched.extend(repaired)
             nbytes += read
             info = manifest.shards[k]
             bar.update(info.samples, info.bytes)  # progress through the set, read or not
@@ -212,6 +222,7 @@ def verify(
         bytes=nbytes,
         seconds=time.perf_counter() - started,
         problems=tuple(problems),
+        refetched=tuple(refetched),
     )
 
 
@@ -279,18 +290,49 @@ class _ShardChecker:
         self.indexes = indexes
         self.reader_cls = get_format(manifest.shard_format).reader
 
-    def __call__(self, k: int) -> tuple[list[Problem], int]:
-        """Problems of shard ``k`` and the bytes read to find them (a remote shard fetched into the cache first)."""
+    def __call__(self, k: int) -> tuple[list[Problem], list[Problem], int]:
+        """Problems of shard ``k``, its cache copy's if that was damaged and replaced, and the bytes read.
+
+        A remote shard is fetched into the cache first. A copy found there with problems may have been damaged
+        in the cache (it matched the manifest's sha256 when downloaded): it is downloaded again, once, and the
+        fresh copy decides whether the stored object is bad.
+        """
         if self.cache is None:
-            return self._check(k)
+            problems, read = self._check(k)
+            return problems, [], read
+        file, url = self.manifest.shards[k].file, self.cache.shard_url(k)
+        was_cached = self.cache.cached(k)
+        again: list[Problem] = []
         try:
             self.cache.acquire(k)
+            problems, read = self._check(k)
+            if problems and was_cached:
+                self.cache.refetch(k, CorruptShardError(problems[0].detail))
+                again, more = self._check(k)
+                read += more
         except CorruptShardError as exc:  # missing from storage, or not matching it after a second download
-            return [Problem(k, self.manifest.shards[k].file, _reason(exc), str(exc))], 0
-        try:
-            return self._check(k)
+            return [Problem(k, file, _reason(exc), str(exc))], [], 0
         finally:
             self.cache.release(k)
+        if not problems:
+            return [], [], read
+        if was_cached and not again:
+            # The first problem is the size or checksum one (checked first), which any damage to a copy changes.
+            wrong = f"{problems[0].reason}: {problems[0].detail}"
+            if len(problems) > 1:
+                wrong += f"; also {', '.join(sorted({p.reason for p in problems[1:]}))}"
+            note = (
+                f"its copy in the node cache was damaged ({wrong}); downloaded again from {url}, the new copy is good"
+            )
+            return [], [Problem(k, file, problems[0].reason, note)], read
+        from shardload.remote.cache import diagnosis
+
+        # A fresh copy, which matched the manifest's sha256: the problems are the stored object's.
+        return (
+            [Problem(k, file, p.reason, f"{diagnosis(p.detail)} (in storage: {url})") for p in again or problems],
+            [],
+            read,
+        )
 
     def _check(self, k: int) -> tuple[list[Problem], int]:
         info = self.manifest.shards[k]

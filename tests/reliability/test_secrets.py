@@ -28,7 +28,7 @@ from shardload.errors import RemoteError, ShardloadError
 from shardload.remote import RemoteOptions, RetryPolicy, open_filesystem
 from shardload.sets.describe import describe
 from shardload.sets.verify import verify
-from tests.helpers.servers import SECRET, S3Server, free_port, http_server, s3_server
+from tests.helpers.servers import SECRET, S3Server, free_port, http_server
 
 PASSWORD = "SECRETPW"
 FAST = RetryPolicy(tries=2, base_delay=0.01, max_delay=0.02)
@@ -43,12 +43,6 @@ def www(pristine: Path, tmp_path: Path) -> Iterator[tuple[Path, str]]:
     (root / "bad" / "manifest.json").write_text("{not json")
     with http_server(root) as base:
         yield root, base.replace("http://", f"http://user:{PASSWORD}@")
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    with s3_server(tmp_path_factory.mktemp("s3") / "root") as server:
-        yield server
 
 
 def _no_secret(texts: list[str], *secrets: str) -> None:

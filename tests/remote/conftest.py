@@ -1,4 +1,4 @@
-"""Fixtures of the remote-set tests: one S3 server (rclone) per test session, an HTTP server per test,
+"""Fixtures of the remote-set tests (the session's S3 server, ``s3``, is tests/conftest.py's): an HTTP server per test,
 a fault proxy in front of the S3 server and a small set uploaded to it per test."""
 
 from __future__ import annotations
@@ -9,15 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.faultproxy import FaultProxy
-from tests.helpers.servers import S3Server, http_server, s3_server
+from tests.helpers.servers import S3Server, http_server
 from tests.remote.test_remote_sets import make_set
-
-
-@pytest.fixture(scope="session")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """``rclone serve s3`` on 127.0.0.1 for the whole session; give each test its own prefix."""
-    with s3_server(tmp_path_factory.mktemp("s3") / "root") as server:
-        yield server
 
 
 @pytest.fixture
