@@ -49,7 +49,14 @@ from shardload.prepare.ingest import SampleChecker, cast_fields, ingest, unit_ke
 from shardload.prepare.jobs import IngestJob, ShardJob, ShardRecord, StagedUnit
 from shardload.prepare.mapping import MappedSamples, check_sendable, map_name
 from shardload.prepare.options import PrepareOptions
-from shardload.prepare.parts import finished_part, part_record, run_id, split_units
+from shardload.prepare.parts import (
+    finished_part,
+    part_record,
+    refuse_part_of_another_run,
+    run_id,
+    split_units,
+    withdraw_stale_merge,
+)
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit, read_unit_batches
 from shardload.prepare.workdir import WorkDir, output_errors
 from shardload.schema.fields import Schema
@@ -212,6 +219,7 @@ def run_prepare(
     if part is not None:
         k, num_parts = part
         run = run_id(units, num_parts, {**options.layout_key(), **(describe or {})})
+        refuse_part_of_another_run(out, k, num_parts, run)
         describe = {**(describe or {}), **part_record(k, num_parts, run)}
         units = split_units(units, num_parts)[k]
         if options.resume and finished_part(out, k, num_parts, run):
@@ -254,6 +262,8 @@ def run_prepare(
             manifest.write(wd.work)
             crash_point("manifest")
             check_new_set(wd)
+            if part is not None:
+                withdraw_stale_merge(out, *part, set_id)
             wd.commit(
                 [*files.values(), "origin.npy", origins, *([manifest.shard_table] if manifest.shard_table else [])]
             )
