@@ -63,3 +63,42 @@ def test_the_same_part_redone_keeps_the_merged_set(tmp_path: Path) -> None:
     shardload.prepare(sources, out, part=(1, 3), overwrite=True, progress=False)
     # Invariant: the same command and input give the same part, so the merged set stays whole
     assert len(shardload.open(out)) == 45
+
+
+# -- a unit size too small to be useful -----------------------------------------------------------------
+def test_a_tiny_unit_size_makes_a_bounded_number_of_units_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--unit-size 1`` once cut a 1.6 MB file into a unit per line (20,000: minutes instead of a second)."""
+    from shardload.prepare.sources import MAX_UNITS_PER_FILE, SourceOptions, discover
+
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps({"tokens": list(range(i % 40 + 1))}) + "\n" for i in range(4000)))
+    with caplog.at_level("WARNING", logger="shardload.prepare"):
+        units = discover([src], options=SourceOptions(unit_bytes=1))
+    # Invariant: one file is cut into at most MAX_UNITS_PER_FILE units, whatever --unit-size asks
+    assert 1 < len(units) <= MAX_UNITS_PER_FILE
+    assert sum(u.nbytes for u in units) == src.stat().st_size
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "--unit-size 1 B" in warning and f"at most {MAX_UNITS_PER_FILE} units" in warning and "a.jsonl" in warning
+    # Invariant: the samples are those of one unit, in order
+    whole = tmp_path / "whole"
+    shardload.prepare(src, whole, shuffle=False, progress=False)
+    cut = tmp_path / "cut"
+    shardload.prepare(src, cut, shuffle=False, unit_bytes=1, progress=False)
+    a, b = shardload.open(whole), shardload.open(cut)
+    assert [list(a[i]["tokens"]) for i in range(len(a))] == [list(b[i]["tokens"]) for i in range(len(b))]
+
+
+def test_the_unit_cap_bounds_parquet_row_group_runs_too(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardload.prepare.sources import MAX_UNITS_PER_FILE, SourceOptions, discover
+
+    src = tmp_path / "a.parquet"
+    table = pa.table({"tokens": [list(range(i % 7 + 1)) for i in range(3000)]})
+    pq.write_table(table, src, row_group_size=5)  # 600 row groups
+    units = discover([src], options=SourceOptions(unit_bytes=1))
+    # Invariant: a file of many row groups is cut into at most MAX_UNITS_PER_FILE runs of them
+    assert 1 < len(units) <= MAX_UNITS_PER_FILE

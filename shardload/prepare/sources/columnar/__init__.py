@@ -75,9 +75,10 @@ def _split_files(
         runs: list[tuple[tuple[int, int], int]] = []
         sizes: list[int] = []
         try:
-            if os.stat(path).st_size > options.unit_bytes:
+            size = os.stat(path).st_size
+            if size > options.unit_bytes:
                 sizes, rows = pieces(path)
-                runs = split_runs(sizes, rows, options.unit_bytes)
+                runs = split_runs(sizes, rows, options.unit_bytes_for(size))
         except (InputError, pa.ArrowException, OSError, UnicodeEncodeError):
             runs = []
         if len(runs) <= 1:
