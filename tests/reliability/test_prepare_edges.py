@@ -102,3 +102,150 @@ def test_the_unit_cap_bounds_parquet_row_group_runs_too(tmp_path: Path) -> None:
     units = discover([src], options=SourceOptions(unit_bytes=1))
     # Invariant: a file of many row groups is cut into at most MAX_UNITS_PER_FILE runs of them
     assert 1 < len(units) <= MAX_UNITS_PER_FILE
+
+
+# -- compressed sources that decode to gigabytes ----------------------------------------------------------
+def write_bomb(path: Path, values: int) -> Path:
+    """One row holding ``values`` zeros (int64), zstd-compressed: a few KB on disk, ``8 * values`` bytes decoded."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    column = pa.ListArray.from_arrays(pa.array([0, values], pa.int32()), pa.array(np.zeros(values, np.int64)))
+    table = pa.table({"tokens": column})
+    if path.suffix == ".parquet":
+        pq.write_table(table, path, compression="zstd")
+    elif path.suffix == ".feather":
+        feather.write_feather(table, path, compression="zstd")
+    else:
+        options = pa.ipc.IpcWriteOptions(compression="zstd")
+        with pa.ipc.new_stream(path, table.schema, options=options) as writer:
+            writer.write_table(table)
+    return path
+
+
+@pytest.mark.parametrize("name", ["bomb.parquet", "bomb.feather", "bomb.arrow"])
+def test_a_piece_that_decodes_beyond_the_bound_is_refused_before_decoding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """Parquet row, Feather (IPC file) and IPC stream record batch: sizes from the metadata, nothing decoded."""
+    from shardload.errors import InputError
+
+    src = write_bomb(tmp_path / name, 4_000_000)
+    assert src.stat().st_size < 64_000
+    monkeypatch.setenv("SHARDLOAD_MAX_DECODED_BYTES", "16MiB")
+    # Invariant: the file, what it decodes to and the setting to raise are named; nothing is written
+    with pytest.raises(InputError, match=rf"{name}: .* decodes to 32,000,0\d\d bytes .* SHARDLOAD_MAX_DECODED_BYTES="):
+        shardload.prepare(src, tmp_path / "out", progress=False)
+    monkeypatch.setenv("SHARDLOAD_MAX_DECODED_BYTES", "64MiB")
+    # Invariant: raised as the message says, the same file is read, value for value
+    ds = shardload.open(shardload.prepare(src, tmp_path / "out", progress=False).path)
+    assert len(ds) == 1 and len(ds[0]["tokens"]) == 4_000_000 and not ds[0]["tokens"].any()
+
+
+BOMB_JOB = """
+import resource, sys
+cap = int(1.5 * 2**30)
+resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+from shardload.cli import main
+sys.exit(main(["prepare", sys.argv[1], "-o", sys.argv[2], "--no-progress"]))
+"""
+
+
+def run_capped(src: Path, out: Path) -> tuple[int, str]:
+    """``shardload prepare src -o out`` in a process of at most 1.5 GiB of address space (watchdog: 120 s)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BOMB_JOB, str(src), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(Path(shardload.__file__).parent.parent)},
+    )
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return proc.returncode, err
+
+
+def test_bombs_under_a_memory_cap_are_named_never_corrupt_or_exit_70(tmp_path: Path) -> None:
+    """A 20 KB zstd Feather of 2 GB and a 4 KB Parquet dictionary column of 1.9 GB, in 1.5 GiB of address space."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    feather = write_bomb(tmp_path / "bomb.feather", 250_000_000)
+    code, err = run_capped(feather, tmp_path / "o1")
+    # Invariant: refused from the metadata, by name, with the setting: exit 3, not "corrupt", not 70
+    assert code == 3, err
+    assert "bomb.feather: record batch 0 decodes to 2,000,000,008 bytes" in err and "SHARDLOAD_MAX_DECODED_BYTES" in err
+    assert "corrupt" not in err
+
+    # a dictionary column: one 95 MB value for 20 rows; the metadata gives the dictionary's size only
+    value = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(),
+        1,
+        [None, pa.array([0, 95_000_000], pa.int64()).buffers()[1], pa.py_buffer(np.zeros(95_000_000, np.uint8))],
+    )
+    column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(20, np.int32)), value)
+    parquet = tmp_path / "dict.parquet"
+    pq.write_table(pa.table({"text": column}), parquet, compression="zstd")
+    code, err = run_capped(parquet, tmp_path / "o2")
+    # Invariant: memory running out is named as that, with the file and the settings: never exit 70, never "corrupt"
+    assert code == 3, err
+    assert "dict.parquet: ran out of memory" in err and "SHARDLOAD_MAX_DECODED_BYTES" in err
+    assert "corrupt" not in err
+
+
+def test_a_memory_error_anywhere_in_prepare_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardload.errors import OutputError
+    from shardload.prepare import pipeline
+
+    def no_memory(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(pipeline, "lay_out", no_memory)
+    # Invariant: a MemoryError is an OutputError (exit 4) naming memory and the settings that bound it
+    with pytest.raises(OutputError, match=r"prepare ran out of memory .* --workers .* SHARDLOAD_MAX_DECODED_BYTES"):
+        shardload.prepare(write_sources(tmp_path), tmp_path / "out", progress=False)
+
+
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_compressed_tables_read_as_before(tmp_path: Path, compression: str) -> None:
+    """Row groups of dictionary text and lists, record batches with dictionaries: every value as written."""
+    import pyarrow as pa
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    rows = 5000
+    table = pa.table(
+        {
+            "tokens": [list(range(i % 13)) for i in range(rows)],
+            "label": pa.array([f"l{i % 3}" for i in range(rows)]).dictionary_encode(),
+            "x": [float(i) for i in range(rows)],
+        }
+    )
+    pq.write_table(table, tmp_path / "a.parquet", compression=compression, row_group_size=700)
+    feather.write_feather(
+        table,
+        tmp_path / "a.feather",
+        compression=compression if compression != "none" else "uncompressed",
+        chunksize=900,
+    )
+    for name in ("a.parquet", "a.feather"):
+        ds = shardload.open(
+            shardload.prepare(tmp_path / name, tmp_path / f"out-{name}", shuffle=False, progress=False).path
+        )
+        # Invariant: every value as written, in order
+        assert [list(ds[i]["tokens"]) for i in range(rows)] == table.column("tokens").to_pylist()
+        assert [ds[i]["label"] for i in range(rows)] == table.column("label").to_pylist()
+        assert [float(ds[i]["x"][()]) for i in range(rows)] == table.column("x").to_pylist()
