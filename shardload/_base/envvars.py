@@ -21,6 +21,7 @@ __all__ = [
     "CACHE_LIMIT",
     "KILL_AT",
     "LOCAL_WORLD_SIZE",
+    "MAX_DECODED_BYTES",
     "MAX_MANIFEST_BYTES",
     "MAX_OPEN_SHARDS",
     "MAX_RECORD_BYTES",
@@ -37,6 +38,8 @@ __all__ = [
 CACHE_DIR = "SHARDLOAD_CACHE_DIR"
 #: the most bytes of shards one remote set keeps in the node cache (remote/options.py)
 CACHE_LIMIT = "SHARDLOAD_CACHE_LIMIT"
+#: the most bytes one piece of a Parquet or Arrow source decodes to at once (prepare/sources/columnar/_decoded.py)
+MAX_DECODED_BYTES = "SHARDLOAD_MAX_DECODED_BYTES"
 #: the largest ``manifest.json`` read (_base/setfiles.py)
 MAX_MANIFEST_BYTES = "SHARDLOAD_MAX_MANIFEST_BYTES"
 #: the shards one process keeps open (_base/setfiles.py)

@@ -132,7 +132,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=parse_size,
         metavar="SIZE",
         help="split files larger than this into units that workers read in parallel (default: 16MiB; JSON Lines "
-        "at line boundaries, Parquet by row groups, Arrow IPC files by record batches; not gzipped files)",
+        "at line boundaries, Parquet by row groups, Arrow IPC files by record batches; not gzipped files; at most "
+        "256 units per file: a smaller size is raised for a larger file, with a warning)",
     )
     mode = run_.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", default=None, help="finish an interrupted run into OUT")

@@ -236,6 +236,11 @@ class Manifest:
                 )
             elif (Path(directory) / ".prepare").exists():
                 hint = " A prepare into it was interrupted: rerun it with --resume to finish it."
+            elif (Path(directory) / "parts").is_dir():  # prepare --part's folder (shardload.prepare.parts)
+                hint = (
+                    " It holds parts (parts/) that are not merged, or a part was prepared again since the last "
+                    f"merge: run `shardload merge {directory}` (again)."
+                )
         missing = ManifestError(f"{directory} is not a shard set: it has no {MANIFEST_NAME}.{hint}")
         limit = env_limit(ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES)
         # Bounded and regular-files-only: a FIFO or a link to /dev/zero must not hang or fill memory.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -17,11 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shardload._base.output import withdraw_index
 from shardload.errors import InputError, OutputExistsError, ShardloadError
 from shardload.prepare.sources import SourceUnit
 
 if TYPE_CHECKING:
     from shardload.formats.manifest import Manifest
+
+logger = logging.getLogger("shardload.prepare")
 
 #: the folder of OUT that holds the parts
 PARTS_DIR = "parts"
@@ -152,6 +156,63 @@ def refuse_resume_of_merged(out: str | os.PathLike[str]) -> None:
         )
 
 
+def _merged_set_of(part_out: str | os.PathLike[str]) -> tuple[Path, Manifest] | None:
+    """The set merged from parts that ``part_out`` (``OUT/parts/KKKKK-of-NNNNN``) belongs to, if ``OUT`` holds one."""
+    root = Path(part_out).parent.parent
+    manifest = _set_at(root)
+    return (root, manifest) if manifest is not None and manifest.parts else None
+
+
+def refuse_part_of_another_run(part_out: str | os.PathLike[str], k: int, n: int, run: str) -> None:
+    """Refuse part ``k`` of ``n`` of run ``run`` into an ``OUT`` merged from the parts of another run.
+
+    Such a part could never be merged with the others (the merge compares run ids), and replacing one of
+    them would leave the merged set unloadable: the part is refused before anything is written.
+
+    Raises:
+        OutputExistsError: naming the merged set and what to do.
+    """
+    found = _merged_set_of(part_out)
+    if found is None or found[1].options.get("run") == run:
+        return
+    root, merged = found
+    raise OutputExistsError(
+        f"{root}: is a shard set merged from {len(merged.parts)} parts of another run than this part {k}/{n} (other "
+        "sources, source order, options or number of parts: the run id differs), so this part could never be "
+        f"merged with them, and replacing {PARTS_DIR}/{part_name(k, n)} would leave that set unloadable. Prepare "
+        "the part with the same sources in the same order and the same options as the others, or prepare this "
+        f"run into another directory (to replace the whole set: remove {root}/manifest.json and {root}/{PARTS_DIR}/ "
+        "first)."
+    )
+
+
+def withdraw_stale_merge(part_out: str | os.PathLike[str], k: int, n: int, set_id: str) -> None:
+    """Before part ``k`` of ``n`` with ``set_id`` is committed: withdraw the merged set it would contradict.
+
+    A part prepared again from changed input gets another set id; the merged manifest's record of the
+    old part would then name shards that are gone. Its manifest goes first, so ``OUT`` says "merge again"
+    (:meth:`Manifest.load <shardload.formats.manifest.Manifest.load>`) instead of "copied in from another set".
+    The same input gives the same set id (:func:`shardload._base.identity.set_id_of`): the merged set stays.
+    """
+    found = _merged_set_of(part_out)
+    if found is None:
+        return
+    root, merged = found
+    if len(merged.parts) == n and merged.parts[k].set_id == set_id:
+        return
+    from shardload.formats.manifest import MANIFEST_NAME
+
+    logger.warning(
+        "%s: part %d/%d was prepared from other data than when %s was merged; run `shardload merge %s` again",
+        part_out,
+        k,
+        n,
+        root,
+        root,
+    )
+    withdraw_index(root / MANIFEST_NAME)
+
+
 def finished_part(out: str | os.PathLike[str], k: int, n: int, run: str) -> bool:
     """Whether ``out`` holds part ``k`` of ``n`` of run ``run``, committed, with no interrupted work.
 
@@ -179,7 +240,9 @@ __all__ = [
     "part_name",
     "part_record",
     "refuse_part_into_single_set",
+    "refuse_part_of_another_run",
     "refuse_resume_of_merged",
     "run_id",
     "split_units",
+    "withdraw_stale_merge",
 ]

@@ -11,17 +11,19 @@ disk, which is what makes ``resume`` give the same bytes as an uninterrupted run
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
+from shardload._base import envvars
 from shardload._base.faults import crash_point
 from shardload._base.identity import ShardIdentity, set_id_of
 from shardload._base.output import atomic_file, atomic_write_text
@@ -49,7 +51,14 @@ from shardload.prepare.ingest import SampleChecker, cast_fields, ingest, unit_ke
 from shardload.prepare.jobs import IngestJob, ShardJob, ShardRecord, StagedUnit
 from shardload.prepare.mapping import MappedSamples, check_sendable, map_name
 from shardload.prepare.options import PrepareOptions
-from shardload.prepare.parts import finished_part, part_record, run_id, split_units
+from shardload.prepare.parts import (
+    finished_part,
+    part_record,
+    refuse_part_of_another_run,
+    run_id,
+    split_units,
+    withdraw_stale_merge,
+)
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit, read_unit_batches
 from shardload.prepare.workdir import WorkDir, output_errors
 from shardload.schema.fields import Schema
@@ -185,6 +194,30 @@ def write_shard(job: ShardJob) -> ShardRecord:
 
 
 # -- the whole run ------------------------------------------------------------------------------------
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _out_of_memory_named(run: Callable[_P, _R]) -> Callable[_P, _R]:
+    """A MemoryError anywhere in ``run`` (here or raised back by a worker) becomes an error that says what it is
+    and which settings bound the memory; sources name the file where they can (:mod:`.sources.columnar`)."""
+
+    @functools.wraps(run)
+    def named(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return run(*args, **kwargs)
+        except MemoryError as exc:
+            raise OutputError(
+                f"prepare ran out of memory ({type(exc).__name__}: {exc or 'no memory left'}). Run fewer --workers "
+                f"(each holds its own read batches and shard), a smaller --shard-size, or lower "
+                f"{envvars.MAX_DECODED_BYTES} / {envvars.MAX_RECORD_BYTES} (the most one piece of a source or one "
+                "record may decode to); or give prepare more memory. Then rerun the same command with --resume."
+            ) from None
+
+    return named
+
+
+@_out_of_memory_named
 def run_prepare(
     out: str | os.PathLike[str],
     *,
@@ -212,6 +245,7 @@ def run_prepare(
     if part is not None:
         k, num_parts = part
         run = run_id(units, num_parts, {**options.layout_key(), **(describe or {})})
+        refuse_part_of_another_run(out, k, num_parts, run)
         describe = {**(describe or {}), **part_record(k, num_parts, run)}
         units = split_units(units, num_parts)[k]
         if options.resume and finished_part(out, k, num_parts, run):
@@ -254,6 +288,8 @@ def run_prepare(
             manifest.write(wd.work)
             crash_point("manifest")
             check_new_set(wd)
+            if part is not None:
+                withdraw_stale_merge(out, *part, set_id)
             wd.commit(
                 [*files.values(), "origin.npy", origins, *([manifest.shard_table] if manifest.shard_table else [])]
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import itertools
+import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -18,6 +19,7 @@ from dataclasses import field as dc_field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shardload._base.messages import format_bytes
 from shardload.errors import InputError
 from shardload.formats.manifest import MANIFEST_NAME
 from shardload.prepare.sources import columnar as _columnar  # noqa: F401  (registers parquet, arrow)
@@ -26,6 +28,8 @@ from shardload.prepare.sources import npy as _npy  # noqa: F401  (registers the 
 from shardload.prepare.sources import npz as _npz  # noqa: F401  (registers the reader)
 from shardload.prepare.sources import webdataset as _webdataset  # noqa: F401  (registers the reader)
 from shardload.prepare.sources.base import (
+    DEFAULT_UNIT_BYTES,
+    MAX_UNITS_PER_FILE,
     READERS,
     Sample,
     SampleBatch,
@@ -36,7 +40,10 @@ from shardload.prepare.sources.base import (
 )
 from shardload.schema.fields import Schema
 
+logger = logging.getLogger("shardload.prepare")
+
 __all__ = [
+    "MAX_UNITS_PER_FILE",
     "READERS",
     "Sample",
     "SampleBatch",
@@ -330,7 +337,40 @@ def discover(
     units: list[SourceUnit] = []
     for kind, files in by_kind:
         units.extend(READERS[kind].make_units(files, options))
+    _warn_of_raised_units(units, options)
     return units
+
+
+def _warn_of_raised_units(units: Sequence[SourceUnit], options: SourceOptions) -> None:
+    """One warning when a unit size chosen below the default was raised for some file (:data:`MAX_UNITS_PER_FILE`).
+
+    The default itself is raised quietly on files over 4 GiB: nobody asked for 16 MiB units there.
+    """
+    if options.unit_bytes >= DEFAULT_UNIT_BYTES:
+        return
+    sizes: dict[str, int] = {}
+    for unit in units:
+        if unit.part is not None:
+            sizes[unit.paths[0]] = sizes.get(unit.paths[0], 0) + unit.nbytes
+    raised = {path: options.unit_bytes_for(size) for path, size in sizes.items()}
+    raised = {path: bytes_ for path, bytes_ in raised.items() if bytes_ > options.unit_bytes}
+    if not raised:
+        return
+    path, raised_unit = next(iter(raised.items()))
+    more = f" (and {len(raised) - 1} more files)" if len(raised) > 1 else ""
+    logger.warning(
+        "%s%s: --unit-size %s would cut this %s file into up to %s units; a file is cut into at most %d units (each costs "
+        "a few milliseconds to hand out, stage and record), so its units are about %s instead. Pass --unit-size "
+        "%d or more to not see this.",
+        path,
+        more,
+        format_bytes(options.unit_bytes),
+        format_bytes(sizes[path]),
+        f"{sizes[path] // options.unit_bytes:,}",
+        MAX_UNITS_PER_FILE,
+        format_bytes(raised_unit),
+        max(raised.values()),
+    )
 
 
 def read_unit(unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:

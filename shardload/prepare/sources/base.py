@@ -61,6 +61,11 @@ def record_too_large(where: str, what: str, size: int | None, limit: int) -> Inp
 #: eight workers busy to the end (a 166 MB file makes 10 units, 5 per worker of 2), large enough that a unit's
 #: fixed costs (a process hand-off, a staged chunk, an entry in the run's state) stay below 1% of its work
 DEFAULT_UNIT_BYTES = 16 << 20
+#: the most units one file is cut into: a unit has a fixed cost of a few milliseconds (a hand-off to a worker,
+#: a staged chunk, an entry in the run's state), so ``--unit-size 1`` once cut a 1.6 MB file into a unit per
+#: line (20,000, minutes of overhead instead of a second of reading). A file this many times the unit size or
+#: larger gets units of ``size / MAX_UNITS_PER_FILE`` instead: still 256 pieces to spread over the workers.
+MAX_UNITS_PER_FILE = 256
 
 
 def field_kept(name: str, fields: Sequence[str] | None, drop_fields: Sequence[str]) -> bool:
@@ -88,6 +93,11 @@ class SourceOptions:
     max_record_bytes: int = dc_field(default_factory=max_record_bytes_from_env)
     fields: tuple[str, ...] | None = None
     drop_fields: tuple[str, ...] = ()
+
+    def unit_bytes_for(self, size: int) -> int:
+        """The unit size of a file of ``size`` bytes: ``unit_bytes``, raised so that it makes at most
+        :data:`MAX_UNITS_PER_FILE` units."""
+        return max(self.unit_bytes, -(-size // MAX_UNITS_PER_FILE))
 
     def keeps(self, name: str) -> bool:
         """Whether field ``name`` is read (the rule of ``fields`` / ``drop_fields``); a reader skips it otherwise."""

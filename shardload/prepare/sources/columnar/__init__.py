@@ -9,7 +9,10 @@ Column types, units and damage checks (input format): docs/format.md, "Parquet a
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
+import struct
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, ClassVar
@@ -20,6 +23,13 @@ import pyarrow as pa
 from shardload.errors import InputError
 from shardload.prepare.sources.base import Sample, SampleBatch, SourceOptions, SourceReader, SourceUnit, register
 from shardload.prepare.sources.columnar._columns import EarlierArrays, batch_samples, column_batches
+from shardload.prepare.sources.columnar._decoded import (
+    decoded_too_large,
+    ipc_batch_sizes,
+    max_decoded_bytes,
+    out_of_memory,
+    parquet_group_bytes,
+)
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
@@ -44,6 +54,8 @@ def _guarded(path: str, what: str, batches: Iterator[pa.RecordBatch], state: lis
             batch.validate(full=True)
             yield batch
             state[0] += batch.num_rows
+    except MemoryError as exc:  # pyarrow's ArrowMemoryError too: the file is fine, memory is short
+        raise out_of_memory(path, f"the {what} rows after row {state[0]}", exc) from None
     except (pa.ArrowException, OSError) as exc:
         raise InputError(
             f"{path}: corrupt or truncated {what} data after row {state[0]} ({exc}); re-create the file"
@@ -75,9 +87,10 @@ def _split_files(
         runs: list[tuple[tuple[int, int], int]] = []
         sizes: list[int] = []
         try:
-            if os.stat(path).st_size > options.unit_bytes:
+            size = os.stat(path).st_size
+            if size > options.unit_bytes:
                 sizes, rows = pieces(path)
-                runs = split_runs(sizes, rows, options.unit_bytes)
+                runs = split_runs(sizes, rows, options.unit_bytes_for(size))
         except (InputError, pa.ArrowException, OSError, UnicodeEncodeError):
             runs = []
         if len(runs) <= 1:
@@ -102,18 +115,30 @@ class _TableSource(SourceReader):
     @classmethod
     def read(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[tuple[str, Sample]]:
         for path, schema, batches, earlier in cls._tables(unit, options):
-            yield from batch_samples(batches, path, schema, unit.first, earlier)
+            with _memory_named(path):
+                yield from batch_samples(batches, path, schema, unit.first, earlier)
 
     @classmethod
     def read_batches(cls, unit: SourceUnit, options: SourceOptions, schema: Schema) -> Iterator[SampleBatch]:
         for path, table_schema, batches, earlier in cls._tables(unit, options):
-            yield from column_batches(batches, path, table_schema, unit.first, earlier)
+            with _memory_named(path):
+                yield from column_batches(batches, path, table_schema, unit.first, earlier)
 
     @classmethod
     @abstractmethod
     def _tables(cls, unit: SourceUnit, options: SourceOptions) -> Iterator[_Table]:
         """Per file of ``unit``: its path, schema, the record batches of the unit and the arrays before them,
         with only the columns ``options`` selects (:func:`_project`)."""
+
+
+@contextlib.contextmanager
+def _memory_named(path: str) -> Iterator[None]:
+    """Running out of memory while the columns of ``path`` become samples (a dictionary column expanded to
+    its values) is named as that, never a bare MemoryError."""
+    try:
+        yield
+    except MemoryError as exc:
+        raise out_of_memory(path, "its columns into samples", exc) from None
 
 
 def _project(
@@ -167,10 +192,10 @@ class ParquetSource(_TableSource):
                     raise InputError(f"{path}: not a readable Parquet file ({exc}); re-create the file") from None
                 meta = pf.metadata
                 groups = range(*unit.part) if unit.part is not None else range(meta.num_row_groups)
-                raw = sum(meta.row_group(g).total_byte_size for g in groups)
+                names = options.select(schema.names, path)
+                raw = _check_decoded_rows(path, meta, groups, names, unit.first)
                 rows = max(1, sum(meta.row_group(g).num_rows for g in groups))
                 batch_size = int(np.clip(BATCH_BYTES * rows // max(raw, 1), 1, 65536))
-                names = options.select(schema.names, path)
                 batches = pf.iter_batches(
                     batch_size=batch_size, row_groups=list(groups), columns=names, use_threads=False
                 )
@@ -183,6 +208,22 @@ class ParquetSource(_TableSource):
 
                 guarded = _guarded(path, "Parquet", batches, [unit.first])
                 yield _project(path, schema, guarded, earlier, names)
+
+
+def _check_decoded_rows(path: str, meta: pq.FileMetaData, groups: range, names: list[str], first: int) -> int:
+    """What row groups ``groups`` of columns ``names`` decode to in all, refusing a group whose rows would decode
+    to more than :func:`max_decoded_bytes` each: a row cannot be split across read batches."""
+    limit, total, row = max_decoded_bytes(), 0, first
+    for g in groups:
+        size, rows = parquet_group_bytes(meta, g, names), meta.row_group(g).num_rows
+        per_row = -(-size // max(rows, 1))
+        if per_row > limit:
+            piece = (
+                f"row {row} (row group {g})" if rows == 1 else f"each of rows {row}-{row + rows - 1} (row group {g})"
+            )
+            raise decoded_too_large(path, piece, per_row, limit)
+        total, row = total + size, row + rows
+    return total
 
 
 @register
@@ -223,6 +264,42 @@ def _check_utf8_name(path: str) -> None:
         ) from None
 
 
+def _batch_sizes(source: pa.MemoryMappedFile, start: int) -> list[int]:
+    """What each record batch decodes to (:func:`ipc_batch_sizes`); none known for a stream that cannot be scanned
+    (its damage is then reported where it is read)."""
+    try:
+        return ipc_batch_sizes(source, start)
+    except (pa.ArrowException, OSError, ValueError, struct.error):
+        return []
+
+
+def _decoded_batches(
+    path: str, source: pa.MemoryMappedFile, start: int, get_batch: Callable[[int], pa.RecordBatch]
+) -> Callable[[int], pa.RecordBatch]:
+    """``get_batch``, refusing a record batch that would decode to more than :func:`max_decoded_bytes` first."""
+    sizes, limit = _batch_sizes(source, start), max_decoded_bytes()
+
+    def checked(i: int) -> pa.RecordBatch:
+        if i < len(sizes) and sizes[i] > limit:
+            raise decoded_too_large(path, f"record batch {i}", sizes[i], limit)
+        return get_batch(i)
+
+    return checked
+
+
+def _checked_stream(path: str, stream: pa.ipc.RecordBatchStreamReader, sizes: list[int]) -> Iterator[pa.RecordBatch]:
+    """The batches of an IPC stream, each checked as :func:`_decoded_batches` checks them, before it is decoded."""
+    limit = max_decoded_bytes()
+    for i in itertools.count():
+        if i < len(sizes) and sizes[i] > limit:
+            raise decoded_too_large(path, f"record batch {i}", sizes[i], limit)
+        try:
+            batch = stream.read_next_batch()
+        except StopIteration:
+            return
+        yield batch
+
+
 def _open_ipc(
     path: str, source: pa.MemoryMappedFile, part: tuple[int, int] | None = None
 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch], EarlierArrays | None]:
@@ -231,19 +308,23 @@ def _open_ipc(
     try:
         reader = pa.ipc.open_file(source)
         start, stop = part if part is not None else (0, reader.num_record_batches)
+        checked = _decoded_batches(path, source, 8, reader.get_batch)  # after the file's magic and padding
 
         def earlier(name: str) -> Iterator[pa.Array]:
             for i in reversed(range(start)):
-                yield reader.get_batch(i).column(name)
+                yield checked(i).column(name)
 
-        return reader.schema, (reader.get_batch(i) for i in range(start, stop)), earlier if start else None
+        return reader.schema, (checked(i) for i in range(start, stop)), earlier if start else None
     except (pa.ArrowException, OSError):
         if part is not None:
             raise InputError(f"{path}: no longer an Arrow IPC file (did it change while prepare ran?)") from None
     try:
         source.seek(0)
         stream = pa.ipc.open_stream(source)
-        return stream.schema, iter(stream), None
+        sizes = _batch_sizes(source, 0)
+        source.seek(0)
+        stream = pa.ipc.open_stream(source)
+        return stream.schema, _checked_stream(path, stream, sizes), None
     except (pa.ArrowException, OSError) as exc:
         raise InputError(
             f"{path}: not an Arrow IPC file or stream ({exc}). Feather v1 files are not supported: "

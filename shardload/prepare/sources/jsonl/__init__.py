@@ -68,7 +68,7 @@ class JsonlSource(SourceReader):
                 continue
             units.extend(
                 SourceUnit(cls.kind, (path,), (start, stop), lines, stop - start)
-                for start, stop, lines in line_cuts(path, size, options.unit_bytes)
+                for start, stop, lines in line_cuts(path, size, options.unit_bytes_for(size))
             )
         return units
 
