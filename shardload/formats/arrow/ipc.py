@@ -36,7 +36,7 @@ class BatchBlock:
     rows: int
 
 
-class _Flatbuffer:
+class Flatbuffer:
     """Bounds-checked reads of flatbuffer tables, vectors and scalars in ``data[start:end]``."""
 
     def __init__(self, data: memoryview, start: int, end: int) -> None:
@@ -108,7 +108,7 @@ def check_ipc_layout(data: memoryview) -> BatchBlock:
     footer_start = size - 10 - footer_len
     if footer_len <= 0 or footer_start < 8:
         raise LayoutError(f"its footer length ({footer_len}) does not fit in the file")
-    fb = _Flatbuffer(data, footer_start, size - 10)
+    fb = Flatbuffer(data, footer_start, size - 10)
     footer = fb.root()
     schema = fb.table(footer, 1)
     if schema is None:
@@ -133,7 +133,7 @@ def _check_batch_message(data: memoryview, offset: int, meta_len: int, body_len:
     """Decode the record batch message's flatbuffer: no body compression, every buffer inside the body."""
     prefix = struct.unpack_from("<I", data, offset)[0]
     start = offset + 8 if prefix == _CONTINUATION else offset + 4  # pre-1.0 files have no continuation marker
-    fb = _Flatbuffer(data, start, offset + meta_len)
+    fb = Flatbuffer(data, start, offset + meta_len)
     message = fb.root()
     if fb.scalar(message, 1, "<B") != _RECORD_BATCH:
         raise LayoutError("its record batch block does not hold a record batch message")

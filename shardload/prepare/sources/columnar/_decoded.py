@@ -25,6 +25,7 @@ from shardload._base import envvars
 from shardload._base.envvars import env_int
 from shardload._base.messages import format_bytes
 from shardload.errors import InputError
+from shardload.formats.arrow.ipc import Flatbuffer
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
@@ -101,49 +102,28 @@ def parquet_group_bytes(meta: pq.FileMetaData, group: int, columns: Sequence[str
 _RECORD_BATCH, _DICTIONARY_BATCH = 3, 2  # Arrow's MessageHeader union
 
 
-def _field(buf: memoryview, table: int, index: int) -> int | None:
-    """The position of field ``index`` of the flatbuffer table at ``table``, or None when it is absent."""
-    vtable = table - struct.unpack_from("<i", buf, table)[0]
-    vsize = struct.unpack_from("<H", buf, vtable)[0]
-    at = 4 + 2 * index
-    if at + 2 > vsize:
-        return None
-    offset = struct.unpack_from("<H", buf, vtable + at)[0]
-    return table + offset if offset else None
-
-
-def _indirect(buf: memoryview, pos: int) -> int:
-    return pos + struct.unpack_from("<I", buf, pos)[0]
-
-
 def ipc_batch_bytes(message: pa.ipc.Message) -> int:
     """The bytes that decoding ``message`` (a record or dictionary batch) allocates: its compressed buffers' decoded
-    lengths; 0 for a message without compressed buffers (or of another kind)."""
+    lengths; 0 for a message without compressed buffers (or of another kind).
+
+    Raises:
+        LayoutError: the message's flatbuffer points outside itself (every read is bounds-checked).
+    """
     meta = memoryview(message.metadata)
-    root = _indirect(meta, 0)
-    kind_at, header_at = _field(meta, root, 1), _field(meta, root, 2)
-    if kind_at is None or header_at is None:
-        return 0
-    kind = meta[kind_at]
-    header = _indirect(meta, header_at)
-    if kind == _DICTIONARY_BATCH:
-        data = _field(meta, header, 1)
-        if data is None:
-            return 0
-        header = _indirect(meta, data)
+    fb = Flatbuffer(meta, 0, len(meta))
+    root = fb.root()
+    kind, header = fb.scalar(root, 1, "<B"), fb.table(root, 2)
+    if header is not None and kind == _DICTIONARY_BATCH:
+        header = fb.table(header, 1)
     elif kind != _RECORD_BATCH:
         return 0
-    if _field(meta, header, 3) is None:  # no BodyCompression: buffers are used where they lie
+    if header is None or fb.field(header, 3) is None:  # no BodyCompression: buffers are used where they lie
         return 0
-    buffers_at = _field(meta, header, 2)
-    if buffers_at is None:
-        return 0
-    vector = _indirect(meta, buffers_at)
-    count = struct.unpack_from("<I", meta, vector)[0]
+    buffers, count = fb.vector(header, 2, 16)
     body = memoryview(message.body)
     total = 0
     for i in range(count):
-        offset, length = struct.unpack_from("<qq", meta, vector + 4 + 16 * i)
+        offset, length = fb.i64(buffers + 16 * i), fb.i64(buffers + 16 * i + 8)
         if length >= 8 and offset >= 0 and offset + 8 <= len(body):
             decoded = struct.unpack_from("<q", body, offset)[0]
             total += max(decoded, 0)  # -1: stored uncompressed, used where it lies
