@@ -119,6 +119,15 @@ def _run(module: ModuleType, args: argparse.Namespace, after: str) -> int:
         return _fail(exc, code, args.debug)
     except BrokenPipeError:  # `shardload inspect OUT | head`
         return Exit.OK
+    except MemoryError:  # not a bug: the machine, the process's limit or the options ask too much
+        atexit.register(_quiet_teardown)
+        message = (
+            f"shardload {args.command} ran out of memory. This is the process's memory limit (ulimit -v, a cgroup, "
+            "a job's memory request) or the machine's, not damaged data: give the process more memory, or ask "
+            "for less at once (prepare: fewer --workers, a smaller --shard-size; loading: fewer workers, a "
+            "smaller prefetch)"
+        )
+        return _fail(CommandError(message + after), Exit.OUTPUT, args.debug)
     except OSError as exc:  # not wrapped by the library: a full disk, a permission, an I/O error
         where = f"{exc.filename}: " if exc.filename else ""
         return _fail(CommandError(f"{where}{exc.strerror or exc}"), Exit.OUTPUT, args.debug)

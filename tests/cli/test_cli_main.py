@@ -102,6 +102,20 @@ def test_os_error_is_exit_4_without_traceback(cli, shard_set, monkeypatch) -> No
     assert r.err == "shardload: error: /somewhere/lengths.png: Permission denied\n"
 
 
+def test_running_out_of_memory_is_named_not_an_internal_error(cli, shard_set, monkeypatch) -> None:
+    import shardload.sets.describe
+
+    def hungry(*a, **k):
+        raise MemoryError
+
+    monkeypatch.setattr(shardload.sets.describe, "describe", hungry)
+    r = cli("inspect", shard_set)
+    # Invariant: memory running short is the machine's or the limit's, exit 4 with what to change, never exit 70
+    assert r.code == Exit.OUTPUT, r.err
+    assert "shardload inspect ran out of memory" in r.err and "give the process more memory" in r.err
+    assert "internal error" not in r.err and "Traceback" not in r.err
+
+
 def test_logging_is_restored_after_a_command(cli, shard_set) -> None:
     logger = logging.getLogger("shardload")
     handlers, level = list(logger.handlers), logger.level
