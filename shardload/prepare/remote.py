@@ -23,7 +23,7 @@ from shardload.formats.manifest import MANIFEST_NAME
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.pipeline import PrepareResult, result_of
 from shardload.prepare.workdir import WORK
-from shardload.remote.options import default_cache_dir
+from shardload.remote.options import RemoteOptions
 from shardload.remote.retry import RetryPolicy
 from shardload.remote.upload import SetUploader, UploadRecord
 from shardload.remote.url import normalize_url
@@ -34,10 +34,17 @@ _RUN, _RECORD, _LOCK, _SET = "run.json", "uploaded.log", ".upload.lock", "set"
 
 
 def staging_dir(url: str, staging: str | os.PathLike[str] | None = None) -> Path:
-    """Where a run into ``url`` stages its set: ``staging`` if given, else one folder per URL in the cache."""
+    """Where a run into ``url`` stages its set: ``staging`` if given, else one folder per URL in the cache.
+
+    Raises:
+        InputError: the node cache directory (``$SHARDLOAD_CACHE_DIR``, ...) is a file or cannot be written.
+    """
     if staging is not None:
         return Path(staging)
-    return default_cache_dir() / "staging" / hashlib.sha256(normalize_url(url).encode()).hexdigest()[:16]
+    cache = RemoteOptions()  # the node cache's own settings, and its check of them
+    path = cache.directory / "staging" / hashlib.sha256(normalize_url(url).encode()).hexdigest()[:16]
+    cache.make_directory(path)  # a cache directory that is a file is named by its setting, as for reading
+    return path
 
 
 def refuse_remote_parts(url: str, what: str = "parts (--part K/N, shardload merge)") -> None:

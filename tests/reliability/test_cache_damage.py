@@ -296,3 +296,18 @@ def test_cache_dir_not_writable_names_the_option(remote_set: tuple[Path, str, Re
     locked.mkdir(mode=0o500)
     with pytest.raises(shardload.InputError, match=r"cache_dir.*read-only.*not writable"):
         shardload.open(url, storage_options=remote.storage_options, cache_dir=locked)
+
+
+def test_prepare_to_a_url_with_a_cache_dir_that_is_a_file_names_the_variable(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a.jsonl").write_text('{"tokens": [1, 2, 3]}\n')
+    (tmp_path / "a-file").write_text("x")
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SHARDLOAD_CACHE_DIR", str(tmp_path / "a-file"))
+    url = f"s3://{s3.bucket}/cache-dir-file/set"
+    # Invariant: prepare -o URL stages in the node cache, and names its setting as reading does (exit 3)
+    assert main(["prepare", str(tmp_path / "a.jsonl"), "-o", url]) == 3
+    err = capsys.readouterr().err
+    assert "$SHARDLOAD_CACHE_DIR" in err and f"{tmp_path / 'a-file'} is a file" in err, err
