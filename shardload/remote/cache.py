@@ -262,6 +262,7 @@ class RemoteSet(CacheSpace):
         if fd is not None:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+            self._trim_past_limit()
 
     def download(self, shard: int, *, urgent: bool) -> bool:
         """Make sure shard ``shard`` is in the cache; ``False`` if a prefetch found no room or it is busy.
