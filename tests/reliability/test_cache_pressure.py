@@ -11,6 +11,7 @@ that went past its limit said so (naming cache_limit) at most once per process. 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,12 +20,13 @@ import pytest
 
 import shardload
 from shardload.load.prefetch import read_order
+from shardload.remote.cache import RemoteSet
 from shardload.remote.options import PREFETCH_DOWNLOADS
 from tests.distributed.watchdog import python, run_with_watchdog, together
 from tests.helpers.servers import S3Server, s3_server
 from tests.reliability.cache_pressure_job import PRESSURE_READ
 from tests.remote.shared_cache_digest import digest
-from tests.remote.test_remote_sets import make_set, options
+from tests.remote.test_remote_sets import downloads, make_set, options
 
 JOB = str(Path(__file__).with_name("cache_pressure_job.py"))
 
@@ -124,3 +126,28 @@ def test_held_shards_filling_the_limit_let_a_reader_past_it_until_they_are_relea
     second.release(3)
     second.release(4)
     assert sum(sizes[k] for k in range(6) if second.cached(k)) <= limit
+
+
+def test_a_shard_is_held_from_its_download_so_no_eviction_takes_it_before_the_reader(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A reader downloaded a shard, renamed it into place, then locked it: in between, another process
+    # making room could evict it, and the reader downloaded it again (8 times in a row: an error saying
+    # the cache is too small). Past the limit, with evictions at every release, that gap is hit.
+    local = make_set(tmp_path, n=40, shards=4)
+    url = s3.upload(local, "pressure/gap/set")
+    remote = options(s3, tmp_path / "cache", cache_limit=10 << 20)
+    reader, other = (shardload.open(url, remote=remote).remote for _ in range(2))
+    assert reader is not None and other is not None
+    evicted: list[bool] = []
+    orig = RemoteSet._fetch_checked
+
+    def then_evict(self: RemoteSet, shard: int, part: Path, path: Path) -> None:
+        orig(self, shard, part, path)
+        evicted.append(other._remove_unused(shard))  # another process making room, right after the rename
+
+    monkeypatch.setattr(RemoteSet, "_fetch_checked", then_evict)
+    reader.acquire(2)
+    # Invariant: the shard is held from its download on: not evicted, downloaded once
+    assert evicted == [False] and reader.cached(2)
+    assert downloads(tmp_path / "cache") == Counter([2])
