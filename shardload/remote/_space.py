@@ -4,7 +4,8 @@ The eviction and locking half of :class:`~shardload.remote.cache.RemoteSet` (doc
 node cache"). A process that maps a shard holds a shared ``flock`` on it; eviction removes only a
 file it can lock exclusively, so never one in use on the node. With a ``cache_limit``, room is made
 and reserved (as the ``.part`` file) under ``.space.lock``, farthest next use first
-(:mod:`shardload.remote.policy`).
+(:mod:`shardload.remote.policy`); a reader that finds the room held by other readers goes past the
+limit rather than wait for them (:meth:`CacheSpace._reserve`).
 """
 
 from __future__ import annotations
