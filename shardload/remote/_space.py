@@ -4,7 +4,8 @@ The eviction and locking half of :class:`~shardload.remote.cache.RemoteSet` (doc
 node cache"). A process that maps a shard holds a shared ``flock`` on it; eviction removes only a
 file it can lock exclusively, so never one in use on the node. With a ``cache_limit``, room is made
 and reserved (as the ``.part`` file) under ``.space.lock``, farthest next use first
-(:mod:`shardload.remote.policy`).
+(:mod:`shardload.remote.policy`); a reader that finds the room held by other readers goes past the
+limit rather than wait for them (:meth:`CacheSpace._reserve`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -27,6 +29,11 @@ from shardload.remote.policy import NEVER, choose_victims, next_uses
 from shardload.remote.url import join_url
 
 _POLL = 0.05  # seconds between two tries of a busy lock
+#: in a mirror: the most bytes its cache held at once; present while the cache is past its limit
+PEAK_NAME, OVER_NAME = ".peak", ".over-limit"
+
+logger = logging.getLogger("shardload.remote")
+_WARNED: set[tuple[int, str]] = set()  # (pid, mirror) that said the cache went past its limit
 
 
 def pid_alive(pid: int) -> bool:
@@ -100,7 +107,15 @@ class CacheSpace:
 
     # -- room in a bounded cache -------------------------------------------------------------------------
     def _reserve(self, shard: int, urgent: bool) -> Path | None:
-        """Create shard ``shard``'s ``.part`` file once the cache has room for it (evicting if need be)."""
+        """Create shard ``shard``'s ``.part`` file once the cache has room for it (evicting if need be).
+
+        A prefetch (not ``urgent``) gets room only within the limit, or ``None``. A reader always gets
+        it: when evicting every shard no process holds does not make room, it waits only for the
+        downloads already under way when it asked (they end, and may then be evicted), and once none
+        is left it goes past the limit (:meth:`_went_past`). So the cache holds at most the limit, plus
+        what the readers of the node hold at once when they hold more than the limit; and no set of
+        readers waits on each other for room.
+        """
         path = self._path(shard)
         part = path.with_name(f".{path.name}.{os.getpid()}.part")
         limit = self.options.limit
@@ -109,23 +124,81 @@ class CacheSpace:
             return part
         size = int(self._sizes[shard])
         deadline = time.monotonic() + self.options.wait_timeout
+        awaited: NDArray[np.bool_] | None = None  # the downloads under way when this reader first found no room
         while True:
             with locked(self.mirror / ".space.lock", timeout=self.options.wait_timeout, what=f"caching {self.url}"):
                 present, partial = self._scan()
                 need = int(self._sizes[present | partial].sum()) + size - limit
-                if need <= 0 or self._evict(need, present, None if urgent else shard) >= need:
+                room = need <= 0 or self._evict(need, present, None if urgent else shard) >= need
+                if urgent and not room:
+                    awaited = partial if awaited is None else awaited & partial
+                if room or (urgent and awaited is not None and not awaited.any()):
                     part.touch()  # counted as reserved by every process's scan from now on
+                    used = int(self._sizes[present | partial].sum()) + size
+                    self._record_peak(used)
+                    if used > limit:
+                        self._went_past(shard, used, limit)
                     return part
             if not urgent:
                 return None
             if time.monotonic() > deadline:
                 raise ShardSetError(
-                    f"shard {shard} ({self.shard_url(shard)}): the cache {self.mirror} is full "
-                    f"({limit:,} bytes) of shards in use by the processes of this node, and none was released "
-                    f"within {self.options.wait_timeout:g} s. Raise cache_limit, or read with fewer "
-                    "workers/ranks per node."
+                    f"shard {shard} ({self.shard_url(shard)}): the cache {self.mirror} is full ({limit:,} bytes) "
+                    f"and the downloads into it that shard {shard} waits for (other processes of this node, or "
+                    f"this one's prefetch) did not end within {self.options.wait_timeout:g} s. If a process is "
+                    "stuck, stop it; else raise RemoteOptions(wait_timeout=...) or cache_limit."
                 )
             time.sleep(_POLL * 4)
+
+    def _record_peak(self, used: int) -> None:
+        """Keep in ``.peak`` the most bytes the cache held or reserved so far (the space lock held)."""
+        peak = self.mirror / PEAK_NAME
+        if used > self.peak_bytes():
+            tmp = peak.with_name(f"{PEAK_NAME}.{os.getpid()}.tmp")
+            tmp.write_text(str(used))
+            os.replace(tmp, peak)
+
+    def peak_bytes(self) -> int:
+        """The most bytes of shards (cached or being downloaded) this set's cache held at once; 0 if unknown.
+
+        Recorded only with a ``cache_limit``, by every process of the node, since the mirror was made.
+        """
+        try:
+            return int((self.mirror / PEAK_NAME).read_text() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def _went_past(self, shard: int, used: int, limit: int) -> None:
+        """Mark the cache as past its limit (the space lock held) and say so, once per process and set."""
+        (self.mirror / OVER_NAME).touch()  # releases trim the cache back while this exists
+        key = (os.getpid(), str(self.mirror))
+        if key in _WARNED:
+            return
+        _WARNED.add(key)
+        logger.warning(
+            "%s: the node cache %s went past cache_limit (%s bytes) to %s bytes for shard %d: the shards that "
+            "the readers of this node hold at once (every process and loader worker reading this set) take "
+            "more than the limit. Reading on; each shard past the limit is evicted once no reader holds it. "
+            "To stay under the limit, raise cache_limit or read with fewer processes or workers on this node.",
+            self.url,
+            self.mirror,
+            f"{limit:,}",
+            f"{used:,}",
+            shard,
+        )
+
+    def _trim_past_limit(self) -> None:
+        """After a release: if the cache went past its limit, evict shards no process holds until it is back under."""
+        limit = self.options.limit
+        over = self.mirror / OVER_NAME
+        if limit is None or not over.exists():
+            return
+        with locked(self.mirror / ".space.lock", timeout=self.options.wait_timeout, what=f"caching {self.url}"):
+            present, partial = self._scan()
+            need = int(self._sizes[present | partial].sum()) - limit
+            if need <= 0 or self._evict(need, present, None) >= need:
+                with contextlib.suppress(FileNotFoundError):
+                    over.unlink()
 
     def _scan(self) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
         """``(present, partial)`` per shard: its file is cached; a live process is downloading it."""

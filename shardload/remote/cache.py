@@ -253,7 +253,8 @@ class RemoteSet(CacheSpace):
             if fd is not None:
                 self._held[shard] = fd
                 return path
-            self.download(shard, urgent=True)
+            if self.download(shard, urgent=True, hold=True) and shard in self._held:
+                return path
         raise ShardSetError(
             f"shard {shard} ({self.shard_url(shard)}) was evicted from the cache {self.mirror} each time it was "
             "downloaded: the cache is too small for the processes reading it; raise cache_limit"
@@ -315,12 +316,15 @@ class RemoteSet(CacheSpace):
         if fd is not None:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+            self._trim_past_limit()
 
-    def download(self, shard: int, *, urgent: bool) -> bool:
+    def download(self, shard: int, *, urgent: bool, hold: bool = False) -> bool:
         """Make sure shard ``shard`` is in the cache; ``False`` if a prefetch found no room or it is busy.
 
         ``urgent`` (a reader needs it now): wait up to ``wait_timeout`` for another process's download
         and for room. Else (prefetch): skip a busy shard, evict only shards needed later than this one.
+        ``hold``: a shard this call downloads is held (as :meth:`acquire` holds it) from before it has its
+        name, so that no eviction takes it between the download and the reader.
         """
         path = self._path(shard)
         if path.is_file():
@@ -338,9 +342,14 @@ class RemoteSet(CacheSpace):
                 part = self._reserve(shard, urgent)
                 if part is None:
                     return False
+                fd = self._lock_shared(part) if hold else None  # the lock stays with the file through the rename
                 try:
                     self._fetch_checked(shard, part, path)
+                    if fd is not None and _same_file(fd, path):
+                        self._held[shard], fd = fd, None
                 finally:
+                    if fd is not None:
+                        os.close(fd)
                     with contextlib.suppress(FileNotFoundError):
                         part.unlink()
         except ShardSetError:
@@ -443,6 +452,14 @@ def diagnosis(problem: BaseException | str) -> str:
         return text
     end = max(text.rfind(". ", 0, at), text.rfind("; ", 0, at))
     return text[:end] if end > 0 else text
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` names the file open as ``fd``."""
+    try:
+        return os.path.samestat(os.fstat(fd), path.stat())
+    except FileNotFoundError:
+        return False
 
 
 def _shard_table_file(raw: bytes, where: str) -> str:

@@ -56,8 +56,8 @@ class RemoteOptions:
             ``$SHARDLOAD_CACHE_LIMIT``, else no limit); the shards whose next use is farthest go first.
         prefetch_downloads: downloads the prefetcher of one rank runs at once (0: no prefetch).
         prefetch_bytes: bytes of shards fetched ahead of the rank (default 2 GiB, or half the cache limit).
-        wait_timeout: seconds a process waits for another one's download of the same shard, or for room
-            in a full cache, before it gives up with an error naming the shard.
+        wait_timeout: seconds a process waits for another one's download of the same shard, or for the
+            downloads under way into a full cache, before it gives up with an error naming the shard.
         retry: tries and backoff of every storage call (default :class:`RetryPolicy`).
     """
 
