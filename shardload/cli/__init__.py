@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import TextIO
 
-from shardload.cli._common import EXIT_CODES_HELP, CommandError, Exit
+from shardload.cli._common import EXIT_CODES_HELP, CommandError, Exit, json_stdout
 from shardload.errors import (
     InputError,
     MissingDependencyError,
@@ -95,7 +95,7 @@ def _main(argv: Sequence[str] | None) -> int:
     # What to do after an interruption: a prepare is finished by rerunning it with --resume.
     after = "; rerun the same command with --resume to continue where it stopped" if args.command == "prepare" else ""
     try:
-        with _logging_to_stderr(), _sigterm_raises():
+        with _logging_to_stderr(), _sigterm_raises(), json_stdout(_json_only(args)):
             return int(module.run(args))
     except (KeyboardInterrupt, Terminated) as exc:
         atexit.register(_quiet_teardown)
@@ -124,6 +124,11 @@ def _main(argv: Sequence[str] | None) -> int:
             "and report the traceback."
         )
         return Exit.INTERNAL
+
+
+def _json_only(args: argparse.Namespace) -> bool:
+    """Whether stdout carries the one JSON object and nothing else (``--json``; ``demo --json`` prints both)."""
+    return bool(getattr(args, "json", False)) and args.command != "demo"
 
 
 class Terminated(BaseException):
