@@ -112,7 +112,7 @@ class user_code:
     paths (the sources, the output) keep meaning what they meant; ``moved_to`` is then where the code
     went (else ``None``). About 2 us a call (a class: ``@contextmanager`` costs 1 us more).
 
-    Not caught: ``os._exit`` under another name (``posix._exit``, or bound before the first call),
+    Not caught: ``os._exit`` under another name (``posix._exit``, or bound by code imported before),
     ``exit()`` from native code, a signal; in a worker process the pool reports that death
     (``--workers 2`` and up), in the main process it ends prepare (docs/cli.md, ``--map``).
     """
