@@ -207,7 +207,8 @@ def test_a_map_that_changes_directory_does_not_move_prepare(
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     monkeypatch.setenv("MAP_ELSEWHERE", str(elsewhere))
     if interface == "cli":
-        code = main(["prepare", "in0.jsonl", "in1.jsonl", "-o", "out", "--map", "mapmod:changes_directory"])
+        args = ["prepare", "in0.jsonl", "in1.jsonl", "-o", "out", "--map", "mapmod:changes_directory"]
+        code = main([*args, "--workers", str(workers)])
         assert code == 0
     else:
         import mapmod
