@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any, TextIO
 
 from shardload._base.redact import redact
-from shardload.cli._common import EXIT_CODES_HELP, CommandError, Exit
+from shardload.cli._common import EXIT_CODES_HELP, CommandError, Exit, json_stdout
 from shardload.errors import (
     InputError,
     MissingDependencyError,
@@ -101,7 +101,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _run(module: ModuleType, args: argparse.Namespace, after: str) -> int:
     try:
-        with _logging_to_stderr(), _sigterm_raises():
+        with _logging_to_stderr(), _sigterm_raises(), json_stdout(_json_only(args)):
             return int(module.run(args))
     except (KeyboardInterrupt, Terminated) as exc:
         atexit.register(_quiet_teardown)
@@ -139,6 +139,11 @@ def _run(module: ModuleType, args: argparse.Namespace, after: str) -> int:
             "and report the traceback."
         )
         return Exit.INTERNAL
+
+
+def _json_only(args: argparse.Namespace) -> bool:
+    """Whether stdout carries the one JSON object and nothing else (``--json``; ``demo --json`` prints both)."""
+    return bool(getattr(args, "json", False)) and args.command != "demo"
 
 
 class Terminated(BaseException):

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, redirect_stdout
 from enum import IntEnum
-from typing import Any
+from typing import Any, TextIO
 
 from shardload._base.envvars import parse_size_text
+from shardload._base.redact import redact
 
 
 class Exit(IntEnum):
@@ -113,9 +116,58 @@ def remote_of(args: argparse.Namespace) -> Any:
 
 
 def print_json(obj: Any) -> None:
-    """One JSON object on one line of stdout (machine-readable: nothing else goes to stdout)."""
-    sys.stdout.write(json.dumps(_finite(obj), allow_nan=False) + "\n")
-    sys.stdout.flush()
+    """One JSON object on one line of stdout (machine-readable: nothing else goes to stdout, see :func:`json_stdout`)."""
+    out = _json_out or sys.stdout  # the saved descriptor of json_stdout is not the masked sys.stdout: mask here
+    out.write(redact(json.dumps(_finite(obj), allow_nan=False)) + "\n")
+    out.flush()
+
+
+#: while :func:`json_stdout` holds stdout: the stream on the real stdout, for print_json alone
+_json_out: TextIO | None = None
+
+
+@contextmanager
+def json_stdout(enabled: bool) -> Iterator[None]:
+    """Keep stdout for :func:`print_json` while a ``--json`` command runs; all else written to stdout goes to stderr.
+
+    What the command runs may print: a ``--map`` function, a library, native code, a worker process. Python
+    writes to ``sys.stdout`` are redirected to ``sys.stderr``; writes to file descriptor 1 (native code, and
+    the worker processes, which inherit it) reach stderr because descriptor 1 is made a copy of 2 for the
+    duration (``dup2``), and ``print_json`` writes to a saved copy of the real one.
+    """
+    global _json_out
+    if not enabled:
+        yield
+        return
+    real = sys.stdout
+    real.flush()
+    try:
+        real_fd = real.fileno()
+    except (AttributeError, OSError, ValueError):  # not on a file descriptor (an in-memory capture)
+        real_fd = -1
+    try:
+        saved = os.dup(1)
+    except OSError:  # descriptor 1 is closed: nothing native can write there either
+        saved = -1
+    if saved >= 0:
+        os.dup2(2, 1)
+    if real_fd == 1 and saved >= 0:  # sys.stdout writes to descriptor 1, now stderr: print_json gets the copy
+        encoding = getattr(real, "encoding", None) or "utf-8"
+        _json_out = open(saved, "w", encoding=encoding, errors="backslashreplace", closefd=False)  # noqa: SIM115
+    else:
+        _json_out = real
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    finally:
+        out, _json_out = _json_out, None
+        out.flush()
+        sys.stderr.flush()
+        if out is not real:
+            out.close()
+        if saved >= 0:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def _finite(obj: Any) -> Any:

@@ -23,7 +23,7 @@ from shardload.load.dataset import ShardBatchDataset, WorkerBatch
 from shardload.load.options import LoaderOptions
 from shardload.load.prefetch import Prefetcher, read_orders, start_prefetch
 from shardload.load.sampler import PlanSampler, TrainerLink
-from shardload.load.workers import dead_worker, describe_exit, describe_stall
+from shardload.load.workers import dead_worker, describe_exit, describe_stall, end_workers
 from shardload.load.world import World
 from shardload.plan import Batching, EpochSpec, ShardAssignment, Stage
 from shardload.plan.mix.inputs import refuse_long_samples_in
@@ -137,11 +137,11 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             except StopIteration:
                 return
             except ShardloadError:
-                self._forget_workers()
+                self._forget_workers(it)
                 raise  # raised on purpose in a worker, with its own message
             except Exception as exc:
                 failure = self._worker_failure(it if it is not None else self._iterator, exc)
-                self._forget_workers()
+                self._forget_workers(it if it is not None else self._iterator)
                 raise failure from exc
             self.plan_sampler.batches_done += 1
             for p in self._prefetch:
@@ -149,9 +149,15 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             # A batch from a worker arrives packed (unless the pinning thread unpacked it already).
             yield batch.tensors() if isinstance(batch, WorkerBatch) else batch
 
-    def _forget_workers(self) -> None:
-        """After a failure, the next iteration starts new workers (persistent ones would carry a dead or stuck one)."""
-        self._iterator = None  # DataLoader's persistent iterator; dropped, it shuts its workers down
+    def _forget_workers(self, it: Any) -> None:
+        """After a failure: ``it``'s workers end now, and the next iteration starts new ones.
+
+        Persistent workers would carry a dead or stuck one; and a stopped one, left to torch's shutdown when
+        ``it`` is collected (it lives on in the error's traceback), would keep the interpreter from exiting.
+        """
+        if it is not None:
+            end_workers(it)
+        self._iterator = None  # DataLoader's persistent iterator
 
     def _direct_fetch(self, it: Any) -> Callable[[], Any] | None:
         """Without workers or pinning: the next batch as torch's single-process iterator makes it, called directly.

@@ -8,6 +8,7 @@ Nothing here runs while batches flow.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -18,7 +19,7 @@ from typing import Any
 from shardload._base.messages import signal_name
 from shardload.sets.shardset import ShardSet
 
-__all__ = ["dead_worker", "describe_exit", "describe_stall", "shards_changed_on_disk"]
+__all__ = ["dead_worker", "describe_exit", "describe_stall", "end_workers", "shards_changed_on_disk"]
 
 
 def dead_worker(iterator: Any, wait: float = 2.0) -> Any:
@@ -115,7 +116,7 @@ def describe_exit(exitcode: int, shard_sets: Sequence[ShardSet]) -> str:
 
 
 _STATES = {
-    "T": "is stopped (SIGSTOP or job control): send it SIGCONT, or find who stopped it",
+    "T": "is stopped (SIGSTOP or job control): find who stopped it",
     "t": "is stopped by a debugger or tracer: detach it",
     "D": "is blocked in disk or network I/O (a slow or hung filesystem holding the shards?)",
     "Z": "has exited and is waiting to be reaped",
@@ -143,5 +144,30 @@ def describe_stall(workers: Sequence[Any], timeout: float) -> str:
     return (
         f"no batch came from the DataLoader workers within timeout={timeout:g} s ({found}). "
         "If batches can legitimately take longer (cold network storage, a heavy transform), raise timeout; "
-        "otherwise see what a worker waits for (`py-spy dump --pid PID`). Restart from the last checkpoint."
+        "otherwise see what a worker waits for (`py-spy dump --pid PID` while it hangs: the loader ends its "
+        "workers when it raises this). Restart from the last checkpoint."
     )
+
+
+def end_workers(iterator: Any) -> None:
+    """End the workers of a DataLoader iterator now, after a failure: a stopped one included.
+
+    torch ends them when the iterator is collected, with a SIGTERM that a stopped worker never handles, and the
+    iterator lives on in the traceback of the error; at interpreter exit ``multiprocessing`` then joins the
+    stopped worker forever. So: a stopped worker is sent SIGCONT, to see the shutdown as the others do; torch's
+    own shutdown runs (it stops watching the workers' exits, then SIGTERMs what is left); a worker still alive
+    after it (stopped by a tracer, stuck in its work) is killed. Checked against torch 2.13
+    (``_MultiProcessingDataLoaderIter._shutdown_workers``; absent from the single-process iterator).
+    """
+    workers = [w for w in getattr(iterator, "_workers", ()) if w.exitcode is None]
+    for w in workers:
+        if _proc_state(w.pid) == "T":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w.pid, signal.SIGCONT)
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+    for w in workers:
+        if w.exitcode is None:
+            w.kill()  # no longer in torch's watched set: its death raises nothing
+            w.join(timeout=5)

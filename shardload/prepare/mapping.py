@@ -7,8 +7,12 @@ the first *mapped* sample.
 
 Guarantees: a run is identified by the function (:func:`map_identity`: ``module:qualname`` and a hash
 of its source), so ``--resume`` refuses a run whose map changed; a function that cannot be pickled by
-name to the workers (a lambda, a nested function) is refused up front (:func:`check_sendable`). What
-the function may return and how its samples are located: docs/cli.md, "shardload prepare" (``--map``).
+name to the workers (a lambda, a nested function) is refused up front (:func:`check_sendable`). The
+user's code runs under :func:`user_code` (importing its module too), wherever it runs (this process or
+a worker): an ``os._exit`` or ``sys.exit`` of it is an :class:`InputError` naming the function and the
+record, and a change of the working directory is undone after each call. A returned field that no array
+can be (``None``, a dict) is refused naming the map. What the function may return and how its samples
+are located: docs/cli.md, "shardload prepare" (``--map``).
 """
 
 from __future__ import annotations
@@ -17,11 +21,17 @@ import functools
 import hashlib
 import importlib
 import inspect
+import logging
+import os
 import pickle
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from shardload.errors import InputError
+from shardload.schema._nonarray import FIELD_HOLDS, describe_non_array
+
+logger = logging.getLogger("shardload.prepare")
 
 __all__ = ["MapFunction", "MappedSamples", "check_sendable", "load_map", "map_identity", "map_name"]
 
@@ -64,7 +74,81 @@ def raised(exc: BaseException) -> str:
     (a ``SystemExit`` left to propagate would end prepare with no message, maybe with status 0)."""
     if isinstance(exc, SystemExit):
         return f"called sys.exit({exc.code!r}) (a map returns or raises; it must not exit)"
+    if isinstance(exc, UserCodeExited):
+        return f"called os._exit({exc.status!r}) (a map returns or raises; it must not exit)"
     return f"raised {type(exc).__name__}: {exc}"
+
+
+class UserCodeExited(BaseException):
+    """Raised in place of ``os._exit`` called by the user's code under :func:`user_code`.
+
+    A ``BaseException``, as ``SystemExit`` is, so that the user's own ``except Exception`` does not swallow it.
+    """
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+#: the threads running user code under :func:`user_code` (each may nest), and the ``os._exit`` they replaced
+_guarded: dict[int, int] = {}
+_guard_lock = threading.Lock()
+_real_exit = os._exit
+
+
+def _exit_of_user_code(status: int) -> NoReturn:
+    """``os._exit`` while user code runs: in its thread it raises :class:`UserCodeExited`; elsewhere it exits."""
+    if threading.get_ident() in _guarded:
+        raise UserCodeExited(status)
+    _real_exit(status)
+
+
+class user_code:
+    """Run the user's code (a map, the import of its module) where what it does to the process is seen.
+
+    In this thread, ``os._exit`` raises :class:`UserCodeExited` (which callers report with :func:`raised`,
+    as they do ``SystemExit``) instead of ending the process with no message, maybe with status 0; other
+    threads exit as before. The working directory is put back after the call, so that prepare's relative
+    paths (the sources, the output) keep meaning what they meant; ``moved_to`` is then where the code
+    went (else ``None``). About 2 us a call (a class: ``@contextmanager`` costs 1 us more).
+
+    Not caught: ``os._exit`` under another name (``posix._exit``, or bound by code imported before),
+    ``exit()`` from native code, a signal; in a worker process the pool reports that death
+    (``--workers 2`` and up), in the main process it ends prepare (docs/cli.md, ``--map``).
+    """
+
+    __slots__ = ("_cwd", "_me", "moved_to")
+
+    def __enter__(self) -> user_code:
+        self.moved_to: str | None = None
+        try:
+            self._cwd: str | None = os.getcwd()
+        except OSError:  # the working directory was removed: nothing to put back
+            self._cwd = None
+        self._me = me = threading.get_ident()
+        with _guard_lock:
+            _guarded[me] = _guarded.get(me, 0) + 1
+            os._exit = _exit_of_user_code
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        me = self._me
+        with _guard_lock:
+            _guarded[me] -= 1
+            if not _guarded[me]:
+                del _guarded[me]
+            if not _guarded and os._exit is _exit_of_user_code:
+                os._exit = _real_exit
+        cwd = self._cwd
+        if cwd is None:
+            return
+        try:
+            now = os.getcwd()
+        except OSError:
+            now = "a directory since removed"
+        if now != cwd:
+            self.moved_to = now
+            os.chdir(cwd)
 
 
 def load_map(spec: str) -> MapFunction:
@@ -84,7 +168,8 @@ def load_map(spec: str) -> MapFunction:
             "imported from the current directory or the installed packages)"
         )
     try:
-        module = importlib.import_module(module_name)
+        with user_code():
+            module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise InputError(
@@ -92,8 +177,8 @@ def load_map(spec: str) -> MapFunction:
                 "packages); run from the directory that holds it, or install its package"
             ) from exc
         raise InputError(f"--map {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
-    except (Exception, SystemExit) as exc:  # any error of the user's module is reported as its import failing
-        detail = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"
+    except (Exception, SystemExit, UserCodeExited) as exc:  # any error of the user's module: its import failed
+        detail = raised(exc) if isinstance(exc, (SystemExit, UserCodeExited)) else f"{type(exc).__name__}: {exc}"
         raise InputError(f"--map {spec!r}: importing {module_name!r} failed: {detail}") from exc
     fn: Any = module
     for i, part in enumerate(attr.split(".")):
@@ -134,6 +219,7 @@ class MappedSamples:
         self._pending: list[tuple[str, Mapping[str, Any]]] = []
         #: records the map dropped (it returned None or an empty list)
         self.dropped = 0
+        self._moved = False  # the map changed the working directory (said once)
 
     def __iter__(self) -> Iterator[tuple[str, Mapping[str, Any]]]:
         return self
@@ -159,13 +245,28 @@ class MappedSamples:
         assert self._fn is not None
         name = self._name
         try:
-            out = self._fn(sample if isinstance(sample, dict) else dict(sample))
-        except (Exception, SystemExit) as exc:  # any error of the user's function, named with the sample
+            with user_code() as call:
+                out = self._fn(sample if isinstance(sample, dict) else dict(sample))
+        except (
+            Exception,
+            SystemExit,
+            UserCodeExited,
+        ) as exc:  # any error of the user's function, named with the sample
             raise InputError(f"{where}: the map function {name} {raised(exc)}") from exc
+        if call.moved_to is not None and not self._moved:
+            self._moved = True
+            logger.warning(
+                "%s: the map function %s changed the working directory (to %s); prepare changes it back after "
+                "each call, as it names its sources and output relative to it",
+                where,
+                name,
+                call.moved_to,
+            )
         if out is None:
             self.dropped += 1
             return []
         if isinstance(out, Mapping):
+            _check_fields(out, where, name)
             return [(f"{where} (mapped by {name})", out)]
         if not isinstance(out, list):
             raise InputError(
@@ -177,7 +278,16 @@ class MappedSamples:
                     f"{where}: the map function {name} returned a list whose item {j} is a value of type {type(piece).__name__}; "
                     f"{RETURNS}"
                 )
+            _check_fields(piece, f"{where}, piece {j + 1} of {len(out)}", name)
         if not out:
             self.dropped += 1
         n = len(out)
         return [(f"{where}, piece {j + 1} of {n} (mapped by {name})", piece) for j, piece in enumerate(out)]
+
+
+def _check_fields(sample: Mapping[str, Any], where: str, name: str) -> None:
+    """Refuse a returned field that no array can be (``None``, a dict, a set), naming the map that returned it."""
+    for key, value in sample.items():
+        what = describe_non_array(value)
+        if what is not None:
+            raise InputError(f"{where}: the map function {name} returned field {key!r} = {what}; {FIELD_HOLDS}")

@@ -19,6 +19,7 @@ import numpy as np
 
 from shardload._base.messages import one_line
 from shardload.errors import InputError
+from shardload.schema._nonarray import FIELD_HOLDS, describe_object_array, describe_ragged
 from shardload.schema.text import TEXT_DTYPES, TEXT_STORAGE, text_kind, text_to_array
 
 __all__ = [
@@ -346,12 +347,15 @@ def as_array(value: Any, *, name: str, where: str) -> np.ndarray:
     else:
         try:
             arr = np.asarray(value)
-        except (ValueError, TypeError) as exc:  # ragged nested lists
-            raise InputError(f"{where}: field {name!r} cannot be made into an array: {exc}") from None
+        except (ValueError, TypeError) as exc:
+            what = describe_ragged(value) if "inhomogeneous" in str(exc) else f"cannot be made into an array: {exc}"
+            raise InputError(f"{where}: field {name!r} is {what}; {FIELD_HOLDS}") from None
     if dtype_name(arr.dtype) not in SUPPORTED_DTYPES:
-        hint = " (ragged nested lists?)" if arr.dtype == object else ""
+        if arr.dtype == object:  # None, a dict, an object, or a list holding one: numpy kept them as objects
+            what = describe_object_array(value, arr)
+            raise InputError(f"{where}: field {name!r} is {what} (unsupported dtype object); {FIELD_HOLDS}")
         raise InputError(
-            f"{where}: field {name!r} has unsupported dtype {arr.dtype}{hint}; supported: {', '.join(SUPPORTED_DTYPES)}"
+            f"{where}: field {name!r} has unsupported dtype {arr.dtype}; supported: {', '.join(SUPPORTED_DTYPES)}"
         )
     return arr
 

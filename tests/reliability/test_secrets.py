@@ -12,8 +12,12 @@ and a secret given in storage_options that a storage library's message quotes is
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -135,3 +139,16 @@ def test_a_storage_secret_quoted_by_a_library_message_is_masked(tmp_path: Path) 
     assert token not in str(err) and "invalid token *** for" in str(err)
     with pytest.raises(RemoteError):
         shardload.open(f"gs://{token}:x@bucket/set", cache_dir=tmp_path / "cache")
+
+
+def test_json_on_the_real_stdout_of_the_command_is_masked(www: tuple[Path, str], tmp_path: Path) -> None:
+    """``--json`` writes to a saved copy of descriptor 1 (so that a map's prints go to stderr): masked there too."""
+    _, base = www
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    for command in ("inspect", "verify"):
+        argv = [sys.executable, "-m", "shardload", command, f"{base}/set", "--json", "--cache-dir", str(tmp_path)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0, done.stderr
+        # Invariant: the one JSON line names the URL with its password masked, in a real process's stdout
+        assert json.loads(done.stdout)["path"] == f"{base}/set".replace(PASSWORD, "***"), done.stdout
+        _no_secret([done.stdout, done.stderr], PASSWORD)

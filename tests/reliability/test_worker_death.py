@@ -12,9 +12,9 @@ from tests.distributed.watchdog import Outcome, python, run_with_watchdog
 JOB = Path(__file__).with_name("worker_death_job.py")
 
 
-def run_job(tmp_path: Path, mode: str) -> tuple[Outcome, str]:
-    outcome = run_with_watchdog(python(str(JOB), str(tmp_path / "set"), mode), timeout=120)
-    assert not outcome.hung, outcome.output
+def run_job(tmp_path: Path, mode: str, timeout: float = 120) -> tuple[Outcome, str]:
+    outcome = run_with_watchdog(python(str(JOB), str(tmp_path / "set"), mode), timeout=timeout)
+    assert not outcome.hung, outcome.tail()
     killed = re.search(r"KILLED (\d+)", outcome.output)
     assert killed, outcome.output
     # Invariant: the loop raised (never a hang, never a finished epoch with batches missing)
@@ -83,6 +83,15 @@ def test_a_stopped_worker_raises_within_the_timeout(tmp_path: Path) -> None:
     after = re.search(r"AFTER ([\d.]+)", outcome.output)
     assert after and float(after.group(1)) < 3 + 20, outcome.output
     assert "raise timeout" in outcome.output
+
+
+@pytest.mark.slow
+def test_the_job_exits_after_a_stopped_worker_raised(tmp_path: Path) -> None:
+    """The job leaves the stopped worker alone: the loader ends it, so the interpreter's exit does not wait on it."""
+    outcome, _ = run_job(tmp_path, "STOP-leave", timeout=30)
+    assert "RAISED WorkerError" in outcome.output, outcome.output
+    # Invariant: when the error reaches the caller the stopped worker is gone (not left for exit to wait on)
+    assert re.search(r"WORKER (gone|zombie)", outcome.output), outcome.output
 
 
 def test_signal_names_and_one_line_errors_have_one_definition() -> None:

@@ -5,11 +5,13 @@ Run by test_worker_death.py under a watchdog, as ``worker_death_job.py OUT MODE`
 * ``KILL``, ``SEGV``: that signal, sent by the training process;
 * ``TERM-outside``: SIGTERM sent by another process (a scheduler), ``TERM-parent`` by the training process;
 * ``truncate``: the shard files are truncated under the worker's mappings (SIGBUS in the worker);
-* ``STOP``: the worker is stopped; the loader has ``timeout=3``.
+* ``STOP``: the worker is stopped; the loader has ``timeout=3``;
+* ``STOP-leave``: as ``STOP``, but the job leaves the stopped worker to the loader (prints ``WORKER <state>``
+  once the loader raised): the job must still exit.
 
 Prints ``KILLED <pid>`` just before the worker is hit, ``RAISED <type>: <message>`` and
 ``AFTER <seconds>`` when the loader raised, ``FINISHED`` if the epoch somehow completed.
-A stopped worker is resumed and killed before the job exits.
+A stopped worker is resumed and killed before the job exits (but for ``STOP-leave``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def hit(worker: psutil.Process, mode: str, out: str) -> None:
     elif mode == "TERM-parent":
         os.kill(worker.pid, signal.SIGTERM)
     else:
-        os.kill(worker.pid, getattr(signal, "SIG" + mode))
+        os.kill(worker.pid, getattr(signal, "SIG" + mode.removesuffix("-leave")))
 
 
 def main(out: str, mode: str) -> None:
@@ -50,7 +52,7 @@ def main(out: str, mode: str) -> None:
         batch_size=4,
         stage="val",  # in order: after a truncation the next batches read the truncated part
         loader_options=shardload.LoaderOptions(
-            num_workers=2, prefetch_factor=2, timeout=TIMEOUT if mode == "STOP" else 0
+            num_workers=2, prefetch_factor=2, timeout=TIMEOUT if mode.startswith("STOP") else 0
         ),
     )
     workers: list[psutil.Process] = []
@@ -74,11 +76,16 @@ def main(out: str, mode: str) -> None:
         # One line: torch re-raises a worker's error with the worker's traceback and message below its first line.
         one_line = " | ".join(str(exc).splitlines())
         print(f"RAISED {type(exc).__name__}: {one_line}", flush=True)
+        if mode == "STOP-leave":
+            try:
+                print(f"WORKER {workers[0].status()}", flush=True)
+            except psutil.NoSuchProcess:
+                print("WORKER gone", flush=True)
         sys.exit(3)
     finally:
         # torch's SIGCHLD handler would raise in this frame when the workers below die: the job reports above.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for w in workers:  # a stopped worker must not outlive the job
+        for w in workers if mode != "STOP-leave" else ():  # a stopped worker must not outlive the job
             try:
                 w.send_signal(signal.SIGCONT)
                 w.kill()
