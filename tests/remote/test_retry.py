@@ -261,3 +261,43 @@ def test_remote_options_name_the_field_and_what_it_takes(bad: dict[str, object],
 
     with pytest.raises(InputError, match=rf"RemoteOptions\.{field} must be .*{accepted}"):
         RemoteOptions(**bad)  # type: ignore[arg-type]
+
+
+def _not_found(cause: BaseException) -> FileNotFoundError:
+    """Shaped like fsspec's HTTP filesystem: ``FileNotFoundError(url) from`` whatever made info() fail."""
+    try:
+        raise FileNotFoundError("https://h/set/manifest.json") from cause
+    except FileNotFoundError as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    ("cause", "fault"),
+    [
+        (_ResponseError(404), False),
+        (_ResponseError(410), False),
+        (_ClientError("NoSuchKey", 404), False),
+        (StopIteration(), False),  # ftp's info(): a listing without the name
+        (_ResponseError(500), True),
+        (_ResponseError(429), True),
+        (ConnectionRefusedError(111, "Connect call failed"), True),
+        (TimeoutError(), True),
+    ],
+)
+def test_a_not_found_hiding_another_answer_or_a_failed_request_is_that_fault(cause: BaseException, fault: bool) -> None:
+    from shardload.remote.retry import fault_behind
+
+    exc = _not_found(cause)
+    # Invariant: only "no such object" (404/410, or nothing behind it) stays a FileNotFoundError
+    assert (fault_behind(exc) is cause) is fault
+    calls: list[int] = []
+
+    def call() -> None:
+        calls.append(1)
+        raise _not_found(cause)
+
+    policy = RetryPolicy(tries=3, base_delay=0.0)
+    expected = RemoteError if fault else FileNotFoundError
+    with pytest.raises(expected):
+        with_retries(call, url="https://h/set/manifest.json", what="reading", policy=policy, sleep=lambda _: None)
+    assert len(calls) == (policy.tries if fault and is_transient(cause) else 1)
