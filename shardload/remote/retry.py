@@ -104,9 +104,10 @@ MAX_DELAY = 3600.0
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 #: HTTP statuses that say the object does not exist (a FileNotFoundError caused by another is a fault)
 MISSING_STATUSES = frozenset({404, 410})
-#: TLS errors of a connection cut during the handshake: network trouble, unlike the other TLS errors
-#: (a certificate refused, a server that does not speak TLS), which no retry changes
-_TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError)
+#: OpenSSL's reasons for a handshake with a server that does not speak TLS there (plain HTTP, another
+#: protocol): like a refused certificate, no retry changes them; other TLS errors (a cut connection, a
+#: damaged record) are network trouble
+NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "RECORD_LAYER_FAILURE", "UNKNOWN_PROTOCOL"})
 
 
 @dataclass(frozen=True)
@@ -211,8 +212,8 @@ def is_transient(exc: BaseException) -> bool:
     """
     if isinstance(exc, _PERMANENT):
         return False
-    if any(isinstance(e, ssl.SSLError) and not isinstance(e, _TLS_CUT) for e in _chain(exc)):
-        return False  # a TLS mismatch or a refused certificate: what to fix is the URL or the trust
+    if _tls_mismatch(exc)[0]:
+        return False  # what to fix is the URL or the trust, not the network
     for e in _chain(exc):
         status, code = _status(e)
         if code is not None and code in TRANSIENT_CODES:
@@ -260,28 +261,36 @@ def _server(url: str) -> str:
     return f"{parts.hostname or url}:{port}" if port is not None else parts.hostname or url
 
 
+def _tls_mismatch(exc: BaseException) -> tuple[str, str]:
+    """``("certificate" | "not TLS" | "", OpenSSL's reason)`` of the TLS error among ``exc``'s causes, if any.
+
+    aiohttp's TLS errors are ``ssl.SSLError`` too, without OpenSSL's reason: that is on the one they wrap.
+    """
+    tls = [e for e in _chain(exc) if isinstance(e, ssl.SSLError)]
+    reason = next((str(r) for e in tls if (r := getattr(e, "verify_message", None) or getattr(e, "reason", None))), "")
+    if any(isinstance(e, ssl.SSLCertVerificationError) for e in tls):
+        return "certificate", reason
+    return ("not TLS" if tls and reason in NOT_TLS_REASONS else ""), reason
+
+
 def advice(exc: BaseException, url: str) -> str:
     """What to check for the network fault ``exc`` (or one it wraps) names, or "" for none of these.
 
     ``https://`` to a plain-HTTP server, a certificate refused, a refused connection, a timeout.
     """
     chain = list(_chain(exc))
-    tls = [e for e in chain if isinstance(e, ssl.SSLError) and not isinstance(e, _TLS_CUT)]
-    # aiohttp's TLS errors are ssl.SSLError too, without OpenSSL's reason: that is on the one they wrap
-    reason = next((str(r) for e in tls if (r := getattr(e, "verify_message", None) or getattr(e, "reason", None))), "")
-    if any(isinstance(e, ssl.SSLCertVerificationError) for e in tls):
+    kind, reason = _tls_mismatch(exc)
+    if kind == "certificate":
         return (
             f"The TLS certificate of {_server(url)} was not accepted ({reason}): check the host name in the URL; "
             "for a private certificate authority, give the client its bundle "
             "(storage_options={'ssl': ssl.create_default_context(cafile=...)} for https://)"
         )
-    if tls:
-        if reason in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "RECORD_LAYER_FAILURE", "UNKNOWN_PROTOCOL"):
-            return (
-                f"{_server(url)} answered the TLS handshake in plain HTTP: the URL says https:// where the server "
-                "speaks plain HTTP. Check the scheme (http:// instead of https://) and the port"
-            )
-        return f"The TLS handshake with {_server(url)} failed ({reason}): check the scheme and the port of the URL"
+    if kind == "not TLS":
+        return (
+            f"{_server(url)} answered the TLS handshake in plain HTTP: the URL says https:// where the server "
+            "speaks plain HTTP. Check the scheme (http:// instead of https://) and the port"
+        )
     if any(isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED for e in chain):
         return (
             f"Nothing accepts connections at {_server(url)} (connection refused): check the host and the port of "
