@@ -80,6 +80,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         self._iteration = 0
         self._superseded_by = ""
         self._prefetch: list[Prefetcher] = []  # remote sets: this rank's shards downloaded ahead
+        self._stopping: list[Prefetcher] = []  # stopped after a failure; their downloads under way not yet ended
 
     @property
     def plan_sampler(self) -> PlanSampler:
@@ -106,13 +107,19 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         orders = read_orders(sampler.shard_set, sampler.plan(), self.num_workers)  # a too-small cache: refused here
         try:
             yield from self._consume(mine, orders)
-        finally:
-            self._stop_prefetch()
+        except BaseException:
+            # A download may be what failed (or stalled past `timeout`): the error is not held back until the
+            # prefetch downloads under way end; each ends by itself, within its client's timeouts and retries.
+            self._stop_prefetch(wait=False)
+            raise
+        self._stop_prefetch()
 
-    def _stop_prefetch(self) -> None:
-        prefetch, self._prefetch = self._prefetch, []
+    def _stop_prefetch(self, *, wait: bool = True) -> None:
+        """Stop the prefetch threads; with ``wait``, also wait for their downloads under way (and earlier ones')."""
+        prefetch, self._prefetch = [*self._stopping, *self._prefetch], []
         for p in prefetch:
-            p.stop()
+            p.stop(wait=wait)
+        self._stopping = [] if wait else prefetch
 
     def _consume(self, mine: int, orders: Any) -> Iterator[dict[str, torch.Tensor]]:
         it: Any = None

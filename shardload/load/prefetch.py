@@ -107,13 +107,18 @@ class Prefetcher:
             with contextlib.suppress(OSError):
                 self.remote.publish_position(position)
 
-    def stop(self) -> None:
-        """Stop downloading ahead (a download under way finishes); the published order is withdrawn."""
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop downloading ahead; the published order is withdrawn and the downloads not begun are dropped.
+
+        ``wait``: return once the downloads under way have ended (before a fork: no download thread may run
+        across it). Without, they end by themselves, within their client's timeouts and the retry policy;
+        calling ``stop()`` again waits for them.
+        """
         with self._changed:
             self._stop = True
             self._changed.notify()
         self._thread.join()
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=wait, cancel_futures=True)
         self.remote.unpublish()
 
     def _wanted(self) -> list[int]:

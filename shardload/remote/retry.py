@@ -3,7 +3,11 @@
 :func:`with_retries`, through which every remote call of shardload goes, retries what
 :func:`is_transient` finds among the exception's causes (HTTP 5xx, throttling, timeouts, a dropped
 connection; fsspec backends wrap botocore and aiohttp errors in ``OSError``), and raises the rest
-at once. docs/remote.md, "Failure messages".
+at once. A ``FileNotFoundError`` means "no such object" only when nothing else is behind it: fsspec's
+HTTP filesystem raises one for *any* failure of ``info()`` (a 500, a refused connection, a timeout),
+and :func:`with_retries` treats such an error as the fault it wraps, for every scheme alike. The last
+message says what to check for the fault found (a refused connection, a timeout, ``https://`` to a
+plain-HTTP server, a certificate). docs/remote.md, "Failure messages".
 """
 
 from __future__ import annotations
@@ -11,15 +15,27 @@ from __future__ import annotations
 import asyncio
 import errno
 import random
+import ssl
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shardload._base.checks import check_real, check_scalar
 from shardload.errors import InputError, RemoteAccessError, RemoteError, ShardloadError
+from shardload.remote.url import CONNECT_TIMEOUT, READ_TIMEOUT
 
-__all__ = ["RetryPolicy", "describe", "is_refused", "is_storage_error", "is_transient", "with_retries"]
+__all__ = [
+    "RetryPolicy",
+    "advice",
+    "describe",
+    "fault_behind",
+    "is_refused",
+    "is_storage_error",
+    "is_transient",
+    "with_retries",
+]
 
 T = TypeVar("T")
 
@@ -86,6 +102,12 @@ MAX_TRIES = 1000
 MAX_DELAY = 3600.0
 #: errors that never pass by waiting, even when a transient one is among their causes
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+#: HTTP statuses that say the object does not exist (a FileNotFoundError caused by another is a fault)
+MISSING_STATUSES = frozenset({404, 410})
+#: OpenSSL's reasons for a handshake with a server that does not speak TLS there (plain HTTP, another
+#: protocol): like a refused certificate, no retry changes them; other TLS errors (a cut connection, a
+#: damaged record) are network trouble
+NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "RECORD_LAYER_FAILURE", "UNKNOWN_PROTOCOL"})
 
 
 @dataclass(frozen=True)
@@ -155,6 +177,33 @@ def _status(e: BaseException) -> tuple[int | None, str | None]:
     return (status if isinstance(status, int) else None), None
 
 
+def fault_behind(exc: BaseException) -> BaseException:
+    """The error ``exc`` stands for: ``exc`` itself, unless it is a ``FileNotFoundError`` hiding a fault.
+
+    fsspec's HTTP filesystem raises ``FileNotFoundError(url) from exc`` for any failure of ``info()``
+    or ``open()``: an answer other than ``404``/``410`` or a failure to connect among its causes is
+    returned instead (the one rule, for every scheme, of "not found" against a fault).
+
+    >>> try:
+    ...     raise FileNotFoundError("https://h/set/manifest.json") from ConnectionRefusedError(111, "refused")
+    ... except FileNotFoundError as exc:
+    ...     type(fault_behind(exc)).__name__
+    'ConnectionRefusedError'
+    """
+    if not isinstance(exc, FileNotFoundError) or exc.__cause__ is None:
+        return exc
+    for e in _chain(exc.__cause__):
+        status, code = _status(e)
+        if status is not None or code is not None:
+            return exc if status in MISSING_STATUSES or (status is None and code in ("NoSuchKey", "404")) else e
+    # no answer came: a request that failed (to connect, in TLS, in time) is a fault; a lookup that found
+    # nothing (ftp's StopIteration) is what it says
+    failed = any(
+        isinstance(e, (OSError, asyncio.TimeoutError)) or _from_storage_package(e) for e in _chain(exc.__cause__)
+    )
+    return exc.__cause__ if failed else exc
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` (or an error it wraps) is a failure that may pass on another try.
 
@@ -163,6 +212,8 @@ def is_transient(exc: BaseException) -> bool:
     """
     if isinstance(exc, _PERMANENT):
         return False
+    if _tls_mismatch(exc)[0]:
+        return False  # what to fix is the URL or the trust, not the network
     for e in _chain(exc):
         status, code = _status(e)
         if code is not None and code in TRANSIENT_CODES:
@@ -190,11 +241,68 @@ def describe(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {str(exc).rstrip('. ')}"
     for e in _chain(exc):
         status, code = _status(e)
+        if isinstance(status, int) and isinstance(getattr(e, "message", None), str):
+            # aiohttp's ClientResponseError: its text repeats the URL, which the caller names already
+            return f"{type(e).__name__}: HTTP {status} {getattr(e, 'message', '')}".rstrip()
         if status is not None or code is not None:
             # a HEAD answer has no body: botocore then gives the status as the code ("503")
             said = " ".join(dict.fromkeys(str(x) for x in (status, code) if x is not None))
             return text if said in text else f"{text} (HTTP {said})"
     return text
+
+
+def _server(url: str) -> str:
+    """``host:port`` of ``url`` (never its user or password)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:  # not a number: the URL says so itself
+        port = None
+    return f"{parts.hostname or url}:{port}" if port is not None else parts.hostname or url
+
+
+def _tls_mismatch(exc: BaseException) -> tuple[str, str]:
+    """``("certificate" | "not TLS" | "", OpenSSL's reason)`` of the TLS error among ``exc``'s causes, if any.
+
+    aiohttp's TLS errors are ``ssl.SSLError`` too, without OpenSSL's reason: that is on the one they wrap.
+    """
+    tls = [e for e in _chain(exc) if isinstance(e, ssl.SSLError)]
+    reason = next((str(r) for e in tls if (r := getattr(e, "verify_message", None) or getattr(e, "reason", None))), "")
+    if any(isinstance(e, ssl.SSLCertVerificationError) for e in tls):
+        return "certificate", reason
+    return ("not TLS" if tls and reason in NOT_TLS_REASONS else ""), reason
+
+
+def advice(exc: BaseException, url: str) -> str:
+    """What to check for the network fault ``exc`` (or one it wraps) names, or "" for none of these.
+
+    ``https://`` to a plain-HTTP server, a certificate refused, a refused connection, a timeout.
+    """
+    chain = list(_chain(exc))
+    kind, reason = _tls_mismatch(exc)
+    if kind == "certificate":
+        return (
+            f"The TLS certificate of {_server(url)} was not accepted ({reason}): check the host name in the URL; "
+            "for a private certificate authority, give the client its bundle "
+            "(storage_options={'ssl': ssl.create_default_context(cafile=...)} for https://)"
+        )
+    if kind == "not TLS":
+        return (
+            f"{_server(url)} answered the TLS handshake in plain HTTP: the URL says https:// where the server "
+            "speaks plain HTTP. Check the scheme (http:// instead of https://) and the port"
+        )
+    if any(isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED for e in chain):
+        return (
+            f"Nothing accepts connections at {_server(url)} (connection refused): check the host and the port of "
+            "the URL (or the endpoint), and that the server runs"
+        )
+    if any(isinstance(e, (TimeoutError, asyncio.TimeoutError)) or "Timeout" in type(e).__name__ for e in chain):
+        return (
+            f"{_server(url)} gave no answer within the client's timeout (by default {CONNECT_TIMEOUT:g} s to "
+            f'connect, {READ_TIMEOUT:g} s for each read of an answer; docs/remote.md, "Timeouts"): check that '
+            "the server is up and not overloaded, and the network; on a slow link, raise the timeout"
+        )
+    return ""
 
 
 #: HTTP statuses and service error codes of a refused or missing credential
@@ -237,6 +345,10 @@ _STORAGE_PACKAGES = frozenset(
 )
 
 
+def _from_storage_package(e: BaseException) -> bool:
+    return type(e).__module__.split(".")[0] in _STORAGE_PACKAGES
+
+
 def is_storage_error(exc: BaseException) -> bool:
     """Whether ``exc`` (or an error it wraps) is an answer of the storage service or its client.
 
@@ -250,7 +362,7 @@ def is_storage_error(exc: BaseException) -> bool:
     if isinstance(exc, ShardloadError):
         return False
     for e in _chain(exc):
-        if _status(e) != (None, None) or type(e).__module__.split(".")[0] in _STORAGE_PACKAGES:
+        if _status(e) != (None, None) or _from_storage_package(e):
             return True
         if isinstance(e, OSError) and e.errno is None and e.filename is None:
             return True
@@ -292,7 +404,8 @@ def with_retries(
         counted += 1
         try:
             return call()
-        except Exception as exc:
+        except Exception as raised:
+            exc = fault_behind(raised)
             if is_refused(exc):
                 raise RemoteAccessError(
                     f"{what} ({url}) was refused: {type(exc).__name__}: {exc}. Check the credentials (for S3: "
@@ -303,11 +416,17 @@ def with_retries(
             if not is_transient(exc):
                 if isinstance(exc, FileNotFoundError) or not is_storage_error(exc):
                     raise
+                hint = advice(exc, url)
                 raise RemoteError(
-                    f"{what} ({url}) failed: {describe(exc)}. The storage service rejected the request, and "
-                    "another try would not change its answer: check the URL (bucket and prefix), the endpoint "
-                    "(AWS_ENDPOINT_URL, or storage_options) and that the service supports the call; if the "
-                    "objects of the set were changed by hand, upload the set again (prepare -o URL --overwrite).",
+                    f"{what} ({url}) failed: {describe(exc)}. "
+                    + (
+                        f"{hint}."
+                        if hint
+                        else "The storage service rejected the request, and another try would not change its "
+                        "answer: check the URL (bucket and prefix), the endpoint (AWS_ENDPOINT_URL, or "
+                        "storage_options) and that the service supports the call; if the objects of the set were "
+                        "changed by hand, upload the set again (prepare -o URL --overwrite)."
+                    ),
                     url,
                 ) from exc
             if progress is not None and (got := progress()) > best:
@@ -317,8 +436,13 @@ def with_retries(
                 since = f" (the last {counted} without getting further)" if counted < tries else ""
                 raise RemoteError(
                     f"{what} ({url}) failed {tries} time{'s' if tries > 1 else ''}{since}; the last error: "
-                    f"{describe(exc)}. The storage service is unreachable, throttling or failing: "
-                    "check the endpoint and the network, then rerun (a prepare upload resumes with --resume).",
+                    f"{describe(exc)}. "
+                    + (
+                        advice(exc, url)
+                        or "The storage service is unreachable, throttling or failing: check the endpoint and "
+                        "the network"
+                    )
+                    + ", then rerun (a prepare upload resumes with --resume).",
                     url,
                 ) from exc
             sleep(delay)

@@ -58,7 +58,9 @@ SCHEMES = (*_PACKAGES, "file")
 _LOCAL = ("file", "local")
 #: schemes whose host part is a bucket name, in which s3fs and gcsfs would take ``user:password@`` as part of it
 _BUCKETS = ("s3", "s3a", "gs", "gcs")
-#: seconds the S3 client waits for a connection, and for each read of an answer, before one try fails
+#: seconds the storage client (S3: botocore; HTTP(S): aiohttp) waits for a connection, and for each read of
+#: an answer (its headers, then each piece of its body), before one try fails: a server that accepts and
+#: then says nothing ends as a timeout, retried under the RetryPolicy (docs/remote.md, "Timeouts")
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 15.0
 #: tries of s3fs's own loop inside each of ours: one, so that throttling (503 SlowDown) is retried with
@@ -196,6 +198,8 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
     For S3, the client's own retries are off (unless ``storage_options`` or ``$AWS_MAX_ATTEMPTS``
     sets botocore's), so that :class:`~shardload.remote.retry.RetryPolicy` is the only retry loop,
     and the timeouts are :data:`CONNECT_TIMEOUT`/:data:`READ_TIMEOUT` unless ``config_kwargs`` gives them.
+    For HTTP(S), the same timeouts as aiohttp's ``ClientTimeout(sock_connect=..., sock_read=...)``, with no
+    bound on a whole download, unless ``client_kwargs`` gives a ``timeout``.
 
     Raises:
         RemoteError: the URL has an empty path segment (:func:`normalize_url`).
@@ -209,6 +213,8 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
     options = dict(storage_options or {})
     if scheme in ("s3", "s3a"):
         options["config_kwargs"] = _s3_config(options.get("config_kwargs"))
+    elif scheme in ("http", "https"):
+        options["client_kwargs"] = _http_client(options.get("client_kwargs"))
     try:
         import fsspec
     except ImportError as exc:
@@ -243,3 +249,21 @@ def _s3_config(given: object) -> Any:
     config.setdefault("connect_timeout", CONNECT_TIMEOUT)
     config.setdefault("read_timeout", READ_TIMEOUT)
     return config
+
+
+def _http_client(given: object) -> Any:
+    """aiohttp ``ClientSession`` keywords for fsspec's HTTP filesystem: the timeouts, unless given.
+
+    aiohttp's own default (300 s for a whole request, no bound per read) would let a stalled server
+    hold a try for five minutes, and cut a large shard's download that is merely slow.
+    """
+    if given is not None and not isinstance(given, Mapping):
+        return given  # not keywords: aiohttp says what is wrong with it
+    kwargs: dict[str, Any] = dict(given or {})
+    if "timeout" not in kwargs:
+        try:
+            import aiohttp
+        except ImportError:
+            return kwargs  # fsspec's import of it fails next, with the install hint
+        kwargs["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
+    return kwargs

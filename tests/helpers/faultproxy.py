@@ -14,7 +14,10 @@ Faults:
     ``"503"``: an S3 ``SlowDown`` error (status 503, XML body), upstream not asked.
     ``"500"``: an S3 ``InternalError`` (status 500).
     ``"400"``: an S3 ``InvalidRequest`` (status 400): an answer no retry changes.
+    ``"429"``: ``Too Many Requests`` (status 429, ``Retry-After: 1``), as HTTP servers and CDNs throttle.
     ``"stall"``: wait ``stall_s`` seconds, then answer normally (a client timeout shorter than that fires).
+    ``"stall-body"``: send the headers with the full length and half the body (or ``keep=`` bytes), wait
+    ``stall_s`` seconds, then send the rest (a client read timeout shorter than that fires mid-body).
     ``"drop"``: close the connection without any answer.
     ``"truncate"``: send the headers with the full length, half the body, then close.
     ``"truncate-corrupt"``: as ``"truncate"``, with one byte of the half sent changed.
@@ -24,7 +27,7 @@ Faults:
     ``"wrong-range"``: answer a ranged GET with a ``206`` of the right length holding the object's
     first bytes instead of the range asked for (same source of the body).
 
-``keep=`` (``"truncate"``, ``"truncate-corrupt"``): the bytes of the body sent before the
+``keep=`` (``"truncate"``, ``"truncate-corrupt"``, ``"stall-body"``): the bytes of the body sent before the
 connection is closed, instead of half (a negative count is from the end: ``-1``, all but the
 last byte).
 
@@ -49,7 +52,9 @@ FAULTS = (
     "503",
     "500",
     "400",
+    "429",
     "stall",
+    "stall-body",
     "drop",
     "truncate",
     "truncate-corrupt",
@@ -61,6 +66,7 @@ _ERROR_BODIES = {
     "503": (503, "SlowDown", "Please reduce your request rate."),
     "500": (500, "InternalError", "We encountered an internal error. Please try again."),
     "400": (400, "InvalidRequest", "The request is not valid for this service."),
+    "429": (429, "TooManyRequests", "Too many requests; slow down."),
 }
 # hop-by-hop headers and those the proxy recomputes
 _SKIP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection"}
@@ -159,6 +165,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 f"<Resource>{self.path}</Resource></Error>"
             ).encode()
             self.send_response(status)
+            if status == 429:
+                self.send_header("Retry-After", "1")
             self.send_header("Content-Type", "application/xml")
             self.send_header("Content-Length", str(len(xml) if self.command != "HEAD" else 0))
             self.end_headers()
@@ -190,6 +198,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if kind == "stall-body" and fault is not None:
+            self.wfile.write(payload[:sent])
+            self.wfile.flush()
+            time.sleep(fault.stall_s)
+            self.close_connection = True
+            with contextlib.suppress(OSError):  # the client gave up meanwhile and closed the connection
+                self.wfile.write(payload[sent:])
             return
         self.wfile.write(payload)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import ssl
 
 import pytest
 
@@ -261,3 +262,77 @@ def test_remote_options_name_the_field_and_what_it_takes(bad: dict[str, object],
 
     with pytest.raises(InputError, match=rf"RemoteOptions\.{field} must be .*{accepted}"):
         RemoteOptions(**bad)  # type: ignore[arg-type]
+
+
+def _not_found(cause: BaseException) -> FileNotFoundError:
+    """Shaped like fsspec's HTTP filesystem: ``FileNotFoundError(url) from`` whatever made info() fail."""
+    try:
+        raise FileNotFoundError("https://h/set/manifest.json") from cause
+    except FileNotFoundError as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    ("cause", "fault"),
+    [
+        (_ResponseError(404), False),
+        (_ResponseError(410), False),
+        (_ClientError("NoSuchKey", 404), False),
+        (StopIteration(), False),  # ftp's info(): a listing without the name
+        (_ResponseError(500), True),
+        (_ResponseError(429), True),
+        (ConnectionRefusedError(111, "Connect call failed"), True),
+        (TimeoutError(), True),
+    ],
+)
+def test_a_not_found_hiding_another_answer_or_a_failed_request_is_that_fault(cause: BaseException, fault: bool) -> None:
+    from shardload.remote.retry import fault_behind
+
+    exc = _not_found(cause)
+    # Invariant: only "no such object" (404/410, or nothing behind it) stays a FileNotFoundError
+    assert (fault_behind(exc) is cause) is fault
+    calls: list[int] = []
+
+    def call() -> None:
+        calls.append(1)
+        raise _not_found(cause)
+
+    policy = RetryPolicy(tries=3, base_delay=0.0)
+    expected = RemoteError if fault else FileNotFoundError
+    with pytest.raises(expected):
+        with_retries(call, url="https://h/set/manifest.json", what="reading", policy=policy, sleep=lambda _: None)
+    assert len(calls) == (policy.tries if fault and is_transient(cause) else 1)
+
+
+def _tls_error(reason: str) -> ssl.SSLError:
+    """Shaped like OpenSSL's: the reason is an attribute (aiohttp's error wraps it)."""
+    exc = ssl.SSLError(1, f"[SSL: {reason}] ({reason.lower()})")
+    exc.reason = reason
+    return exc
+
+
+def _certificate_error() -> ssl.SSLCertVerificationError:
+    exc = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    exc.verify_message = "self-signed certificate"
+    return exc
+
+
+@pytest.mark.parametrize(
+    ("exc", "transient", "said"),
+    [
+        (_tls_error("WRONG_VERSION_NUMBER"), False, "h:443 answered the TLS handshake in plain HTTP"),
+        (_certificate_error(), False, "The TLS certificate of h:443 was not accepted (self-signed certificate)"),
+        (ssl.SSLEOFError(8, "EOF occurred in violation of protocol"), True, ""),  # a handshake cut by the network
+        (_tls_error("DECRYPTION_FAILED_OR_BAD_RECORD_MAC"), True, ""),  # a record damaged in transit
+    ],
+)
+def test_a_tls_error_is_retried_only_when_the_network_may_be_the_cause(
+    exc: BaseException, transient: bool, said: str
+) -> None:
+    from shardload.remote.retry import advice
+
+    wrapped = _wrapped(ConnectionError("Cannot connect to host h:443 ssl:default"))
+    wrapped.__cause__.__cause__ = exc  # type: ignore[union-attr]
+    # Invariant: a scheme or certificate mismatch is not retried, and the message says which
+    assert is_transient(wrapped) is transient
+    assert advice(wrapped, "https://h:443/set/manifest.json").startswith(said)
