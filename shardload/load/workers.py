@@ -150,24 +150,31 @@ def describe_stall(workers: Sequence[Any], timeout: float) -> str:
 
 
 def end_workers(iterator: Any) -> None:
-    """End the workers of a DataLoader iterator now, after a failure: a stopped one included.
+    """End the workers of a DataLoader iterator now, after a failure: a stopped or stuck one included, at once.
 
-    torch ends them when the iterator is collected, with a SIGTERM that a stopped worker never handles, and the
-    iterator lives on in the traceback of the error; at interpreter exit ``multiprocessing`` then joins the
-    stopped worker forever. So: a stopped worker is sent SIGCONT, to see the shutdown as the others do; torch's
-    own shutdown runs (it stops watching the workers' exits, then SIGTERMs what is left); a worker still alive
-    after it (stopped by a tracer, stuck in its work) is killed. Checked against torch 2.13
+    Left to torch, they end when the iterator is collected, and the iterator lives on in the traceback of the
+    error: a stopped worker never handles torch's SIGTERM, and at interpreter exit ``multiprocessing`` joins it
+    forever; torch's own shutdown waits ``MP_STATUS_CHECK_INTERVAL`` (5 s) for each worker stuck in its work (a
+    stalled remote read), which would stretch the loader's ``timeout`` by 5 s a worker. The iteration has failed
+    and nothing its workers hold is needed, so: torch stops watching their exits (as its shutdown does last), they
+    are killed (a stopped one first continued, so that it can die), and torch's shutdown then closes the queues
+    and the pinning thread, its joins finding the workers gone. Checked against torch 2.13
     (``_MultiProcessingDataLoaderIter._shutdown_workers``; absent from the single-process iterator).
     """
     workers = [w for w in getattr(iterator, "_workers", ()) if w.exitcode is None]
+    if getattr(iterator, "_worker_pids_set", False):
+        from torch.utils.data._utils import signal_handling
+
+        # a killed worker must not raise in this process
+        signal_handling._remove_worker_pids(id(iterator))  # type: ignore[attr-defined]
+        iterator._worker_pids_set = False
     for w in workers:
         if _proc_state(w.pid) == "T":
             with contextlib.suppress(ProcessLookupError):
                 os.kill(w.pid, signal.SIGCONT)
+        w.kill()
+    for w in workers:
+        w.join(timeout=5)
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
-    for w in workers:
-        if w.exitcode is None:
-            w.kill()  # no longer in torch's watched set: its death raises nothing
-            w.join(timeout=5)
