@@ -202,7 +202,7 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
     bound on a whole download, unless ``client_kwargs`` gives a ``timeout``.
 
     Raises:
-        RemoteError: the URL has an empty path segment (:func:`normalize_url`).
+        RemoteError: a URL form shardload does not take, or an empty path segment (:func:`normalize_url`).
         MissingDependencyError: fsspec, or the package of this scheme (s3fs, gcsfs, adlfs,
             aiohttp for HTTP), is not installed; the message gives the ``pip install`` line.
     """
@@ -224,9 +224,7 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
-        package = _PACKAGES.get(
-            scheme, "aiohttp" if scheme in ("http", "https") else f"the fsspec backend of {scheme}://"
-        )
+        package = _PACKAGES.get(scheme, f"the fsspec backend of {scheme}://")
         raise MissingDependencyError(
             f"reading {url} needs {package}: pip install {package} (or 'shardload[remote]' for S3 and HTTP)"
         ) from exc

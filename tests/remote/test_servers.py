@@ -35,10 +35,11 @@ def test_missing_backend_names_the_package() -> None:
 
     import pytest
 
-    from shardload.errors import MissingDependencyError
+    from shardload.errors import MissingDependencyError, RemoteError
 
     if importlib.util.find_spec("gcsfs") is None:  # the test extra does not install gcsfs
         with pytest.raises(MissingDependencyError, match="pip install gcsfs"):
             open_filesystem("gs://bucket/set")
-    with pytest.raises(MissingDependencyError, match="no filesystem for nosuch://"):
+    # Invariant: a scheme outside the supported list is refused by name before fsspec is asked
+    with pytest.raises(RemoteError, match="unsupported URL scheme 'nosuch'; supported: s3, "):
         open_filesystem("nosuch://bucket/set")
