@@ -15,6 +15,7 @@ import argparse
 import atexit
 import importlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -25,6 +26,7 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any, TextIO
 
+from shardload._base.interrupts import Interruption
 from shardload._base.redact import redact
 from shardload.cli._common import EXIT_CODES_HELP, CommandError, Exit, json_stdout
 from shardload.errors import (
@@ -71,14 +73,50 @@ def _quiet_teardown() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``shardload`` command line and return its exit status.
 
+    Called with no ``argv`` (the ``shardload`` program, ``python -m shardload``), it is the program: if
+    threads that code the command ran (a ``--map``) left running remain once the command is done, it
+    ends the process without waiting for them (:func:`_end_without_leftover_threads`).
+
     >>> main(["verify", "out/"])   # doctest: +SKIP
     0
     """
     try:
-        return _main(argv)
+        code = _main(argv)
     except KeyboardInterrupt:  # before a command runs (imports, parsing): one line, no traceback
         _error("interrupted")
-        return Exit.INTERRUPTED
+        code = Exit.INTERRUPTED
+    if argv is None:
+        _end_without_leftover_threads(code)
+    return code
+
+
+def _end_without_leftover_threads(code: int) -> None:
+    """End the program now, with ``code``, if threads other than the main one that are not daemons still run.
+
+    Python would wait for them at exit, forever for a map's ``Thread(target=serve_forever).start()``, after
+    the command's work and output are done. The command joins every thread it starts, so such a thread is
+    the user's: say so once, naming the user code seen to start threads, then run the exit handlers
+    (``atexit``: logging, temporary files) and end the process without joining it.
+    """
+    left = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if not left or threading.current_thread() is not threading.main_thread():
+        return
+    mapping = sys.modules.get("shardload.prepare.mapping")
+    starters = sorted(getattr(mapping, "started_threads", ()))
+    by = " or ".join(starters) if starters else "code the command ran"
+    names = ", ".join(repr(t.name) for t in left[:3]) + (", ..." if len(left) > 3 else "")
+    print(
+        f"shardload: warning: not waiting for {len(left)} thread(s) left running by {by} ({names}): the command is "
+        "done, and they end with it; code run by a command must not leave threads running (or makes them daemons)",
+        file=sys.stderr,
+    )
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or the reader went away: nothing more can be said
+            pass
+    os._exit(code)
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -146,10 +184,11 @@ def _json_only(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "json", False)) and args.command != "demo"
 
 
-class Terminated(BaseException):
+class Terminated(Interruption):
     """Raised in the main thread by SIGTERM while a command runs: ``finally`` blocks run, the exit status is 143.
 
-    A ``BaseException``, like ``KeyboardInterrupt``, so that no ``except Exception`` swallows it.
+    An :class:`~shardload._base.interrupts.Interruption`: no ``except Exception`` swallows it, and a guard
+    around user code (a ``--map``) lets it through rather than blaming the code.
     """
 
 

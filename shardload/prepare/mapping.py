@@ -17,6 +17,7 @@ are located: docs/cli.md, "shardload prepare" (``--map``).
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import importlib
@@ -28,6 +29,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn
 
+from shardload._base.interrupts import Interruption
 from shardload.errors import InputError
 from shardload.schema._nonarray import FIELD_HOLDS, describe_non_array
 
@@ -76,7 +78,7 @@ def raised(exc: BaseException) -> str:
         return f"called sys.exit({exc.code!r}) (a map returns or raises; it must not exit)"
     if isinstance(exc, UserCodeExited):
         return f"called os._exit({exc.status!r}) (a map returns or raises; it must not exit)"
-    return f"raised {type(exc).__name__}: {exc}"
+    return f"raised {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
 
 
 class UserCodeExited(BaseException):
@@ -90,55 +92,104 @@ class UserCodeExited(BaseException):
         self.status = status
 
 
-#: the threads running user code under :func:`user_code` (each may nest), and the ``os._exit`` they replaced
-_guarded: dict[int, int] = {}
+#: the (process, thread) pairs running user code under :func:`user_code` (each may nest); a forked child
+#: of user code is neither, so its ``os._exit`` is the real one
+_guarded: dict[tuple[int, int], int] = {}
 _guard_lock = threading.Lock()
 _real_exit = os._exit
+#: copies of descriptors 1 and 2 (-1: closed), taken at this process's first user code, to put back one it closes
+_std_copies: dict[int, int] = {}
+#: the user code (by name) seen to start threads, for the command's warning about threads left running at its end
+started_threads: set[str] = set()
+_STREAM_NAMES = {1: "1 (stdout)", 2: "2 (stderr)"}
 
 
 def _exit_of_user_code(status: int) -> NoReturn:
-    """``os._exit`` while user code runs: in its thread it raises :class:`UserCodeExited`; elsewhere it exits."""
-    if threading.get_ident() in _guarded:
+    """``os._exit`` while user code runs: in its process and thread it raises :class:`UserCodeExited`; elsewhere it exits."""
+    if (os.getpid(), threading.get_ident()) in _guarded:
         raise UserCodeExited(status)
     _real_exit(status)
+
+
+def _forget_guards_in_child() -> None:
+    """In a forked child (a map that forks, ``multiprocessing``'s fork start method): ``os._exit`` is the real one.
+
+    The child's thread has the ident of the parent's thread that forked, inside the map: without this, the
+    child's own ``os._exit(0)`` (how a forked child ends) would raise instead, and the child would run on.
+    """
+    global _guard_lock
+    _guard_lock = threading.Lock()  # another thread of the parent may have held it at the fork
+    _guarded.clear()
+    os._exit = _real_exit
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_guards_in_child)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        fcntl.fcntl(fd, fcntl.F_GETFD)
+    except OSError:
+        return False
+    return True
 
 
 class user_code:
     """Run the user's code (a map, the import of its module) where what it does to the process is seen.
 
-    In this thread, ``os._exit`` raises :class:`UserCodeExited` (which callers report with :func:`raised`,
-    as they do ``SystemExit``) instead of ending the process with no message, maybe with status 0; other
-    threads exit as before. The working directory is put back after the call, so that prepare's relative
-    paths (the sources, the output) keep meaning what they meant; ``moved_to`` is then where the code
-    went (else ``None``). About 2 us a call (a class: ``@contextmanager`` costs 1 us more).
+    In this process and thread, ``os._exit`` raises :class:`UserCodeExited` (which callers report with
+    :func:`raised`, as they do ``SystemExit``) instead of ending the process with no message, maybe with
+    status 0; other threads, and processes the code forks, exit as before. The working directory is put
+    back after the call, so that prepare's relative paths (the sources, the output) keep meaning what they
+    meant; ``moved_to`` is then where the code went (else ``None``). A descriptor 1 or 2 the code closed
+    is put back (so that the error can be printed) and named in ``closed_streams``. A thread the code
+    started adds ``name`` to :data:`started_threads`. About 2.5 us a call (a class: ``@contextmanager``
+    costs 1 us more).
 
     Not caught: ``os._exit`` under another name (``posix._exit``, or bound by code imported before),
     ``exit()`` from native code, a signal; in a worker process the pool reports that death
     (``--workers 2`` and up), in the main process it ends prepare (docs/cli.md, ``--map``).
     """
 
-    __slots__ = ("_cwd", "_me", "moved_to")
+    __slots__ = ("_cwd", "_key", "_threads", "closed_streams", "moved_to", "name")
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name
 
     def __enter__(self) -> user_code:
         self.moved_to: str | None = None
+        self.closed_streams: list[str] = []
         try:
             self._cwd: str | None = os.getcwd()
         except OSError:  # the working directory was removed: nothing to put back
             self._cwd = None
-        self._me = me = threading.get_ident()
+        if not _std_copies:
+            for fd in (1, 2):
+                _std_copies[fd] = os.dup(fd) if _is_open(fd) else -1  # os.dup: not inherited by an exec
+        self._key = key = (os.getpid(), threading.get_ident())
+        self._threads = threading.active_count()
         with _guard_lock:
-            _guarded[me] = _guarded.get(me, 0) + 1
+            _guarded[key] = _guarded.get(key, 0) + 1
             os._exit = _exit_of_user_code
         return self
 
     def __exit__(self, *exc: object) -> None:
-        me = self._me
+        key = self._key
         with _guard_lock:
-            _guarded[me] -= 1
-            if not _guarded[me]:
-                del _guarded[me]
+            depth = _guarded.get(key)
+            if depth == 1:
+                del _guarded[key]
+            elif depth is not None:  # None: a forked child, whose guards were dropped at the fork
+                _guarded[key] = depth - 1
             if not _guarded and os._exit is _exit_of_user_code:
                 os._exit = _real_exit
+        if threading.active_count() > self._threads:
+            started_threads.add(self.name)
+        for fd, copy in _std_copies.items():
+            if copy >= 0 and not _is_open(fd):
+                os.dup2(copy, fd)
+                self.closed_streams.append(_STREAM_NAMES[fd])
         cwd = self._cwd
         if cwd is None:
             return
@@ -149,6 +200,21 @@ class user_code:
         if now != cwd:
             self.moved_to = now
             os.chdir(cwd)
+
+
+def closed_streams(call: user_code) -> str | None:
+    """What to say of the streams ``call`` closed (for an error naming the code), ``None`` if it closed none."""
+    if not call.closed_streams:
+        return None
+    return (
+        f"closed file descriptor {' and '.join(call.closed_streams)} (put back; user code must not close the "
+        "command's output streams)"
+    )
+
+
+def interrupts(exc: BaseException) -> bool:
+    """Whether ``exc``, raised in user code, interrupts the run (Ctrl-C, SIGTERM) rather than being the code's failure."""
+    return isinstance(exc, (KeyboardInterrupt, Interruption))
 
 
 def load_map(spec: str) -> MapFunction:
@@ -168,7 +234,7 @@ def load_map(spec: str) -> MapFunction:
             "imported from the current directory or the installed packages)"
         )
     try:
-        with user_code():
+        with user_code(f"the map module {module_name}") as call:
             module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
@@ -177,9 +243,14 @@ def load_map(spec: str) -> MapFunction:
                 "packages); run from the directory that holds it, or install its package"
             ) from exc
         raise InputError(f"--map {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
-    except (Exception, SystemExit, UserCodeExited) as exc:  # any error of the user's module: its import failed
+    except BaseException as exc:  # anything the user's module raised, but Ctrl-C or SIGTERM: its import failed
+        if interrupts(exc):
+            raise
         detail = raised(exc) if isinstance(exc, (SystemExit, UserCodeExited)) else f"{type(exc).__name__}: {exc}"
         raise InputError(f"--map {spec!r}: importing {module_name!r} failed: {detail}") from exc
+    closed = closed_streams(call)
+    if closed is not None:
+        raise InputError(f"--map {spec!r}: importing {module_name!r} {closed}")
     fn: Any = module
     for i, part in enumerate(attr.split(".")):
         try:
@@ -245,14 +316,17 @@ class MappedSamples:
         assert self._fn is not None
         name = self._name
         try:
-            with user_code() as call:
+            with user_code(f"the map function {name}") as call:
                 out = self._fn(sample if isinstance(sample, dict) else dict(sample))
         except (
-            Exception,
-            SystemExit,
-            UserCodeExited,
-        ) as exc:  # any error of the user's function, named with the sample
+            BaseException
+        ) as exc:  # anything the user's function raised, but Ctrl-C or SIGTERM: named with the sample
+            if interrupts(exc):
+                raise
             raise InputError(f"{where}: the map function {name} {raised(exc)}") from exc
+        closed = closed_streams(call)
+        if closed is not None:
+            raise InputError(f"{where}: the map function {name} {closed}")
         if call.moved_to is not None and not self._moved:
             self._moved = True
             logger.warning(

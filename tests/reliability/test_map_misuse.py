@@ -1,4 +1,5 @@
-"""A prepare map that misbehaves: exits, prints, changes directory, returns a field that is no array.
+"""A prepare map that misbehaves: exits, forks, raises a BaseException, leaves a thread, closes a stream, prints,
+changes directory, returns a field that is no array.
 
 Each is named (the map, the file and the record) or made harmless, with one and two workers, from
 the command line and from Python. A map that calls ``os._exit`` would end this test process too:
@@ -74,6 +75,56 @@ def none_later(sample):
 
 def none_first(sample):
     return {"tokens": None}
+
+
+def forks_and_exits(sample):
+    if os.fork() == 0:  # how a forked child ends: it must end, not run prepare on
+        os._exit(0)
+    return sample
+
+
+def _send_sum(queue, tokens):
+    queue.put(int(sum(tokens)))
+
+
+def uses_multiprocessing(sample):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")  # whose children end with os._exit
+    queue = ctx.Queue()
+    child = ctx.Process(target=_send_sum, args=(queue, list(sample["tokens"])))
+    child.start()
+    total = queue.get(timeout=20)
+    child.join(20)
+    return {"tokens": np.asarray(sample["tokens"], dtype=np.int64), "sum": np.int64(total)}
+
+
+def base_exception_later(sample):
+    if sample["tokens"][0] == 13:
+        raise BaseException("boom")
+    return sample
+
+
+def generator_exit_first(sample):
+    raise GeneratorExit
+
+
+def leaves_a_thread(sample):
+    import threading
+    import time
+
+    threading.Thread(target=time.sleep, args=(1000,)).start()
+    return sample
+
+
+def closes_stdout(sample):
+    os.close(1)
+    return sample
+
+
+def closes_stderr(sample):
+    os.close(2)
+    return sample
 """
 
 #: how long a run may be idle before the watchdog calls it a hang
@@ -156,6 +207,114 @@ def test_an_exit_bound_before_the_run_is_a_worker_death_naming_the_likely_cause(
     # Invariant: a worker that exits is a failure of the run that names a map's exit as the likely cause
     assert outcome.returncode == 4, outcome.tail()
     assert "exited with status 0 before its work was done" in outcome.output, outcome.tail()
+    assert not (work / "out" / "manifest.json").exists()
+
+
+def run_alone(
+    work: Path, name: str, workers: int, *flags: str, timeout: float = TIMEOUT
+) -> tuple[int | None, str, list[str]]:
+    """prepare with map ``name`` in a process group of its own: its exit status (``None``: killed at ``timeout``),
+    its output (both streams), and the processes of its group still alive once it exited (orphans)."""
+    import subprocess
+    import tempfile
+    import time
+
+    args = ["-m", "shardload", "prepare", "in0.jsonl", "in1.jsonl", "-o", "out", "--map", f"mapmod:{name}"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    # a file, not a pipe: an orphan holding the output must not hold up the wait
+    with tempfile.TemporaryFile("w+") as output:
+        proc = subprocess.Popen(
+            python(*args, "--workers", str(workers), "--no-progress", *flags),
+            cwd=work,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code: int | None = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        try:
+            left = _group(proc.pid)
+            deadline = time.monotonic() + 3.0  # a child ending as its parent does is given a moment
+            while left and time.monotonic() < deadline:
+                time.sleep(0.1)
+                left = _group(proc.pid)
+        finally:
+            try:
+                os.killpg(proc.pid, 9)  # the watchdog: nothing of the run outlives the test
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        output.seek(0)
+        return code, output.read(), left
+
+
+def _group(pgid: int) -> list[str]:
+    """The live (not zombie) processes of process group ``pgid``, as ``pid state command``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm_end = text.rindex(")")
+        state, _ppid, pgrp = text[comm_end + 2 :].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            found.append(f"{stat.parent.name} {state} {text[: comm_end + 1]}")
+    return found
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("name", ["forks_and_exits", "uses_multiprocessing"])
+def test_a_map_that_forks_leaves_its_children_their_own_exit(work: Path, workers: int, name: str) -> None:
+    code, output, left = run_alone(work, name, workers, "--json", timeout=30)
+    # Invariant: a forked child's os._exit ends the child, not blamed on the map: prepare succeeds, ends,
+    # and leaves no process behind
+    assert code == 0, output[-3000:]
+    assert "os._exit" not in output, output[-3000:]
+    assert not left, left
+    assert len(shardload.open(work / "out")) == 10
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(
+    ("name", "where", "what"),
+    [
+        ("base_exception_later", "in1.jsonl: line 3", "raised BaseException: boom"),
+        ("generator_exit_first", "in0.jsonl: line 1", "raised GeneratorExit"),
+    ],
+)
+def test_a_map_raising_a_base_exception_is_named(work: Path, workers: int, name: str, where: str, what: str) -> None:
+    outcome = run_prepare(work, "cli", name, workers)
+    # Invariant: anything a map raises, but Ctrl-C or SIGTERM, is the map's failure: exit 3 naming the
+    # file, the record and the function; no traceback
+    assert outcome.returncode == 3, outcome.tail()
+    assert f"{where}: the map function mapmod:{name} {what}" in outcome.output, outcome.tail()
+    assert "Traceback" not in outcome.output, outcome.tail()
+    assert not (work / "out" / "manifest.json").exists()
+
+
+def test_a_thread_the_map_leaves_running_does_not_hold_up_the_end(work: Path) -> None:
+    code, output, left = run_alone(work, "leaves_a_thread", 1, "--json", timeout=30)
+    # Invariant: the command ends once its work is done, saying which code left threads running; the set
+    # is complete
+    assert code == 0, output[-3000:]
+    assert "thread(s) left running by the map function mapmod:leaves_a_thread" in output, output[-3000:]
+    assert not left, left
+    assert len(shardload.open(work / "out")) == 10
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(("name", "fd"), [("closes_stdout", "1 (stdout)"), ("closes_stderr", "2 (stderr)")])
+def test_a_map_that_closes_an_output_stream_is_named(work: Path, workers: int, name: str, fd: str) -> None:
+    outcome = run_prepare(work, "cli", name, workers, "--json")
+    # Invariant: exit 3 naming the file, the record, the function and the descriptor, on a stderr put back
+    assert outcome.returncode == 3, outcome.tail()
+    assert f"in0.jsonl: line 1: the map function mapmod:{name} closed file descriptor {fd}" in outcome.output, (
+        outcome.tail()
+    )
     assert not (work / "out" / "manifest.json").exists()
 
 
