@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from shardload._base.messages import signal_name
+from shardload._base.redact import get_logger
 from shardload.errors import OutputError
 
 #: prctl option: the signal a process gets when its parent dies (linux/prctl.h)
@@ -79,7 +80,8 @@ def map_in_workers(
         raise worker_died(procs, out, what) from None
     finally:
         if finished:
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=False)
+            end_finished_workers(procs, what)
         else:  # an error, Ctrl-C, SIGTERM, or the consumer stopped: do not wait for the queued jobs
             stop_workers(pool, procs)
 
@@ -112,6 +114,33 @@ def worker_died(procs: Sequence[BaseProcess], out: Path | None, what: str) -> Ou
         f"{out}: {who} while {what}. Nothing finished so far is lost. If memory is short, lower --workers "
         "(or --shard-size); then rerun the same command with --resume to continue where it stopped."
     )
+
+
+def end_finished_workers(procs: Sequence[BaseProcess], what: str) -> None:
+    """After every result is in: wait :data:`STOP_GRACE` for the workers to exit, then end those still alive.
+
+    A worker that has no work left exits at once, unless code it ran (a map function) left a thread running:
+    a process joins its non-daemon threads before it exits, so without this the run would wait for ever on
+    threads whose work no one needs. Each one ended so is said once, in a warning.
+    """
+    deadline = time.monotonic() + STOP_GRACE
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    lingering = [p for p in procs if p.exitcode is None]
+    for p in lingering:
+        p.kill()
+        p.join(1.0)
+    if lingering:
+        pids = ", ".join(str(p.pid) for p in lingering)
+        get_logger("shardload.prepare").warning(
+            "%d worker process(es) of prepare (pid %s) still ran %.0f s after their work %s was done, most "
+            "likely waiting on threads that a map function left running; they were ended (nothing is lost). "
+            "A map should end the threads it starts, or start them as daemon threads.",
+            len(lingering),
+            pids,
+            STOP_GRACE,
+            f"({what})" if what else "",
+        )
 
 
 def stop_workers(pool: ProcessPoolExecutor, procs: Sequence[BaseProcess]) -> None:
