@@ -7,7 +7,8 @@ Between the processes of a node, by ``fcntl.flock``: the manifest and lengths in
 once per fingerprint, under ``.lock``; a shard once, under its ``.<name>.lock``, into a ``.part``
 file renamed into place after its sha256 matched the manifest's (a partial download never has the
 final name). Room, eviction and the locks of shards in use: :mod:`shardload.remote._space`. A cached copy that
-fails a check later was damaged in the cache: :meth:`RemoteSet.refetch` replaces it.
+fails a check later was damaged in the cache: :meth:`RemoteSet.refetch` replaces it. The metadata is checked at
+each open against what the cache wrote, and anything else in the mirror is removed: :mod:`shardload.remote._mirror`.
 """
 
 from __future__ import annotations
@@ -26,18 +27,24 @@ from typing import Any
 import numpy as np
 
 from shardload._base.checksum import file_checksum
-from shardload._base.output import atomic_write_text
 from shardload._base.setfiles import (
     ENV_MAX_MANIFEST_BYTES,
     MAX_MANIFEST_BYTES,
     env_limit,
     reason_of,
-    safe_relative_path,
     tagged,
 )
 from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError, ShardSetError
 from shardload.formats.manifest import MANIFEST_NAME, Manifest, metadata_files
 from shardload.formats.origin import ORIGINS_NAME
+from shardload.remote._mirror import (
+    check_fetched_indexes,
+    clear_way,
+    current_mirror,
+    install_mirror,
+    shard_table_file,
+    sound,
+)
 from shardload.remote._space import CacheSpace, locked
 from shardload.remote.download import fetch_to
 from shardload.remote.options import RemoteOptions
@@ -113,30 +120,35 @@ class RemoteSet(CacheSpace):
         return json.dumps([str(etag), info.get("size"), str(mtime)])
 
     # -- open: manifest and lengths indexes, once per node -----------------------------------------------
-    def open(self) -> Path:
-        """The local mirror holding this set's manifest and lengths indexes (fetched if new or changed)."""
+    def open(self, *, full: bool = False) -> Path:
+        """The local mirror holding this set's manifest and lengths indexes (fetched if new, changed or damaged).
+
+        ``full``: hash every metadata file against the cache's record (``verify``), not only those whose ``stat``
+        changed.
+        """
         self.options.make_directory(self.set_dir)
         stamp = self.stamp = self._stamp()
-        mirror = self._current(stamp)
+        mirror, manifest, _ = current_mirror(self.set_dir, stamp, full=full)
         if mirror is None:
             with locked(self.set_dir / ".lock", timeout=self.options.wait_timeout, what=f"opening {self.url}"):
-                mirror = self._current(stamp) or self._fetch_metadata(stamp)
-        self._use(mirror)
+                # again under the lock: another process may have fetched or repaired it meanwhile
+                mirror, manifest, damage = current_mirror(self.set_dir, stamp, full=full)
+                if mirror is None:
+                    if damage:
+                        logger.warning(
+                            "%s: the metadata of its copy in the node cache (%s) is damaged, downloading it again: %s",
+                            self.url,
+                            self.set_dir,
+                            damage,
+                        )
+                    mirror = self._fetch_metadata(stamp)
+                    manifest = Manifest.load(mirror)
+        assert manifest is not None
+        self._use(mirror, manifest)
         return mirror
 
-    def _current(self, stamp: str) -> Path | None:
-        """The mirror fetched from a manifest with this stamp, if complete (its manifest is written last)."""
-        try:
-            known = json.loads((self.set_dir / "current.json").read_text())
-        except (OSError, ValueError):
-            return None
-        if not isinstance(known, dict) or known.get("stamp") != stamp:
-            return None
-        mirror = self.set_dir / str(known.get("fingerprint"))
-        return mirror if (mirror / MANIFEST_NAME).is_file() else None
-
     def _fetch_metadata(self, stamp: str) -> Path:
-        """Fetch the manifest and the metadata files into a new mirror (the set's ``.lock`` held)."""
+        """Fetch the manifest and the metadata files, check them, and install them in the mirror (``.lock`` held)."""
         limit = env_limit(ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES)
         # Under the lock no other process is here: any other .incoming.<pid> is a killed process's.
         for stale in self.set_dir.glob(".incoming.*"):
@@ -158,29 +170,19 @@ class RemoteSet(CacheSpace):
                 )
             (incoming / MANIFEST_NAME).write_bytes(raw)
             try:
-                table = _shard_table_file(raw, join_url(self.url, MANIFEST_NAME))
+                table = shard_table_file(raw, join_url(self.url, MANIFEST_NAME))
                 if table:  # format 3: the manifest is parsed with its shard table beside it
                     self._download_to(table, incoming / table, f"downloading {table}")
                 manifest = Manifest.load(incoming)
             except ManifestError as exc:
                 raise ManifestError(f"{join_url(self.url, MANIFEST_NAME)}: {exc}") from None
-            mirror = self.set_dir / manifest.fingerprint
-            mirror.mkdir(exist_ok=True)
             for rel in metadata_files(manifest):
-                if (incoming / rel).is_file():  # the shard table, fetched to parse the manifest
-                    (mirror / rel).parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(incoming / rel, mirror / rel)
-                elif not (mirror / rel).is_file():
-                    self._download_to(rel, mirror / rel, f"downloading {rel}")
-            os.replace(incoming / MANIFEST_NAME, mirror / MANIFEST_NAME)  # last: the mirror is complete
-            atomic_write_text(
-                self.set_dir / "current.json", json.dumps({"stamp": stamp, "fingerprint": manifest.fingerprint})
-            )
+                if not (incoming / rel).is_file():
+                    self._download_to(rel, incoming / rel, f"downloading {rel}")
+            check_fetched_indexes(incoming, manifest, self.url)
+            mirror = install_mirror(self.set_dir, incoming, manifest, stamp)
         finally:
-            with contextlib.suppress(OSError):
-                for leftover in incoming.iterdir():
-                    leftover.unlink()
-                incoming.rmdir()
+            shutil.rmtree(incoming, ignore_errors=True)
         return mirror
 
     def _is_http(self) -> bool:
@@ -210,9 +212,9 @@ class RemoteSet(CacheSpace):
             with contextlib.suppress(FileNotFoundError):
                 part.unlink()
 
-    def _use(self, mirror: Path) -> None:
+    def _use(self, mirror: Path, manifest: Manifest) -> None:
         self.mirror = mirror
-        self.manifest = Manifest.load(mirror)
+        self.manifest = manifest
         self._sizes = np.array([s.bytes for s in self.manifest.shards], dtype=np.int64)
         self._names = {}
         for k, s in enumerate(self.manifest.shards):
@@ -240,7 +242,29 @@ class RemoteSet(CacheSpace):
                         raise
 
     def cached(self, shard: int) -> bool:
-        return self._path(shard).is_file()
+        path = self._path(shard)
+        return path.is_file() and not path.is_symlink()
+
+    def _clear_foreign(self, shard: int) -> None:
+        """Remove what the cache did not write where shard ``shard``'s file belongs (:func:`_mirror.clear_way`).
+
+        A link, a directory where the shard belongs, a file where its folder belongs: cache damage, after which
+        the shard is downloaded again. Nothing outside the mirror is removed, and no link is followed.
+        """
+        assert self.manifest is not None
+        rel = self.manifest.shards[shard].file
+        if sound(self.mirror, rel):
+            return
+        with locked(self.set_dir / ".lock", timeout=self.options.wait_timeout, what=f"opening {self.url}"):
+            for entry in clear_way(self.mirror, rel):
+                logger.warning(
+                    "shard %d (%s): the node cache (%s) held %s in its place, not a file the cache wrote; removed it, "
+                    "downloading the shard again",
+                    shard,
+                    self.shard_url(shard),
+                    self.mirror,
+                    entry,
+                )
 
     def acquire(self, shard: int) -> Path:
         """Shard ``shard`` in the cache, checked, and held (shared lock) until :meth:`release`."""
@@ -248,6 +272,7 @@ class RemoteSet(CacheSpace):
         path = self._path(shard)
         if shard in self._held:
             return path
+        self._clear_foreign(shard)
         for _ in range(8):  # evicted between our download and our lock: fetch again
             fd = self._lock_shared(path)
             if fd is not None:
@@ -327,14 +352,15 @@ class RemoteSet(CacheSpace):
         name, so that no eviction takes it between the download and the reader.
         """
         path = self._path(shard)
-        if path.is_file():
+        self._clear_foreign(shard)
+        if self.cached(shard):
             return True
         lock = path.parent / f".{path.name}.lock"
         path.parent.mkdir(parents=True, exist_ok=True)
         timeout = self.options.wait_timeout if urgent else 0.0
         try:
             with locked(lock, timeout=timeout, what=f"shard {shard} ({self.shard_url(shard)})"):
-                if path.is_file():  # another process downloaded it while we waited
+                if self.cached(shard):  # another process downloaded it while we waited
                     return True
                 for stale in path.parent.glob(f".{path.name}.*.part"):  # left by a process killed mid-download
                     with contextlib.suppress(FileNotFoundError):
@@ -460,19 +486,3 @@ def _same_file(fd: int, path: Path) -> bool:
         return os.path.samestat(os.fstat(fd), path.stat())
     except FileNotFoundError:
         return False
-
-
-def _shard_table_file(raw: bytes, where: str) -> str:
-    """The shard table file a manifest names (format version 3), checked to stay inside the set; "" if none.
-
-    Raises:
-        ManifestError: the manifest is not JSON, or names a table outside the set.
-    """
-    try:
-        obj = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ManifestError(f"{where}: not valid JSON; the remote set is damaged, re-run prepare") from None
-    entry = obj.get("shard_table") if isinstance(obj, dict) else None
-    if not isinstance(entry, dict) or "file" not in entry:
-        return ""
-    return safe_relative_path(entry["file"], where=f"{where}: shard_table")

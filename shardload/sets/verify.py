@@ -165,7 +165,7 @@ def verify(
         from shardload.remote.cache import RemoteSet
 
         cache = RemoteSet(str(path), remote or RemoteOptions())
-        root = cache.open()
+        root = cache.open(full=True)  # every metadata file hashed against what the cache wrote
     else:
         root = Path(local_path(path))
     manifest = Manifest.load(root)  # ManifestError propagates: nothing to check against

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import shutil
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -311,3 +312,155 @@ def test_prepare_to_a_url_with_a_cache_dir_that_is_a_file_names_the_variable(
     assert main(["prepare", str(tmp_path / "a.jsonl"), "-o", url]) == 3
     err = capsys.readouterr().err
     assert "$SHARDLOAD_CACHE_DIR" in err and f"{tmp_path / 'a-file'} is a file" in err, err
+
+
+# -- the mirror's metadata: manifest.json and the lengths index ----------------------------------------
+def mirror_of(remote: RemoteOptions, url: str) -> Path:
+    mirror = shardload.open(url, remote=remote).path
+    assert (mirror / "manifest.json").is_file()
+    return mirror
+
+
+def garbage(path: Path) -> None:
+    path.write_bytes(b"\x00garbage" * 50)
+
+
+def flip_value(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x40  # a high byte of the last length: far past any sample, the sum no longer the manifest's
+    path.write_bytes(bytes(data))
+
+
+def other_sets_manifest(tmp_path: Path) -> Callable[[Path], None]:
+    other = make_set(tmp_path, "other", n=40, shards=2, seed=7)
+    return lambda path: path.write_bytes((other / "manifest.json").read_bytes())
+
+
+METADATA_DAMAGE: dict[str, tuple[str, Callable[[Path], None]]] = {
+    "lengths-truncated": ("lengths.npy", truncate),
+    "lengths-flipped": ("lengths.npy", flip_value),
+    "lengths-deleted": ("lengths.npy", Path.unlink),
+    "lengths-garbage": ("lengths.npy", garbage),
+    "lengths-directory": ("lengths.npy", lambda p: (p.unlink(), p.mkdir(), (p / "x").write_text("x"))),
+    "manifest-truncated": ("manifest.json", truncate),
+    "manifest-garbage": ("manifest.json", garbage),
+}
+
+
+@pytest.mark.parametrize("damage", [*sorted(METADATA_DAMAGE), "manifest-other-set"])
+def test_damaged_metadata_in_the_mirror_is_fetched_again_and_reading_goes_on(
+    remote_set: tuple[Path, str, RemoteOptions], damage: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    local, url, remote = remote_set
+    name, harm = METADATA_DAMAGE.get(damage) or ("manifest.json", other_sets_manifest(tmp_path))
+    harm(mirror_of(remote, url) / name)
+    with caplog.at_level(logging.WARNING, logger="shardload.remote"):
+        got = batches(url, remote)
+        again = batches(url, remote)
+    # Invariant: the batches are the set's, on this open and the next, as if nothing had happened to the cache
+    assert_same(got, batches(local))
+    assert_same(again, got)
+    # Invariant: one warning, naming the damaged file and what was done; no shard downloaded again
+    warned = [r.getMessage() for r in caplog.records if "node cache" in r.getMessage()]
+    assert len(warned) == 1 and name in warned[0] and "downloading" in warned[0], warned
+    assert downloads(remote.directory) == Counter(range(3))
+
+
+@pytest.mark.parametrize("damage", ["lengths-garbage", "manifest-other-set"])
+def test_verify_url_with_damaged_metadata_in_the_mirror_repairs_it_and_exits_0(
+    remote_set: tuple[Path, str, RemoteOptions],
+    s3: S3Server,
+    damage: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, url, remote = remote_set
+    name, harm = METADATA_DAMAGE.get(damage) or ("manifest.json", other_sets_manifest(tmp_path))
+    harm(mirror_of(remote, url) / name)
+    for var, value in s3.env().items():
+        monkeypatch.setenv(var, value)
+    # Invariant: the set in storage is intact: verify says ok, and blames neither prepare nor storage
+    assert main(["verify", url, "--cache-dir", str(remote.directory), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "re-run prepare" not in captured.out + captured.err and "in storage" not in captured.out, captured
+
+
+def test_metadata_damaged_in_the_mirror_and_in_storage_blames_storage_by_url(
+    remote_set: tuple[Path, str, RemoteOptions], s3: S3Server
+) -> None:
+    _, url, remote = remote_set
+    garbage(mirror_of(remote, url) / "lengths.npy")
+    s3.filesystem().pipe(f"{url.removeprefix('s3://')}/lengths.npy", b"\x00garbage" * 50)
+    with pytest.raises(shardload.ManifestError) as info:
+        batches(url, remote)
+    msg = str(info.value)
+    # Invariant: the object in storage is named by its URL, and the advice is to upload the set again
+    assert f"{url}/lengths.npy" in msg and "storage" in msg and "prepare -o URL" in msg, msg
+    assert str(remote.directory) not in msg, msg
+
+
+# -- things in the mirror the cache did not write ------------------------------------------------------------
+def shards_dir_a_file(mirror: Path) -> None:
+    shutil.rmtree(mirror / "shards")
+    (mirror / "shards").write_text("not a directory")
+
+
+def shard_a_directory(mirror: Path) -> None:
+    path = mirror / "shards" / "shard-000001.arrow"
+    path.unlink()
+    path.mkdir()
+    (path / "inner").write_text("x")
+
+
+def shard_a_link_out(mirror: Path) -> None:
+    outside = mirror.parents[3] / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("keep me")
+    path = mirror / "shards" / "shard-000001.arrow"
+    path.unlink()
+    path.symlink_to(outside)
+
+
+def shard_a_link_to_a_file_out(mirror: Path) -> None:
+    outside = mirror.parents[3] / "outside.arrow"
+    path = mirror / "shards" / "shard-000001.arrow"
+    outside.write_bytes(path.read_bytes())  # the right bytes, but not a file the cache wrote
+    path.unlink()
+    path.symlink_to(outside)
+
+
+KIND_DAMAGE: dict[str, tuple[Callable[[Path], None], set[int]]] = {
+    "shards-dir-a-file": (shards_dir_a_file, {0, 1, 2}),
+    "shard-a-directory": (shard_a_directory, {1}),
+    "shard-a-link-to-a-directory-out": (shard_a_link_out, {1}),
+    "shard-a-link-to-a-file-out": (shard_a_link_to_a_file_out, {1}),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(KIND_DAMAGE))
+@pytest.mark.parametrize("check", ["load", "verify"])
+def test_mirror_entry_of_the_wrong_kind_is_removed_and_fetched_again(
+    remote_set: tuple[Path, str, RemoteOptions], damage: str, check: str, tmp_path: Path
+) -> None:
+    local, url, remote = remote_set
+    harm, again = KIND_DAMAGE[damage]
+    harm(mirror_of(remote, url))
+    before = {p: p.read_bytes() for p in tmp_path.glob("outside*") if p.is_file()} | {
+        p: p.read_bytes() for p in tmp_path.glob("outside/*")
+    }
+    if check == "load":
+        # Invariant: the batches are the set's
+        assert_same(batches(url, remote), batches(local))
+    else:
+        report = verify(url, remote=remote)
+        # Invariant: the set in storage is fine: nothing is blamed on it
+        assert report.ok, report.problems
+    # Invariant: the damaged entries were downloaded again, each once; the others were not
+    assert downloads(remote.directory) == Counter({k: 2 if k in again else 1 for k in range(3)})
+    # Invariant: nothing outside the cache was removed or changed through a link
+    assert {p: p.read_bytes() for p in before} == before
+    # Invariant: the cache holds a regular file for each shard now
+    mirror = mirror_of(remote, url)
+    assert all((mirror / "shards" / f"shard-00000{k}.arrow").is_file() for k in range(3))
+    assert not any((mirror / "shards" / f"shard-00000{k}.arrow").is_symlink() for k in range(3))
