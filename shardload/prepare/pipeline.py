@@ -76,7 +76,9 @@ class PrepareResult:
     shards: int
     bytes: int
     tokens: int
+    #: the run's wall time; ``0.0`` when it found the set (or part) complete already, and had nothing to do
     seconds: float
+    #: this run's rates; ``0.0`` when it had nothing to do (never a rate of no time)
     input_mb_per_s: float
     samples_per_s: float
     #: files of directory or glob sources left out as certainly not data, by reason
@@ -397,10 +399,12 @@ def _finish_commit(wd: WorkDir) -> None:
 
 
 def result_of(out: Path, seconds: float, in_bytes: int, dropped: int = 0) -> PrepareResult:
-    """The result of a run that committed the set in ``out`` (read from its manifest)."""
+    """The result of a run that committed the set in ``out`` (read from its manifest).
+
+    ``seconds`` is ``0.0`` for a run that found the set complete already: it then has no rates.
+    """
     m = Manifest.load(out)
     size = sum(s.bytes for s in m.shards)
-    dt = max(seconds, 1e-9)
     warnings = []
     asked = m.options.get("num_shards")
     if isinstance(asked, int) and asked > len(m.shards):
@@ -417,8 +421,8 @@ def result_of(out: Path, seconds: float, in_bytes: int, dropped: int = 0) -> Pre
         bytes=size,
         tokens=m.total_tokens,
         seconds=round(seconds, 3),
-        input_mb_per_s=round(in_bytes / dt / 1e6, 1),
-        samples_per_s=round(m.total_samples / dt, 1),
+        input_mb_per_s=round(in_bytes / seconds / 1e6, 1) if seconds > 0 else 0.0,
+        samples_per_s=round(m.total_samples / seconds, 1) if seconds > 0 else 0.0,
         warnings=tuple(warnings),
         dropped=dropped,
     )

@@ -171,3 +171,21 @@ def test_a_shard_set_as_source_is_named(cli, shard_set, tmp_path) -> None:
     r = cli("prepare", shard_set, "-o", tmp_path / "again", "--no-progress")
     assert r.code == Exit.INPUT
     assert "is already a shard set" in r.err and "shardload.open(" in r.err and "cannot tell" not in r.err
+
+
+def write_jsonl(path: Path, lines: int) -> Path:
+    path.write_text("".join(json.dumps({"tokens": list(range(i % 9 + 1))}) + "\n" for i in range(lines)))
+    return path
+
+
+def test_a_run_that_finds_the_work_done_prints_no_rate(cli, tmp_path) -> None:
+    """A finished part resumed printed ``(0.0 s, 0.0 MB/s, 40,000,000,000 samples/s)``: a rate of no time."""
+    src = write_jsonl(tmp_path / "d.jsonl", 40)
+    out = tmp_path / "out"
+    assert cli("prepare", src, "-o", out, "--part", "1/3", "--no-progress").code == 0
+    r = cli("prepare", src, "-o", out, "--part", "1/3", "--resume", "--no-progress")
+    assert r.code == 0, r.err
+    # Invariant: no rate is printed for a run that did no work; it says the part was prepared before
+    assert "samples/s" not in r.out and "MB/s" not in r.out and "already prepared by an earlier run" in r.out
+    r = cli("prepare", src, "-o", out, "--part", "1/3", "--resume", "--no-progress", "--json")
+    assert r.json()["samples_per_s"] == 0 and r.json()["input_mb_per_s"] == 0
