@@ -189,3 +189,16 @@ def test_a_run_that_finds_the_work_done_prints_no_rate(cli, tmp_path) -> None:
     assert "samples/s" not in r.out and "MB/s" not in r.out and "already prepared by an earlier run" in r.out
     r = cli("prepare", src, "-o", out, "--part", "1/3", "--resume", "--no-progress", "--json")
     assert r.json()["samples_per_s"] == 0 and r.json()["input_mb_per_s"] == 0
+
+
+def test_every_warning_of_the_run_reaches_json_warnings(cli, tmp_path) -> None:
+    """The --unit-size warning went to stderr while ``--json`` said ``"warnings": []``."""
+    src = write_jsonl(tmp_path / "a.jsonl", 30)  # over 256 bytes: --unit-size 1 is raised, with a warning
+    r = cli("prepare", src, "-o", tmp_path / "out", "--unit-size", "1", "--num-shards", "40", "--json")
+    assert r.code == 0, r.err
+    warnings = r.json()["warnings"]
+    # Invariant: each warning the run logged is in the result, once
+    assert len(warnings) == 2, warnings
+    assert any("--unit-size 1 B" in w for w in warnings) and any("num_shards" in w for w in warnings)
+    r = cli("prepare", src, "-o", tmp_path / "quiet", "--json")
+    assert r.json()["warnings"] == []
