@@ -202,3 +202,14 @@ def test_every_warning_of_the_run_reaches_json_warnings(cli, tmp_path) -> None:
     assert any("--unit-size 1 B" in w for w in warnings) and any("num_shards" in w for w in warnings)
     r = cli("prepare", src, "-o", tmp_path / "quiet", "--json")
     assert r.json()["warnings"] == []
+
+
+def test_a_part_number_that_starts_with_a_dash_says_how_to_write_it(cli, tmp_path) -> None:
+    """``--part -1/3`` is read by argparse as an option: the message says to join it, which is then exit 3."""
+    src = write_jsonl(tmp_path / "d.jsonl", 10)
+    r = cli("prepare", src, "-o", tmp_path / "out", "--part", "-1/3", "--no-progress")
+    assert r.code == Exit.USAGE
+    # Invariant: the usage error says how to give a value that starts with '-'
+    assert "--part=" in r.err, r.err
+    r = cli("prepare", src, "-o", tmp_path / "out", "--part=-1/3", "--no-progress")
+    assert r.code == Exit.INPUT and "expected K/N" in r.err
