@@ -213,3 +213,31 @@ def test_a_part_number_that_starts_with_a_dash_says_how_to_write_it(cli, tmp_pat
     assert "--part=" in r.err, r.err
     r = cli("prepare", src, "-o", tmp_path / "out", "--part=-1/3", "--no-progress")
     assert r.code == Exit.INPUT and "expected K/N" in r.err
+
+
+@pytest.mark.parametrize("killed", [False, True])
+def test_overwriting_a_merged_set_leaves_none_of_its_parts(cli, tmp_path, killed) -> None:
+    """``prepare -o OUT --overwrite`` of a merged set left ``OUT/parts/`` (the old set's shards) behind."""
+    src = write_jsonl(tmp_path / "d.jsonl", 40)
+    out = tmp_path / "out"
+    for k in range(3):
+        assert cli("prepare", src, "-o", out, "--part", f"{k}/3", "--no-progress").code == 0
+    assert cli("merge", out).code == 0
+    if killed:  # stopped right after the old manifest went: the resumed commit must still know whose parts they were
+        import os
+        import signal
+        import subprocess
+
+        from shardload._base.envvars import KILL_AT
+
+        repo = Path(__file__).resolve().parents[2]
+        env = {**os.environ, "PYTHONPATH": str(repo), KILL_AT: "commit:old-invalidated"}
+        argv = [sys.executable, "-m", "shardload", "prepare", str(src), "-o", str(out), "--overwrite", "--no-progress"]
+        assert subprocess.run(argv, env=env, timeout=60, capture_output=True).returncode == -signal.SIGKILL
+        r = cli("prepare", src, "-o", out, "--resume", "--no-progress")
+    else:
+        r = cli("prepare", src, "-o", out, "--overwrite", "--no-progress")
+    assert r.code == 0, r.err
+    # Invariant: after an overwrite OUT holds the new set and nothing of the old one
+    assert not (out / "parts").exists()
+    assert len(shardload.open(out)) == 40 and not shardload.open(out).manifest.parts
