@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from shardload._base.interrupts import Interruption
 from shardload._base.redact import redact
@@ -210,6 +210,22 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser, whose usage error for a missing value says how to give one that starts with ``-``.
+
+    argparse reads ``--part -1/3`` as ``--part`` with no value and an option ``-1/3`` (only plain negative
+    numbers are taken as values), so ``expected one argument`` alone sends the user looking for a missing value.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        head, sep, _ = message.partition(": expected one argument")
+        if sep and head.startswith("argument "):
+            names = head.removeprefix("argument ").split("/")
+            flag = next((n for n in names if n.startswith("--")), names[0])
+            message += f" (a value that starts with '-' must be joined to the option: {flag}=VALUE)"
+        super().error(message)
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser; only the command named in ``argv`` gets its options added (``argv=None``: every command).
 
@@ -226,7 +242,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"shardload {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands", parser_class=_CommandParser)
     # The command is the first word that is not an option: the global options take no value.
     chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     for name in COMMANDS:

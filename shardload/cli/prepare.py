@@ -204,10 +204,14 @@ def run(args: argparse.Namespace) -> int:
     from shardload._base.messages import format_bytes
     from shardload.sets.describe import count_of
 
+    timing = (
+        f"{result.seconds:.1f} s, {result.input_mb_per_s:.1f} MB/s, {result.samples_per_s:,.0f} samples/s"
+        if result.seconds > 0
+        else "already prepared by an earlier run"
+    )
     print(
         f"prepared {result.path}: {count_of(result.samples, 'sample')} in {count_of(result.shards, 'shard')}, "
-        f"{format_bytes(result.bytes)}, {result.tokens:,} tokens "
-        f"({result.seconds:.1f} s, {result.input_mb_per_s:.1f} MB/s, {result.samples_per_s:,.0f} samples/s)"
+        f"{format_bytes(result.bytes)}, {result.tokens:,} tokens ({timing})"
     )
     if result.uploaded_bytes:
         print(f"uploaded {format_bytes(result.uploaded_bytes)} to {result.path}")

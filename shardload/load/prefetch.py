@@ -56,6 +56,7 @@ def check_step_fits(remote: RemoteSet, sequence: NDArray[np.int64], starts: NDAr
     """Refuse a cache limit below what one step of the node holds at once.
 
     A batch's shards stay cached while it is built, and ``readers`` processes of the node build one each.
+    They hold at most every shard of the set, once each: a limit of at least the set's total bytes always fits.
 
     Raises:
         PlanError: naming the cache limit and the bytes one step needs.
@@ -66,11 +67,15 @@ def check_step_fits(remote: RemoteSet, sequence: NDArray[np.int64], starts: NDAr
     # bytes of each batch's shards from cumulative sums: a batch that reads none of this set's shards counts 0
     total = np.concatenate([[0], np.cumsum(remote._sizes[sequence], dtype=np.int64)])
     worst = int(np.diff(total[starts]).max())
-    if worst * readers > limit:
+    # readers holding the same shard share one cached copy, so a step never needs more than the whole set
+    whole = int(remote._sizes.sum())
+    need = min(worst * readers, whole)
+    if need > limit:
+        capped = f", capped at the whole set's {whole:,} bytes" if need < worst * readers else ""
         raise PlanError(
             f"{remote.url}: the cache limit ({limit:,} bytes) is below what one step needs: a batch touches up "
             f"to {worst:,} bytes of shards, times {readers} batch(es) read at once on this node (workers x ranks "
-            f"per node) = {worst * readers:,} bytes. Raise cache_limit, or read with fewer workers."
+            f"per node) = {worst * readers:,} bytes{capped}. Raise cache_limit, or read with fewer workers."
         )
 
 

@@ -22,7 +22,7 @@ from shardload.formats import FORMATS
 from shardload.prepare.fingerprint import fingerprint_units
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.parts import parse_part, part_dir, refuse_part_into_single_set, refuse_resume_of_merged
-from shardload.prepare.pipeline import PrepareResult, run_prepare
+from shardload.prepare.pipeline import PrepareResult, run_prepare, with_logged_warnings
 from shardload.prepare.remote import prepare_to_url, refuse_remote_options, refuse_remote_parts, staging_dir
 from shardload.prepare.sources import SKIP_REASONS, SourceOptions, discover
 from shardload.remote.retry import RetryPolicy
@@ -33,6 +33,7 @@ logger = get_logger("shardload.prepare")
 __all__ = ["PrepareOptions", "PrepareResult", "prepare", "write"]
 
 
+@with_logged_warnings
 def prepare(
     sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
@@ -148,6 +149,7 @@ def prepare(
     return dataclasses.replace(result, skipped={k: len(v) for k, v in skipped.items()})
 
 
+@with_logged_warnings
 def write(
     samples: Iterable[Mapping[str, Any]],
     out: str | os.PathLike[str],

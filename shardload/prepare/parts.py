@@ -21,14 +21,13 @@ import numpy as np
 from shardload._base.output import withdraw_index
 from shardload.errors import InputError, OutputExistsError, ShardloadError
 from shardload.prepare.sources import SourceUnit
+from shardload.prepare.workdir import PARTS_DIR, WORK
 
 if TYPE_CHECKING:
     from shardload.formats.manifest import Manifest
 
 logger = logging.getLogger("shardload.prepare")
 
-#: the folder of OUT that holds the parts
-PARTS_DIR = "parts"
 #: a part's folder name: ``00003-of-00008``
 PART_NAME = re.compile(r"(\d{5,})-of-(\d{5,})")
 #: the most parts one run may have (a name holds at least five digits; more are allowed)
@@ -218,8 +217,6 @@ def finished_part(out: str | os.PathLike[str], k: int, n: int, run: str) -> bool
 
     Then ``--resume`` has nothing to do and succeeds: a scheduler may rerun a task that had finished.
     """
-    from shardload.prepare.workdir import WORK
-
     if (Path(out) / WORK).exists():
         return False  # interrupted work (or a run under way): the ordinary resume decides
     manifest = _set_at(out)

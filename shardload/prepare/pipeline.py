@@ -11,9 +11,12 @@ disk, which is what makes ``resume`` give the same bytes as an uninterrupted run
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +33,7 @@ from shardload._base.output import atomic_file, atomic_write_text
 from shardload._base.pool import map_in_workers
 from shardload._base.progress import Progress
 from shardload._base.ranges import offsets_from_lengths
-from shardload._base.redact import get_logger
+from shardload._base.redact import get_logger, redact
 from shardload.errors import InputError, OutputError
 from shardload.formats import format_of
 from shardload.formats.arrow import ArrowShardReader
@@ -64,6 +67,8 @@ from shardload.prepare.workdir import WorkDir, output_errors
 from shardload.schema.fields import Schema
 
 logger = get_logger("shardload.prepare")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,9 @@ class PrepareResult:
     shards: int
     bytes: int
     tokens: int
+    #: the run's wall time; ``0.0`` when it found the set (or part) complete already, and had nothing to do
     seconds: float
+    #: this run's rates; ``0.0`` when it had nothing to do (never a rate of no time)
     input_mb_per_s: float
     samples_per_s: float
     #: files of directory or glob sources left out as certainly not data, by reason
@@ -102,6 +109,41 @@ class PrepareResult:
             "skipped_files": self.skipped_files,
             "warnings": list(self.warnings),
         }
+
+
+class _WarningsOfThisThread(logging.Handler):
+    """Collects the messages of the warnings logged by the thread that made it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.thread = threading.get_ident()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread == self.thread:
+            self.messages.append(redact(record.getMessage()))
+
+
+def with_logged_warnings(entry: Callable[_P, PrepareResult]) -> Callable[_P, PrepareResult]:
+    """``entry`` (a prepare entry point) with every warning its run logs in ``PrepareResult.warnings``, once each.
+
+    A warning of a run is logged on ``shardload.prepare`` (or a logger below it) where it arises: listing the
+    sources, redoing a part, laying out the shards. Collecting them from that logger, rather than each one into
+    the result by hand, is what keeps ``--json``'s ``warnings`` from missing one that stderr shows. Only this
+    process's warnings, from the calling thread: a warning a worker process logs (``--workers N``) is not seen.
+    """
+
+    @functools.wraps(entry)
+    def collected(*args: _P.args, **kwargs: _P.kwargs) -> PrepareResult:
+        handler = _WarningsOfThisThread()
+        logger.addHandler(handler)
+        try:
+            result = entry(*args, **kwargs)
+        finally:
+            logger.removeHandler(handler)
+        return dataclasses.replace(result, warnings=tuple(dict.fromkeys([*result.warnings, *handler.messages])))
+
+    return collected
 
 
 # -- 1. ingest: the run's side (the step itself is shardload.prepare.ingest) ------------------------
@@ -194,8 +236,6 @@ def write_shard(job: ShardJob) -> ShardRecord:
 
 
 # -- the whole run ------------------------------------------------------------------------------------
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
 
 
 def _out_of_memory_named(run: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -397,10 +437,12 @@ def _finish_commit(wd: WorkDir) -> None:
 
 
 def result_of(out: Path, seconds: float, in_bytes: int, dropped: int = 0) -> PrepareResult:
-    """The result of a run that committed the set in ``out`` (read from its manifest)."""
+    """The result of a run that committed the set in ``out`` (read from its manifest).
+
+    ``seconds`` is ``0.0`` for a run that found the set complete already: it then has no rates.
+    """
     m = Manifest.load(out)
     size = sum(s.bytes for s in m.shards)
-    dt = max(seconds, 1e-9)
     warnings = []
     asked = m.options.get("num_shards")
     if isinstance(asked, int) and asked > len(m.shards):
@@ -417,8 +459,8 @@ def result_of(out: Path, seconds: float, in_bytes: int, dropped: int = 0) -> Pre
         bytes=size,
         tokens=m.total_tokens,
         seconds=round(seconds, 3),
-        input_mb_per_s=round(in_bytes / dt / 1e6, 1),
-        samples_per_s=round(m.total_samples / dt, 1),
+        input_mb_per_s=round(in_bytes / seconds / 1e6, 1) if seconds > 0 else 0.0,
+        samples_per_s=round(m.total_samples / seconds, 1) if seconds > 0 else 0.0,
         warnings=tuple(warnings),
         dropped=dropped,
     )

@@ -9,6 +9,7 @@ Layout while a run is in progress::
     OUT/.prepare/shards/     finished shards, each renamed into place when complete
     OUT/.prepare/done/       one small JSON per finished shard (size, checksum), written after its rename
     OUT/.prepare/COMMIT      present once the old set (if any) has been removed and the new one is moving in
+    OUT/.prepare/OLD_PARTS   present when the set being replaced was merged from parts: OUT/parts/ goes with it
     OUT/.prepare/FAILED      the message of the bad input the run stopped on, if it did (after staging some)
 
 ``manifest.json`` is moved into ``OUT`` last, so a directory is a valid shard
@@ -40,8 +41,12 @@ LOCK = ".prepare.lock"
 RETIRED = ".prepare.done"
 #: in the work dir: the message of the bad input a run stopped on (for the next run's and open's message)
 FAILED = "FAILED"
+#: the folder of OUT that holds the parts of ``prepare --part`` (:mod:`shardload.prepare.parts`)
+PARTS_DIR = "parts"
 #: the names a shard set owns inside OUT (removed when it is overwritten)
 OWNED = ("shards", "origin.npy", "origins.arrow", SHARD_TABLE_NAME)
+#: in the work dir: present when the set being replaced was merged from parts (its ``parts/`` go with it)
+OLD_PARTS = "OLD_PARTS"
 
 #: outputs whose set a run of this process committed (see WorkDir.committed)
 _COMMITTED: set[str] = set()
@@ -248,11 +253,18 @@ class WorkDir:
         """
         marker = self.work / "COMMIT"
         if not marker.exists():
+            old_parts = self.work / OLD_PARTS
+            if (self.out / MANIFEST_NAME).exists() and (self.out / PARTS_DIR).is_dir():
+                # A set merged from parts keeps its shards in them: they go with it. Recorded before the old
+                # manifest goes, as a commit stopped after that could no longer tell whose parts they were.
+                atomic_write_text(old_parts, "the old set was merged from parts/: remove them\n")
             # The old set stops being valid before any of its parts is removed.
             withdraw_index(self.out / MANIFEST_NAME)
             crash_point("commit:old-invalidated")
             for name in OWNED:
                 _remove(self.out / name)
+            if old_parts.exists():
+                _remove(self.out / PARTS_DIR)
             for p in self.out.glob("lengths*.npy"):
                 p.unlink()
             atomic_write_text(marker, "committing\n")

@@ -171,3 +171,73 @@ def test_a_shard_set_as_source_is_named(cli, shard_set, tmp_path) -> None:
     r = cli("prepare", shard_set, "-o", tmp_path / "again", "--no-progress")
     assert r.code == Exit.INPUT
     assert "is already a shard set" in r.err and "shardload.open(" in r.err and "cannot tell" not in r.err
+
+
+def write_jsonl(path: Path, lines: int) -> Path:
+    path.write_text("".join(json.dumps({"tokens": list(range(i % 9 + 1))}) + "\n" for i in range(lines)))
+    return path
+
+
+def test_a_run_that_finds_the_work_done_prints_no_rate(cli, tmp_path) -> None:
+    """A finished part resumed printed ``(0.0 s, 0.0 MB/s, 40,000,000,000 samples/s)``: a rate of no time."""
+    src = write_jsonl(tmp_path / "d.jsonl", 40)
+    out = tmp_path / "out"
+    assert cli("prepare", src, "-o", out, "--part", "1/3", "--no-progress").code == 0
+    r = cli("prepare", src, "-o", out, "--part", "1/3", "--resume", "--no-progress")
+    assert r.code == 0, r.err
+    # Invariant: no rate is printed for a run that did no work; it says the part was prepared before
+    assert "samples/s" not in r.out and "MB/s" not in r.out and "already prepared by an earlier run" in r.out
+    r = cli("prepare", src, "-o", out, "--part", "1/3", "--resume", "--no-progress", "--json")
+    assert r.json()["samples_per_s"] == 0 and r.json()["input_mb_per_s"] == 0
+
+
+def test_every_warning_of_the_run_reaches_json_warnings(cli, tmp_path) -> None:
+    """The --unit-size warning went to stderr while ``--json`` said ``"warnings": []``."""
+    src = write_jsonl(tmp_path / "a.jsonl", 30)  # over 256 bytes: --unit-size 1 is raised, with a warning
+    r = cli("prepare", src, "-o", tmp_path / "out", "--unit-size", "1", "--num-shards", "40", "--json")
+    assert r.code == 0, r.err
+    warnings = r.json()["warnings"]
+    # Invariant: each warning the run logged is in the result, once
+    assert len(warnings) == 2, warnings
+    assert any("--unit-size 1 B" in w for w in warnings) and any("num_shards" in w for w in warnings)
+    r = cli("prepare", src, "-o", tmp_path / "quiet", "--json")
+    assert r.json()["warnings"] == []
+
+
+def test_a_part_number_that_starts_with_a_dash_says_how_to_write_it(cli, tmp_path) -> None:
+    """``--part -1/3`` is read by argparse as an option: the message says to join it, which is then exit 3."""
+    src = write_jsonl(tmp_path / "d.jsonl", 10)
+    r = cli("prepare", src, "-o", tmp_path / "out", "--part", "-1/3", "--no-progress")
+    assert r.code == Exit.USAGE
+    # Invariant: the usage error says how to give a value that starts with '-'
+    assert "--part=" in r.err, r.err
+    r = cli("prepare", src, "-o", tmp_path / "out", "--part=-1/3", "--no-progress")
+    assert r.code == Exit.INPUT and "expected K/N" in r.err
+
+
+@pytest.mark.parametrize("killed", [False, True])
+def test_overwriting_a_merged_set_leaves_none_of_its_parts(cli, tmp_path, killed) -> None:
+    """``prepare -o OUT --overwrite`` of a merged set left ``OUT/parts/`` (the old set's shards) behind."""
+    src = write_jsonl(tmp_path / "d.jsonl", 40)
+    out = tmp_path / "out"
+    for k in range(3):
+        assert cli("prepare", src, "-o", out, "--part", f"{k}/3", "--no-progress").code == 0
+    assert cli("merge", out).code == 0
+    if killed:  # stopped right after the old manifest went: the resumed commit must still know whose parts they were
+        import os
+        import signal
+        import subprocess
+
+        from shardload._base.envvars import KILL_AT
+
+        repo = Path(__file__).resolve().parents[2]
+        env = {**os.environ, "PYTHONPATH": str(repo), KILL_AT: "commit:old-invalidated"}
+        argv = [sys.executable, "-m", "shardload", "prepare", str(src), "-o", str(out), "--overwrite", "--no-progress"]
+        assert subprocess.run(argv, env=env, timeout=60, capture_output=True).returncode == -signal.SIGKILL
+        r = cli("prepare", src, "-o", out, "--resume", "--no-progress")
+    else:
+        r = cli("prepare", src, "-o", out, "--overwrite", "--no-progress")
+    assert r.code == 0, r.err
+    # Invariant: after an overwrite OUT holds the new set and nothing of the old one
+    assert not (out / "parts").exists()
+    assert len(shardload.open(out)) == 40 and not shardload.open(out).manifest.parts

@@ -37,8 +37,10 @@ def options(s3: S3Server, cache: Path, **kw: Any) -> RemoteOptions:
     return RemoteOptions(storage_options=s3.storage_options, cache_dir=cache, **kw)
 
 
-def batches(path: Any, remote: RemoteOptions | None = None, **kw: Any) -> list[dict[str, np.ndarray]]:
-    loader = shardload.make_loader(path, batch_size=8, rank=0, world_size=1, remote=remote, **kw)
+def batches(
+    path: Any, remote: RemoteOptions | None = None, batch_size: int = 8, **kw: Any
+) -> list[dict[str, np.ndarray]]:
+    loader = shardload.make_loader(path, batch_size=batch_size, rank=0, world_size=1, remote=remote, **kw)
     return [{k: v.numpy().copy() for k, v in b.items()} for b in loader]
 
 
@@ -143,6 +145,17 @@ def test_too_small_limits_are_refused_with_both_sizes(s3: S3Server, tmp_path: Pa
         PlanError, match=rf"cache limit \({largest:,} bytes\) is below what one step needs.*times 2 batch"
     ):
         next(iter(loader))
+
+
+@pytest.mark.slow
+def test_a_limit_that_holds_the_whole_set_is_never_refused(s3: S3Server, tmp_path: Path) -> None:
+    local = make_set(tmp_path, n=60, shards=3)
+    url = s3.upload(local, "whole/set")
+    total = sum(s.bytes for s in shardload.open(local).shards)
+    # each step reads every shard, in each of two workers: twice the set, yet nothing ever needs evicting
+    got = batches(url, options(s3, tmp_path / "cache", cache_limit=total), num_workers=2, batch_size=60)
+    # Invariant: a cache limit of at least the set's total bytes always fits, whatever the workers or batch size
+    assert_same(got, batches(local, num_workers=0, batch_size=60))
 
 
 @pytest.mark.slow
