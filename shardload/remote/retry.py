@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shardload._base.checks import check_real, check_scalar
+from shardload._base.redact import mask_exception
 from shardload.errors import InputError, RemoteAccessError, RemoteError, ShardloadError
 from shardload.remote.url import CONNECT_TIMEOUT, READ_TIMEOUT
 
@@ -405,6 +406,7 @@ def with_retries(
         try:
             return call()
         except Exception as raised:
+            mask_exception(raised)  # chained behind the error raised here, where error reporters show it
             exc = fault_behind(raised)
             if is_refused(exc):
                 raise RemoteAccessError(

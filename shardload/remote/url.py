@@ -108,14 +108,18 @@ def local_path(path: str | os.PathLike[str]) -> str | os.PathLike[str]:
     """
     if not isinstance(path, str) or _scheme(path) not in _LOCAL:
         return path
+    register_url(path)
     parts = urlsplit(path)
     _refuse_query(path, parts.query, parts.fragment)
-    if parts.netloc not in ("", "localhost"):
+    host = parts.netloc.rpartition("@")[2]  # never the user part: it may hold a password
+    if host not in ("", "localhost"):
         raise RemoteError(
-            f"{path}: names a file on host '{parts.netloc}', and shardload reads this machine's files only; "
+            f"{path}: names a file on host '{host}', and shardload reads this machine's files only; "
             f"write file:///ABSOLUTE/PATH (three slashes) for a path here, or mount that host's directory",
             path,
         )
+    if "@" in parts.netloc:
+        raise RemoteError(f"{path}: a file:// URL takes no user or password; write file:///ABSOLUTE/PATH", path)
     if not parts.path:
         raise RemoteError(f"{path}: names no path; write file:///ABSOLUTE/PATH", path)
     return unquote(parts.path)
