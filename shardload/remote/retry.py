@@ -197,10 +197,12 @@ def fault_behind(exc: BaseException) -> BaseException:
         status, code = _status(e)
         if status is not None or code is not None:
             return exc if status in MISSING_STATUSES or (status is None and code in ("NoSuchKey", "404")) else e
-    # no answer came: a request that failed (to connect, in TLS, in time) is a fault; a lookup that found
-    # nothing (ftp's StopIteration) is what it says
+    # no answer came: a request that failed (to connect, in TLS, in time) or that the client refused to send
+    # (aiohttp's ValueError for two credentials) is a fault; a lookup that found nothing (ftp's StopIteration)
+    # is what it says
     failed = any(
-        isinstance(e, (OSError, asyncio.TimeoutError)) or _from_storage_package(e) for e in _chain(exc.__cause__)
+        isinstance(e, (OSError, asyncio.TimeoutError, ValueError, TypeError)) or _from_storage_package(e)
+        for e in _chain(exc.__cause__)
     )
     return exc.__cause__ if failed else exc
 
@@ -391,7 +393,9 @@ def with_retries(
 
     Raises:
         RemoteError: every try failed with a transient error, or the store gave an answer another try
-            would not change (a ``400``, a ``405``...); names ``url``, the tries or the status.
+            would not change (a ``400``, a ``405``...), or the storage client refused its settings before
+            any request (a ``ValueError`` or ``TypeError`` fsspec hid as ``FileNotFoundError``); names ``url``,
+            the tries or the status.
         RemoteAccessError: the credentials were refused or missing; names ``url``.
         FileNotFoundError: the object (or bucket) does not exist: the caller says what that means there.
         Exception: any other error, as it is (a local one, such as a full disk, or a bug).
@@ -416,6 +420,13 @@ def with_retries(
                     url,
                 ) from exc
             if not is_transient(exc):
+                if exc is not raised and isinstance(exc, (ValueError, TypeError)):
+                    raise RemoteError(
+                        f"{what} ({url}) failed before any request: the storage client refused its settings: "
+                        f"{describe(exc)}. Check storage_options (and the credentials in the URL) against the "
+                        "storage library's documentation.",
+                        url,
+                    ) from exc
                 if isinstance(exc, FileNotFoundError) or not is_storage_error(exc):
                     raise
                 hint = advice(exc, url)
