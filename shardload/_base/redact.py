@@ -69,8 +69,9 @@ _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/:@?#]*:)[^\s/?#]*@")
 # "scheme://user@" with no password: a lone user part is how tokens are written (https://TOKEN@github.com/...),
 # so it is masked whole
 _LONE_USER = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/:@?#]+@")
-# "?name=value" / "&name=value" in a URL's query, "#name=value" in its fragment (OAuth's #access_token=)
-_QUERY_PARAM = re.compile(r"([?&;#])([^=&#\s]+)=([^&#\s'\"]*)")
+# "?name=value" / "&name=value" in a URL's query, "#name=value" in its fragment (OAuth's #access_token=); the
+# value stops before a ": " that ends the URL in a message ("URL: what is wrong")
+_QUERY_PARAM = re.compile(r"([?&;#])([^=&#\s]+)=([^&#\s'\"]*?)(?=[&#\s'\"]|:\s|:$|$)")
 # a header in a log line ("x-amz-security-token:TOKEN", botocore's canonical request) or in a dict's repr
 # ("'Authorization': b'AWS4-HMAC-SHA256 Credential=...'", botocore's request): masked in log records only, as
 # an error's or a result's "key: ..." is prose or data

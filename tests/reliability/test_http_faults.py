@@ -7,8 +7,9 @@ as "not a shard set"; a 404 manifest is "not a shard set"; a server that stalls 
 or mid-body is a timeout (:data:`~shardload.remote.url.READ_TIMEOUT`, overridable through aiohttp's
 ``ClientTimeout`` in ``storage_options``), retried, then a named error; ``https://`` to a plain-HTTP
 server says to check the scheme, after one try; a loader with 2 workers and ``timeout=`` over a
-stalled shard GET ends with a named :class:`WorkerError` within that timeout. docs/reliability.md,
-"Remote sets".
+stalled shard GET ends with a named :class:`WorkerError` within that timeout. For ``s3://``, a refused
+connection or an ``https://`` endpoint to a plain-HTTP server names the endpoint, not the bucket, and where
+it is set. docs/reliability.md, "Remote sets".
 """
 
 from __future__ import annotations

@@ -7,7 +7,10 @@ host is refused. A query string or fragment (``s3://bucket/set?versionId=1``, ``
 is a ``RemoteError`` saying to drop it, before any request, never "damaged set, re-run prepare". An
 unsupported scheme (``ftp://``, ``memory://``, ``foo://``) is a ``RemoteError`` "unsupported URL scheme
 'ftp'; supported: ..." before any request (CLI exit 8), from every entry point. Credentials written
-into an ``s3://``/``gs://`` URL, which s3fs and gcsfs read as part of the bucket name, are refused.
+into an ``s3://``/``gs://`` URL, which s3fs and gcsfs read as part of the bucket name, are refused; so
+are a port outside 0-65535 and an HTTP URL with no host, and credentials both in an HTTP URL and in an
+``Authorization`` header (aiohttp's ``ValueError``, which fsspec hid as "no manifest"), before any request.
+Any other setting the HTTP client refuses is named with its reason, never "not a shard set".
 """
 
 from __future__ import annotations
