@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shardload._base.checks import check_real, check_scalar
+from shardload._base.redact import mask_exception
 from shardload.errors import InputError, RemoteAccessError, RemoteError, ShardloadError
 from shardload.remote.url import CONNECT_TIMEOUT, READ_TIMEOUT
 
@@ -196,10 +197,12 @@ def fault_behind(exc: BaseException) -> BaseException:
         status, code = _status(e)
         if status is not None or code is not None:
             return exc if status in MISSING_STATUSES or (status is None and code in ("NoSuchKey", "404")) else e
-    # no answer came: a request that failed (to connect, in TLS, in time) is a fault; a lookup that found
-    # nothing (ftp's StopIteration) is what it says
+    # no answer came: a request that failed (to connect, in TLS, in time) or that the client refused to send
+    # (aiohttp's ValueError for two credentials) is a fault; a lookup that found nothing (ftp's StopIteration)
+    # is what it says
     failed = any(
-        isinstance(e, (OSError, asyncio.TimeoutError)) or _from_storage_package(e) for e in _chain(exc.__cause__)
+        isinstance(e, (OSError, asyncio.TimeoutError, ValueError, TypeError)) or _from_storage_package(e)
+        for e in _chain(exc.__cause__)
     )
     return exc.__cause__ if failed else exc
 
@@ -261,6 +264,39 @@ def _server(url: str) -> str:
     return f"{parts.hostname or url}:{port}" if port is not None else parts.hostname or url
 
 
+#: where the endpoint of an object store is set, by scheme, for the advice on a fault of that endpoint
+_ENDPOINT_SETTINGS = {
+    "s3": "storage_options={'client_kwargs': {'endpoint_url': ...}}, or AWS_ENDPOINT_URL",
+    "s3a": "storage_options={'client_kwargs': {'endpoint_url': ...}}, or AWS_ENDPOINT_URL",
+    "gs": "storage_options={'endpoint_url': ...}, or STORAGE_EMULATOR_HOST",
+    "gcs": "storage_options={'endpoint_url': ...}, or STORAGE_EMULATOR_HOST",
+}
+
+
+def _where(exc: BaseException, url: str) -> tuple[str, str]:
+    """``(server, what to check)`` for a fault reaching the server of ``url``.
+
+    For ``http(s)://`` the server is the URL's; an object store's (``s3://bucket/...``) is its endpoint,
+    not the bucket: the one the client named (botocore's ``endpoint_url``, aiohttp's ``host``/``port``).
+    """
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme in ("http", "https", "file", ""):
+        return _server(url), "the URL"
+    server = ""
+    for e in _chain(exc):
+        kwargs = getattr(e, "kwargs", None)
+        endpoint = kwargs.get("endpoint_url") if isinstance(kwargs, dict) else None
+        host, port = getattr(e, "host", None), getattr(e, "port", None)
+        if isinstance(endpoint, str) and endpoint:
+            server = _server(endpoint)
+        elif isinstance(host, str) and host and not server:
+            server = f"{host}:{port}" if isinstance(port, int) else host
+        if server:
+            break
+    settings = _ENDPOINT_SETTINGS.get(scheme, "storage_options")
+    return server or f"the endpoint of {scheme}://", f"the endpoint ({settings})"
+
+
 def _tls_mismatch(exc: BaseException) -> tuple[str, str]:
     """``("certificate" | "not TLS" | "", OpenSSL's reason)`` of the TLS error among ``exc``'s causes, if any.
 
@@ -276,29 +312,31 @@ def _tls_mismatch(exc: BaseException) -> tuple[str, str]:
 def advice(exc: BaseException, url: str) -> str:
     """What to check for the network fault ``exc`` (or one it wraps) names, or "" for none of these.
 
-    ``https://`` to a plain-HTTP server, a certificate refused, a refused connection, a timeout.
+    ``https://`` to a plain-HTTP server, a certificate refused, a refused connection, a timeout; each names
+    the server (an object store's endpoint, not its bucket) and where it is set.
     """
     chain = list(_chain(exc))
     kind, reason = _tls_mismatch(exc)
+    server, check = _where(exc, url)
     if kind == "certificate":
         return (
-            f"The TLS certificate of {_server(url)} was not accepted ({reason}): check the host name in the URL; "
+            f"The TLS certificate of {server} was not accepted ({reason}): check the host name in {check}; "
             "for a private certificate authority, give the client its bundle "
             "(storage_options={'ssl': ssl.create_default_context(cafile=...)} for https://)"
         )
     if kind == "not TLS":
         return (
-            f"{_server(url)} answered the TLS handshake in plain HTTP: the URL says https:// where the server "
-            "speaks plain HTTP. Check the scheme (http:// instead of https://) and the port"
+            f"{server} answered the TLS handshake in plain HTTP: {check} says https:// where the server "
+            f"speaks plain HTTP. Check the scheme (http:// instead of https://) and the port of {check}"
         )
     if any(isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED for e in chain):
         return (
-            f"Nothing accepts connections at {_server(url)} (connection refused): check the host and the port of "
-            "the URL (or the endpoint), and that the server runs"
+            f"Nothing accepts connections at {server} (connection refused): check {check}, its host and port, "
+            "and that the server runs"
         )
     if any(isinstance(e, (TimeoutError, asyncio.TimeoutError)) or "Timeout" in type(e).__name__ for e in chain):
         return (
-            f"{_server(url)} gave no answer within the client's timeout (by default {CONNECT_TIMEOUT:g} s to "
+            f"{server} gave no answer within the client's timeout (by default {CONNECT_TIMEOUT:g} s to "
             f'connect, {READ_TIMEOUT:g} s for each read of an answer; docs/remote.md, "Timeouts"): check that '
             "the server is up and not overloaded, and the network; on a slow link, raise the timeout"
         )
@@ -390,7 +428,9 @@ def with_retries(
 
     Raises:
         RemoteError: every try failed with a transient error, or the store gave an answer another try
-            would not change (a ``400``, a ``405``...); names ``url``, the tries or the status.
+            would not change (a ``400``, a ``405``...), or the storage client refused its settings before
+            any request (a ``ValueError`` or ``TypeError`` fsspec hid as ``FileNotFoundError``); names ``url``,
+            the tries or the status.
         RemoteAccessError: the credentials were refused or missing; names ``url``.
         FileNotFoundError: the object (or bucket) does not exist: the caller says what that means there.
         Exception: any other error, as it is (a local one, such as a full disk, or a bug).
@@ -405,6 +445,7 @@ def with_retries(
         try:
             return call()
         except Exception as raised:
+            mask_exception(raised)  # chained behind the error raised here, where error reporters show it
             exc = fault_behind(raised)
             if is_refused(exc):
                 raise RemoteAccessError(
@@ -414,6 +455,13 @@ def with_retries(
                     url,
                 ) from exc
             if not is_transient(exc):
+                if exc is not raised and isinstance(exc, (ValueError, TypeError)):
+                    raise RemoteError(
+                        f"{what} ({url}) failed before any request: the storage client refused its settings: "
+                        f"{describe(exc)}. Check storage_options (and the credentials in the URL) against the "
+                        "storage library's documentation.",
+                        url,
+                    ) from exc
                 if isinstance(exc, FileNotFoundError) or not is_storage_error(exc):
                     raise
                 hint = advice(exc, url)

@@ -13,7 +13,8 @@ every URL form shardload cannot read, by name, before any request; a local one t
 A query string or fragment is refused for every scheme: a set is a prefix under which shardload joins
 file names, and a query (an S3 ``versionId``, a GCS ``generation``, a signature) belongs to one object.
 Credentials before ``@`` in an ``s3://``/``gs://`` URL are refused too: s3fs and gcsfs read them as part
-of the bucket name. Any other scheme, even one an installed fsspec backend serves, is refused.
+of the bucket name. Any other scheme, even one an installed fsspec backend serves, is refused, and so is
+a port outside 0-65535 or an ``http://`` URL with no host (``http:///set``).
 """
 
 from __future__ import annotations
@@ -108,14 +109,18 @@ def local_path(path: str | os.PathLike[str]) -> str | os.PathLike[str]:
     """
     if not isinstance(path, str) or _scheme(path) not in _LOCAL:
         return path
+    register_url(path)
     parts = urlsplit(path)
     _refuse_query(path, parts.query, parts.fragment)
-    if parts.netloc not in ("", "localhost"):
+    host = parts.netloc.rpartition("@")[2]  # never the user part: it may hold a password
+    if host not in ("", "localhost"):
         raise RemoteError(
-            f"{path}: names a file on host '{parts.netloc}', and shardload reads this machine's files only; "
+            f"{path}: names a file on host '{host}', and shardload reads this machine's files only; "
             f"write file:///ABSOLUTE/PATH (three slashes) for a path here, or mount that host's directory",
             path,
         )
+    if "@" in parts.netloc:
+        raise RemoteError(f"{path}: a file:// URL takes no user or password; write file:///ABSOLUTE/PATH", path)
     if not parts.path:
         raise RemoteError(f"{path}: names no path; write file:///ABSOLUTE/PATH", path)
     return unquote(parts.path)
@@ -145,8 +150,10 @@ def normalize_url(url: str) -> str:
     's3://bucket/sets/train'
 
     Raises:
-        RemoteError: a URL form shardload cannot use (:func:`is_remote`); the path of an object-store URL has an empty segment (``s3://bucket/a//set``,
-            which S3-compatible services answer with ``400 Bad Request``) or no bucket (``s3:///set``).
+        RemoteError: a URL form shardload cannot use (:func:`is_remote`); a port that is not a number from 0
+            to 65535 (``urllib.parse``'s rule), an HTTP(S) URL with no host (``http:///set``); the path of an
+            object-store URL has an empty segment (``s3://bucket/a//set``, which S3-compatible services answer
+            with ``400 Bad Request``) or no bucket (``s3:///set``).
     """
     m = _SCHEME.match(url)
     if m is None:
@@ -161,10 +168,18 @@ def normalize_url(url: str) -> str:
         )
     parts = urlsplit(url)
     _refuse_query(url, parts.query, parts.fragment)
+    try:
+        parts.port  # noqa: B018 (urllib.parse's rule: a port is a number from 0 to 65535, checked when read)
+    except ValueError as exc:
+        raise RemoteError(
+            f"{url}: the port is not a number from 0 to 65535 ({exc}); write {scheme}://HOST:PORT/PATH", url
+        ) from None
+    if scheme in ("http", "https") and not parts.hostname:
+        raise RemoteError(f"{url}: no host between '{scheme}://' and the path; write {scheme}://HOST[:PORT]/PATH", url)
     if scheme in _BUCKETS and "@" in parts.netloc:
         bucket = parts.netloc.rsplit("@", 1)[1]
         raise RemoteError(
-            f"{url}: credentials cannot be written into an {scheme}:// URL ({_PACKAGES[scheme]} would read "
+            f"{url}: credentials cannot be written into {scheme}:// URLs ({_PACKAGES[scheme]} would read "
             f"'...@{bucket}' as the bucket name); write {scheme}://{bucket}{parts.path} and give them in "
             "storage_options (key/secret for S3, token for GCS) or the environment (AWS_ACCESS_KEY_ID, ...)",
             url,
@@ -202,7 +217,8 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
     bound on a whole download, unless ``client_kwargs`` gives a ``timeout``.
 
     Raises:
-        RemoteError: a URL form shardload does not take, or an empty path segment (:func:`normalize_url`).
+        RemoteError: a URL form shardload does not take, or an empty path segment (:func:`normalize_url`);
+            HTTP(S) credentials both in the URL and in an ``Authorization`` header or ``auth=`` of ``storage_options``.
         MissingDependencyError: fsspec, or the package of this scheme (s3fs, gcsfs, adlfs,
             aiohttp for HTTP), is not installed; the message gives the ``pip install`` line.
     """
@@ -214,6 +230,7 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
     if scheme in ("s3", "s3a"):
         options["config_kwargs"] = _s3_config(options.get("config_kwargs"))
     elif scheme in ("http", "https"):
+        _refuse_two_credentials(url, options)
         options["client_kwargs"] = _http_client(options.get("client_kwargs"))
     try:
         import fsspec
@@ -235,6 +252,34 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
     if scheme in ("s3", "s3a") and isinstance(getattr(fs, "retries", None), int):
         fs.retries = S3FS_RETRIES  # s3fs retries throttling and timeouts itself, 5 times, inside each of ours
     return fs, path
+
+
+def _refuse_two_credentials(url: str, options: Mapping[str, Any]) -> None:
+    """Refuse credentials in both the URL (``user:password@``) and an ``Authorization`` header or ``auth=``.
+
+    aiohttp refuses the pair (``ValueError: Cannot combine AUTHORIZATION header with ... credentials encoded
+    in URL``) at each request, which fsspec's HTTP filesystem reports as ``FileNotFoundError``: "no
+    manifest", not what is wrong. So it is refused here, before any request, naming both places.
+    """
+    if "@" not in urlsplit(url).netloc:
+        return
+    client = options.get("client_kwargs")
+    places = []
+    for where, kwargs in (("storage_options", options), ("storage_options['client_kwargs']", client)):
+        if not isinstance(kwargs, Mapping):
+            continue
+        headers = kwargs.get("headers")
+        if isinstance(headers, Mapping) and any(str(k).lower() == "authorization" for k in headers):
+            places.append(f"an Authorization header in {where}['headers']")
+        if kwargs.get("auth") is not None:
+            places.append(f"auth= in {where}")
+    if places:
+        raise RemoteError(
+            f"{url}: credentials are given twice, in the URL's user:password@ and as {' and '.join(places)}, "
+            "and the HTTP client (aiohttp) takes one only; keep one of them (write the URL without "
+            "user:password@ to send the header)",
+            url,
+        )
 
 
 def _s3_config(given: object) -> Any:

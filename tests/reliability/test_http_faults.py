@@ -7,8 +7,9 @@ as "not a shard set"; a 404 manifest is "not a shard set"; a server that stalls 
 or mid-body is a timeout (:data:`~shardload.remote.url.READ_TIMEOUT`, overridable through aiohttp's
 ``ClientTimeout`` in ``storage_options``), retried, then a named error; ``https://`` to a plain-HTTP
 server says to check the scheme, after one try; a loader with 2 workers and ``timeout=`` over a
-stalled shard GET ends with a named :class:`WorkerError` within that timeout. docs/reliability.md,
-"Remote sets".
+stalled shard GET ends with a named :class:`WorkerError` within that timeout. For ``s3://``, a refused
+connection or an ``https://`` endpoint to a plain-HTTP server names the endpoint, not the bucket, and where
+it is set. docs/reliability.md, "Remote sets".
 """
 
 from __future__ import annotations
@@ -233,3 +234,28 @@ def test_a_loader_with_workers_and_a_timeout_ends_over_a_stalled_shard(served: F
     # the loader's 2 s, with room for starting two workers on a loaded machine, and well under the read's 10 s
     assert found.group(1) == "WorkerError" and float(found.group(2)) < 8.0, out.tail()
     assert "within timeout=2 s" in out.output, out.tail()
+
+
+def _s3_remote(tmp_path: Path, endpoint: str) -> RemoteOptions:
+    storage = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": endpoint}}
+    return RemoteOptions(storage_options=storage, cache_dir=tmp_path / "cache", retry=RetryPolicy(tries=1))
+
+
+def test_an_s3_endpoint_refusing_connections_is_named_not_the_bucket(tmp_path: Path) -> None:
+    port = free_port()
+    with pytest.raises(RemoteError) as caught:
+        shardload.open("s3://bucket/set", remote=_s3_remote(tmp_path, f"http://127.0.0.1:{port}"))
+    message = str(caught.value)
+    # Invariant: the advice names the endpoint that refused, and says to check the endpoint, not the bucket
+    assert f"127.0.0.1:{port}" in message and "at bucket" not in message, message
+    assert re.search(r"check the endpoint.*endpoint_url.*AWS_ENDPOINT_URL", message), message
+
+
+def test_an_https_s3_endpoint_to_a_plain_http_server_names_the_endpoint(served: FaultProxy, tmp_path: Path) -> None:
+    endpoint = served.url.replace("http://", "https://")
+    with pytest.raises(RemoteError) as caught:
+        shardload.open("s3://bucket/set", remote=_s3_remote(tmp_path, endpoint))
+    message = str(caught.value)
+    # Invariant: the endpoint's host and port are named, with the scheme to check, never the bucket as a host
+    assert endpoint.split("//")[1] in message and "bucket answered" not in message, message
+    assert re.search(r"plain HTTP.*endpoint", message), message

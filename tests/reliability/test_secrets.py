@@ -7,7 +7,10 @@ a damaged one and an unwritable URL, print ``user:***@`` and never the password;
 (``open``, ``describe``, ``verify``, ``make_loader``) never show it in a repr, a result, an exception's
 ``str``/``repr``/``url``/traceback, a warning or a log record (DEBUG included); nor do the cache's and
 the staging's files on disk. ``repr(RemoteOptions)`` masks secret-like storage options, nested ones too,
-and a secret given in storage_options that a storage library's message quotes is masked as well.
+and a secret given in storage_options that a storage library's message quotes is masked as well. Nor is
+one shown from a ``file://`` URL's user part, a token as a URL's lone user (``https://TOKEN@host``), a
+fragment's ``#token=``, any storage library's DEBUG log (botocore's ``x-amz-security-token``, rclone S3) or
+the storage errors chained behind a shardload error (``__cause__``/``__context__``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from shardload.sets.verify import verify
 from tests.helpers.servers import SECRET, S3Server, free_port, http_server
 
 PASSWORD = "SECRETPW"
+MASKED = "***"
 FAST = RetryPolicy(tries=2, base_delay=0.01, max_delay=0.02)
 
 
@@ -152,3 +156,90 @@ def test_json_on_the_real_stdout_of_the_command_is_masked(www: tuple[Path, str],
         # Invariant: the one JSON line names the URL with its password masked, in a real process's stdout
         assert json.loads(done.stdout)["path"] == f"{base}/set".replace(PASSWORD, "***"), done.stdout
         _no_secret([done.stdout, done.stderr], PASSWORD)
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    """``exc`` and every exception chained behind it (``__cause__``, ``__context__``), as an error reporter walks it."""
+    found: list[BaseException] = []
+    while exc is not None and exc not in found:
+        found.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return found
+
+
+def test_a_file_url_with_a_password_never_prints_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "src.npy"
+    np.save(src, np.arange(12, dtype=np.int32).reshape(3, 4))
+    assert main(["inspect", f"file://u:{PASSWORD}123@localhost/tmp/x"]) == 8
+    assert main(["prepare", str(src), "-o", f"file://u:{PASSWORD}456@h/tmp/out"]) == 8
+    out, err = capsys.readouterr()
+    _no_secret([out, err], PASSWORD)
+    # Invariant: the host is still named, without its userinfo
+    assert "on host 'h'" in err, err
+
+
+def test_a_token_written_as_the_user_name_is_masked(www: tuple[Path, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """``https://TOKEN@host/set``, as GitHub tokens are written: the lone user part of a URL is masked whole."""
+    _, base = www
+    token = "ghp_" + "Z9y8X7w6V5u4T3s2"
+    url = base.replace(f"user:{PASSWORD}@", f"{token}@")
+    assert main(["inspect", f"{url}/missing", "--cache-dir", str(www[0].parent / "cache")]) == 5
+    out, err = capsys.readouterr()
+    _no_secret([out, err], token)
+    # Invariant: the URL is still named, with its user part masked
+    assert f"http://***@{url.split('@')[1]}/missing" in err, err
+
+
+def test_a_secret_in_a_fragment_is_masked_like_one_in_a_query(capsys: pytest.CaptureFixture[str]) -> None:
+    for url in (f"http://127.0.0.1:9/set#token={PASSWORD}", f"http://127.0.0.1:9/set#access_token={PASSWORD}&x=1"):
+        assert main(["inspect", url]) == 8
+        out, err = capsys.readouterr()
+        _no_secret([out, err], PASSWORD)
+        # Invariant: the parameter is named, masked, and the message goes on after the URL
+        assert f"{url.replace(PASSWORD, MASKED)}: a fragment" in err, err
+
+
+def test_storage_library_logs_never_show_a_token_or_an_endpoint_password(
+    s3: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DEBUG logging of botocore (``x-amz-security-token:`` in its canonical request), aiobotocore and the rest."""
+    local = tmp_path / "set"
+    shardload.write([{"tokens": np.arange(5, dtype=np.int32)}] * 4, local, progress=False)
+    url = s3.upload(local, "logs/set")
+    endpoint = s3.endpoint.replace("http://", f"http://user:{PASSWORD}77@")
+    given = {**s3.storage_options, "token": "TOPSECRETTOKEN", "client_kwargs": {"endpoint_url": endpoint}}
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(ShardloadError):  # rclone refuses a session token it did not issue, or the endpoint's user
+        shardload.open(url, remote=RemoteOptions(storage_options=given, cache_dir=tmp_path / "cache", retry=FAST))
+    names = {r.name.split(".")[0] for r in caplog.records}
+    # Invariant: the storage libraries did log the requests at DEBUG (else this test proves nothing)
+    assert {"botocore", "aiobotocore"} <= names, names
+    _no_secret([caplog.text, *(r.getMessage() for r in caplog.records)], "TOPSECRETTOKEN", PASSWORD, SECRET)
+
+
+def test_header_style_secrets_are_masked_in_log_records() -> None:
+    from shardload._base.redact import redact_log
+
+    text = "CanonicalRequest:\nGET\n/b\n\nhost:h\nx-amz-security-token:TOK123\n" + (
+        "headers={'X-Amz-Security-Token': b'TOK456', 'Authorization': b'AWS4-HMAC-SHA256 Credential=AKIA/x, "
+        "Signature=ab12'}\nAuthorization: Bearer TOK789"
+    )
+    masked = redact_log(text)
+    # Invariant: a header whose name is secret-like has its value masked, in a log line or a dict's repr
+    _no_secret([masked], "TOK123", "TOK456", "TOK789", "AKIA", "ab12")
+    assert "host:h" in masked and "x-amz-security-token:***" in masked
+
+
+def test_the_storage_errors_chained_behind_an_error_are_masked(www: tuple[Path, str], tmp_path: Path) -> None:
+    """An error reporter (Sentry) shows ``__cause__``/``__context__`` too: fsspec's ``FileNotFoundError(url)``."""
+    _, base = www
+    remote = RemoteOptions(cache_dir=tmp_path / "cache", retry=FAST)
+    closed = f"http://user:{PASSWORD}@127.0.0.1:{free_port()}/set"
+    for url in (f"{base}/missing", closed):
+        with pytest.raises(ShardloadError) as err:
+            shardload.open(url, remote=remote)
+        chained = _chain(err.value)
+        # Invariant: the storage library's error is still chained (the cause is kept), with its URL masked
+        assert len(chained) > 1
+        texts = [f"{e!s} {e!r} {e.args!r} {getattr(e, 'filename', '')}" for e in chained]
+        _no_secret(texts, PASSWORD)

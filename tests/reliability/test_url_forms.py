@@ -7,7 +7,10 @@ host is refused. A query string or fragment (``s3://bucket/set?versionId=1``, ``
 is a ``RemoteError`` saying to drop it, before any request, never "damaged set, re-run prepare". An
 unsupported scheme (``ftp://``, ``memory://``, ``foo://``) is a ``RemoteError`` "unsupported URL scheme
 'ftp'; supported: ..." before any request (CLI exit 8), from every entry point. Credentials written
-into an ``s3://``/``gs://`` URL, which s3fs and gcsfs read as part of the bucket name, are refused.
+into an ``s3://``/``gs://`` URL, which s3fs and gcsfs read as part of the bucket name, are refused; so
+are a port outside 0-65535 and an HTTP URL with no host, and credentials both in an HTTP URL and in an
+``Authorization`` header (aiohttp's ``ValueError``, which fsspec hid as "no manifest"), before any request.
+Any other setting the HTTP client refuses is named with its reason, never "not a shard set".
 """
 
 from __future__ import annotations
@@ -157,3 +160,65 @@ def test_credentials_in_an_object_store_url_are_refused(url: str, tmp_path: Path
     with pytest.raises(RemoteError, match=r"storage_options") as err:
         shardload.open(url, cache_dir=tmp_path / "cache")
     assert "SECRET" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("http://127.0.0.1:99999/set", r"port .*99999.* out of range|port.*0-65535"),
+        ("https://host.invalid:0x50/set", r"port"),
+        ("http:///set", r"no host"),
+        ("https://:8080/set", r"no host"),
+    ],
+)
+@pytest.mark.parametrize("entry", ["open", "write"])
+def test_a_malformed_http_url_is_refused_by_name_before_any_request(
+    url: str, named: str, entry: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(RemoteError, match=named) as err:
+        _entry_points(tmp_path / "cache")[entry](url)
+    # Invariant: the URL is named, never blamed on the set or the storage service
+    assert url in str(err.value) and "not a shard set" not in str(err.value) and "rejected" not in str(err.value)
+    assert not (tmp_path / "cache").exists()
+    assert main(["inspect", url]) == 8
+    assert "not a shard set" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"headers": {"Authorization": "Bearer X"}},
+        {"client_kwargs": {"headers": {"authorization": "Bearer X"}}},
+    ],
+)
+def test_credentials_in_the_url_and_an_authorization_header_are_refused_up_front(
+    http_set: str, given: dict[str, Any], tmp_path: Path
+) -> None:
+    """aiohttp refuses the pair (``ValueError``), which fsspec hid as "no manifest": refused before any request."""
+    url = http_set.replace("http://", "http://u:pw@")
+    with pytest.raises(RemoteError) as err:
+        shardload.open(url, storage_options=given, cache_dir=tmp_path / "cache")
+    message = str(err.value)
+    # Invariant: both places the credentials came from are named, and the set is not blamed
+    assert "Authorization" in message and "user:password@" in message and "storage_options" in message, message
+    assert "not a shard set" not in message
+
+
+def test_a_credential_in_an_object_store_url_message_has_the_right_article(tmp_path: Path) -> None:
+    for url in ("gs://user:x@bucket/set", "s3://KEY:SECRET@bucket/set"):
+        with pytest.raises(RemoteError) as err:
+            shardload.open(url, cache_dir=tmp_path / "cache")
+        assert "an gs://" not in str(err.value) and "a s3://" not in str(err.value)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # aiohttp 3.x deprecates auth=, which still reaches it
+def test_options_the_http_client_refuses_are_named_not_a_missing_set(http_set: str, tmp_path: Path) -> None:
+    """Any client-side refusal fsspec hides as ``FileNotFoundError`` (here aiohttp's header + ``auth=``)."""
+    import aiohttp
+
+    given = {"headers": {"Authorization": "Bearer X"}, "auth": aiohttp.BasicAuth("u", "pw")}
+    with pytest.raises(RemoteError) as err:
+        shardload.open(http_set, storage_options=given, cache_dir=tmp_path / "cache")
+    message = str(err.value)
+    # Invariant: the client's own reason is named with where to fix it, never "not a shard set"
+    assert "Cannot combine" in message and "storage_options" in message and "not a shard set" not in message, message

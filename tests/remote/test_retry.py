@@ -233,7 +233,7 @@ def test_errors_that_are_not_the_stores_answer_pass_as_they_are(exc: Exception) 
     assert info.value is exc
 
 
-@pytest.mark.parametrize("module", ["shardload.remote.retry", "shardload.remote.url"])
+@pytest.mark.parametrize("module", ["shardload.remote.retry", "shardload.remote.url", "shardload._base.redact"])
 def test_docstring_examples_run(module: str) -> None:
     import doctest
     import importlib
