@@ -56,6 +56,8 @@ _SECRET_WORDS = frozenset(
         "token",
     }
 )
+#: endings of a glued word that make it a secret name (``apikey``, ``accesstoken``, ``dbpassword``)
+_GLUED_ENDINGS = ("key", "token", "secret", "password", "passwd", "credential", "credentials", "signature")
 #: names that hold a secret without a secret word (Azure's connection string holds the account key)
 _SECRET_NAMES = frozenset({"connection_string", "sas"})
 #: values of gcsfs's ``token`` that choose a method, not a secret; registering them would mask plain words
@@ -86,13 +88,20 @@ _pattern: re.Pattern[str] | None = None
 def is_secret_name(name: object) -> bool:
     """Whether an option or parameter called ``name`` holds a secret (``secret``, ``account_key``, ``X-Amz-Signature``).
 
-    >>> [is_secret_name(n) for n in ("secret", "sas_token", "aws_access_key_id", "endpoint_url", "anon")]
-    [True, True, True, False, False]
+    A word glued to another (``apikey``, ``accesstoken``, ``clientsecret``) counts by its ending.
+
+    >>> [is_secret_name(n) for n in ("secret", "sas_token", "aws_access_key_id", "endpoint_url", "anon", "apikey")]
+    [True, True, True, False, False, True]
     """
     if not isinstance(name, str):
         return False
     words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()  # camelCase too: AccountKey, sasToken
-    return bool(set(re.split(r"[^a-z0-9]+", words)) & _SECRET_WORDS) or words.replace("-", "_") in _SECRET_NAMES
+    split = set(re.split(r"[^a-z0-9]+", words))
+    return (
+        bool(split & _SECRET_WORDS)
+        or any(w.endswith(_GLUED_ENDINGS) for w in split)
+        or words.replace("-", "_") in _SECRET_NAMES
+    )
 
 
 def redact_options(options: Any) -> Any:
@@ -103,6 +112,8 @@ def redact_options(options: Any) -> Any:
     """
     if isinstance(options, Mapping):
         return {k: MASK if is_secret_name(k) and v is not None else redact_options(v) for k, v in options.items()}
+    if isinstance(options, tuple) and len(options) == 2 and is_secret_name(options[0]) and options[1] is not None:
+        return (options[0], MASK)  # a (name, value) pair: headers given as a list of pairs
     if isinstance(options, (list, tuple)):
         return type(options)(redact_options(v) for v in options)
     if isinstance(options, str):
@@ -118,6 +129,8 @@ def register_secrets(options: Any) -> None:
         if isinstance(value, Mapping):
             for k, v in value.items():
                 walk(v, secret or is_secret_name(k))
+        elif isinstance(value, tuple) and len(value) == 2 and is_secret_name(value[0]):
+            walk(value[1], True)  # a (name, value) pair: headers given as a list of pairs
         elif isinstance(value, (list, tuple)):
             for v in value:
                 walk(v, secret)

@@ -97,11 +97,11 @@ class UserCodeExited(BaseException):
 _guarded: dict[tuple[int, int], int] = {}
 _guard_lock = threading.Lock()
 _real_exit = os._exit
-#: copies of descriptors 1 and 2 (-1: closed), taken at this process's first user code, to put back one it closes
+#: copies of descriptors 0, 1 and 2 (-1: closed), taken at this process's first user code, to put back one it closes
 _std_copies: dict[int, int] = {}
 #: the user code (by name) seen to start threads, for the command's warning about threads left running at its end
 started_threads: set[str] = set()
-_STREAM_NAMES = {1: "1 (stdout)", 2: "2 (stderr)"}
+_STREAM_NAMES = {0: "0 (stdin)", 1: "1 (stdout)", 2: "2 (stderr)"}
 
 
 def _exit_of_user_code(status: int) -> NoReturn:
@@ -142,9 +142,11 @@ class user_code:
     :func:`raised`, as they do ``SystemExit``) instead of ending the process with no message, maybe with
     status 0; other threads, and processes the code forks, exit as before. The working directory is put
     back after the call, so that prepare's relative paths (the sources, the output) keep meaning what they
-    meant; ``moved_to`` is then where the code went (else ``None``). A descriptor 1 or 2 the code closed
+    meant; ``moved_to`` is then where the code went (else ``None``). A descriptor 0, 1 or 2 the code closed
     is put back (so that the error can be printed) and named in ``closed_streams``. A thread the code
-    started adds ``name`` to :data:`started_threads`. About 2.5 us a call (a class: ``@contextmanager``
+    started adds ``name`` to :data:`started_threads`. A child the code forked that comes back out of it
+    (returns, or raises ``SystemExit``) ends there, with the real ``os._exit``, rather than run on as a
+    second copy of prepare. About 2.5 us a call (a class: ``@contextmanager``
     costs 1 us more).
 
     Not caught: ``os._exit`` under another name (``posix._exit``, or bound by code imported before),
@@ -165,7 +167,7 @@ class user_code:
         except OSError:  # the working directory was removed: nothing to put back
             self._cwd = None
         if not _std_copies:
-            for fd in (1, 2):
+            for fd in (0, 1, 2):
                 _std_copies[fd] = os.dup(fd) if _is_open(fd) else -1  # os.dup: not inherited by an exec
         self._key = key = (os.getpid(), threading.get_ident())
         self._threads = threading.active_count()
@@ -174,8 +176,12 @@ class user_code:
             os._exit = _exit_of_user_code
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
         key = self._key
+        if os.getpid() != key[0]:
+            # A child the code forked came back out of it (it returned, or raised SystemExit) instead of ending:
+            # it must not run on as a second copy of prepare. It ends here, as a forked child ends.
+            _real_exit(_child_status(error))
         with _guard_lock:
             depth = _guarded.get(key)
             if depth == 1:
@@ -202,13 +208,23 @@ class user_code:
             os.chdir(cwd)
 
 
+def _child_status(error: BaseException | None) -> int:
+    """The exit status of a forked child that left user code with ``error`` (``None``: it returned)."""
+    if error is None:
+        return 0
+    if isinstance(error, SystemExit):
+        code = error.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 1
+
+
 def closed_streams(call: user_code) -> str | None:
     """What to say of the streams ``call`` closed (for an error naming the code), ``None`` if it closed none."""
     if not call.closed_streams:
         return None
     return (
         f"closed file descriptor {' and '.join(call.closed_streams)} (put back; user code must not close the "
-        "command's output streams)"
+        "command's standard streams)"
     )
 
 

@@ -125,6 +125,27 @@ def closes_stdout(sample):
 def closes_stderr(sample):
     os.close(2)
     return sample
+
+
+def closes_stdin(sample):
+    os.close(0)
+    return sample
+
+
+def forks_and_returns(sample):
+    pid = os.fork()
+    if pid == 0:  # a child that forgets to end: it comes back out of the map as a copy of prepare
+        return sample
+    os.waitpid(pid, 0)
+    return sample
+
+
+def forks_and_sys_exits(sample):
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # raises SystemExit through the map's caller, in the child
+    os.waitpid(pid, 0)
+    return sample
 """
 
 #: how long a run may be idle before the watchdog calls it a hang
@@ -267,13 +288,15 @@ def _group(pgid: int) -> list[str]:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-@pytest.mark.parametrize("name", ["forks_and_exits", "uses_multiprocessing"])
+@pytest.mark.parametrize(
+    "name", ["forks_and_exits", "uses_multiprocessing", "forks_and_returns", "forks_and_sys_exits"]
+)
 def test_a_map_that_forks_leaves_its_children_their_own_exit(work: Path, workers: int, name: str) -> None:
     code, output, left = run_alone(work, name, workers, "--json", timeout=30)
     # Invariant: a forked child's os._exit ends the child, not blamed on the map: prepare succeeds, ends,
     # and leaves no process behind
     assert code == 0, output[-3000:]
-    assert "os._exit" not in output, output[-3000:]
+    assert "os._exit" not in output and "sys.exit" not in output, output[-3000:]
     assert not left, left
     assert len(shardload.open(work / "out")) == 10
 
@@ -313,7 +336,9 @@ def test_a_thread_the_map_leaves_running_does_not_hold_up_the_end(work: Path, wo
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-@pytest.mark.parametrize(("name", "fd"), [("closes_stdout", "1 (stdout)"), ("closes_stderr", "2 (stderr)")])
+@pytest.mark.parametrize(
+    ("name", "fd"), [("closes_stdin", "0 (stdin)"), ("closes_stdout", "1 (stdout)"), ("closes_stderr", "2 (stderr)")]
+)
 def test_a_map_that_closes_an_output_stream_is_named(work: Path, workers: int, name: str, fd: str) -> None:
     outcome = run_prepare(work, "cli", name, workers, "--json")
     # Invariant: exit 3 naming the file, the record, the function and the descriptor, on a stderr put back

@@ -243,3 +243,19 @@ def test_the_storage_errors_chained_behind_an_error_are_masked(www: tuple[Path, 
         assert len(chained) > 1
         texts = [f"{e!s} {e!r} {e.args!r} {getattr(e, 'filename', '')}" for e in chained]
         _no_secret(texts, PASSWORD)
+
+
+@pytest.mark.parametrize("name", ["apikey", "accesstoken", "clientSecret", "dbpassword"])
+def test_glued_secret_names_are_masked_in_queries_and_options(name: str) -> None:
+    value = "GLUEDSECRET99"
+    with pytest.raises(RemoteError) as info:
+        shardload.open(f"http://127.0.0.1:9/set?{name}={value}")
+    texts = [str(info.value), repr(info.value)]
+    texts.append(repr(RemoteOptions(storage_options={"headers": {name: value}})))
+    # Headers may be given as a list of (name, value) pairs: masked as a mapping's
+    texts.append(
+        repr(RemoteOptions(storage_options={"headers": [(name, value), ("Authorization", f"Bearer {value}")]}))
+    )
+    # Invariant: a secret word glued to another still marks its value as a secret, in every form
+    _no_secret(texts, value)
+    assert f"?{name}=***" in texts[0], texts[0]
