@@ -9,15 +9,7 @@ import pytest
 
 import shardload
 from shardload.errors import OutputExistsError, ShardSetError
-
-
-def write_sources(root: Path) -> list[str]:
-    paths = []
-    for i in range(3):
-        path = root / f"d{i}.jsonl"
-        path.write_text("".join(json.dumps({"tokens": list(range(j % 9 + 1))}) + "\n" for j in range(10 + 5 * i)))
-        paths.append(str(path))
-    return paths
+from tests.prepare.test_parts_misuse import write_sources
 
 
 def merged_set(root: Path) -> tuple[list[str], Path]:
