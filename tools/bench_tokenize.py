@@ -362,8 +362,12 @@ def measure(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[
 def child_env(data: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    # nothing can be downloaded; HF writes its caches under the run's directory (a fresh one per run)
-    env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(data / "hf-home"))
+    # nothing can be downloaded; HF writes its caches under the run's directory (a fresh one per run), and
+    # the temporary files of every library (Mosaic's locks, LitData's chunks) go there too, removed at the end
+    (data.parent / "tmp").mkdir(exist_ok=True)
+    env.update(
+        HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(data / "hf-home"), TMPDIR=str(data.parent / "tmp")
+    )
     return env
 
 
