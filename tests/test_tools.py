@@ -285,6 +285,34 @@ def check_gpu(out: str, tmp: Path) -> None:
     assert "| model | workers | ms/step, resident data |" in out
 
 
+def check_tokenize(out: str, tmp: Path) -> None:
+    import shardload
+
+    report = json.loads((tmp / "tokenize.json").read_text())
+    hidden = {"hf-datasets", "litdata", "mosaic"}  # hidden (see CASES): reported unavailable, the run goes on
+    batched = "map_batch" in {f.name for f in dataclasses.fields(shardload.PrepareOptions)}
+    expected = {"shardload-file", "shardload-files", "floor"} | (
+        {"shardload-batched-file", "shardload-batched-files"} if batched else set()
+    )
+    assert set(report["unavailable"]) == hidden | ({"shardload-batched-file", "shardload-batched-files"} - expected)
+    for name in hidden:
+        assert report["unavailable"][name].startswith("unavailable: ImportError"), report["unavailable"]
+        assert f"note: {name} skipped, unavailable" in out
+    rows = {r["contestant"]: r for r in report["results"]}
+    assert set(rows) == expected and not report["errors"], report
+    records = report["text"]["records"]
+    for name, r in rows.items():
+        positive(r["best_s"], r["median_s"], r["cpu_s"], r["peak_rss_mb"], r["tokens"])
+        positive(r["time_vs_floor_median"], r["cpu_vs_floor"])
+        assert r["best_s"] <= r["median_s"] and len(r["rounds_s"]) == 1, r
+        assert r["speed_vs_hf_best"] is None and r["cpu_vs_hf"] is None and r["peak_vs_hf"] is None, r  # no HF
+        assert name == "floor" or r["output_mb"] > 0, r
+        # Invariant: every contestant holds one sample per record and the same tokens (exactness check)
+        assert (r["samples"], r["tokens"], r["id_sum"]) == (records, rows["floor"]["tokens"], rows["floor"]["id_sum"])
+    assert report["exact"] and rows["floor"]["time_vs_floor_median"] == 1.0
+    assert len(table(out, "| contestant | best s |")) == len(rows)
+
+
 def check_loaders(workers: int) -> Callable[[str, Path], None]:
     def check(out: str, tmp: Path) -> None:
         report = json.loads((tmp / "loaders.json").read_text())
@@ -395,6 +423,15 @@ CASES = {
         "bench_startup.py",
         lambda t: ["--open-only", "10,100", "--repeats", "1", "--cache-dir", str(t / "work")],
         check_startup_open,
+    ),
+    "bench_tokenize": Case(
+        "bench_tokenize.py",
+        lambda t: [
+            *("--mb", "0.3", "--rounds", "1", "--vocab", "300", "--train-mb", "0.1"),
+            *("--workdir", str(t / "work"), "--json", str(t / "tokenize.json")),
+        ],
+        check_tokenize,
+        hide=("datasets", "litdata", "streaming"),
     ),
     "bench_webdataset": Case(
         "bench_webdataset.py",
