@@ -41,6 +41,7 @@ import argparse
 import dataclasses
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -51,12 +52,30 @@ import sys
 import sysconfig
 import tempfile
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
+
+
+def streaming_without_torchvision() -> None:
+    """Let ``import streaming`` work where torchvision does not import.
+
+    Mosaic's package imports its image datasets (``streaming.vision``, which needs torchvision) when it is
+    imported; the writer and reader timed here do not use them. torchvision from PyPI does not import beside
+    the pinned CPU build of torch, so where it is not installed, an empty ``streaming.vision`` stands in for it.
+    """
+    if importlib.util.find_spec("torchvision") is None:  # found, not imported: importing it costs each run ~1 s
+        stub = types.ModuleType("streaming.vision")
+        stub.__path__ = []
+        sys.modules.setdefault("streaming.vision", stub)
+
+
+streaming_without_torchvision()
+
 
 #: contestant -> (library it needs, or None; what it is, for the table)
 CONTESTANTS: dict[str, tuple[str | None, str]] = {
