@@ -112,3 +112,15 @@ def test_stamped_decides_what_comparing_a_new_stamp_decides(tmp_path: Path) -> N
         assert stamped(st, other) is (file_stamp(st) == other) is False, name
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a write that moves mtime
     assert not stamped(os.stat(path), stamp)
+
+
+@pytest.mark.parametrize("inner", [(), (3,)])
+def test_a_batch_of_one_row_of_one_sample(inner: tuple[int, ...]) -> None:
+    """An output of one row: its row size comes from its shape (a length-1 axis may carry any stride)."""
+    values = np.arange(30 * int(np.prod(inner)), dtype=np.float32).reshape(30, *inner)
+    cols = {0: Columns(30, {"x": FieldData(values, None)})}
+    got = np.zeros((1, *inner), np.float32)
+    copy_slices(
+        got, cols, group_by_shard(np.zeros(1, np.int64)), "x", (np.array([7]), np.array([8])), np.zeros(1, np.int64)
+    )
+    assert got.tobytes() == values[7:8].tobytes()

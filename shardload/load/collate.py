@@ -431,7 +431,7 @@ def copy_slices(
         if out is not None and raw is not None:
             if pad_to is not None and pad_bytes is None:
                 pad_bytes = _pad_bytes(flat, dst, pad_to, pad_value)
-            _copy_bytes(out, raw, flat.strides[0], src, dst, sel, pad_to, pad_bytes)
+            _copy_bytes(out, raw, flat.itemsize * math.prod(flat.shape[1:]), src, dst, sel, pad_to, pad_bytes)
             continue
         sources: Iterable[np.ndarray]
         if isinstance(values, np.ndarray):  # one buffer, but not one memoryview can copy from
