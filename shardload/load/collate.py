@@ -418,9 +418,9 @@ def copy_slices(
     is set to ``pad_value``. ``src``, ``dst`` and ``pad_to`` are ``(B,)``.
 
     From one plain buffer (Arrow) into a plain output, each copy is a ``memoryview`` slice assignment of the
-    same bytes, a third of the cost of a numpy slice assignment per sample (docs/benchmarks.md, "Fixed cost
-    per batch without workers"); anything else (chunked values, a dtype without a buffer format) goes
-    through numpy.
+    same bytes, about half the Python cost of a numpy slice assignment per sample (docs/benchmarks.md,
+    "Fixed cost per batch without workers, second pass"); anything else (chunked values, a dtype without
+    a buffer format) goes through numpy.
     """
     out = byte_view(flat)
     pad_bytes: memoryview | None = None
