@@ -150,6 +150,11 @@ def chunk_origins_path(chunk: Path) -> Path:
     return chunk.with_name(chunk.name + ".origins")
 
 
+def read_chunk_origins(chunk: Path) -> pa.Table:
+    """The origins :func:`write_chunk_origins` recorded for staged chunk ``chunk`` (memory-mapped)."""
+    return _read(chunk_origins_path(chunk)).read_all()
+
+
 def locator_origins(locators: Sequence[str], files: Sequence[str]) -> pa.Table:
     """The origins of samples read one by one, from their locators (``files``: the paths of their unit)."""
     return _table([parse_locator(w, files) for w in locators])
