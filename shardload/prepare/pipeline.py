@@ -41,6 +41,7 @@ from shardload.formats.arrow import ArrowShardReader
 from shardload.formats.manifest import Manifest
 from shardload.formats.origin import ORIGINS_NAME, write_set_origins
 from shardload.formats.shardtable import SHARD_TABLE_NAME
+from shardload.prepare.batched import mapped_samples
 from shardload.prepare.gather import gather
 from shardload.prepare.guards import (
     check_dtype_fields,
@@ -366,14 +367,17 @@ def _infer_schema(
     located: MappedSamples | None = None
     dropped = 0
     if samples is not None:
-        located = MappedSamples(
-            ((f"sample {i}", source_options.selected(s, f"sample {i}")) for i, s in enumerate(samples)), options.map
+        located = mapped_samples(
+            ((f"sample {i}", source_options.selected(s, f"sample {i}")) for i, s in enumerate(samples)),
+            options.map,
+            options.map_batch,
         )
         first = located.peek()
         dropped = located.dropped
     else:
         for unit in units:
-            mapped = MappedSamples(read_unit(unit, source_options), options.map)
+            # a batched map gets one record at a time here: only the first sample is needed
+            mapped = mapped_samples(read_unit(unit, source_options), options.map, options.map_batch and 1)
             first = mapped.peek()
             dropped += mapped.dropped
             if first is not None:

@@ -32,9 +32,10 @@ from shardload._base.progress import Progress
 from shardload.formats import Columns
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
 from shardload.formats.origin import read_chunk_origins, write_chunk_origins
+from shardload.prepare.batched import mapped_samples
 from shardload.prepare.ingest import SampleChecker, chunk_name, ingest, unit_key
 from shardload.prepare.jobs import IngestJob, StagedUnit
-from shardload.prepare.mapping import MappedSamples, sendable
+from shardload.prepare.mapping import sendable
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.parts import unit_bytes
 from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit, read_unit_batches
@@ -290,6 +291,6 @@ def ingest_unit(job: IngestJob) -> StagedUnit:
     check = SampleChecker(job.schema, job.options)
     unit = job.unit
     source = unit.paths[0] if len(unit.paths) == 1 else unit.describe()
-    samples = MappedSamples(read_unit(unit, job.source_options), job.options.map)
+    samples = mapped_samples(read_unit(unit, job.source_options), job.options.map, job.options.map_batch)
     batches = None if job.options.map is not None else read_unit_batches(unit, job.source_options, job.schema)
     return ingest(job.key, samples, check, job.staging, job.options.chunk_bytes, source, unit.paths, batches)
