@@ -73,9 +73,12 @@ class Task:
     source: SourceUnit
 
 
-def piece_key(unit_key: str, piece: int) -> str:
-    """The name of a piece's staged files (``u00000003.p0001``); removed once the unit is joined."""
-    return f"{unit_key}.p{piece:04d}"
+def piece_key(unit_key: str, piece: SourceUnit) -> str:
+    """The name of a piece's staged files (``u00000003.1048576-2097152``: its byte range), removed once the
+    unit is joined. Named by its range, so that a resumed run that cuts the unit otherwise does not take
+    the chunks of another piece for its own."""
+    assert piece.part is not None
+    return f"{unit_key}.{piece.part[0]}-{piece.part[1]}"
 
 
 def plan_tasks(
@@ -248,7 +251,7 @@ def stage_units(
     tasks = plan_tasks(units, sizes, workers, cuttable)
     jobs = [
         IngestJob(
-            keys[t.unit] if t.pieces == 1 else piece_key(keys[t.unit], t.piece),
+            keys[t.unit] if t.pieces == 1 else piece_key(keys[t.unit], t.source),
             t.source,
             source_options,
             schema,

@@ -202,3 +202,29 @@ def test_prepare_does_not_import_pandas(tmp_path: Path, mapped: bool) -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False"]
+
+
+def fail_on_the_last(sample: dict[str, Any]) -> Any:
+    """:func:`encode`, raising on record 5999 (the big file's last) while SHARDLOAD_TEST_FAIL is set."""
+    if os.environ.get("SHARDLOAD_TEST_FAIL") and sample["id"] == 5999:
+        raise ValueError("bad record")
+    return encode(sample)
+
+
+def test_a_resume_that_cuts_the_units_otherwise_gives_the_same_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_pieces: None
+) -> None:
+    """A run stopped with pieces staged, resumed with other workers (other pieces), makes the set of one run."""
+    monkeypatch.chdir(tmp_path)
+    write_corpus(tmp_path / "big.jsonl", 6000, seed=1)
+    write_corpus(tmp_path / "small.jsonl", 900, seed=2)
+    common: dict[str, Any] = {"progress": False, "unit_bytes": 80_000, "chunk_bytes": 30_000, "map": fail_on_the_last}
+    monkeypatch.setenv("SHARDLOAD_TEST_FAIL", "1")
+    with pytest.raises(shardload.InputError, match=r"big\.jsonl: line \d+: the map function .* bad record"):
+        shardload.prepare(["big.jsonl", "small.jsonl"], "out", workers=3, **common)
+    staged = {p.name for p in (tmp_path / "out" / ".prepare" / "staging").iterdir()}
+    assert any("." in name.split("-")[0] for name in staged)  # pieces were staged (u00000003.1234-5678-000000.arrow)
+    monkeypatch.delenv("SHARDLOAD_TEST_FAIL")
+    shardload.prepare(["big.jsonl", "small.jsonl"], "out", workers=2, resume=True, **common)
+    shardload.prepare(["big.jsonl", "small.jsonl"], "fresh", workers=1, **common)
+    assert set_digest(tmp_path / "out") == set_digest(tmp_path / "fresh")
