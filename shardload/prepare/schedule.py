@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import mmap
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardload._base.output import atomic_write_text
+from shardload._base.output import atomic_file, atomic_write_text
 from shardload._base.pool import WorkerPool, map_in_workers
 from shardload._base.progress import Progress
 from shardload.formats import Columns
@@ -192,9 +191,8 @@ def join_pieces(
         path = staging / chunk_name(unit_key, len(chunks))
         with output_errors(staging.parents[1], f"staging the samples of {source}"):
             write_chunk_origins(path, origins)
-            tmp = path.with_suffix(".tmp")
-            writer.write_concatenated(tmp, parts)
-            os.replace(tmp, path)
+            with atomic_file(path, tmp=path.with_suffix(".tmp")) as tmp:
+                writer.write_concatenated(tmp, parts)
         chunks.append(path.name)
 
     stager = ChunkStager(schema, chunk_bytes, files, write)
