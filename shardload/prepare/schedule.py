@@ -114,7 +114,8 @@ def plan_tasks(
 
 
 def _can_cut(unit: SourceUnit) -> bool:
-    return unit.kind == "jsonl" and len(unit.paths) == 1 and not unit.paths[0].endswith(".gz")
+    """Whether ``unit`` can be read in byte ranges: a plain JSON Lines file (a gzipped one is read through gzip)."""
+    return unit.kind == "jsonl" and len(unit.paths) == 1 and not unit.paths[0].lower().endswith(".gz")
 
 
 def _line_ranges(unit: SourceUnit, size: int, n: int) -> list[SourceUnit] | None:

@@ -228,3 +228,14 @@ def test_a_resume_that_cuts_the_units_otherwise_gives_the_same_set(
     shardload.prepare(["big.jsonl", "small.jsonl"], "out", workers=2, resume=True, **common)
     shardload.prepare(["big.jsonl", "small.jsonl"], "fresh", workers=1, **common)
     assert set_digest(tmp_path / "out") == set_digest(tmp_path / "fresh")
+
+
+def test_a_gzipped_file_is_read_whole(tmp_path: Path, small_pieces: None) -> None:
+    import gzip
+
+    data = write_corpus(tmp_path / "a.jsonl", 3000, seed=3).read_bytes()
+    (tmp_path / "b.JSONL.GZ").write_bytes(gzip.compress(data))
+    units = discover([str(tmp_path / "a.jsonl"), str(tmp_path / "b.JSONL.GZ")], options=SourceOptions())
+    tasks = plan_tasks(units, [len(data), len(data) * 4], 2)  # the gzipped file the larger: cut, were it plain
+    assert [(t.unit, t.pieces) for t in tasks if t.unit == 1] == [(1, 1)]
+    assert any(t.pieces > 1 for t in tasks if t.unit == 0)
