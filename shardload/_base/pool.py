@@ -48,14 +48,18 @@ def map_in_workers(
     threads: bool = False,
     out: Path | None = None,
     what: str = "",
+    pool: WorkerPool | None = None,
 ) -> Iterator[_Result]:
-    """``fn`` over ``jobs``, results in job order: in-process for one worker, else in a pool.
+    """``fn`` over ``jobs``, results in job order: in-process for one worker, else in a pool (``pool``: that one).
 
     For processes ``fn`` is a module-level function and ``jobs`` are picklable;
     ``threads`` suits work that releases the GIL. A worker process that dies is
     an :class:`OutputError` naming ``out`` and the step ``what``
     (``"staging the samples"``).
     """
+    if pool is not None:
+        yield from pool.map(fn, jobs, out=out, what=what)
+        return
     if workers <= 1 or len(jobs) <= 1:
         yield from map(fn, jobs)
         return
@@ -66,24 +70,78 @@ def map_in_workers(
     ctx = multiprocessing.get_context()
     # A forkserver's children are the server's, not ours: they can only watch it (it exits with us).
     parent = None if ctx.get_start_method() == "forkserver" else os.getpid()
-    pool = ProcessPoolExecutor(
+    executor = ProcessPoolExecutor(
         max_workers=min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker, initargs=(parent,)
     )
     procs: list[BaseProcess] = []
     finished = False
     try:
-        results = pool.map(fn, jobs)
-        procs = list(pool._processes.values())  # started by the submits of map(); kept to report or stop them
+        results = executor.map(fn, jobs)
+        procs = list(executor._processes.values())  # started by the submits of map(); kept to report or stop them
         yield from results
         finished = True
     except BrokenProcessPool:
         raise worker_died(procs, out, what) from None
     finally:
         if finished:
-            pool.shutdown(wait=False)
+            executor.shutdown(wait=False)
             end_finished_workers(procs, what)
         else:  # an error, Ctrl-C, SIGTERM, or the consumer stopped: do not wait for the queued jobs
-            stop_workers(pool, procs)
+            stop_workers(executor, procs)
+
+
+class WorkerPool:
+    """Worker processes started before their jobs are known, for one or more ordered maps.
+
+    ``prepare`` starts them before it reads its first sample, which one of them reads and maps, so that
+    the main process runs no user code before it forks. Used as a context manager: on a clean exit the
+    workers end as :func:`map_in_workers`'s do; on an error (or Ctrl-C) they are stopped.
+    """
+
+    def __init__(self, workers: int) -> None:
+        ctx = multiprocessing.get_context()
+        parent = None if ctx.get_start_method() == "forkserver" else os.getpid()
+        self._pool: ProcessPoolExecutor | None = ProcessPoolExecutor(
+            max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(parent,)
+        )
+        self._pool.submit(int)  # starts the processes now (all of them, with fork)
+        self._procs: list[BaseProcess] = list(self._pool._processes.values())
+        self.workers = workers
+
+    def call(self, fn: Callable[..., _Result], *args: object, out: Path | None = None, what: str = "") -> _Result:
+        """``fn(*args)`` in one of the workers."""
+        assert self._pool is not None
+        try:
+            return self._pool.submit(fn, *args).result()
+        except BrokenProcessPool:
+            raise worker_died(self._procs, out, what) from None
+
+    def map(
+        self, fn: Callable[[_Job], _Result], jobs: Sequence[_Job], *, out: Path | None = None, what: str = ""
+    ) -> Iterator[_Result]:
+        """``fn`` over ``jobs`` in the workers, results in job order."""
+        assert self._pool is not None
+        try:
+            yield from self._pool.map(fn, jobs)
+        except BrokenProcessPool:
+            raise worker_died(self._procs, out, what) from None
+
+    def close(self, finished: bool = False, what: str = "") -> None:
+        """End the workers: once their work is done (``finished``), else now. Closing twice does nothing."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if finished:
+            pool.shutdown(wait=False)
+            end_finished_workers(self._procs, what)
+        else:
+            stop_workers(pool, self._procs)
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
+        self.close(finished=kind is None)
 
 
 def worker_died(procs: Sequence[BaseProcess], out: Path | None, what: str) -> OutputError:

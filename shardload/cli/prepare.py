@@ -81,6 +81,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "mapped, None to drop it, or a list of samples (e.g. mypkg.tok:encode; the current directory is importable, "
         "as with python -m). With --workers > 1 it must be defined at the top level of its module",
     )
+    src.add_argument(
+        "--map-batch",
+        type=int,
+        metavar="N",
+        help="call the --map function with up to N records at a time, as a dict of column lists "
+        '({"text": [str, ...]}); it returns a dict of columns with one entry per record, or a list with one '
+        "per-sample result per record (e.g. a tokenizer's encode_batch on many texts a call)",
+    )
     pick = src.add_mutually_exclusive_group()
     pick.add_argument(
         "--fields",
@@ -167,6 +175,7 @@ _PASSED_IF_GIVEN = (
     "fields",
     "drop_fields",
     "field",
+    "map_batch",
 )
 
 

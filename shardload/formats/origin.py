@@ -92,14 +92,33 @@ def parse_locator(locator: str, files: Sequence[str]) -> SampleOrigin:
 
 
 def _table(origins: Sequence[SampleOrigin]) -> pa.Table:
+    n = len(origins)
+    positions = np.fromiter((-1 if o.position is None else o.position for o in origins), np.int64, n)
     return pa.table(
         {
-            "file": pa.array([o.file or "" for o in origins], pa.large_string()).dictionary_encode(),
-            "kind": pa.array([o.kind for o in origins], pa.string()).dictionary_encode(),
-            "position": pa.array([-1 if o.position is None else o.position for o in origins], pa.int64()),
-            "key": pa.array([o.key or "" for o in origins], pa.large_string()),
+            "file": _dictionary([o.file or "" for o in origins], pa.large_string()),
+            "kind": _dictionary([o.kind for o in origins], pa.string()),
+            "position": pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(positions)]),
+            "key": _strings([o.key or "" for o in origins], pa.large_string()),
         }
     )
+
+
+def _strings(values: Sequence[str], kind: pa.DataType) -> pa.Array:
+    """``values`` as an Arrow (large) string array, built from its buffers: ``pa.array`` imports pandas
+    (0.3 to 1 s in each worker process of ``prepare``), and this is what it would make."""
+    data = [v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(data) + 1, dtype=np.int64 if kind == pa.large_string() else np.int32)
+    np.cumsum([len(d) for d in data], out=offsets[1:])
+    return pa.Array.from_buffers(kind, len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+
+
+def _dictionary(values: Sequence[str], kind: pa.DataType) -> pa.DictionaryArray:
+    """``values`` dictionary-encoded as ``dictionary_encode()`` does (first seen first, int32 indices)."""
+    index: dict[str, int] = {}
+    codes = np.fromiter((index.setdefault(v, len(index)) for v in values), np.int32, len(values))
+    indices = pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(codes)])
+    return pa.DictionaryArray.from_arrays(indices, _strings(list(index), kind))
 
 
 def _write(path: Path, table: pa.Table) -> None:
@@ -131,6 +150,11 @@ def chunk_origins_path(chunk: Path) -> Path:
     return chunk.with_name(chunk.name + ".origins")
 
 
+def read_chunk_origins(chunk: Path) -> pa.Table:
+    """The origins :func:`write_chunk_origins` recorded for staged chunk ``chunk`` (memory-mapped)."""
+    return _read(chunk_origins_path(chunk)).read_all()
+
+
 def locator_origins(locators: Sequence[str], files: Sequence[str]) -> pa.Table:
     """The origins of samples read one by one, from their locators (``files``: the paths of their unit)."""
     return _table([parse_locator(w, files) for w in locators])
@@ -142,12 +166,13 @@ def run_origins(file: str, kind: OriginKind, positions: NDArray[np.int64]) -> pa
     The rows :func:`locator_origins` makes of their locators, built from the numbers directly.
     """
     n = len(positions)
-    zeros = pa.array(np.zeros(n, dtype=np.int32))
+    zeros = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(np.zeros(n, dtype=np.int32))])
+    positions = np.ascontiguousarray(positions, dtype=np.int64)
     return pa.table(
         {
-            "file": pa.DictionaryArray.from_arrays(zeros, pa.array([file], pa.large_string())),
-            "kind": pa.DictionaryArray.from_arrays(zeros, pa.array([kind], pa.string())),
-            "position": pa.array(np.asarray(positions, dtype=np.int64)),
+            "file": pa.DictionaryArray.from_arrays(zeros, _strings([file], pa.large_string())),
+            "kind": pa.DictionaryArray.from_arrays(zeros, _strings([kind], pa.string())),
+            "position": pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(positions)]),
             "key": pa.LargeStringArray.from_buffers(
                 n, pa.py_buffer(np.zeros(n + 1, dtype=np.int64)), pa.py_buffer(b"")
             ),
@@ -174,7 +199,8 @@ def write_set_origins(work: Path, chunks: Sequence[Path], order: np.ndarray) -> 
     if not tables:  # a set of no samples (a part with no units)
         tables.append(_table([]))
     whole = pa.concat_tables(tables).unify_dictionaries().combine_chunks()
-    _write(work / ORIGINS_NAME, whole.take(pa.array(order, pa.int64())))
+    order = np.ascontiguousarray(order, dtype=np.int64)
+    _write(work / ORIGINS_NAME, whole.take(pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order)])))
     return ORIGINS_NAME
 
 

@@ -35,7 +35,7 @@ from shardload.schema._nonarray import FIELD_HOLDS, describe_non_array
 
 logger = logging.getLogger("shardload.prepare")
 
-__all__ = ["MapFunction", "MappedSamples", "check_sendable", "load_map", "map_identity", "map_name"]
+__all__ = ["MapFunction", "MappedSamples", "check_sendable", "load_map", "map_identity", "map_name", "sendable"]
 
 #: a map: one sample dict in; a dict, None (drop) or a list of dicts out
 MapFunction = Callable[[dict[str, Any]], Any]
@@ -279,6 +279,15 @@ def load_map(spec: str) -> MapFunction:
     return fn  # type: ignore[no-any-return]
 
 
+def sendable(fn: MapFunction) -> bool:
+    """Whether ``fn`` can be pickled to worker processes (see :func:`check_sendable`)."""
+    try:
+        check_sendable(fn, 2)
+    except InputError:
+        return False
+    return True
+
+
 def check_sendable(fn: MapFunction, workers: int) -> None:
     """Refuse a map that cannot be pickled to worker processes, before any worker starts.
 
@@ -329,11 +338,16 @@ class MappedSamples:
         return item
 
     def _apply(self, where: str, sample: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+        out = self._call(where, sample if isinstance(sample, dict) else dict(sample))
+        return self._results(where, out)
+
+    def _call(self, where: str, arg: Any) -> Any:
+        """The map called on ``arg`` (a sample, or a batch read at ``where``) as user code; a failure names ``where``."""
         assert self._fn is not None
         name = self._name
         try:
             with user_code(f"the map function {name}") as call:
-                out = self._fn(sample if isinstance(sample, dict) else dict(sample))
+                out = self._fn(arg)
         except (
             BaseException
         ) as exc:  # anything the user's function raised, but Ctrl-C or SIGTERM: named with the sample
@@ -352,6 +366,11 @@ class MappedSamples:
                 name,
                 call.moved_to,
             )
+        return out
+
+    def _results(self, where: str, out: Any) -> list[tuple[str, Mapping[str, Any]]]:
+        """The samples the map made of the record read at ``where`` (``out``: what it returned for it), checked."""
+        name = self._name
         if out is None:
             self.dropped += 1
             return []
@@ -360,19 +379,22 @@ class MappedSamples:
             return [(f"{where} (mapped by {name})", out)]
         if not isinstance(out, list):
             raise InputError(
-                f"{where}: the map function {name} returned a value of type {type(out).__name__}; {RETURNS}"
+                f"{where}: the map function {name} returned a value of type {type(out).__name__}; {self.returns}"
             )
         for j, piece in enumerate(out):
             if not isinstance(piece, Mapping):
                 raise InputError(
                     f"{where}: the map function {name} returned a list whose item {j} is a value of type {type(piece).__name__}; "
-                    f"{RETURNS}"
+                    f"{self.returns}"
                 )
             _check_fields(piece, f"{where}, piece {j + 1} of {len(out)}", name)
         if not out:
             self.dropped += 1
         n = len(out)
         return [(f"{where}, piece {j + 1} of {n} (mapped by {name})", piece) for j, piece in enumerate(out)]
+
+    #: what the map returns, for messages
+    returns = RETURNS
 
 
 def _check_fields(sample: Mapping[str, Any], where: str, name: str) -> None:

@@ -52,6 +52,11 @@ class PrepareOptions:
             processes (:mod:`shardload.prepare.mapping`): it returns the sample
             mapped, ``None`` to drop it, or a list of samples. With more than one
             worker it must be defined at the top level of a module.
+        map_batch: call ``map`` with up to this many records at a time, as a
+            dict of column lists (``{"text": [str, ...]}``); it returns a dict
+            of columns with one entry per record, or a list with one per-sample
+            result per record (:mod:`shardload.prepare.batched`). ``None``: one
+            record a call. Recorded with the map: ``resume`` refuses a change.
         fields: keep only these fields of the input (read time; Parquet/Arrow
             read only these columns); a name the input lacks is refused.
         drop_fields: leave these fields of the input out (excludes ``fields``).
@@ -77,6 +82,7 @@ class PrepareOptions:
     progress: bool | None = None
     chunk_bytes: int = 64 << 20
     map: Callable[[dict[str, Any]], Any] | None = None
+    map_batch: int | None = None
     fields: tuple[str, ...] | None = None
     drop_fields: tuple[str, ...] = ()
 
@@ -90,7 +96,7 @@ class PrepareOptions:
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
-        for name in ("shard_size", "num_shards", "seed", "workers", "chunk_bytes"):
+        for name in ("shard_size", "num_shards", "seed", "workers", "chunk_bytes", "map_batch"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
                 raise InputError(f"{name} must be an integer, got {value!r}")
@@ -123,6 +129,13 @@ class PrepareOptions:
                 else ""
             )
             raise InputError(f"map must be a function, got {type(self.map).__name__} {self.map!r}{hint}")
+        if self.map_batch is not None and self.map_batch < 1:
+            raise InputError(f"map_batch (--map-batch) must be at least 1 record, got {self.map_batch}")
+        if self.map_batch is not None and self.map is None:
+            raise InputError(
+                f"map_batch={self.map_batch} (--map-batch) sets how many records the map function takes a call, and "
+                "no map is given: give map= (--map MODULE:FUNCTION) too, or leave map_batch out"
+            )
         for name in ("fields", "drop_fields"):
             value = getattr(self, name)
             if value is None:
@@ -166,9 +179,11 @@ class PrepareOptions:
     def layout_key(self) -> dict[str, Any]:
         """The options that decide the output bytes (compared on ``resume``, recorded in the manifest; the
         format's own options last, defaults resolved)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in (*_RUN_ONLY, "map")}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in (*_RUN_ONLY, "map", "map_batch")}
         if self.map is not None:  # absent without one: the record of a run made before maps existed still matches
             d["map"] = map_identity(self.map)
+        if self.map_batch is not None:  # absent unless given, as map
+            d["map_batch"] = self.map_batch
         d["shard_format"] = self.format.name
         d["fixed_fields"] = list(self.fixed_fields)
         # absent unless given, as map: the record of a run made before they existed still matches

@@ -11,6 +11,7 @@ disk, which is what makes ``resume`` give the same bytes as an uninterrupted run
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -30,7 +31,7 @@ from shardload._base import envvars
 from shardload._base.faults import crash_point
 from shardload._base.identity import ShardIdentity, set_id_of
 from shardload._base.output import atomic_file, atomic_write_text
-from shardload._base.pool import map_in_workers
+from shardload._base.pool import WorkerPool, map_in_workers
 from shardload._base.progress import Progress
 from shardload._base.ranges import offsets_from_lengths
 from shardload._base.redact import get_logger, redact
@@ -40,6 +41,7 @@ from shardload.formats.arrow import ArrowShardReader
 from shardload.formats.manifest import Manifest
 from shardload.formats.origin import ORIGINS_NAME, write_set_origins
 from shardload.formats.shardtable import SHARD_TABLE_NAME
+from shardload.prepare.batched import mapped_samples
 from shardload.prepare.gather import gather
 from shardload.prepare.guards import (
     check_dtype_fields,
@@ -51,7 +53,7 @@ from shardload.prepare.guards import (
 )
 from shardload.prepare.index import new_manifest, write_index
 from shardload.prepare.ingest import SampleChecker, cast_fields, ingest, unit_key
-from shardload.prepare.jobs import IngestJob, ShardJob, ShardRecord, StagedUnit
+from shardload.prepare.jobs import ShardJob, ShardRecord, StagedUnit
 from shardload.prepare.mapping import MappedSamples, check_sendable, map_name
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.parts import (
@@ -62,7 +64,8 @@ from shardload.prepare.parts import (
     split_units,
     withdraw_stale_merge,
 )
-from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit, read_unit_batches
+from shardload.prepare.schedule import pool_size, stage_units
+from shardload.prepare.sources import SourceOptions, SourceUnit, read_unit
 from shardload.prepare.workdir import WorkDir, output_errors
 from shardload.schema.fields import Schema
 
@@ -147,14 +150,7 @@ def with_logged_warnings(entry: Callable[_P, PrepareResult]) -> Callable[_P, Pre
 
 
 # -- 1. ingest: the run's side (the step itself is shardload.prepare.ingest) ------------------------
-def _ingest_unit(job: IngestJob) -> StagedUnit:
-    """Stage one source unit (in a worker process), as column batches where its reader can and no map applies."""
-    check = SampleChecker(job.schema, job.options)
-    unit = job.unit
-    source = unit.paths[0] if len(unit.paths) == 1 else unit.describe()
-    samples = MappedSamples(read_unit(unit, job.source_options), job.options.map)
-    batches = None if job.options.map is not None else read_unit_batches(unit, job.source_options, job.schema)
-    return ingest(job.key, samples, check, job.staging, job.options.chunk_bytes, source, unit.paths, batches)
+# (the worker's function, and the order of the units: shardload.prepare.schedule)
 
 
 # -- 2. layout --------------------------------------------------------------------------------------
@@ -273,6 +269,20 @@ def run_prepare(
     With ``part=(K, N)``, only part K of the units is read, into ``out``; the schema still comes from
     the first sample of all units (every part has the one schema), and a part with no samples is a set of none.
     """
+    with contextlib.ExitStack() as stack:  # holds the ingest's worker processes, stopped on any error
+        return _run_prepare(out, options, units, source_options, samples, describe, part, stack)
+
+
+def _run_prepare(
+    out: str | os.PathLike[str],
+    options: PrepareOptions,
+    units: Sequence[SourceUnit],
+    source_options: SourceOptions | None,
+    samples: Iterable[Mapping[str, Any]] | None,
+    describe: Mapping[str, Any] | None,
+    part: tuple[int, int] | None,
+    stack: contextlib.ExitStack,
+) -> PrepareResult:
     source_options = source_options or SourceOptions(fields=options.fields, drop_fields=options.drop_fields)
     started = time.perf_counter()
     check_output_path(out)
@@ -281,7 +291,10 @@ def run_prepare(
     # The schema is checked before anything is created on disk, so that a refused run leaves nothing to
     # clean up; a run killed during its commit needs no sources to finish it.
     finishing = WorkDir.was_committing(out) and not options.overwrite  # --overwrite drops the old commit
-    inferred = None if finishing else _infer_schema(units, source_options, samples, options)
+    # The workers start first: one of them reads (and maps) the first sample, so no user code runs here before a fork.
+    size = 0 if finishing or samples is not None else pool_size(units, options)
+    pool = stack.enter_context(WorkerPool(size)) if size > 1 else None
+    inferred = None if finishing else _infer_schema(units, source_options, samples, options, pool)
     if part is not None:
         k, num_parts = part
         run = run_id(units, num_parts, {**options.layout_key(), **(describe or {})})
@@ -307,7 +320,7 @@ def run_prepare(
         with output_errors(wd.out, "recording the run's state"):
             wd.check_state(state)
             check_inputs(wd, units, [unit_key(k) for k in range(len(units))])
-        records = _ingest_all(wd, units, source_options, schema, options, located)
+        records = _ingest_all(wd, units, source_options, schema, options, located, pool)
         staged = collect_staged(records, schema, wd.staging)
         n = len(staged.lengths)
         if n == 0 and part is None:
@@ -342,20 +355,29 @@ def _infer_schema(
     source_options: SourceOptions,
     samples: Iterable[Mapping[str, Any]] | None,
     options: PrepareOptions,
+    pool: WorkerPool | None = None,
 ) -> tuple[Schema, MappedSamples | None]:
-    """Schema from the first (mapped) sample; for an iterable, also its mapped samples, the first one unread."""
+    """Schema from the first (mapped) sample; for an iterable, also its mapped samples, the first one unread.
+
+    With ``pool``, the first sample of the units is read and mapped in one of its workers.
+    """
+    if pool is not None and samples is None:
+        return pool.call(_infer_schema, units, source_options, None, options, what="reading the first sample")
     first: tuple[str, Mapping[str, Any]] | None = None
     located: MappedSamples | None = None
     dropped = 0
     if samples is not None:
-        located = MappedSamples(
-            ((f"sample {i}", source_options.selected(s, f"sample {i}")) for i, s in enumerate(samples)), options.map
+        located = mapped_samples(
+            ((f"sample {i}", source_options.selected(s, f"sample {i}")) for i, s in enumerate(samples)),
+            options.map,
+            options.map_batch,
         )
         first = located.peek()
         dropped = located.dropped
     else:
         for unit in units:
-            mapped = MappedSamples(read_unit(unit, source_options), options.map)
+            # a batched map gets one record at a time here: only the first sample is needed
+            mapped = mapped_samples(read_unit(unit, source_options), options.map, options.map_batch and 1)
             first = mapped.peek()
             dropped += mapped.dropped
             if first is not None:
@@ -383,6 +405,7 @@ def _ingest_all(
     schema: Schema,
     options: PrepareOptions,
     samples: MappedSamples | None,
+    pool: WorkerPool | None,
 ) -> list[StagedUnit]:
     progress = Progress("read", enabled=options.progress, log=logger.name)
     try:
@@ -390,12 +413,7 @@ def _ingest_all(
             rec = ingest("it", samples, SampleChecker(schema, options), wd.staging, options.chunk_bytes)
             progress.update(rec.samples, rec.bytes)
             return [rec]
-        jobs = [IngestJob(unit_key(k), u, source_options, schema, options, wd.staging) for k, u in enumerate(units)]
-        records = []
-        for rec in map_in_workers(_ingest_unit, jobs, options.workers, out=wd.out, what="staging the samples"):
-            progress.update(rec.samples, rec.bytes)
-            records.append(rec)
-        return records
+        return stage_units(wd.out, wd.staging, units, source_options, schema, options, progress, pool)
     finally:
         progress.close()
 

@@ -22,7 +22,7 @@ import shardload
 from shardload.errors import ShardloadError
 from shardload.formats.base import Columns, concat_columns
 from shardload.formats.origin import run_origins
-from shardload.prepare import pipeline, staging
+from shardload.prepare import pipeline, schedule, staging
 from shardload.prepare.sources.jsonl import _blocks as jsonblocks
 from shardload.schema.fields import Schema
 
@@ -57,7 +57,7 @@ def outcome(src: Path, out: Path, **kw: Any) -> dict[str, bytes] | str:
 def exact_outcome(monkeypatch: pytest.MonkeyPatch, src: Path, out: Path, **kw: Any) -> dict[str, bytes] | str:
     """:func:`outcome` with every unit read sample by sample (as before the columnar path)."""
     with monkeypatch.context() as m:
-        m.setattr(pipeline, "read_unit_batches", lambda *a: None)
+        m.setattr(schedule, "read_unit_batches", lambda *a: None)
         return outcome(src, out, **{**kw, "workers": 1})
 
 

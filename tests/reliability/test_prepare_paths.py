@@ -304,7 +304,7 @@ def test_running_out_of_descriptors_says_ulimit_and_keeps_the_work(
 
 
 def test_descriptors_running_out_while_reading_says_ulimit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardload.prepare import pipeline
+    from shardload.prepare import pipeline, schedule
 
     real = pipeline.read_unit
     calls = []
@@ -321,6 +321,7 @@ def test_descriptors_running_out_while_reading_says_ulimit(tmp_path: Path, monke
     src = jsonl(tmp_path / "a.jsonl", [{"t": [1]}])
     shardload.prepare(src, tmp_path / "ref", progress=False)
     monkeypatch.setattr(pipeline, "read_unit", no_descriptors)
+    monkeypatch.setattr(schedule, "read_unit", no_descriptors)  # where the units are staged
     with pytest.raises(shardload.OutputError, match=r"ran out of file descriptors.*`ulimit -n`.*--resume"):
         shardload.prepare(src, tmp_path / "ref", overwrite=True, progress=False)
     assert not (tmp_path / "ref" / ".prepare" / "FAILED").exists()  # not recorded as bad input
