@@ -44,14 +44,14 @@ class TrackedBestFit(BestFit):
             )
         self.active_keys = _EMPTY
         self.pending_keys: list[NDArray[np.int64]] = []
-        self.waiting_rows: dict[int, list[tuple[NDArray[np.int64], ...]]] = {}
+        self.waiting_rows: dict[int, list[NDArray[np.int64]]] = {}
         self.placed: list[tuple[NDArray[np.integer], NDArray[np.integer]]] = []
         #: the dtype of placements kept (row ids and item counts are below ``row_bound``): int32 when it fits
         self.pair_dtype = np.int32 if self.row_bound < 1 << 31 else np.int64
 
     def _wake(self, step: int) -> None:
         if step in self.waiting_rows:
-            self.pending_keys.extend(keys for (keys,) in self.waiting_rows.pop(step))
+            self.pending_keys.extend(part[0] for part in self.waiting_rows.pop(step))
         super()._wake(step)
 
     def _follow(self, placed: Placement) -> None:
@@ -178,11 +178,11 @@ def track_runs(runs: SizeRuns, segments: int, capacity: int) -> TrackedRows:
     fit = TrackedBestFit(runs, segments, capacity)
     rows = fit.run()
     # every segment's rows in the order they were opened; a segment of only empty items gets one
-    opened = np.argsort(fit.row_seg[: fit.num_rows], kind="stable")
+    opened = _stable_order(fit.row_seg[: fit.num_rows], segments)
     empty_only = np.flatnonzero(rows > np.bincount(fit.row_seg[: fit.num_rows], minlength=segments))
     row_seg = np.concatenate([fit.row_seg[opened], empty_only])
     used = np.concatenate([capacity - fit.row_gap[opened], np.zeros(len(empty_only), dtype=np.int64)])
-    by_seg = np.argsort(row_seg, kind="stable")
+    by_seg = _stable_order(row_seg, segments) if len(empty_only) else np.arange(len(row_seg))
     row_seg, used = row_seg[by_seg], used[by_seg]
     number = np.empty(fit.num_rows, dtype=np.int64)  # new number of each opened row
     number[opened] = np.flatnonzero(by_seg < fit.num_rows)
