@@ -194,9 +194,8 @@ class EpochPlanner:
         if self.mix is not None or not isinstance(self.batcher, PackBatcher):
             yield from (self.plan(rank) for rank in range(self.spec.world_size))
             return
-        for group in self.batcher.rank_groups(BUILD_CHUNK):
-            for rank, rows in zip(group, self.batcher.pack_ranks(group)):
-                yield self._plan(rank, rows)
+        for rank, rows in self._packed_rows():
+            yield self._plan(rank, rows)
 
     def consumed(self, batches: int) -> Iterator[tuple[NDArray[np.int64], NDArray[np.int64] | None]]:
         """Every rank's ``(sample_ids, starts)`` of the real entries of its first ``batches`` batches, in rank order.
@@ -210,13 +209,24 @@ class EpochPlanner:
                 real = plan.weights[:end] > 0
                 yield plan.sample_ids[:end][real], None if plan.starts is None else plan.starts[:end][real]
             return
-        for group in self.batcher.rank_groups(BUILD_CHUNK):
-            for rank, rows in zip(group, self.batcher.pack_ranks(group)):
-                # a rank with more rows than counted would drop some in equalising: never, whatever the policy
-                planned = -(-len(rows.used) // self.batcher.rows_per_batch)
-                assert planned == self.rank_batch_counts[rank], "count and build disagree"
-                ids, starts = self.batcher.consumed(rank, target=self.num_batches, batches=batches, packed=rows)
-                yield (ids, starts) if self.rest is None else self.rest.globalise(ids, starts)
+        for rank, rows in self._packed_rows():
+            # a rank with more rows than counted would drop some in equalising: never, whatever the policy
+            planned = -(-len(rows.used) // self.batcher.rows_per_batch)
+            assert planned == self.rank_batch_counts[rank], "count and build disagree"
+            ids, starts = self.batcher.consumed(rank, target=self.num_batches, batches=batches, packed=rows)
+            yield (ids, starts) if self.rest is None else self.rest.globalise(ids, starts)
+
+    def _packed_rows(self) -> Iterator[tuple[int, RankRows]]:
+        """Every rank's packed rows, in rank order: from one tracked run of all ranks, or packed a group at a time."""
+        batcher = self.batcher
+        assert isinstance(batcher, PackBatcher)
+        tracked = batcher.track_all()
+        if tracked is None:
+            for group in batcher.rank_groups(BUILD_CHUNK):
+                yield from zip(group, batcher.pack_ranks(group))
+            return
+        for rank in range(self.spec.world_size):
+            yield rank, batcher.rows_of(rank, tracked)
 
     def plan(self, rank: int) -> RankPlan:
         """The plan of one rank (``0 <= rank < world_size``)."""

@@ -180,12 +180,18 @@ def _selection(base: PlanInputs | MixInputs, spec: EpochSpec, batching: Batching
     return _Uses(lengths, np.repeat(counts, per), cap, offsets_from_lengths(per))
 
 
-def _consumed(planner: SegmentPlan, batches: int) -> tuple[NDArray[np.int64], NDArray[np.int64] | None]:
-    """``(ids, starts)`` of the real entries of the first ``batches`` batches of every rank of ``planner``."""
+def _consumed(
+    planner: SegmentPlan, batches: int, *, pieces: bool
+) -> tuple[NDArray[np.int64], NDArray[np.int64] | None]:
+    """``(ids, starts)`` of the real entries of the first ``batches`` batches of every rank of ``planner``.
+
+    ``pieces``: whether the uses are counted per piece; if not, the starts are not kept (``None``): a
+    packed plan's are one int64 per consumed entry, all 0.
+    """
     ids, starts = [], []
     for got, got_starts in planner.consumed(batches):
         ids.append(got)
-        if got_starts is not None:
+        if got_starts is not None and pieces:
             starts.append(got_starts)
     all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
     return all_ids, (np.concatenate(starts) if starts else None)
@@ -269,7 +275,7 @@ def rest_of(inputs: ResumeInputs, spec: EpochSpec, batching: Batching, plan_segm
                 f"{planner.num_batches}; the state was edited or belongs to another run"
             )
         prints.append(planner.fingerprint)
-        got, got_starts = _consumed(planner, batches)
+        got, got_starts = _consumed(planner, batches, pieces=uses.piece_offsets is not None)
         rest = Rest(current, ids, starts, ())
         got, got_starts = rest.globalise(got, got_starts)
         used = np.bincount(uses.keys(got, got_starts), minlength=len(uses.counts))

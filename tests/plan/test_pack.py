@@ -423,3 +423,36 @@ def test_consumed_entries_are_the_plans_cut_after_k_batches(
         # Invariant: the consumed entries of a rank (found without sorting its plan) are its plan's first k
         # batches' real entries, whatever the policy (rows cut, padded, dropped)
         assert sorted(zip(ids.tolist(), starts.tolist())) == expected
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_one_tracked_run_of_all_ranks_gives_each_rank_its_own_rows_and_histogram(seed: int) -> None:
+    """Every rank's rows from one tracked run of all ranks (``track_all``, ``rows_of``) are those of packing it
+    alone, and the one-histogram size runs are the ones gathered a group of ranks at a time."""
+    import shardload.plan.packing.pack as pack
+
+    rng = np.random.default_rng(seed)
+    cap = int(rng.choice([5, 64, 300]))
+    n, world = int(rng.integers(0, 3000)), int(rng.integers(1, 12))
+    lengths = rng.integers(0, 3 * cap, n).astype(np.int32)
+    cuts = np.sort(rng.integers(0, n + 1, int(rng.integers(1, 30))))
+    shards = np.diff(np.concatenate([[0], cuts, [n]])).astype(np.int64)
+    batching = Batching(packing=True, pack_length=cap, rows_per_batch=3, pack_split=True)
+    planner = EpochPlanner(PlanInputs(lengths, shards), EpochSpec(world_size=world, seed=seed), batching, steady=False)
+    batcher = planner.batcher
+    assert isinstance(batcher, pack.PackBatcher)
+    tracked = batcher.track_all()
+    assert tracked is not None
+    for rank in range(world):
+        alone, shared = batcher.pack_ranks(range(rank, rank + 1))[0], batcher.rows_of(rank, tracked)
+        for field in ("ids", "starts", "row_of", "used"):
+            assert np.array_equal(getattr(alone, field), getattr(shared, field)), (rank, field)
+    by_id = batcher._size_runs_by_id(chunk=int(rng.integers(1, 500)))
+    grouped = batcher.size_runs.__func__  # the grouped path: every rank's histogram alone
+    saved, pack.COUNT_BINS = pack.COUNT_BINS, 0
+    try:
+        runs = grouped(batcher)
+    finally:
+        pack.COUNT_BINS = saved
+    for a, b in zip((by_id.seg, by_id.size, by_id.count), (runs.seg, runs.size, runs.count)):
+        assert np.array_equal(a, b)

@@ -22,7 +22,7 @@ from shardload.errors import PlanError
 from shardload.plan.batcher import Batcher, Batches
 from shardload.plan.options import Batching
 from shardload.plan.packing.rows import SizeRuns, count_rows, pieces_per_sample
-from shardload.plan.packing.track import pack_segments
+from shardload.plan.packing.track import TrackedRows, largest_first, pack_segments, track_runs
 from shardload.plan.steps import step_positions
 
 __all__ = ["PackBatcher", "PackedBatches", "RankRows", "refuse_long_samples"]
@@ -143,7 +143,9 @@ class PackBatcher(Batcher):
         )
 
     def size_runs(self) -> SizeRuns:
-        """Every rank's pieces as size runs, gathered a group of ranks at a time (:meth:`rank_groups`)."""
+        """Every rank's pieces as size runs: one histogram of all ranks when it is small, else a group at a time."""
+        if self.layout.world_size * (self.capacity + 1) <= COUNT_BINS:
+            return self._size_runs_by_id()
         starts, sizes, ranks = self.layout.pieces()
         by_rank = np.lexsort((starts, ranks))
         starts, sizes, ranks = starts[by_rank], sizes[by_rank], ranks[by_rank]
@@ -156,6 +158,44 @@ class PackBatcher(Batcher):
             part = SizeRuns.of_lengths(lens, seg, len(group), self.capacity)
             runs.append(SizeRuns(part.seg + group.start, part.size, part.count))
         return SizeRuns.concat(runs)
+
+    def _size_runs_by_id(self, chunk: int = COUNT_CHUNK) -> SizeRuns:
+        """:meth:`size_runs` in one histogram of every rank, reading the lengths in id order, ``chunk`` at a time.
+
+        A sample's bin is ``rank * (capacity + 1) + capacity - last`` (``last``: the
+        size of its last piece, :meth:`SizeRuns.of_lengths`); the ranks of a run of
+        ids come from the layout's pieces, so the lengths are read in contiguous
+        slices and nothing is gathered or sorted per sample.
+        """
+        cap, world = self.capacity, self.layout.world_size
+        width = cap + 1
+        starts, sizes, ranks = self.layout.pieces()  # sorted by id, tiling [0, N)
+        ends = starts + sizes
+        base = ranks * width + cap  # (P,) the bin of an empty last piece of each piece's rank
+        hist = np.zeros(world * width, dtype=np.int64)
+        full_pieces = np.zeros(world, dtype=np.int64)
+        cut = self.batching.pack_split and self.max_length > cap
+        total = self.layout.num_samples
+        for lo in range(0, total, chunk):
+            hi = min(lo + chunk, total)
+            first, stop = np.searchsorted(ends, lo, side="right"), np.searchsorted(starts, hi, side="left")
+            span = np.minimum(ends[first:stop], hi) - np.maximum(starts[first:stop], lo)
+            key = np.repeat(base[first:stop], span)  # (hi - lo,)
+            lens = np.asarray(self.lengths[lo:hi])
+            if lens.dtype.kind != "i" and lens.dtype.itemsize >= 8:  # an unsigned 64-bit length: int64 first
+                lens = lens.astype(np.int64)
+            np.subtract(key, lens, out=key)
+            if cut:  # a sample longer than a row: full pieces, and its last piece's bin
+                long = np.flatnonzero(lens > cap)
+                if len(long):
+                    n = np.asarray(lens[long], dtype=np.int64)
+                    full = (n - 1) // cap
+                    key[long] += full * cap
+                    full_pieces += np.bincount(key[long] // width, weights=full, minlength=world).astype(np.int64)
+            hist += np.bincount(key, minlength=len(hist))
+        hist[::width] += full_pieces  # full pieces: size capacity, each rank's first bin
+        runs = np.flatnonzero(hist)
+        return SizeRuns(runs // width, cap - runs % width, hist[runs])
 
     def pack_ranks(self, ranks: range) -> list[RankRows]:
         """The rows of several ranks, packed in one run (each exactly as :meth:`build_packed` packs it alone)."""
@@ -176,6 +216,26 @@ class PackBatcher(Batcher):
             )
             for k, ((_, _, rng), (e_ids, e_starts, _, _)) in enumerate(zip(orders, pieces))
         ]
+
+    def track_all(self) -> TrackedRows | None:
+        """Every rank's rows from one tracked run over all ranks' size runs (:meth:`rows_of` gives a rank's items
+        theirs): far fewer steps than packing the ranks a group at a time. ``None`` when the row keys of one
+        run cannot hold every rank (:class:`~shardload.plan.packing.track.TrackedBestFit`): pack groups then."""
+        runs = self.size_runs()
+        world, width = self.layout.world_size, self.capacity + 1
+        if world * width * (int(runs.count.sum()) + 1) >= 1 << 63:
+            return None
+        return track_runs(runs, world, self.capacity)
+
+    def rows_of(self, rank: int, tracked: TrackedRows) -> RankRows:
+        """One rank's rows, from :meth:`track_all`'s run: the same as :meth:`pack_ranks` packing it alone."""
+        ids, lens, rng = self.rank_order(rank)
+        e_ids, e_starts, sizes, _ = self._pieces(ids, lens)
+        row_of = np.empty(len(sizes), dtype=np.int64)
+        tracked.place(rank, largest_first(sizes, self.capacity), row_of)
+        lo, hi = int(tracked.row_bounds[rank]), int(tracked.row_bounds[rank + 1])
+        row_of -= lo
+        return RankRows(ids=e_ids, starts=e_starts, row_of=row_of, used=tracked.used[lo:hi], rng=rng)
 
     def _cut(self, ids: NDArray[np.int64], lens: NDArray[np.int64]) -> Batches:
         raise AssertionError("packed batches are built by build_packed")  # pragma: no cover

@@ -33,19 +33,19 @@ def _run_starts(*keys: NDArray[np.int64]) -> NDArray[np.int64]:
 
 
 def file_by_step(
-    waiting: dict[int, list[tuple[NDArray[np.int64], ...]]], when: NDArray[np.int64], *arrays: NDArray[np.int64]
+    waiting: dict[int, list[NDArray[np.int64]]], when: NDArray[np.int64], *arrays: NDArray[np.int64]
 ) -> None:
     """File the entries of ``arrays`` (each ``(n,)``) in ``waiting`` under the step ``when`` (``(n,)``) that wakes them.
 
-    One tuple of slices per step, entries in their given order within it.
+    One ``(len(arrays), k)`` block per step (row ``i``: ``arrays[i]``), entries in their given order within it.
     """
     if not len(when):
         return
     order = np.argsort(when, kind="stable")
-    when, arrays = when[order], tuple(a[order] for a in arrays)
-    starts = _run_starts(when).tolist()
-    for lo, hi in zip(starts, [*starts[1:], len(when)]):
-        waiting.setdefault(int(when[lo]), []).append(tuple(a[lo:hi] for a in arrays))
+    when, block = when[order], np.stack(arrays)[:, order]
+    starts = _run_starts(when)
+    for step, part in zip(when[starts].tolist(), np.split(block, starts[1:], axis=1)):
+        waiting.setdefault(step, []).append(part)
 
 
 #: bins of a dense histogram built with one bincount (beyond: a sort of the items)
@@ -223,7 +223,7 @@ class BestFit:
         self.rows = np.zeros(segments, dtype=np.int64)  # (K,) rows opened
         self.a_seg, self.a_gap, self.a_cnt = _EMPTY, _EMPTY, _EMPTY
         self.a_key = _EMPTY  # (groups,) segment * width + gap of each active group, increasing
-        self.waiting: dict[int, list[tuple[NDArray[np.int64], ...]]] = {}
+        self.waiting: dict[int, list[NDArray[np.int64]]] = {}
         self.size_of = np.zeros(segments, dtype=np.int64)  # (K,) the size being placed, 0 if none; scratch
         self.need = np.zeros(segments, dtype=np.int64)  # (K,) items of that size; scratch
         self.by_step = _EMPTY  # (runs,) the runs in the order the steps place them (set by run)
@@ -249,7 +249,8 @@ class BestFit:
         """Make the groups waiting for this step active."""
         if step in self.waiting:
             parts = self.waiting.pop(step)
-            self._merge(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
+            seg, gap, cnt = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+            self._merge(seg, gap, cnt)
 
     def _merge(self, seg: NDArray[np.int64], gap: NDArray[np.int64], cnt: NDArray[np.int64]) -> None:
         """Add groups to the active ones (kept sorted by ``(segment, gap)``, one group per key; empty ones ignored).
@@ -274,12 +275,20 @@ class BestFit:
         if hit.any():
             self.a_cnt[at[hit]] += cnt[hit]
         new = ~hit
-        if new.any():
+        if new.any():  # np.insert of each array, the places computed once (`at` is non-decreasing)
             at = at[new]
-            self.a_key = np.insert(self.a_key, at, key[new])
-            self.a_seg = np.insert(self.a_seg, at, seg[new])
-            self.a_gap = np.insert(self.a_gap, at, gap[new])
-            self.a_cnt = np.insert(self.a_cnt, at, cnt[new])
+            size = len(self.a_key) + len(at)
+            place = at + np.arange(len(at))  # where the new groups land
+            old = np.ones(size, dtype=bool)
+            old[place] = False
+            olds = np.flatnonzero(old)
+            merged = []
+            for mine, add in ((self.a_key, key), (self.a_seg, seg), (self.a_gap, gap), (self.a_cnt, cnt)):
+                out = np.empty(size, dtype=np.int64)
+                out[place] = add[new]
+                out[olds] = mine
+                merged.append(out)
+            self.a_key, self.a_seg, self.a_gap, self.a_cnt = merged
 
     def _segment_groups(self, keys: NDArray[np.int64], segs: NDArray[np.int64], scale: int = 1) -> NDArray[np.int64]:
         """Indices of the entries of sorted ``keys`` (``(segment * width + gap) * scale + ...``) of segments ``segs``."""
@@ -349,8 +358,12 @@ class BestFit:
         if len(drop):
             keep = np.ones(len(self.a_key), dtype=bool)
             keep[drop] = False
+            kept = np.flatnonzero(keep)
             self.a_key, self.a_seg, self.a_gap, self.a_cnt = (
-                x[keep] for x in (self.a_key, self.a_seg, self.a_gap, self.a_cnt)
+                self.a_key[kept],
+                self.a_seg[kept],
+                self.a_gap[kept],
+                self.a_cnt[kept],
             )
         some, fresh, moved = part > 0, new_part > 0, full > 0  # most touched groups take nothing: not filed
         now = self._file(  # rows that took items, new rows: active again when a size of their segment fits

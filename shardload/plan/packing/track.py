@@ -9,6 +9,7 @@ follows the rows one by one, so the rows built are exactly the rows counted.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -17,7 +18,7 @@ from shardload._base.ranges import range_positions
 from shardload.errors import PlanError
 from shardload.plan.packing.rows import _EMPTY, BestFit, Placement, SizeRuns, _run_starts, file_by_step
 
-__all__ = ["TrackedBestFit", "pack_rows", "pack_segments"]
+__all__ = ["TrackedBestFit", "TrackedRows", "largest_first", "pack_rows", "pack_segments", "track_runs"]
 
 
 class TrackedBestFit(BestFit):
@@ -43,12 +44,14 @@ class TrackedBestFit(BestFit):
             )
         self.active_keys = _EMPTY
         self.pending_keys: list[NDArray[np.int64]] = []
-        self.waiting_rows: dict[int, list[tuple[NDArray[np.int64], ...]]] = {}
-        self.placed: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
+        self.waiting_rows: dict[int, list[NDArray[np.int64]]] = {}
+        self.placed: list[tuple[NDArray[np.integer], NDArray[np.integer]]] = []
+        #: the dtype of placements kept (row ids and item counts are below ``row_bound``): int32 when it fits
+        self.pair_dtype = np.int32 if self.row_bound < 1 << 31 else np.int64
 
     def _wake(self, step: int) -> None:
         if step in self.waiting_rows:
-            self.pending_keys.extend(keys for (keys,) in self.waiting_rows.pop(step))
+            self.pending_keys.extend(part[0] for part in self.waiting_rows.pop(step))
         super()._wake(step)
 
     def _follow(self, placed: Placement) -> None:
@@ -75,7 +78,7 @@ class TrackedBestFit(BestFit):
         ids, counts = ids[by_seg], counts[by_seg]
         seg = self.row_seg[ids]
         self.row_gap[ids] -= counts * self.size_of[seg]
-        self.placed.append((ids, counts))
+        self.placed.append((ids.astype(self.pair_dtype), counts.astype(self.pair_dtype)))
         # the rows that took items leave the active ones (all rows of a segment that is done)
         drop = np.zeros(len(keys), dtype=bool)
         drop[at] = True
@@ -87,7 +90,7 @@ class TrackedBestFit(BestFit):
         first = self._new_rows(np.repeat(segs, n))
         ids = np.arange(first, self.num_rows)
         self.row_gap[ids] -= np.repeat(sizes, n)
-        self.placed.append((ids, np.ones(len(ids), dtype=np.int64)))
+        self.placed.append((ids.astype(self.pair_dtype), np.ones(len(ids), dtype=self.pair_dtype)))
         self._file_rows(0, ids)
 
     def _file_rows(self, step: int, ids: NDArray[np.int64]) -> None:
@@ -126,6 +129,76 @@ def _stable_order(key: NDArray[np.int64], bound: int) -> NDArray[np.int64]:
     return np.argsort(key, kind="stable")
 
 
+@dataclass(frozen=True)
+class TrackedRows:
+    """The rows of every segment from one tracked run, and what each step placed in them, segment by segment.
+
+    Rows are numbered segment by segment, each segment's in the order they
+    were opened (a segment of only empty items gets one, empty).
+
+    Attributes:
+        used: ``(rows,)`` tokens each row holds.
+        row_seg: ``(rows,)`` segment of each row, non-decreasing.
+        row_bounds: ``(K + 1,)`` each segment's first row.
+        rows: ``(pairs,)`` the row of each placement, a segment's placements in step order...
+        counts: ``(pairs,)`` ... and the items it placed (its items largest first, stably, fill them in turn).
+        pair_bounds: ``(K + 1,)`` each segment's first placement.
+    """
+
+    used: NDArray[np.int64]
+    row_seg: NDArray[np.int64]
+    row_bounds: NDArray[np.int64]
+    rows: NDArray[np.integer]
+    counts: NDArray[np.integer]
+    pair_bounds: NDArray[np.int64]
+
+    def place(self, k: int, order: NDArray[np.int64], out: NDArray[np.int64]) -> None:
+        """Write into ``out`` (``(m,)``) the row of each of segment ``k``'s ``m`` items.
+
+        ``order``: ``(m,)`` the items largest first, stably (:func:`largest_first`); items of size 0 go
+        to the segment's first row. Rows are numbered as in :attr:`used`.
+        """
+        lo, hi = int(self.pair_bounds[k]), int(self.pair_bounds[k + 1])
+        placed = np.repeat(self.rows[lo:hi], self.counts[lo:hi])
+        out[order[: len(placed)]] = placed
+        out[order[len(placed) :]] = self.row_bounds[k]
+
+
+def largest_first(sizes: NDArray[np.int64], capacity: int) -> NDArray[np.int64]:
+    """``(m,)`` indices of ``sizes`` (``0..capacity``) largest first, stably: the order a segment's items are placed."""
+    return _stable_order(capacity - sizes, capacity + 1)
+
+
+def track_runs(runs: SizeRuns, segments: int, capacity: int) -> TrackedRows:
+    """One :class:`TrackedBestFit` run over ``runs``: every segment's rows, each segment packed as if alone.
+
+    Only the runs are needed, not the items: a segment's items, largest first,
+    fill the placements in turn (:meth:`TrackedRows.place`).
+    """
+    fit = TrackedBestFit(runs, segments, capacity)
+    rows = fit.run()
+    # every segment's rows in the order they were opened; a segment of only empty items gets one
+    opened = _stable_order(fit.row_seg[: fit.num_rows], segments)
+    empty_only = np.flatnonzero(rows > np.bincount(fit.row_seg[: fit.num_rows], minlength=segments))
+    row_seg = np.concatenate([fit.row_seg[opened], empty_only])
+    used = np.concatenate([capacity - fit.row_gap[opened], np.zeros(len(empty_only), dtype=np.int64)])
+    by_seg = _stable_order(row_seg, segments) if len(empty_only) else np.arange(len(row_seg))
+    row_seg, used = row_seg[by_seg], used[by_seg]
+    number = np.empty(fit.num_rows, dtype=np.int64)  # new number of each opened row
+    number[opened] = np.flatnonzero(by_seg < fit.num_rows)
+    # (row, items) the steps placed, segment by segment: a segment's steps in order place its runs in order
+    ids = np.concatenate([ids for ids, _ in fit.placed]) if fit.placed else _EMPTY
+    counts = np.concatenate([counts for _, counts in fit.placed]) if fit.placed else _EMPTY
+    fit.placed = []
+    pair_seg = fit.row_seg[ids]
+    pairs = _stable_order(pair_seg, segments)
+    pair_bounds = np.searchsorted(pair_seg[pairs], np.arange(segments + 1))
+    del pair_seg
+    ids = number[ids[pairs]].astype(fit.pair_dtype)
+    row_bounds = np.searchsorted(row_seg, np.arange(segments + 1))
+    return TrackedRows(used, row_seg, row_bounds, ids, counts[pairs], pair_bounds)
+
+
 def pack_segments(
     sizes: NDArray[np.integer], seg: NDArray[np.integer], segments: int, capacity: int
 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
@@ -150,34 +223,13 @@ def pack_segments(
         return back, used, row_seg
     bounds = np.searchsorted(seg64, np.arange(segments + 1)).tolist()  # (K + 1,) each segment's first item
     order, runs = _runs_by_segment(sizes64, bounds, capacity)
-    fit = TrackedBestFit(runs, segments, capacity)
-    rows = fit.run()
-    # every segment's rows in the order they were opened; a segment of only empty items gets one
-    opened = np.argsort(fit.row_seg[: fit.num_rows], kind="stable")
-    empty_only = np.flatnonzero(rows > np.bincount(fit.row_seg[: fit.num_rows], minlength=segments))
-    row_seg = np.concatenate([fit.row_seg[opened], empty_only])
-    used = np.concatenate([capacity - fit.row_gap[opened], np.zeros(len(empty_only), dtype=np.int64)])
-    by_seg = np.argsort(row_seg, kind="stable")
-    row_seg, used = row_seg[by_seg], used[by_seg]
-    number = np.empty(fit.num_rows, dtype=np.int64)  # new number of each opened row
-    number[opened] = np.flatnonzero(by_seg < fit.num_rows)
-    # (row, items) the steps placed, segment by segment: a segment's steps in order place its runs in order
-    ids = np.concatenate([ids for ids, _ in fit.placed]) if fit.placed else _EMPTY
-    counts = np.concatenate([counts for _, counts in fit.placed]) if fit.placed else _EMPTY
-    pair_seg = fit.row_seg[ids]
-    pairs = _stable_order(pair_seg, segments)
-    ids, counts = number[ids[pairs]], counts[pairs]
-    pair_bounds = np.searchsorted(pair_seg[pairs], np.arange(segments + 1)).tolist()
-    first_row = np.searchsorted(row_seg, np.arange(segments)).tolist()  # items of size 0: the segment's first row
+    tracked = track_runs(runs, segments, capacity)
     row_of = np.empty(len(seg64), dtype=np.int64)
     for k in range(segments):  # in cache: a segment's items, its runs' rows
         lo, hi = bounds[k], bounds[k + 1]
         if hi > lo:
-            placed = np.repeat(ids[pair_bounds[k] : pair_bounds[k + 1]], counts[pair_bounds[k] : pair_bounds[k + 1]])
-            mine = row_of[lo:hi]
-            mine[order[lo : lo + len(placed)]] = placed
-            mine[order[lo + len(placed) : hi]] = first_row[k]
-    return row_of, used, row_seg
+            tracked.place(k, order[lo:hi], row_of[lo:hi])
+    return row_of, tracked.used, tracked.row_seg
 
 
 def _runs_by_segment(sizes: NDArray[np.int64], bounds: list[int], capacity: int) -> tuple[NDArray[np.int64], SizeRuns]:
@@ -189,7 +241,7 @@ def _runs_by_segment(sizes: NDArray[np.int64], bounds: list[int], capacity: int)
     for k, (lo, hi) in enumerate(itertools.pairwise(bounds)):
         if hi > lo:
             key = capacity - sizes[lo:hi]  # largest first
-            mine = _stable_order(key, capacity + 1)
+            mine = _stable_order(key, capacity + 1)  # largest_first
             order[lo:hi] = mine
             key = key[mine]
             starts = _run_starts(key)
