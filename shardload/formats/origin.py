@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 from shardload._base.output import atomic_file
 from shardload.errors import ShardSetError
+from shardload.formats.arrow.arrays import arrow_of, one_string
 
 ORIGINS_NAME = "origins.arrow"
 #: what a :class:`SampleOrigin`'s ``position`` / ``key`` is
@@ -142,12 +143,12 @@ def run_origins(file: str, kind: OriginKind, positions: NDArray[np.int64]) -> pa
     The rows :func:`locator_origins` makes of their locators, built from the numbers directly.
     """
     n = len(positions)
-    zeros = pa.array(np.zeros(n, dtype=np.int32))
+    zeros = arrow_of(np.zeros(n, dtype=np.int32))
     return pa.table(
         {
-            "file": pa.DictionaryArray.from_arrays(zeros, pa.array([file], pa.large_string())),
-            "kind": pa.DictionaryArray.from_arrays(zeros, pa.array([kind], pa.string())),
-            "position": pa.array(np.asarray(positions, dtype=np.int64)),
+            "file": pa.DictionaryArray.from_arrays(zeros, one_string(file, large=True)),
+            "kind": pa.DictionaryArray.from_arrays(zeros, one_string(kind, large=False)),
+            "position": arrow_of(np.ascontiguousarray(positions, dtype=np.int64)),
             "key": pa.LargeStringArray.from_buffers(
                 n, pa.py_buffer(np.zeros(n + 1, dtype=np.int64)), pa.py_buffer(b"")
             ),
@@ -174,7 +175,7 @@ def write_set_origins(work: Path, chunks: Sequence[Path], order: np.ndarray) -> 
     if not tables:  # a set of no samples (a part with no units)
         tables.append(_table([]))
     whole = pa.concat_tables(tables).unify_dictionaries().combine_chunks()
-    _write(work / ORIGINS_NAME, whole.take(pa.array(order, pa.int64())))
+    _write(work / ORIGINS_NAME, whole.take(arrow_of(np.ascontiguousarray(order, dtype=np.int64))))
     return ORIGINS_NAME
 
 

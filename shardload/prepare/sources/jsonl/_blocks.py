@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pa_json
 
+from shardload.formats.arrow.arrays import numpy_of
 from shardload.formats.base import Columns, FieldData
 from shardload.prepare.sources.base import SampleBatch, SourceOptions
 from shardload.prepare.sources.jsonl._lines import gzipped, read_lines
@@ -134,12 +135,12 @@ def _parse(block: bytes, parse_schema: pa.Schema, options: SourceOptions) -> tup
             return None
         offsets = None
         if pa.types.is_list(arr.type):
-            offsets = np.asarray(arr.offsets, dtype=np.int64)
+            offsets = np.asarray(numpy_of(arr.offsets), dtype=np.int64)
             arr = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
             offsets = offsets - offsets[0]
             if arr.null_count or (pa.types.is_boolean(arr.type) and (np.diff(offsets) == 0).any()):
                 return None
-        values: np.ndarray = arr.to_numpy(zero_copy_only=False)
+        values = numpy_of(arr)
         dtype = options.dtypes.get(f.name)
         if dtype is not None:
             try:
