@@ -103,9 +103,9 @@ def _table(origins: Sequence[SampleOrigin]) -> pa.Table:
     )
 
 
-def _write(path: Path, table: pa.Table) -> None:
+def _write(path: Path, table: pa.Table, *, durable: bool = True) -> None:
     with (
-        atomic_file(path, tmp=path.with_name(path.name + ".tmp")) as tmp,
+        atomic_file(path, tmp=path.with_name(path.name + ".tmp"), durable=durable) as tmp,
         open(tmp, "wb") as sink,  # Python opens any path; pyarrow's own files take UTF-8 paths only
         pa.ipc.new_file(sink, table.schema) as writer,
     ):
@@ -156,10 +156,10 @@ def run_origins(file: str, kind: OriginKind, positions: NDArray[np.int64]) -> pa
     )
 
 
-def write_chunk_origins(chunk: Path, origins: Sequence[pa.Table]) -> None:
-    """Record the origins of staged chunk ``chunk``'s samples, in sample order."""
+def write_chunk_origins(chunk: Path, origins: Sequence[pa.Table], *, durable: bool = True) -> None:
+    """Record the origins of staged chunk ``chunk``'s samples, in sample order (``durable``: fsynced)."""
     whole = pa.concat_tables(origins).unify_dictionaries().combine_chunks() if len(origins) > 1 else origins[0]
-    _write(chunk_origins_path(chunk), whole)
+    _write(chunk_origins_path(chunk), whole, durable=durable)
 
 
 def write_set_origins(work: Path, chunks: Sequence[Path], order: np.ndarray) -> str:

@@ -34,6 +34,7 @@ from shardload._base.output import OutputLock, atomic_write_text, fsync_dir, pub
 from shardload.errors import InputError, OutputError, OutputExistsError, OutputLockedError
 from shardload.formats.manifest import MANIFEST_NAME
 from shardload.formats.shardtable import SHARD_TABLE_NAME
+from shardload.prepare.bootmark import mark_staging
 
 WORK = ".prepare"
 LOCK = ".prepare.lock"
@@ -218,6 +219,7 @@ class WorkDir:
         # With resume and nothing interrupted, this simply starts afresh: --resume is safe to pass always.
         for d in (self.work, self.staging, self.shards, self.done):
             d.mkdir(parents=True, exist_ok=True)
+        mark_staging(self.staging)  # before anything is staged: what another boot staged is not trusted
 
     # -- resumable state --------------------------------------------------------------------------
     def check_state(self, state: dict[str, Any]) -> None:
