@@ -34,6 +34,7 @@ from shardload._base.output import OutputLock, atomic_write_text, fsync_dir, pub
 from shardload.errors import InputError, OutputError, OutputExistsError, OutputLockedError
 from shardload.formats.manifest import MANIFEST_NAME
 from shardload.formats.shardtable import SHARD_TABLE_NAME
+from shardload.prepare.bootmark import MARK as STAGING_MARK
 from shardload.prepare.bootmark import mark_staging
 
 WORK = ".prepare"
@@ -465,7 +466,8 @@ def _holds_work(work: Path) -> bool:
     """Whether a work dir holds anything a resume would reuse (staged samples, shards, a commit)."""
     if (work / "COMMIT").exists():
         return True
-    return any(any((work / d).iterdir()) for d in ("staging", "shards", "done") if (work / d).is_dir())
+    dirs = [work / d for d in ("staging", "shards", "done") if (work / d).is_dir()]
+    return any(p.name != STAGING_MARK for d in dirs for p in d.iterdir())  # the boot mark alone is no work
 
 
 def _looks_like_owned(names: list[str]) -> bool:

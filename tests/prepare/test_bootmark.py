@@ -108,3 +108,13 @@ def test_a_resume_keeps_staged_chunks_only_from_this_boot(
     shardload.prepare(src, out, progress=False, resume=True, **OPTIONS)
     assert (after == before) is kept and (after == {}) is not kept
     assert set_digest(out)[0] == set_digest(whole)[0]  # the uninterrupted run's set, byte for byte
+
+
+def test_a_run_that_staged_nothing_leaves_nothing_to_resume(tmp_path: Path) -> None:
+    """The mark alone is not staged work: a run stopped before its first chunk is simply run again."""
+    src = tmp_path / "a.jsonl"
+    src.write_text('{"tokens": [1, 2]}\n{"tokens": "two"}\n')
+    with pytest.raises(shardload.ShardloadError, match="line 2"):
+        shardload.prepare(src, tmp_path / "out", progress=False)
+    src.write_text('{"tokens": [1, 2]}\n{"tokens": [3]}\n')
+    assert shardload.prepare(src, tmp_path / "out", progress=False).samples == 2
