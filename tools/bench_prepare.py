@@ -48,6 +48,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 import shardload
+from shardload.prepare.sources.jsonl import _simd
 from shardload.sets.verify import verify
 from shardload.testing import long_tailed_lengths
 
@@ -244,7 +245,8 @@ def big_file_suite(args: argparse.Namespace) -> int:
         )
         print(
             f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
-            f"shardload {shardload.__version__}, load average {os.getloadavg()[0]:.1f} (shared machine)"
+            f"shardload {shardload.__version__}, load average {os.getloadavg()[0]:.1f} (shared machine); JSON "
+            f"parser: {'simdjson (the fast-json extra)' if _simd.available() else 'pyarrow (no fast-json extra)'}"
         )
 
         def step(name: str, src: Path, out: Path | None, fn: Callable[[], Any]) -> None:

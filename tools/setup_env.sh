@@ -17,8 +17,9 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
     .venv/bin/python -m pip install -q "$TORCH_SPEC"
   fi
 fi
-# the test extra holds every optional package the tests use (zarr, webdataset, tokenizers, ...)
-.venv/bin/python -m pip install -q -e ".[test]"
+# the test extra holds every optional package the tests use (zarr, webdataset, tokenizers, ...); fast-json
+# (pysimdjson) is in it too, named here as well: tests/prepare/test_fast_json.py runs with it present and absent
+.venv/bin/python -m pip install -q -e ".[test,fast-json]"
 # the oldest Lightning shardload supports, beside the venv (not in it): tests/distributed/test_trainer_clock.py
 # runs the DataModule under it too (PYTHONPATH first), so a Lightning that moved an attribute fails a test
 if [ ! -d .venv/lightning-oldest/lightning ]; then

@@ -128,28 +128,33 @@ class OutputLock:
 
 
 @contextmanager
-def atomic_file(path: Path, *, tmp: Path | None = None) -> Iterator[Path]:
+def atomic_file(path: Path, *, tmp: Path | None = None, durable: bool = True) -> Iterator[Path]:
     """Yield a temporary path to write ``path``'s new content to; on success it replaces ``path`` durably.
 
     If the block raises, the temporary file is removed and ``path`` is
     untouched. ``tmp`` (same directory) defaults to a hidden name holding the
     pid; a writer that resumes its own leftovers passes a fixed one, so a
     killed attempt's file is overwritten rather than left beside the new one.
+    With ``durable=False`` nothing is fsynced: the replace is still atomic for
+    every process, but only until the machine stops (for files whose readers
+    check that it has not: prepare's staging, :mod:`shardload.prepare.bootmark`).
     """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}") if tmp is None else tmp
     try:
         yield tmp
-        fsync_file(tmp)
+        if durable:
+            fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:
     """Write ``text`` to ``path`` (UTF-8) so that readers see the old file or the whole new one."""
-    with atomic_file(path) as tmp:
+    with atomic_file(path, durable=durable) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
 

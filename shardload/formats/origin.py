@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 from shardload._base.output import atomic_file
 from shardload.errors import ShardSetError
+from shardload.formats.arrow.arrays import arrow_of, one_string, strings
 
 ORIGINS_NAME = "origins.arrow"
 #: what a :class:`SampleOrigin`'s ``position`` / ``key`` is
@@ -98,32 +99,22 @@ def _table(origins: Sequence[SampleOrigin]) -> pa.Table:
         {
             "file": _dictionary([o.file or "" for o in origins], pa.large_string()),
             "kind": _dictionary([o.kind for o in origins], pa.string()),
-            "position": pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(positions)]),
-            "key": _strings([o.key or "" for o in origins], pa.large_string()),
+            "position": arrow_of(positions),
+            "key": strings([o.key or "" for o in origins], large=True),
         }
     )
-
-
-def _strings(values: Sequence[str], kind: pa.DataType) -> pa.Array:
-    """``values`` as an Arrow (large) string array, built from its buffers: ``pa.array`` imports pandas
-    (0.3 to 1 s in each worker process of ``prepare``), and this is what it would make."""
-    data = [v.encode("utf-8") for v in values]
-    offsets = np.zeros(len(data) + 1, dtype=np.int64 if kind == pa.large_string() else np.int32)
-    np.cumsum([len(d) for d in data], out=offsets[1:])
-    return pa.Array.from_buffers(kind, len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
 
 
 def _dictionary(values: Sequence[str], kind: pa.DataType) -> pa.DictionaryArray:
     """``values`` dictionary-encoded as ``dictionary_encode()`` does (first seen first, int32 indices)."""
     index: dict[str, int] = {}
     codes = np.fromiter((index.setdefault(v, len(index)) for v in values), np.int32, len(values))
-    indices = pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(codes)])
-    return pa.DictionaryArray.from_arrays(indices, _strings(list(index), kind))
+    return pa.DictionaryArray.from_arrays(arrow_of(codes), strings(list(index), large=kind == pa.large_string()))
 
 
-def _write(path: Path, table: pa.Table) -> None:
+def _write(path: Path, table: pa.Table, *, durable: bool = True) -> None:
     with (
-        atomic_file(path, tmp=path.with_name(path.name + ".tmp")) as tmp,
+        atomic_file(path, tmp=path.with_name(path.name + ".tmp"), durable=durable) as tmp,
         open(tmp, "wb") as sink,  # Python opens any path; pyarrow's own files take UTF-8 paths only
         pa.ipc.new_file(sink, table.schema) as writer,
     ):
@@ -166,13 +157,12 @@ def run_origins(file: str, kind: OriginKind, positions: NDArray[np.int64]) -> pa
     The rows :func:`locator_origins` makes of their locators, built from the numbers directly.
     """
     n = len(positions)
-    zeros = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(np.zeros(n, dtype=np.int32))])
-    positions = np.ascontiguousarray(positions, dtype=np.int64)
+    zeros = arrow_of(np.zeros(n, dtype=np.int32))
     return pa.table(
         {
-            "file": pa.DictionaryArray.from_arrays(zeros, _strings([file], pa.large_string())),
-            "kind": pa.DictionaryArray.from_arrays(zeros, _strings([kind], pa.string())),
-            "position": pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(positions)]),
+            "file": pa.DictionaryArray.from_arrays(zeros, one_string(file, large=True)),
+            "kind": pa.DictionaryArray.from_arrays(zeros, one_string(kind, large=False)),
+            "position": arrow_of(np.ascontiguousarray(positions, dtype=np.int64)),
             "key": pa.LargeStringArray.from_buffers(
                 n, pa.py_buffer(np.zeros(n + 1, dtype=np.int64)), pa.py_buffer(b"")
             ),
@@ -180,10 +170,10 @@ def run_origins(file: str, kind: OriginKind, positions: NDArray[np.int64]) -> pa
     )
 
 
-def write_chunk_origins(chunk: Path, origins: Sequence[pa.Table]) -> None:
-    """Record the origins of staged chunk ``chunk``'s samples, in sample order."""
+def write_chunk_origins(chunk: Path, origins: Sequence[pa.Table], *, durable: bool = True) -> None:
+    """Record the origins of staged chunk ``chunk``'s samples, in sample order (``durable``: fsynced)."""
     whole = pa.concat_tables(origins).unify_dictionaries().combine_chunks() if len(origins) > 1 else origins[0]
-    _write(chunk_origins_path(chunk), whole)
+    _write(chunk_origins_path(chunk), whole, durable=durable)
 
 
 def write_set_origins(work: Path, chunks: Sequence[Path], order: np.ndarray) -> str:
@@ -199,8 +189,7 @@ def write_set_origins(work: Path, chunks: Sequence[Path], order: np.ndarray) -> 
     if not tables:  # a set of no samples (a part with no units)
         tables.append(_table([]))
     whole = pa.concat_tables(tables).unify_dictionaries().combine_chunks()
-    order = np.ascontiguousarray(order, dtype=np.int64)
-    _write(work / ORIGINS_NAME, whole.take(pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order)])))
+    _write(work / ORIGINS_NAME, whole.take(arrow_of(np.ascontiguousarray(order, dtype=np.int64))))
     return ORIGINS_NAME
 
 

@@ -20,6 +20,7 @@ from shardload.errors import InputError
 from shardload.formats import Columns
 from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWriter
 from shardload.formats.origin import run_origins, write_chunk_origins
+from shardload.prepare.bootmark import staged_durably
 from shardload.prepare.guards import check_sample_size, skip_staged
 from shardload.prepare.jobs import StagedUnit
 from shardload.prepare.mapping import MappedSamples
@@ -115,11 +116,13 @@ def ingest(
         chunks.append(path.name)
         skip += skip_staged(it, ArrowShardReader(path, schema).columns(), check, source, skip)
 
+    durable = staged_durably()  # else a resume on another boot stages again (prepare.bootmark)
+
     def write(pieces: list[Columns], origins: list[pa.Table]) -> None:
         path = staging / chunk_name(unit_key, len(chunks))
         with output_errors(staging.parents[1], f"staging the samples of {source}"):
-            write_chunk_origins(path, origins)  # before the chunk, whose presence means done
-            with atomic_file(path, tmp=path.with_suffix(".tmp")) as tmp:
+            write_chunk_origins(path, origins, durable=durable)  # before the chunk, whose presence means done
+            with atomic_file(path, tmp=path.with_suffix(".tmp"), durable=durable) as tmp:
                 writer.write_concatenated(tmp, pieces)
         chunks.append(path.name)
         crash_point(f"staged:{len(chunks)}")
@@ -136,5 +139,5 @@ def ingest(
     stager.flush()
     record = StagedUnit(unit_key, tuple(chunks), skip + stager.samples, stager.nbytes, samples.dropped)
     with output_errors(staging.parents[1], f"staging the samples of {source}"):
-        atomic_write_text(done, json.dumps(record.to_json()))
+        atomic_write_text(done, json.dumps(record.to_json()), durable=durable)
     return record

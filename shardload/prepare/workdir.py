@@ -34,6 +34,8 @@ from shardload._base.output import OutputLock, atomic_write_text, fsync_dir, pub
 from shardload.errors import InputError, OutputError, OutputExistsError, OutputLockedError
 from shardload.formats.manifest import MANIFEST_NAME
 from shardload.formats.shardtable import SHARD_TABLE_NAME
+from shardload.prepare.bootmark import MARK as STAGING_MARK
+from shardload.prepare.bootmark import mark_staging
 
 WORK = ".prepare"
 LOCK = ".prepare.lock"
@@ -218,6 +220,7 @@ class WorkDir:
         # With resume and nothing interrupted, this simply starts afresh: --resume is safe to pass always.
         for d in (self.work, self.staging, self.shards, self.done):
             d.mkdir(parents=True, exist_ok=True)
+        mark_staging(self.staging)  # before anything is staged: what another boot staged is not trusted
 
     # -- resumable state --------------------------------------------------------------------------
     def check_state(self, state: dict[str, Any]) -> None:
@@ -463,7 +466,8 @@ def _holds_work(work: Path) -> bool:
     """Whether a work dir holds anything a resume would reuse (staged samples, shards, a commit)."""
     if (work / "COMMIT").exists():
         return True
-    return any(any((work / d).iterdir()) for d in ("staging", "shards", "done") if (work / d).is_dir())
+    dirs = [work / d for d in ("staging", "shards", "done") if (work / d).is_dir()]
+    return any(p.name != STAGING_MARK for d in dirs for p in d.iterdir())  # the boot mark alone is no work
 
 
 def _looks_like_owned(names: list[str]) -> bool:

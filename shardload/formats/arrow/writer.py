@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from shardload._base.checksum import DigestingFile
 from shardload._base.identity import ARROW_IDENTITY_KEY, ShardIdentity
+from shardload.formats.arrow.arrays import arrow_of
 from shardload.formats.arrow.options import ArrowOptions
 from shardload.formats.arrow.splice import SplicingFile, placeholder
 from shardload.formats.base import Columns, FieldData, ShardWriter, concat_columns, concat_offsets
@@ -53,11 +54,11 @@ def to_arrow(field: Field, values: np.ndarray, offsets: np.ndarray | None) -> pa
     flat = np.ascontiguousarray(values).reshape(-1)
     if field.dtype == "bool":
         flat = flat.view(np.uint8)
-    arr = _flat_array(flat)
+    arr = arrow_of(flat)
     for dim in reversed(field.inner_shape):
         arr = pa.FixedSizeListArray.from_arrays(arr, dim)
     if offsets is not None:
-        arr = pa.LargeListArray.from_arrays(_flat_array(np.ascontiguousarray(offsets, dtype=np.int64)), arr)
+        arr = pa.LargeListArray.from_arrays(arrow_of(np.ascontiguousarray(offsets, dtype=np.int64)), arr)
     return arr
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardload.errors import InputError
+from shardload.formats.arrow.arrays import numpy_of
 from shardload.formats.base import Columns, FieldData
 from shardload.prepare.sources.base import Sample, SampleBatch
 
@@ -107,7 +108,7 @@ class _NullFound(Exception):
 
 def _check_nulls(arr: pa.Array, row_of: RowOf) -> None:
     if arr.null_count:
-        first = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+        first = int(np.flatnonzero(numpy_of(arr.is_null()))[0])
         raise _NullFound(row_of(first))
 
 
@@ -119,13 +120,12 @@ def _dense(arr: pa.Array, row_of: RowOf) -> np.ndarray:
         size = t.list_size
         inner = _dense(arr.flatten(), lambda j: row_of(j // size) if size else 0)
         return inner.reshape(len(arr), size, *inner.shape[1:])
-    out: np.ndarray = arr.to_numpy(zero_copy_only=False)
-    return out
+    return numpy_of(arr)
 
 
 def _offsets(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
     """List ``arr``'s offsets, rebased to start at 0, and its child values in that range."""
-    off = np.asarray(arr.offsets, dtype=np.int64)
+    off = np.asarray(numpy_of(arr.offsets), dtype=np.int64)
     child = arr.values.slice(int(off[0]), int(off[-1] - off[0]))
     return off - off[0], child
 

@@ -29,8 +29,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pa_json
 
+from shardload.formats.arrow.arrays import numpy_of
 from shardload.formats.base import Columns, FieldData
 from shardload.prepare.sources.base import SampleBatch, SourceOptions
+from shardload.prepare.sources.jsonl import _simd as simd
 from shardload.prepare.sources.jsonl._lines import gzipped, read_lines
 from shardload.prepare.sources.jsonl._values import DEFAULT_DTYPES
 from shardload.schema.cast import CastError, cast_exact
@@ -112,11 +114,31 @@ def json_batches(
 
 
 def _parse(block: bytes, parse_schema: pa.Schema, options: SourceOptions) -> tuple[Columns, NDArray[np.int64]] | None:
-    """The columns of ``block`` if pyarrow reads it as the exact reader would, and which lines of the block
-    (from 0) its samples are; else None."""
+    """The columns of ``block`` if simdjson (:mod:`._simd`, where installed) or pyarrow reads it as the exact
+    reader would, and which lines of the block (from 0) its samples are; else None."""
     lines = _object_lines(block)
     if lines is None:
         return None
+    parsed = simd.parse_block(block, lines, parse_schema)
+    if parsed is None:
+        parsed = _parse_arrow(block, parse_schema, len(lines))
+    if parsed is None:
+        return None
+    fields = {}
+    for name, data in parsed.items():
+        dtype = options.dtypes.get(name)
+        if dtype is None:
+            fields[name] = data
+            continue
+        try:
+            fields[name] = FieldData(cast_exact(data.values, dtype), data.offsets)
+        except CastError:
+            return None
+    return Columns(len(lines), fields), lines
+
+
+def _parse_arrow(block: bytes, parse_schema: pa.Schema, rows: int) -> dict[str, FieldData] | None:
+    """The fields of ``block`` (``rows`` objects, one a line) as pyarrow's JSON reader parses them, or None."""
     try:
         table = pa_json.read_json(
             pa.BufferReader(block),
@@ -125,7 +147,7 @@ def _parse(block: bytes, parse_schema: pa.Schema, options: SourceOptions) -> tup
         )
     except (pa.ArrowException, OSError):
         return None
-    if table.num_rows != len(lines):
+    if table.num_rows != rows:
         return None
     fields = {}
     for f, column in zip(parse_schema, table.columns):
@@ -134,20 +156,13 @@ def _parse(block: bytes, parse_schema: pa.Schema, options: SourceOptions) -> tup
             return None
         offsets = None
         if pa.types.is_list(arr.type):
-            offsets = np.asarray(arr.offsets, dtype=np.int64)
+            offsets = np.asarray(numpy_of(arr.offsets), dtype=np.int64)
             arr = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
             offsets = offsets - offsets[0]
             if arr.null_count or (pa.types.is_boolean(arr.type) and (np.diff(offsets) == 0).any()):
                 return None
-        values: np.ndarray = arr.to_numpy(zero_copy_only=False)
-        dtype = options.dtypes.get(f.name)
-        if dtype is not None:
-            try:
-                values = cast_exact(values, dtype)
-            except CastError:
-                return None
-        fields[f.name] = FieldData(values, offsets)
-    return Columns(table.num_rows, fields), lines
+        fields[f.name] = FieldData(numpy_of(arr), offsets)
+    return fields
 
 
 def _object_lines(block: bytes) -> NDArray[np.int64] | None:
