@@ -13,11 +13,11 @@ or on your own shard sets (made with ``shardload prepare``)::
     python examples/lightning_ddp.py --train sets/train --val sets/val --max-tokens 16384 --devices 4
 
 The Trainer keeps its default flags (``use_distributed_sampler=True``
-included). ``val_loss`` is exact: each rank logs the weighted loss sum and the
-weight sum with ``reduce_fx="sum", sync_dist=True``, and the ratio is taken
-once per epoch, so filler rows (weight 0) and uneven batch sizes do not bias
-it. ``--verify`` recomputes the loss in one process over every validation
-sample and prints both numbers.
+included). ``val_loss`` is exact: ``shardload.ExactMean`` adds each rank's
+weighted loss sum and weight sum, reduces both over ranks (as sums, in
+float64) and divides once per epoch, so filler rows (weight 0) and uneven
+batch sizes do not bias it. ``--verify`` recomputes the loss in one process
+over every validation sample and prints both numbers.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class LitClassifier(pl.LightningModule):
         super().__init__()
         self.model = TinyClassifier()
         self.lr = lr
+        self.val_loss = shardload.ExactMean("val_loss")
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         w = batch["weight"]
@@ -47,17 +48,17 @@ class LitClassifier(pl.LightningModule):
         self.log("train_loss", loss, prog_bar=True)
         return loss
 
+    def on_validation_epoch_start(self) -> None:
+        self.val_loss.reset()  # every validation starts from zero (the sanity check too)
+
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        w = batch["weight"]
-        # The exact recipe: reduce the two sums across ranks, divide once at epoch end.
-        self.log("val_loss_sum", (self.model.per_sample_loss(batch) * w).sum(), reduce_fx="sum", sync_dist=True)
-        self.log("val_count", w.sum(), reduce_fx="sum", sync_dist=True)
+        self.val_loss.update(self.model.per_sample_loss(batch), batch)  # weighted by batch["weight"]
 
     def on_validation_epoch_end(self) -> None:
-        m = self.trainer.callback_metrics
-        # The same value on every rank (made of reduced sums): reduce_fx="max" keeps it exactly as it is.
-        val_loss = m["val_loss_sum"] / m["val_count"].clamp(min=1)
-        self.log("val_loss", val_loss, prog_bar=True, sync_dist=True, reduce_fx="max")
+        metrics = self.val_loss.compute()  # {"val_loss": ...}, reduced over the ranks: the same on every rank
+        metrics["val_count"] = self.val_loss.totals().counts.sum()
+        # Equal on every rank already: reduce_fx="max" keeps the values as they are, and Lightning does not warn.
+        self.log_dict(metrics, prog_bar=True, sync_dist=True, reduce_fx="max")
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.lr)

@@ -15,9 +15,10 @@ is ``R`` rows of ``P`` tokens, each row several samples ("documents") laid end
 to end (docs/loading.md, "Packed batches"). Three things make a packed model
 equal to one that sees each document alone:
 
-* attention stays inside a document: here a boolean block-diagonal causal
-  mask built from ``batch["document_ids"]`` for
-  ``F.scaled_dot_product_attention`` (:func:`document_causal_mask`);
+* attention stays inside a document: here the boolean block-diagonal causal
+  mask that ``shardload.document_causal_mask`` builds from
+  ``batch["document_ids"]`` for ``F.scaled_dot_product_attention``
+  (``shardload.document_block_mask`` is the same for FlexAttention);
 * positions restart at every document: the position embedding reads
   ``batch["position_ids"]``, not ``arange(P)``;
 * the next-token loss only pairs tokens of one document (no target across a
@@ -37,9 +38,11 @@ token, padding tails included, so every output position is written)::
     out = out.reshape(R, P, heads * head_dim)
 
 The ``RESULT`` line reports the mean training loss of the first and last
-epoch, the exact validation loss before and after training (sums reduced over
-ranks, divided once), how many times each training sample was seen per epoch
-over all ranks, real tokens per second and the fill (real tokens / ``R * P``).
+epoch, the exact validation loss before and after training (``shardload.ExactMean``:
+weighted sums reduced over ranks, divided once), the mean over validation
+documents of each one's loss, how many times each training sample was seen
+per epoch over all ranks, real tokens per second and the fill (real tokens /
+``R * P``).
 """
 
 from __future__ import annotations
@@ -80,21 +83,6 @@ def lm_samples(n: int, *, seed: int, vocab: int = 64, max_length: int = 64) -> l
     return out
 
 
-def document_causal_mask(doc: torch.Tensor) -> torch.Tensor:
-    """Boolean ``[R, 1, P, P]`` mask from ``document_ids`` ``[R, P]``: True = may attend.
-
-    A token attends to earlier tokens of its own document; a padding token
-    (``document_ids == -1``) attends to itself only, so no row of the mask is
-    all False (that would give NaN out of the softmax).
-    """
-    p = doc.shape[1]
-    same = doc[:, :, None] == doc[:, None, :]
-    causal = torch.ones(p, p, dtype=torch.bool, device=doc.device).tril()
-    real = doc[:, :, None] >= 0
-    pad_self = torch.eye(p, dtype=torch.bool, device=doc.device) & ~real
-    return ((same & causal & real) | pad_self)[:, None]
-
-
 class Block(torch.nn.Module):
     """Pre-norm transformer block: masked self-attention with SDPA, then an MLP."""
 
@@ -130,7 +118,7 @@ class TinyCausalLM(torch.nn.Module):
     def logits(self, batch: Batch) -> torch.Tensor:
         """Logits ``[R, P, vocab]`` of a packed batch."""
         x = self.tok(batch["tokens"].long()) + self.pos(batch["position_ids"])  # positions restart per document
-        mask = document_causal_mask(batch["document_ids"])
+        mask = shardload.document_causal_mask(batch["document_ids"])  # [R, 1, P, P]: within documents
         for block in self.blocks:
             x = block(x, mask)
         return self.head(self.norm(x))
@@ -165,21 +153,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def evaluate(model: TinyCausalLM, loader: Iterable[Batch], device: torch.device) -> tuple[float, int]:
-    """Exact mean next-token loss over every validation document once: weighted sums reduced over ranks."""
+def evaluate(model: TinyCausalLM, loader: Iterable[Batch], device: torch.device) -> dict[str, float]:
+    """Exact means over every validation document once, whatever the ranks and the filler documents."""
+    per_token = shardload.ExactMean("val_loss")  # mean next-token loss over every predicted token
+    per_document = shardload.ExactMean("val_document_loss")  # mean over documents of each one's mean
     model.eval()
-    loss_sum, count, docs = 0.0, 0.0, 0.0
     with torch.no_grad():
         for batch in loader:
             batch = {k: v.to(device) for k, v in batch.items()}
-            s, c = model(batch)
-            w = batch["weight"]
-            loss_sum += float((s * w).sum())
-            count += float((c * w).sum())
-            docs += float(w.sum())
+            s, c = model(batch)  # per document: summed token losses, predicted tokens
+            per_token.update(s, batch, counts=c)
+            per_document.update(s / c.clamp(min=1), batch)
     model.train()
-    total, n, d = all_sum([loss_sum, count, docs], device)
-    return total / max(n, 1.0), int(d)
+    result = {k: float(v) for k, v in (per_token.compute() | per_document.compute()).items()}  # on every rank
+    result["val_count"] = float(per_document.totals().counts.sum())  # documents seen over all ranks
+    return result
 
 
 def times_seen(ids: list[int], num_samples: int) -> list[int]:
@@ -220,12 +208,13 @@ def main(argv: list[str] | None = None) -> None:
     val_loader = shardload.make_loader(args.val, stage="val", batching=batching, loader_options=options)
     num_train = len(shardload.open(args.train))
 
-    val_before, _ = evaluate(lm, val_loader, device)
+    val_before = evaluate(lm, val_loader, device)
     epoch_losses, seen, steps, real_tokens, slots, seconds = [], [], 0, 0.0, 0.0, 0.0
+    train_loss = shardload.ExactMean("train_loss")
     for epoch in range(args.epochs):
         train_loader.set_epoch(epoch)
         ids: list[int] = []
-        loss_sum, count = 0.0, 0.0
+        train_loss.reset()
         start = time.perf_counter()
         for batch in train_loader:
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
@@ -238,18 +227,16 @@ def main(argv: list[str] | None = None) -> None:
             loss.backward()
             opt.step()
             steps += 1
-            loss_sum += float((s.detach() * w).sum())
-            count += float((c * w).sum())
+            train_loss.update(s, batch, counts=c)  # detached inside; no synchronisation with the device
             real_tokens += float((batch["tokens_lengths"] * w).sum())
             slots += batch["tokens"].numel()
         seconds += time.perf_counter() - start
-        total, n = all_sum([loss_sum, count], device)
-        epoch_losses.append(total / max(n, 1.0))
+        epoch_losses.append(float(train_loss.compute()["train_loss"]))  # reduced over ranks
         seen.append(times_seen(ids, num_train))
         if rank == 0:
             print(f"epoch {epoch}: train loss {epoch_losses[-1]:.4f}, step {steps}", flush=True)
 
-    val_after, val_count = evaluate(lm, val_loader, device)
+    val_after = evaluate(lm, val_loader, device)
     tokens, total_slots = all_sum([real_tokens, slots], device)
     if rank == 0:
         result = {
@@ -257,9 +244,10 @@ def main(argv: list[str] | None = None) -> None:
             "steps": steps,
             "train_loss_first": epoch_losses[0],
             "train_loss_last": epoch_losses[-1],
-            "val_loss_before": val_before,
-            "val_loss": val_after,
-            "val_count": val_count,
+            "val_loss_before": val_before["val_loss"],
+            "val_loss": val_after["val_loss"],
+            "val_document_loss": val_after["val_document_loss"],
+            "val_count": int(val_after["val_count"]),
             "uniform_loss": math.log(args.vocab),
             "times_seen": seen,
             "tokens_per_s": tokens / max(seconds, 1e-9),

@@ -11,6 +11,8 @@ The data flow, one module boundary per arrow::
     plan: PlanInputs + EpochSpec + Batching -> RankPlan  (pure numpy; equal counts on every rank)
        v
     dataset -> collate -> DataLoader (LoaderOptions) -> ShardDataModule / make_loader
+       v
+    your model: document_causal_mask (packed batches), ExactMean (exact metrics over ranks)
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ except KeyboardInterrupt:
 
 if TYPE_CHECKING:  # type checkers see the real objects; at run time they load lazily (below)
     from shardload.integrations.datamodule import ShardDataModule
+    from shardload.load.attention import document_block_mask, document_causal_mask, document_mask_mod
     from shardload.load.loader import ShardLoader, make_loader
+    from shardload.load.metrics import ExactMean
     from shardload.load.options import LoaderOptions
     from shardload.load.world import World
     from shardload.plan import Batching
@@ -66,10 +70,14 @@ if TYPE_CHECKING:  # type checkers see the real objects; at run time they load l
 # `import shardload` and the prepare/inspect/verify commands start fast.
 _LAZY = {
     "Batching": "shardload.plan",
+    "ExactMean": "shardload.load.metrics",
     "LoaderOptions": "shardload.load.options",
     "ShardDataModule": "shardload.integrations.datamodule",
     "ShardLoader": "shardload.load.loader",
     "World": "shardload.load.world",
+    "document_block_mask": "shardload.load.attention",
+    "document_causal_mask": "shardload.load.attention",
+    "document_mask_mod": "shardload.load.attention",
     "make_loader": "shardload.load.loader",
 }
 
@@ -94,6 +102,7 @@ _compat.install()  # the module paths of 0.1.0 (shardload.load.loader, ...) stay
 __all__ = [
     "ArrowOptions",
     "Batching",
+    "ExactMean",
     "Field",
     "LoaderOptions",
     "MergeResult",
@@ -108,6 +117,9 @@ __all__ = [
     "World",
     "ZarrOptions",
     "__version__",
+    "document_block_mask",
+    "document_causal_mask",
+    "document_mask_mod",
     "make_loader",
     "merge",
     "prepare",

@@ -4,7 +4,7 @@ Every error that shardload raises on purpose is a :class:`ShardloadError`, so a
 caller can catch them all with one clause, or one branch of the tree::
 
     ShardloadError
-     +-- InputError (ValueError)          bad input to prepare/write; names the file and the sample
+     +-- InputError (ValueError)          bad input to prepare/write (names the file and the sample), or to a model helper
      +-- ShardSetError                    a shard set on disk cannot be used as it is
      |    +-- ManifestError               manifest missing, unreadable, of a newer format, inconsistent
      |    +-- CorruptShardError           shard missing, truncated, or its checksum does not match
@@ -81,10 +81,11 @@ class ShardloadError(Exception):
 
 
 class InputError(ShardloadError, ValueError):
-    """Input to ``prepare``/``write`` is malformed.
+    """Input to ``prepare``/``write`` is malformed, or a model helper was given what does not fit the batch.
 
     The message names the source file and the sample (row, line or member)
-    and what was wrong with it.
+    and what was wrong with it; for ``ExactMean`` and the attention masks,
+    the shapes or keys that do not fit.
     """
 
 
@@ -176,7 +177,7 @@ class RemoteAccessError(RemoteError, PermissionError):
 
 
 class MissingDependencyError(ShardloadError, ImportError):
-    """An optional package that the work needs is not installed (zarr, for Zarr shards).
+    """An optional package that the work needs is not installed (zarr for Zarr shards; FlexAttention in torch).
 
     The message names the package and the ``pip install`` command; the command
     line exits with status 2, as for any missing optional dependency.

@@ -345,14 +345,6 @@ class _TinyLayer(torch.nn.Module):
         return self.finish(x, attended)
 
 
-def block_causal_mask(document_ids: torch.Tensor) -> torch.Tensor:
-    """``[R, 1, P, P]`` bool: a token sees the earlier tokens of its own document; padding sees itself."""
-    same = document_ids[:, :, None] == document_ids[:, None, :]
-    causal = torch.ones(same.shape[-2:], dtype=torch.bool).tril()
-    pad_self = torch.eye(same.shape[-1], dtype=torch.bool) & (document_ids[:, :, None] < 0)
-    return ((same & causal & (document_ids[:, :, None] >= 0)) | pad_self)[:, None]
-
-
 def _next_token_loss(logits: torch.Tensor, tokens: torch.Tensor, vocab: int) -> torch.Tensor:
     return F.cross_entropy(logits[:-1], tokens[1:] % vocab, reduction="sum")
 
@@ -364,7 +356,7 @@ def test_packed_attention_and_losses_equal_each_document_alone(packed_set: Path)
     key = _key([7, 11, 3, 0, 5, 2], [0, 0, 1, 1, 2, 2])
     batch = ShardBatchDataset(packed_set, pack=spec)[key]
     tokens, positions, doc = batch["tokens"].long(), batch["position_ids"], batch["document_ids"]
-    mask = block_causal_mask(doc)
+    mask = shardload.document_causal_mask(doc)  # the library's mask (its rule: tests/test_attention.py)
     with torch.no_grad():
         packed = model(tokens, positions, mask)  # [R, P, vocab]
         # per-document loss from the packed batch: next-token pairs inside one document only
@@ -406,19 +398,16 @@ def test_cu_seqlens_and_document_ids_give_the_same_attention_as_the_mask(packed_
     batch = ShardBatchDataset(packed_set, pack=spec)[_key([7, 11, 3, 0, 5], [0, 0, 1, 1, 2])]
     r, p = spec.rows_per_batch, spec.pack_length
     with torch.no_grad():
-        want = model(batch["tokens"].long(), batch["position_ids"], block_causal_mask(batch["document_ids"]))
+        want = model(
+            batch["tokens"].long(), batch["position_ids"], shardload.document_causal_mask(batch["document_ids"])
+        )
         x, q, k, v = _flat_qkv(model, batch)
         if attention == "reference":
             flat = varlen_reference(q, k, v, batch["cu_seqlens"])
         else:
-            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+            from torch.nn.attention.flex_attention import flex_attention
 
-            doc = batch["document_ids"].reshape(-1)
-
-            def document_causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-                return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
-
-            block = create_block_mask(document_causal, None, None, r * p, r * p, device="cpu")
+            block = shardload.document_block_mask(batch["document_ids"])
             flat = flex_attention(*(t.transpose(0, 1)[None] for t in (q, k, v)), block_mask=block)[0].transpose(0, 1)
         got = model.finish(x, flat.unflatten(0, (r, p)).transpose(1, 2))
     real = batch["document_ids"] >= 0

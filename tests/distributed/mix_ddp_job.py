@@ -4,7 +4,8 @@ usage: mix_ddp_job.py WEB CODE VAL_A VAL_B OUT_DIR DEVICES
 
 Training reads ``Mixture({"web": WEB, "code": CODE}, weights 0.6 / 0.4)``; validation reads the dict
 ``{"a": VAL_A, "b": VAL_B}`` and logs one exact loss per validation set with ``sync_dist=True`` at every
-step. Each rank writes what it saw to ``OUT_DIR/rank{r}.json``; rank 0 writes the logged metrics.
+step, and with ``shardload.ExactMean(sources=...)`` at the epoch's end. Each rank writes what it saw
+and what ``ExactMean`` computed to ``OUT_DIR/rank{r}.json``; rank 0 writes the logged metrics.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class MixModel(Model):
         self.train_batches = 0
         self.train_tokens = [0, 0]
         self.val_sources: list[int] = []
+        self.val_loss = shardload.ExactMean("val_loss", sources=NAMES)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         self.train_batches += 1
@@ -44,6 +46,7 @@ class MixModel(Model):
         self.val_sources += batch["source"][w > 0].tolist()
         self.val_batches += 1
         loss = self.per_sample_loss(batch)
+        self.val_loss.update(loss, batch)
         for k, name in enumerate(NAMES):
             mine = w * (batch["source"] == k)
             for on_step in (True, False):
@@ -52,8 +55,15 @@ class MixModel(Model):
                 self.log(f"{name}_loss_sum{suffix}", (loss * mine).sum(), **kw)
                 self.log(f"{name}_count{suffix}", mine.sum(), **kw)
 
+    def on_validation_epoch_start(self) -> None:
+        self.val_loss.reset()
+
     def on_validation_epoch_end(self) -> None:
+        computed = self.val_loss.compute()
+        self.log_dict(computed, sync_dist=True, reduce_fx="max")
         record = {
+            "exact_mean": {k: float(v) for k, v in computed.items()},
+            "exact_counts": self.val_loss.totals().counts.tolist(),
             "val_ids": self.val_ids,
             "val_sources": self.val_sources,
             "val_batches": self.val_batches,

@@ -3,7 +3,8 @@
 Claims tested: a two-source training mixture and a dict of two validation sets
 run to the end (equal batch counts on every rank, so no collective waits), each
 validation set is seen exactly once over the ranks, and the loss of each set,
-logged with ``sync_dist=True`` at every step, equals the one computed in one process.
+logged with ``sync_dist=True`` at every step, equals the one computed in one process, and so does the mean
+``ExactMean(sources=...)`` computes on every rank.
 """
 
 from __future__ import annotations
@@ -69,6 +70,15 @@ def test_mixture_ddp_fit_finishes_and_each_source_is_exact(tmp_path: Path, devic
         total, count = exact[name]
         assert int(metrics[f"{name}_count"]) == count
         assert abs(metrics[f"{name}_loss_sum"] - total) < 1e-4 * max(1.0, abs(total))
+    # Invariant: ExactMean gives every rank the same per-source means, those of one process
+    assert all(r["exact_mean"] == ranks[0]["exact_mean"] for r in ranks)
+    assert ranks[0]["exact_counts"] == [exact[name][1] for name in NAMES]
+    for name in NAMES:
+        total, count = exact[name]
+        assert ranks[0]["exact_mean"][f"val_loss/{name}"] == pytest.approx(total / count, rel=1e-5)
+        assert metrics[f"val_loss/{name}"] == pytest.approx(total / count, rel=1e-5)  # logged to Lightning
+    everything = sum(t for t, _ in exact.values()) / sum(c for _, c in exact.values())
+    assert ranks[0]["exact_mean"]["val_loss"] == pytest.approx(everything, rel=1e-5)
     # training gave each source its weight of tokens (0.6 / 0.4), summed over the ranks
     tokens = [sum(r["train_tokens"][k] for r in ranks) for k in range(2)]
     assert abs(tokens[0] / sum(tokens) - 0.6) < 0.05, tokens
