@@ -263,7 +263,6 @@ def _quiet_lightning() -> Iterator[None]:
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", ".*does not have many workers.*")
-            warnings.filterwarnings("ignore", ".*isinstance\\(treespec, LeafSpec\\).*")
             yield
     finally:
         logger.setLevel(old_level)

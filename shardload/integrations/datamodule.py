@@ -18,6 +18,7 @@ import lightning.pytorch as pl
 
 from shardload._base.checks import keywords_checked, with_shortcuts
 from shardload.errors import PlanError
+from shardload.integrations._quiet import quiet_foreign_warnings
 from shardload.integrations.trainer import current_epoch, train_link
 from shardload.load.collate import PadSpec
 from shardload.load.loader import ShardLoader, build_loader
@@ -134,8 +135,10 @@ class ShardDataModule(pl.LightningDataModule):
         """Take rank and world size from the trainer (Lightning calls this on every rank).
 
         Also checks ``pad_values`` and ``fields`` against the schema of each shard
-        set the stage reads (its manifest only), so that a typo fails before training starts.
+        set the stage reads (its manifest only), so that a typo fails before training starts, and
+        filters the warnings of Lightning that a user did not cause (:mod:`shardload.integrations._quiet`).
         """
+        quiet_foreign_warnings()
         self.world = World.detect(trainer=self.trainer)
         for name in _SETS_OF_STAGE.get(stage, ()):
             path = self.paths[name]

@@ -1,0 +1,67 @@
+"""A default Lightning fit over a ShardDataModule prints no warning the user did not cause.
+
+Run in a fresh interpreter with Python's default warning filters (a user's -W or PYTHONWARNINGS comes
+first and wins), since which warnings print is a fact about a whole process (pytest installs filters of
+its own).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import shardload
+from shardload.testing import synthetic_samples
+from tests.distributed.watchdog import python, run_with_watchdog
+
+pytestmark = pytest.mark.slow
+
+FIT = """
+    import sys, warnings
+    import lightning.pytorch as pl, torch
+    from lightning.pytorch.utilities._pytree import _tree_flatten
+    from shardload import ShardDataModule
+
+    # control: with the pinned torch and Lightning, Lightning's own code warns (if this stops, drop the filter)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _tree_flatten(torch.zeros(1))
+    print("CONTROL", any("LeafSpec" in str(w.message) for w in seen), flush=True)
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch, i):
+            return self.layer(batch["features"].float().mean(dim=(1, 2)).unsqueeze(1)).sum()
+
+        def validation_step(self, batch, i):
+            self.log("val", self.layer(batch["features"].float().mean(dim=(1, 2)).unsqueeze(1)).sum(), sync_dist=True)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")  # advice to the test's own setup
+    dm = ShardDataModule(train={train!r}, val={val!r}, batch_size=4)
+    pl.Trainer(
+        accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    ).fit(Model(), dm)
+    print("FIT DONE", flush=True)
+"""
+
+
+def test_a_default_fit_prints_no_lightning_deprecation_of_torch(tmp_path: Path) -> None:
+    shardload.write(synthetic_samples(24, seed=1), tmp_path / "train", num_shards=2)
+    shardload.write(synthetic_samples(9, seed=2), tmp_path / "val", num_shards=2)
+    code = textwrap.dedent(FIT.format(train=str(tmp_path / "train"), val=str(tmp_path / "val")))
+    res = run_with_watchdog(python("-c", code), timeout=240)
+    assert not res.hung and res.returncode == 0, res.tail()
+    assert "CONTROL True" in res.output, res.tail()
+    assert "FIT DONE" in res.output, res.tail()
+    fit_output = res.output.split("CONTROL True", 1)[1]
+    assert "LeafSpec" not in fit_output, fit_output[-3000:]
+    assert "Warning" not in fit_output, fit_output[-3000:]
