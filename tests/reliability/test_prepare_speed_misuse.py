@@ -86,3 +86,36 @@ def test_simdjson_refuses_and_reads_exactly_as_the_exact_reader(tmp_path: Path, 
         message = r.stderr.replace(str(out), "OUT") if r.returncode else ""  # a success's line holds its timing
         results.append((r.returncode, message, files))
     assert results[0] == results[1]
+
+
+def _upper(sample: dict[str, object]) -> dict[str, object]:
+    return sample
+
+
+def _upper_batch(batch: dict[str, list[object]]) -> dict[str, list[object]]:
+    return batch
+
+
+@pytest.mark.parametrize("map_batch", [None, 1, 4])
+@pytest.mark.parametrize(
+    ("records", "bad", "kind"),
+    [
+        ([[1, 2], [3]], 0, "list"),
+        ([{"t": [1]}, [3]], 1, "list"),
+        (["abc"], 0, "str"),
+        ([None], 0, "NoneType"),
+        ([{"t": [1]}, {"t": [2]}, None], 2, "NoneType"),
+    ],
+)
+def test_write_with_a_map_refuses_a_record_that_is_no_dict_by_name(
+    tmp_path: Path, records: list[object], bad: int, kind: str, map_batch: int | None
+) -> None:
+    """write() of records that are not dicts names the record, as without a map (was a bare IndexError,
+    TypeError or ValueError from building the batch's columns or copying the record)."""
+    import shardload
+    from shardload.errors import InputError
+
+    fn = _upper if map_batch is None else _upper_batch
+    with pytest.raises(InputError, match=rf"sample {bad}: a sample must be a dict of named arrays, got {kind}"):
+        shardload.write(iter(records), tmp_path / "out", map=fn, map_batch=map_batch, progress=False)
+    assert not (tmp_path / "out" / "manifest.json").exists()
