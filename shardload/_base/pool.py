@@ -203,6 +203,10 @@ def end_finished_workers(procs: Sequence[BaseProcess], what: str) -> None:
 
 def stop_workers(pool: ProcessPoolExecutor, procs: Sequence[BaseProcess]) -> None:
     """Cancel the queued jobs and end the running ones now: SIGTERM, then SIGKILL after a grace period."""
+    # The pool's manager thread (not a daemon) reaps the workers too: once they are ended it returns at once.
+    # Left running, the program would take it for a thread that user code left behind and say so. (Taken
+    # before shutdown, which forgets it.)
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     for p in procs:
         if p.exitcode is None:
@@ -213,6 +217,8 @@ def stop_workers(pool: ProcessPoolExecutor, procs: Sequence[BaseProcess]) -> Non
         if p.exitcode is None:
             p.kill()
             p.join(1.0)
+    if manager is not None:
+        manager.join(1.0)
 
 
 # -- in the worker ------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shardload.errors import InputError
-from shardload.prepare.mapping import MapFunction, MappedSamples
+from shardload.prepare.mapping import MapFunction, MappedSamples, check_record
 
 __all__ = ["BATCH_RETURNS", "BatchedSamples", "mapped_samples"]
 
@@ -68,6 +68,7 @@ class BatchedSamples(MappedSamples):
             self._ahead = None
             if item is None:
                 break
+            check_record(*item)
             if keys is None:
                 keys = list(item[1])
             elif list(item[1]) != keys:

@@ -35,7 +35,16 @@ from shardload.schema._nonarray import FIELD_HOLDS, describe_non_array
 
 logger = logging.getLogger("shardload.prepare")
 
-__all__ = ["MapFunction", "MappedSamples", "check_sendable", "load_map", "map_identity", "map_name", "sendable"]
+__all__ = [
+    "MapFunction",
+    "MappedSamples",
+    "check_record",
+    "check_sendable",
+    "load_map",
+    "map_identity",
+    "map_name",
+    "sendable",
+]
 
 #: a map: one sample dict in; a dict, None (drop) or a list of dicts out
 MapFunction = Callable[[dict[str, Any]], Any]
@@ -305,6 +314,12 @@ def check_sendable(fn: MapFunction, workers: int) -> None:
         ) from exc
 
 
+def check_record(where: str, sample: object) -> None:
+    """Refuse a record that is no dict before a map gets it (``write()`` takes any iterable), as unmapped."""
+    if not isinstance(sample, Mapping):
+        raise InputError(f"{where}: a sample must be a dict of named arrays, got {type(sample).__name__}")
+
+
 class MappedSamples:
     """The ``(locator, sample)`` pairs of a reader, passed lazily through a map (or not, for ``fn=None``)."""
 
@@ -325,6 +340,7 @@ class MappedSamples:
             where, sample = next(self._it)
             if self._fn is None:
                 return where, sample
+            check_record(where, sample)
             self._pending = self._apply(where, sample)[::-1]
         return self._pending.pop()
 
