@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 
 from shardload._base.ranges import range_positions
 from shardload.errors import PlanError
-from shardload.plan.packing.rows import _EMPTY, BestFit, Placement, SizeRuns, _run_starts, file_by_step
+from shardload.plan.packing.rows import _EMPTY, BestFit, Placement, SizeRuns, Waiting, _run_starts
 
 __all__ = ["TrackedBestFit", "TrackedRows", "largest_first", "pack_rows", "pack_segments", "track_runs"]
 
@@ -44,14 +44,15 @@ class TrackedBestFit(BestFit):
             )
         self.active_keys = _EMPTY
         self.pending_keys: list[NDArray[np.int64]] = []
-        self.waiting_rows: dict[int, list[NDArray[np.int64]]] = {}
+        self.waiting_rows = Waiting()  # (1, k) blocks: row keys
         self.placed: list[tuple[NDArray[np.integer], NDArray[np.integer]]] = []
         #: the dtype of placements kept (row ids and item counts are below ``row_bound``): int32 when it fits
         self.pair_dtype = np.int32 if self.row_bound < 1 << 31 else np.int64
 
     def _wake(self, step: int) -> None:
-        if step in self.waiting_rows:
-            self.pending_keys.extend(part[0] for part in self.waiting_rows.pop(step))
+        parts = self.waiting_rows.pop(step)
+        if parts is not None:
+            self.pending_keys.extend(part[0] for part in parts)
         super()._wake(step)
 
     def _follow(self, placed: Placement) -> None:
@@ -101,7 +102,7 @@ class TrackedBestFit(BestFit):
         changed, when = self._row_keys(seg[keep], gap[keep], ids[keep]), when[keep]
         now = when == step + 1
         self.pending_keys.append(changed[now])
-        file_by_step(self.waiting_rows, when[~now], changed[~now])
+        self.waiting_rows.file(when[~now], changed[~now])
 
     def _row_keys(self, seg: NDArray[np.int64], gap: NDArray[np.int64], row: NDArray[np.int64]) -> NDArray[np.int64]:
         """``(n,)`` keys ordering rows by segment, gap, then row number (``key % row_bound`` is the row)."""
