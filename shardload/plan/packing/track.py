@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload._base.ranges import range_positions
+from shardload._base.ranges import offsets_from_lengths, range_positions
 from shardload.errors import PlanError
 from shardload.plan.packing.rows import _EMPTY, BestFit, Placement, SizeRuns, Waiting, _run_starts
 
@@ -183,20 +183,23 @@ def track_runs(runs: SizeRuns, segments: int, capacity: int) -> TrackedRows:
     empty_only = np.flatnonzero(rows > np.bincount(fit.row_seg[: fit.num_rows], minlength=segments))
     row_seg = np.concatenate([fit.row_seg[opened], empty_only])
     used = np.concatenate([capacity - fit.row_gap[opened], np.zeros(len(empty_only), dtype=np.int64)])
-    by_seg = _stable_order(row_seg, segments) if len(empty_only) else np.arange(len(row_seg))
-    row_seg, used = row_seg[by_seg], used[by_seg]
     number = np.empty(fit.num_rows, dtype=np.int64)  # new number of each opened row
-    number[opened] = np.flatnonzero(by_seg < fit.num_rows)
+    if len(empty_only):
+        by_seg = _stable_order(row_seg, segments)
+        row_seg, used = row_seg[by_seg], used[by_seg]
+        number[opened] = np.flatnonzero(by_seg < fit.num_rows)
+    else:
+        number[opened] = np.arange(fit.num_rows)
     # (row, items) the steps placed, segment by segment: a segment's steps in order place its runs in order
     ids = np.concatenate([ids for ids, _ in fit.placed]) if fit.placed else _EMPTY
     counts = np.concatenate([counts for _, counts in fit.placed]) if fit.placed else _EMPTY
     fit.placed = []
     pair_seg = fit.row_seg[ids]
     pairs = _stable_order(pair_seg, segments)
-    pair_bounds = np.searchsorted(pair_seg[pairs], np.arange(segments + 1))
+    pair_bounds = offsets_from_lengths(np.bincount(pair_seg, minlength=segments))
     del pair_seg
     ids = number[ids[pairs]].astype(fit.pair_dtype)
-    row_bounds = np.searchsorted(row_seg, np.arange(segments + 1))
+    row_bounds = offsets_from_lengths(np.bincount(row_seg, minlength=segments))
     return TrackedRows(used, row_seg, row_bounds, ids, counts[pairs], pair_bounds)
 
 
