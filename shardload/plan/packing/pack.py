@@ -31,8 +31,6 @@ __all__ = ["PackBatcher", "PackedBatches", "RankRows", "count_at_once", "refuse_
 COUNT_CHUNK = 1 << 22
 #: histogram bins (ranks * (pack_length + 1)) gathered at once when counting
 COUNT_BINS = 1 << 24
-#: samples binned at once into the histogram of every rank (each bincount is added to all of it: fewer, larger)
-HIST_CHUNK = 1 << 24
 #: histogram bins of several epochs counted at once (:func:`count_at_once`; 8 bytes a bin)
 JOINT_BINS = 1 << 26
 #: samples whose ranks are packed in one best-fit run when building every rank (``EpochPlanner.plans``):
@@ -162,7 +160,7 @@ class PackBatcher(Batcher):
             runs.append(SizeRuns(part.seg + group.start, part.size, part.count))
         return SizeRuns.concat(runs)
 
-    def _size_runs_by_id(self, chunk: int = HIST_CHUNK) -> SizeRuns:
+    def _size_runs_by_id(self, chunk: int = COUNT_CHUNK) -> SizeRuns:
         """:meth:`size_runs` in one histogram of every rank, reading the lengths in id order, ``chunk`` at a time.
 
         A sample's bin is ``rank * (capacity + 1) + capacity - last`` (``last``: the
@@ -176,7 +174,7 @@ class PackBatcher(Batcher):
         width = self.capacity + 1
         return SizeRuns(runs // width, self.capacity - runs % width, hist[runs])
 
-    def _histogram(self, hist: NDArray[np.int64], chunk: int = HIST_CHUNK) -> None:
+    def _histogram(self, hist: NDArray[np.int64], chunk: int = COUNT_CHUNK) -> None:
         """Add every rank's pieces to ``hist`` (``(W * (capacity + 1),)``): :meth:`_size_runs_by_id`'s bins."""
         cap, world = self.capacity, self.layout.world_size
         width = cap + 1
@@ -402,7 +400,14 @@ def count_at_once(batchers: list[PackBatcher]) -> list[NDArray[np.int64]]:
             if batcher._cuts():
                 batcher._refuse_many_pieces(mine.reshape(-1, width).sum(axis=1))
         at = np.flatnonzero(hist)
-        runs = SizeRuns(at // width, capacity - at % width, hist[at])
+        count = hist[at]
+        del hist  # (in place below: the histogram and the runs' temporaries are not kept together)
+        seg = at // width
+        size = seg * width
+        np.subtract(at, size, out=size)
+        del at
+        np.subtract(capacity, size, out=size)
+        runs = SizeRuns(seg, size, count)
     else:
         parts = []
         for batcher, lo in zip(batchers, bounds[:-1].tolist()):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload._base.ranges import range_positions
+from shardload._base.ranges import offsets_from_lengths, range_positions
 
 __all__ = ["BestFit", "SizeRuns", "Waiting", "count_rows", "pieces_per_sample"]
 
@@ -241,11 +241,18 @@ class BestFit:
         while segments * ((capacity >> self.shift) + 1) > limit and capacity >> self.shift:
             self.shift += 1
         self.buckets = (capacity >> self.shift) + 1
-        key = self.r_seg * self.buckets + (self.buckets - 1 - (self.r_size >> self.shift))
-        above = np.cumsum(np.bincount(key + 1, minlength=segments * self.buckets + 1))[:-1]
-        self.runs_above = above - np.repeat(self.seg_first, self.buckets)
-        if len(self.r_seg) < 1 << 31:  # half the memory of the lookups of _next_use (random reads)
-            self.runs_above = self.runs_above.astype(np.int32)
+        key = self.r_seg * self.buckets  # (runs,) in place below: no run-sized temporaries
+        key += self.buckets - 1
+        key -= self.r_size >> self.shift
+        per_bucket = np.bincount(key, minlength=segments * self.buckets)
+        del key
+        above = np.zeros(len(per_bucket), dtype=np.int64)
+        np.cumsum(per_bucket[:-1], out=above[1:])
+        del per_bucket
+        above -= np.repeat(self.seg_first, self.buckets)
+        # half the memory of the lookups of _next_use (random reads) when it fits
+        self.runs_above = above.astype(np.int32) if len(self.r_seg) < 1 << 31 else above
+        del above
         self.rows = np.zeros(segments, dtype=np.int64)  # (K,) rows opened
         self.a_key = _EMPTY  # (groups,) segment * width + gap of each active group, increasing
         self.a_cnt = _EMPTY  # (groups,) rows of each (0: the group leaves at the next merge)
@@ -259,7 +266,9 @@ class BestFit:
         # step by step, segments in order (steps are below 2**16 unless a row holds more sizes: numpy's radix sort)
         step_key = self.r_step.astype(np.uint16) if self.width <= 1 << 16 else self.r_step
         self.by_step = by_step = np.argsort(step_key, kind="stable")
-        bounds = np.searchsorted(self.r_step[by_step], np.arange(int(self.seg_steps.max(initial=0)) + 1)).tolist()
+        steps = int(self.seg_steps.max(initial=0))
+        bounds = offsets_from_lengths(np.bincount(self.r_step, minlength=steps)[:steps]).tolist()
+        self.r_step = _EMPTY  # (not needed past here: a run's worth of memory)
         self._open(by_step[bounds[0] : bounds[1]] if len(bounds) > 1 else _EMPTY)
         for step, (lo, hi) in enumerate(itertools.pairwise(bounds[1:]), start=1):
             self._wake(step)
