@@ -97,6 +97,15 @@ def check_elastic(out: str, tmp: Path) -> None:
     assert "peak RSS" in out
 
 
+def check_elastic_baseline(out: str, tmp: Path) -> None:
+    rows = table(out, "| batching | plan the epoch on the new size |")
+    # one run of each library (both this checkout here): the same plan, so the same batches
+    assert [r[-1] for r in rows] == ["this checkout", "baseline"] and rows[0][4] == rows[1][4], rows
+    assert all(re.fullmatch(r"[\d.]+ s \(CPU [\d.]+ s\)", r[2]) for r in rows), rows
+    ratio = re.search(r"packing L=4096 R=8: wall .* = ([\d.]+), CPU .* = ([\d.]+)", out)
+    assert ratio and float(ratio.group(1)) > 0 and float(ratio.group(2)) > 0, out[-2000:]
+
+
 def check_mix(out: str, tmp: Path) -> None:
     rows = table(out, "| batching | stage |")
     assert {(r[0].strip("`").split("=")[0].split()[0], r[1]) for r in rows} == {
@@ -160,6 +169,16 @@ def check_pack(out: str, tmp: Path) -> None:
     assert len(rows) == 2 and all(number(r[3]) > 0 and number(r[5]) >= 0 for r in rows), rows
     timing = table(out, "| samples | EpochPlanner")
     assert [number(r[0]) for r in timing] == [10_000] and number(timing[0][3]) > 0, timing
+
+
+def check_pack_baseline(out: str, tmp: Path) -> None:
+    timing = table(out, "| samples | EpochPlanner")
+    libraries = [r[-1] for r in timing]
+    assert libraries == ["this checkout", "baseline"] * 2 + ["median, this checkout", "median, baseline"], timing
+    assert all(number(r[3]) > 0 and number(r[4]) > 0 for r in timing), timing
+    assert len({r[5] for r in timing[:4]}) == 1, timing  # the same batch counts with either library
+    ratio = re.search(r"after/before \(10,000 samples, medians of 2 runs each\): wall ([\d.]+), CPU ([\d.]+)", out)
+    assert ratio and float(ratio.group(1)) > 0 and float(ratio.group(2)) > 0, out[-2000:]
 
 
 def check_sim_cache(out: str, tmp: Path) -> None:
@@ -369,6 +388,14 @@ CASES = {
     "bench_elastic": Case(
         "bench_elastic.py", lambda t: ["--samples", "20000", "--from", "4", "--to", "3", "--packing"], check_elastic
     ),
+    "bench_elastic-baseline-tree": Case(
+        "bench_elastic.py",
+        lambda t: [
+            *("--samples", "20000", "--from", "4", "--to", "3", "--packing-only"),
+            *("--baseline-tree", str(REPO), "--repeat", "1"),
+        ],
+        check_elastic_baseline,
+    ),
     "bench_epoch_length": Case(
         "bench_epoch_length.py",
         lambda t: ["--samples", "20000", "--shards", "32", "--world-size", "4", "--epochs", "5"],
@@ -413,6 +440,14 @@ CASES = {
             *("--timing-samples", "10000", "--timing-world-size", "4"),
         ],
         check_pack,
+    ),
+    "bench_pack-baseline-tree": Case(
+        "bench_pack.py",
+        lambda t: [
+            *("--parts", "time", "--timing-samples", "10000", "--timing-world-size", "4"),
+            *("--baseline-tree", str(REPO), "--repeat", "2"),
+        ],
+        check_pack_baseline,
     ),
     "bench_plan": Case(
         "bench_plan.py",

@@ -18,6 +18,13 @@ Three parts, each comparing figures measured in the same run:
    repeats the count of every rank, timing the gather of every rank's size
    histogram and the best-fit run over them apart; "rest" is construction
    minus both (the layout, plus the run-to-run variance of a shared machine).
+   Wall and CPU time (``time.process_time``) are both shown: on a shared
+   machine the CPU time is the steadier figure. With ``--baseline-tree DIR``
+   each measurement runs in a fresh interpreter, ``--repeat`` times, once with
+   this checkout's library and once with the library of the checkout at
+   ``DIR`` in alternation, on the same lengths file: the table gets a row per
+   run and the medians, and an after/before line gives the ratios of the
+   medians of wall and CPU time (below 1: this checkout is faster).
 
 Examples::
 
@@ -25,12 +32,16 @@ Examples::
     python tools/bench_pack.py                                # 10M samples, 8 and 1024 ranks
     python tools/bench_pack.py --parts time --timing-samples 10000000 100000000 --profile
     python tools/bench_pack.py --parts time --timing-lengths uniform --pack-lengths 131072 --timing-world-size 1000
+    python tools/bench_pack.py --parts time --timing-samples 100000000 --baseline-tree /tmp/base --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -45,6 +56,7 @@ from shardload.plan.packing.rows import count_rows
 from shardload.plan.packing.track import pack_rows
 
 DATASETS = ("long-tailed", "text-like")
+REPO = Path(__file__).resolve().parent.parent
 
 
 def text_like_lengths(num: int, seed: int) -> NDArray[np.int32]:
@@ -163,45 +175,109 @@ def timing_table(args: argparse.Namespace) -> None:
     world = args.timing_world_size
     print(
         f"\n## Planning time: packing L={length} R={rows}, {world} ranks, rank {args.rank}, "
-        f"{args.timing_lengths} lengths, int32 memmap, one process ({os.cpu_count()} cpus, numpy {np.__version__})\n"
+        f"{args.timing_lengths} lengths, int32 memmap, one process ({os.cpu_count()} cpus, numpy {np.__version__}, "
+        f"load average {os.getloadavg()[0]:.1f})\n"
     )
-    header = "| samples | EpochPlanner (all ranks counted) | plan(rank) | total | batches/rank (before equalising) |"
+    header = (
+        "| samples | EpochPlanner (all ranks counted) | plan(rank) | total | CPU time | batches/rank (before equalising) "
+        "| library |"
+    )
     if args.profile:
         header += " rest of construction | size histograms, all ranks | best fit, all ranks |"
     print(header)
     print("|---:" * (header.count("|") - 1) + "|")
+    ratios = []
     for num in args.timing_samples:
         if args.timing_lengths == "uniform":  # the worst case: every size up to L about equally often
             lengths_mem = np.random.default_rng(args.seed).integers(1, length, num, endpoint=True, dtype=np.int32)
         else:
             lengths_mem = synthetic_lengths(num, args.seed)
-        shards = synthetic_shards(num, args.shard_size, args.seed)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "lengths.npy"
             np.save(path, lengths_mem)
             del lengths_mem
-            lengths: NDArray[np.int32] = np.load(path, mmap_mode="r")
-            digest = digest_lengths(lengths)  # also pages the lengths in
-            batching = Batching(packing=True, pack_length=length, rows_per_batch=rows, pack_split=True)
-            spec = EpochSpec(world_size=world, seed=args.seed, epoch=1)
-            start = time.perf_counter()
-            planner = EpochPlanner(PlanInputs(lengths, shards, digest), spec, batching)
-            built = time.perf_counter() - start
-            start = time.perf_counter()
-            planner.plan(args.rank)
-            planned = time.perf_counter() - start
-            counts = planner.rank_batch_counts
-            cells = [
-                f"{num:,}",
-                f"{built:.2f} s",
-                f"{planned:.3f} s",
-                f"**{built + planned:.2f} s**",
-                f"{planner.num_batches} ({counts.min()}..{counts.max()})",
-            ]
-            if args.profile:
-                gather, packing = profile_count(planner)
-                cells += [f"{built - gather - packing:.2f} s", f"{gather:.2f} s", f"{packing:.2f} s"]
-            print("| " + " | ".join(cells) + " |")
+            job = {"path": str(path), "num": num, "length": length, "rows": rows, "world": world}
+            job |= {"rank": args.rank, "seed": args.seed, "shard_size": args.shard_size}
+            if args.baseline_tree is None:
+                planner, got = time_planning(job)
+                cells = timing_cells(num, got, planner.num_batches, planner.rank_batch_counts, "this checkout")
+                if args.profile:
+                    gather, packing = profile_count(planner)
+                    rest = got["built_s"] - gather - packing
+                    cells += [f"{rest:.2f} s", f"{gather:.2f} s", f"{packing:.2f} s"]
+                print("| " + " | ".join(cells) + " |")
+                continue
+            runs: dict[str, list[dict[str, float]]] = {"this checkout": [], "baseline": []}
+            for _ in range(args.repeat):  # in alternation: both libraries under the same load
+                for name, tree in (("this checkout", REPO), ("baseline", args.baseline_tree)):
+                    got = run_child(job, tree)
+                    runs[name].append(got)
+                    counts = np.array(got["counts"])
+                    print("| " + " | ".join(timing_cells(num, got, int(got["num_batches"]), counts, name)) + " |")
+            medians = {name: {k: median([r[k] for r in rs]) for k in ("total_s", "cpu_s")} for name, rs in runs.items()}
+            for name, m in medians.items():
+                print(f"| {num:,} | | | **{m['total_s']:.2f} s** | {m['cpu_s']:.2f} s | | median, {name} |")
+            mine, base = medians["this checkout"], medians["baseline"]
+            ratios.append((num, mine["total_s"] / base["total_s"], mine["cpu_s"] / base["cpu_s"]))
+    for num, wall, cpu in ratios:
+        print(
+            f"\nafter/before ({num:,} samples, medians of {args.repeat} runs each): wall {wall:.2f}, CPU {cpu:.2f} "
+            f"(this checkout over {args.baseline_tree})"
+        )
+
+
+def median(values: list[float]) -> float:
+    return float(np.median(values))
+
+
+def timing_cells(num: int, got: dict[str, float], batches: int, counts: NDArray[np.int64], library: str) -> list[str]:
+    return [
+        f"{num:,}",
+        f"{got['built_s']:.2f} s",
+        f"{got['plan_s']:.3f} s",
+        f"**{got['total_s']:.2f} s**",
+        f"{got['cpu_s']:.2f} s",
+        f"{batches} ({counts.min()}..{counts.max()})",
+        library,
+    ]
+
+
+def time_planning(job: dict[str, int | str]) -> tuple[EpochPlanner, dict[str, float]]:
+    """Plan one rank of ``job`` (the lengths file ``path``, ...): the planner and its wall and CPU seconds."""
+    num, length, rows, world = int(job["num"]), int(job["length"]), int(job["rows"]), int(job["world"])
+    shards = synthetic_shards(num, int(job["shard_size"]), int(job["seed"]))
+    lengths: NDArray[np.int32] = np.load(str(job["path"]), mmap_mode="r")
+    digest = digest_lengths(lengths)  # also pages the lengths in
+    batching = Batching(packing=True, pack_length=length, rows_per_batch=rows, pack_split=True)
+    spec = EpochSpec(world_size=world, seed=int(job["seed"]), epoch=1)
+    start, cpu = time.perf_counter(), time.process_time()
+    planner = EpochPlanner(PlanInputs(lengths, shards, digest), spec, batching)
+    built = time.perf_counter() - start
+    planner.plan(int(job["rank"]))
+    total = time.perf_counter() - start
+    got = {"built_s": built, "plan_s": total - built, "total_s": total, "cpu_s": time.process_time() - cpu}
+    return planner, got
+
+
+def run_child(job: dict[str, int | str], tree: Path) -> dict[str, float]:
+    """``job``'s figures, measured in a fresh interpreter that imports the library of the checkout at ``tree``."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(job)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            got: dict[str, float] = json.loads(line[len("RESULT ") :])
+            return got
+    raise SystemExit(f"the measurement with {tree} failed:\n{out.stderr[-3000:]}")
+
+
+def child(job: dict[str, int | str]) -> None:
+    import shardload
+
+    planner, got = time_planning(job)
+    library = str(Path(shardload.__file__).resolve().parent.parent)
+    counts = planner.rank_batch_counts.tolist()
+    print("RESULT " + json.dumps({**got, "num_batches": planner.num_batches, "counts": counts, "library": library}))
 
 
 def profile_count(planner: EpochPlanner) -> tuple[float, float]:
@@ -237,7 +313,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true", help="split the planning time (adds a second count pass)")
     parser.add_argument("--quick", action="store_true", help="1M samples, items up to 100k, timing on 1M")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="another shardload checkout (e.g. a git worktree of main): the timing table also plans with its "
+        "library, in alternation, and prints the after/before ratios",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each library with --baseline-tree")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one measurement, as JSON (run by --baseline-tree)
     args = parser.parse_args(argv)
+    if args.child is not None:
+        child(json.loads(args.child))
+        return
+    if args.baseline_tree is not None:
+        args.baseline_tree = args.baseline_tree.resolve()
+        if not (args.baseline_tree / "shardload" / "plan").is_dir():
+            parser.error("--baseline-tree: give a shardload checkout (with shardload/plan)")
+        if args.profile:
+            parser.error("--profile splits this checkout's planning time: run it without --baseline-tree")
     if args.quick:
         args.samples, args.timing_samples = min(args.samples, 1_000_000), [1_000_000]
         args.items = [n for n in args.items if n <= 100_000] or [10_000]

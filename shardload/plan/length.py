@@ -29,6 +29,7 @@ __all__ = [
     "EpochLengthWarning",
     "draw_seed",
     "epoch_steps",
+    "epoch_steps_key",
     "fits",
     "natural_target",
     "rank_policy",
@@ -83,7 +84,7 @@ def epoch_steps(
     ``margin`` (a mixture): probe :data:`MIX_PROBE_EPOCHS` epochs and add their spread, at least 1.
     """
     probes = MIX_PROBE_EPOCHS if margin else PROBE_EPOCHS
-    key = ("epoch steps", batching, spec.world_size, spec.seed, spec.shard_assignment, probes)
+    key = epoch_steps_key(spec, batching, probes)
 
     def probe() -> NDArray[np.int64]:
         targets = [natural_of(epoch) for epoch in range(probes)]
@@ -93,6 +94,11 @@ def epoch_steps(
         return np.asarray([steps], dtype=np.int64)
 
     return int(memo(key, probe)[0])
+
+
+def epoch_steps_key(spec: EpochSpec, batching: Batching, probes: int) -> tuple[object, ...]:
+    """The memo key of a run's steps per epoch (:func:`epoch_steps`, ``probes`` probe epochs)."""
+    return ("epoch steps", batching, spec.world_size, spec.seed, spec.shard_assignment, probes)
 
 
 def rank_policy(count: int, steps: int, uneven: Uneven) -> Uneven:

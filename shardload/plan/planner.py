@@ -35,13 +35,23 @@ from shardload.plan.assign import assign_shards, balance_by_tokens, shard_order
 from shardload.plan.batcher import Batcher
 from shardload.plan.chunks import ChunkWindows, chunk_identity, resolve_chunk_windows
 from shardload.plan.equalize import equalize_batches
-from shardload.plan.length import MAX_DRAWS, draw_seed, epoch_steps, fits, natural_target, rank_policy, warn_unfit
+from shardload.plan.length import (
+    MAX_DRAWS,
+    PROBE_EPOCHS,
+    draw_seed,
+    epoch_steps,
+    epoch_steps_key,
+    fits,
+    natural_target,
+    rank_policy,
+    warn_unfit,
+)
 from shardload.plan.mix.batcher import MixBatcher
 from shardload.plan.mix.inputs import MixInputs
 from shardload.plan.options import Batching
-from shardload.plan.packing.pack import BUILD_CHUNK, PackBatcher, RankRows
+from shardload.plan.packing.pack import BUILD_CHUNK, PackBatcher, RankRows, count_at_once
 from shardload.plan.rankplan import RankPlan
-from shardload.plan.request import EpochSpec, PlanInputs, check_request
+from shardload.plan.request import EpochSpec, PlanInputs, check_request, memo_has
 from shardload.plan.resume import Rest, ResumeInputs, rest_of
 from shardload.plan.shuffle import permute_batches
 from shardload.plan.steps import batch_costs, heaviest_first, order_steps
@@ -85,6 +95,7 @@ class EpochPlanner:
         check_request(spec, batching)
         #: a resumed epoch's remainder (a selection step before assignment, plan/resume.py); ``None`` otherwise
         self.rest: Rest | None = None
+        self.steady = steady
         if isinstance(inputs, ResumeInputs) and not inputs.history:  # nothing ran yet: the whole epoch
             inputs = inputs.base
         if isinstance(inputs, ResumeInputs):
@@ -159,34 +170,17 @@ class EpochPlanner:
 
     def _single(self, inputs: PlanInputs) -> NDArray[np.int64]:
         """Lay out and count one shard set: sets :attr:`layout`, :attr:`batcher`, :attr:`lengths`."""
-        spec, batching = self.spec, self.batching
         self.lengths = inputs.lengths
-        order = shard_order(
-            inputs.num_shards,
-            seed=self.order_seed,
-            epoch=spec.epoch,
-            shuffle=spec.shuffled and spec.shard_assignment == "rotate",
-        )
-        self.layout = assign_shards(inputs.shard_sizes, spec.world_size, order=order)
-        # a rank's batch count and work follow what its batches are cut by: with max_tokens and packing its
-        # tokens, so the ranges are cut by tokens; with batch_size its samples (equal counts, no splits)
-        if batching.batch_size is None:
-            self.layout = balance_by_tokens(self.layout, inputs.lengths, inputs.shard_tokens)
-        chunks = resolve_chunk_windows(batching, inputs.chunk_rows, shuffled=spec.shuffled)
+        chunks = resolve_chunk_windows(self.batching, inputs.chunk_rows, shuffled=self.spec.shuffled)
         self.chunks = [chunks]
-        self.batcher: Batcher = make_batcher(
-            batching,
-            lengths=self.lengths,
-            layout=self.layout,
-            shuffle=spec.shuffled,
-            seed=self.order_seed,
-            epoch=spec.epoch,
-            max_length=inputs.max_length,
-            chunks=chunks,
-        )
-        if batching.packing:  # counting packs every rank: keep it with the inputs for the next epoch of the same layout
-            key = ("packed counts", batching.identity(), layout_key(self.layout))
-            return inputs.memo(key, self.batcher.count_batches)
+        self.batcher: Batcher = _batcher_of(inputs, self.spec, self.batching, self.order_seed, chunks)
+        self.layout = self.batcher.layout
+        if (
+            self.batching.packing
+        ):  # counting packs every rank: kept with the inputs for the next epoch of the same layout
+            if self.draw == 0 and self.spec.shuffled and self.steady and self.rest is None:
+                _count_probes_at_once(inputs, self.spec, self.batching, self.batcher)
+            return inputs.memo(_packed_key(self.batching, self.batcher), self.batcher.count_batches)
         return self.batcher.count_batches()
 
     def plans(self) -> Iterator[RankPlan]:
@@ -305,6 +299,58 @@ class EpochPlanner:
         if self.layout.num_samples:
             return int(np.argmin(self.lengths))
         return 0
+
+
+def _batcher_of(
+    inputs: PlanInputs, spec: EpochSpec, batching: Batching, order_seed: int, chunks: ChunkWindows | None
+) -> Batcher:
+    """The batcher of one shard set's epoch laid out from ``order_seed`` (its layout: ``batcher.layout``)."""
+    order = shard_order(
+        inputs.num_shards,
+        seed=order_seed,
+        epoch=spec.epoch,
+        shuffle=spec.shuffled and spec.shard_assignment == "rotate",
+    )
+    layout = assign_shards(inputs.shard_sizes, spec.world_size, order=order)
+    # a rank's batch count and work follow what its batches are cut by: with max_tokens and packing its
+    # tokens, so the ranges are cut by tokens; with batch_size its samples (equal counts, no splits)
+    if batching.batch_size is None:
+        layout = balance_by_tokens(layout, inputs.lengths, inputs.shard_tokens)
+    return make_batcher(
+        batching,
+        lengths=inputs.lengths,
+        layout=layout,
+        shuffle=spec.shuffled,
+        seed=order_seed,
+        epoch=spec.epoch,
+        max_length=inputs.max_length,
+        chunks=chunks,
+    )
+
+
+def _packed_key(batching: Batching, batcher: Batcher) -> tuple[str, object, str]:
+    """The memo key of an epoch's packed batch counts (:meth:`PlanInputs.memo`): the same for the same layout."""
+    return ("packed counts", batching.identity(), layout_key(batcher.layout))
+
+
+def _count_probes_at_once(inputs: PlanInputs, spec: EpochSpec, batching: Batching, batcher: Batcher) -> None:
+    """Count the packed batches of a training epoch and of the probe epochs that fix the run's steps
+    (:func:`~shardload.plan.length.epoch_steps`) in one best-fit run, and keep each with the inputs.
+
+    The counts are those each epoch's own count gives (every rank is packed as if alone,
+    :func:`~shardload.plan.packing.pack.count_at_once`); one run pays the steps once instead of once an
+    epoch. Nothing is done when the run's steps are already known (then only this epoch is counted).
+    """
+    if memo_has(inputs, epoch_steps_key(spec, batching, PROBE_EPOCHS)):
+        return
+    probes = [epoch for epoch in range(PROBE_EPOCHS) if epoch != spec.epoch]
+    batchers = [batcher] + [_batcher_of(inputs, spec.at_epoch(e), batching, spec.seed, batcher.chunks) for e in probes]
+    todo = {_packed_key(batching, b): b for b in batchers if not memo_has(inputs, _packed_key(batching, b))}
+    packers = [b for b in todo.values() if isinstance(b, PackBatcher)]
+    if len(packers) < 2:  # this epoch (and probes already counted): counted alone
+        return
+    for key, counts in zip(todo, count_at_once(packers)):
+        inputs.memo(key, counts.copy)  # this epoch first, as counting one epoch at a time
 
 
 def plan_rank(

@@ -22,7 +22,7 @@ from shardload._base.ranges import offsets_from_lengths
 from shardload.errors import PlanError
 from shardload.plan.options import EVAL_STAGES, MAX_COUNT, Batching, ShardAssignment, Stage
 
-__all__ = ["MEMO_ENTRIES", "EpochSpec", "PlanInputs", "check_request", "digest_lengths", "memo_in"]
+__all__ = ["MEMO_ENTRIES", "EpochSpec", "PlanInputs", "check_request", "digest_lengths", "memo_has", "memo_in"]
 
 #: results :meth:`PlanInputs.memo` keeps per inputs (a few epochs' worth of stages, and a run's probe epochs)
 MEMO_ENTRIES = 16
@@ -40,6 +40,11 @@ def memo_in(owner: object, key: Hashable, compute: Callable[[], NDArray[np.int64
         value.setflags(write=False)
         cache[key] = value
     return cache[key]
+
+
+def memo_has(owner: object, key: Hashable) -> bool:
+    """Whether :func:`memo_in` keeps a result under ``key`` in ``owner`` (without using it)."""
+    return key in owner.__dict__.get("_memo", {})
 
 
 @dataclass(frozen=True)

@@ -257,27 +257,59 @@ def _pieces(lengths: np.ndarray, capacity: int) -> np.ndarray:
 
 
 def test_evaluation_counts_are_packed_once_per_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardload.plan.packing import pack
     from shardload.plan.packing.pack import PackBatcher
 
-    calls: list[int] = []
-    real = PackBatcher._count
+    calls: list[int] = []  # epochs whose sizes are counted (in one histogram each, at 4 ranks)
+    runs: list[int] = []  # best-fit runs that count them
+    real_sizes, real_count = PackBatcher._histogram, pack.count_rows
 
-    def counting(self: PackBatcher) -> np.ndarray:
+    def sizes(self: PackBatcher, hist: np.ndarray) -> None:
         calls.append(1)
-        return real(self)
+        real_sizes(self, hist)
 
-    monkeypatch.setattr(PackBatcher, "_count", counting)
+    def count(runs_: SizeRuns, segments: int, capacity: int) -> np.ndarray:
+        runs.append(1)
+        return real_count(runs_, segments, capacity)
+
+    monkeypatch.setattr(PackBatcher, "_histogram", sizes)
+    monkeypatch.setattr(pack, "count_rows", count)
     inputs = PlanInputs(long_tailed(5000, seed=3), np.full(5, 1000))
     batching = Batching(packing=True, pack_length=4096, rows_per_batch=2)
     first = EpochPlanner(inputs, EpochSpec(world_size=4, stage="val", epoch=0), batching)
     again = EpochPlanner(inputs, EpochSpec(world_size=4, stage="val", epoch=7), batching)
     # Invariant: an evaluation layout is the same every epoch: its counts are packed once, and are the same
-    assert len(calls) == 1 and np.array_equal(first.rank_batch_counts, again.rank_batch_counts)
+    assert len(calls) == len(runs) == 1 and np.array_equal(first.rank_batch_counts, again.rank_batch_counts)
     EpochPlanner(inputs, EpochSpec(world_size=4, stage="train", epoch=1), batching)
-    # training layouts are counted afresh: the run's probe epochs (epoch 1 is one of them)
-    assert len(calls) == 1 + PROBE_EPOCHS
+    # training layouts are counted afresh: the run's probe epochs (epoch 1 is one of them), all in one best-fit run
+    assert len(calls) == 1 + PROBE_EPOCHS and len(runs) == 2
     EpochPlanner(inputs, EpochSpec(world_size=4, stage="train", epoch=2), batching)
-    assert len(calls) == 1 + PROBE_EPOCHS  # a probe epoch's counts are kept: planning it counts nothing
+    assert len(calls) == 1 + PROBE_EPOCHS and len(runs) == 2  # a probe epoch's counts are kept: nothing counted
+    EpochPlanner(inputs, EpochSpec(world_size=4, stage="train", epoch=9), batching)
+    assert len(calls) == 2 + PROBE_EPOCHS and len(runs) == 3  # the run's steps are known: this epoch alone
+
+
+@pytest.mark.parametrize(
+    ("kind", "length", "split", "world"),
+    [("lognormal", 4096, False, 5), ("lognormal", 1000, True, 3), ("zeros", 16, True, 7), ("constant", 7, False, 2)],
+)
+def test_epochs_counted_at_once_get_the_counts_of_each_counted_alone(
+    kind: str, length: int, split: bool, world: int
+) -> None:
+    from shardload.plan.packing.pack import PackBatcher, count_at_once
+
+    inputs = PlanInputs(long_tailed(3000, seed=5, kind=kind), partition(3000, 11, seed=2, allow_empty=True))
+    batching = Batching(packing=True, pack_length=length, rows_per_batch=1, pack_split=split)
+    batchers = []
+    for epoch in range(4):
+        planner = EpochPlanner(inputs, EpochSpec(world_size=world, epoch=epoch, seed=epoch), batching, steady=False)
+        assert isinstance(planner.batcher, PackBatcher)
+        batchers.append(planner.batcher)
+    alone = [b.count_batches() for b in batchers]
+    assert len({a.tobytes() for a in alone}) > 1 or kind == "constant"  # the epochs differ: a mix-up would show
+    # Invariant: each rank of each epoch is packed as if alone, in one run over all of them
+    assert [a.tolist() for a in count_at_once(batchers)] == [a.tolist() for a in alone]
+    assert [a.tolist() for a in count_at_once(batchers[::-1])] == [a.tolist() for a in alone[::-1]]
 
 
 def test_sizes_near_the_capacity_get_a_row_each() -> None:
@@ -353,7 +385,7 @@ def test_rows_leave_the_run_once_no_size_of_their_segment_is_left() -> None:
     assert rows.tolist() == [len(_best_fit_decreasing(sizes[seg == k].tolist(), 100)) for k in (0, 1)]
     # Invariant: a segment's rows leave the run with its last size (else every later step of the other segments
     # pays for them), and rows that no size of their segment fits never wake
-    assert len(fit.a_seg) == 0 and not fit.waiting
+    assert len(fit.a_key) == 0 and not fit.waiting
 
 
 def _best_fit_decreasing_rows(sizes: list[int], capacity: int) -> tuple[list[int], list[int]]:

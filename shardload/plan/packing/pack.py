@@ -25,12 +25,14 @@ from shardload.plan.packing.rows import SizeRuns, count_rows, pieces_per_sample
 from shardload.plan.packing.track import TrackedRows, largest_first, pack_segments, track_runs
 from shardload.plan.steps import step_positions
 
-__all__ = ["PackBatcher", "PackedBatches", "RankRows", "refuse_long_samples"]
+__all__ = ["PackBatcher", "PackedBatches", "RankRows", "count_at_once", "refuse_long_samples"]
 
 #: samples whose sizes are gathered at once when counting every rank (bounds the memory of counting)
 COUNT_CHUNK = 1 << 22
 #: histogram bins (ranks * (pack_length + 1)) gathered at once when counting
 COUNT_BINS = 1 << 24
+#: histogram bins of several epochs counted at once (:func:`count_at_once`; 8 bytes a bin)
+JOINT_BINS = 1 << 26
 #: samples whose ranks are packed in one best-fit run when building every rank (``EpochPlanner.plans``):
 #: fewer, larger runs cost less per step (about 100 bytes a sample while packing)
 BUILD_CHUNK = 1 << 24
@@ -117,19 +119,18 @@ class PackBatcher(Batcher):
 
     def _count(self) -> NDArray[np.int64]:
         """Every rank's ``ceil(rows / rows_per_batch)``, from one best-fit run; equal to the built counts."""
-        runs = self.size_runs()
-        self._refuse_many_pieces(runs)
-        rows = count_rows(runs, self.layout.world_size, self.capacity)
-        return -(-rows // self.rows_per_batch)
+        return count_at_once([self])[0]
 
-    def _refuse_many_pieces(self, runs: SizeRuns) -> None:
+    def _cuts(self) -> bool:
+        """Whether ``pack_split`` cuts a sample of the set into pieces."""
+        return bool(self.batching.pack_split) and self.max_length > self.capacity
+
+    def _refuse_many_pieces(self, pieces: NDArray[np.integer] | NDArray[np.floating]) -> None:
         """Refuse a rank to which ``pack_split`` adds more than :data:`MAX_CUT_PIECES` pieces, naming the longest sample.
 
-        One sample of ``10**9`` tokens in rows of 8 would need ~20 GB to build.
+        ``pieces``: ``(W,)`` each rank's pieces. One sample of ``10**9`` tokens in rows of 8 would need ~20 GB
+        to build.
         """
-        if not self.batching.pack_split or self.max_length <= self.capacity:
-            return
-        pieces = np.bincount(runs.seg, weights=runs.count, minlength=self.layout.world_size)
         extra = pieces - self.layout.rank_sizes
         if extra.max() <= MAX_CUT_PIECES:
             return
@@ -167,12 +168,19 @@ class PackBatcher(Batcher):
         ids come from the layout's pieces, so the lengths are read in contiguous
         slices and nothing is gathered or sorted per sample.
         """
+        hist = np.zeros(self.layout.world_size * (self.capacity + 1), dtype=np.int64)
+        self._histogram(hist, chunk)
+        runs = np.flatnonzero(hist)
+        width = self.capacity + 1
+        return SizeRuns(runs // width, self.capacity - runs % width, hist[runs])
+
+    def _histogram(self, hist: NDArray[np.int64], chunk: int = COUNT_CHUNK) -> None:
+        """Add every rank's pieces to ``hist`` (``(W * (capacity + 1),)``): :meth:`_size_runs_by_id`'s bins."""
         cap, world = self.capacity, self.layout.world_size
         width = cap + 1
         starts, sizes, ranks = self.layout.pieces()  # sorted by id, tiling [0, N)
         ends = starts + sizes
         base = ranks * width + cap  # (P,) the bin of an empty last piece of each piece's rank
-        hist = np.zeros(world * width, dtype=np.int64)
         full_pieces = np.zeros(world, dtype=np.int64)
         cut = self.batching.pack_split and self.max_length > cap
         total = self.layout.num_samples
@@ -194,8 +202,6 @@ class PackBatcher(Batcher):
                     full_pieces += np.bincount(key[long] // width, weights=full, minlength=world).astype(np.int64)
             hist += np.bincount(key, minlength=len(hist))
         hist[::width] += full_pieces  # full pieces: size capacity, each rank's first bin
-        runs = np.flatnonzero(hist)
-        return SizeRuns(runs // width, cap - runs % width, hist[runs])
 
     def pack_ranks(self, ranks: range) -> list[RankRows]:
         """The rows of several ranks, packed in one run (each exactly as :meth:`build_packed` packs it alone)."""
@@ -369,6 +375,51 @@ class PackBatcher(Batcher):
         e_row[moved] = rows + np.arange(int(moved.sum()))
         rows += int(moved.sum())  # <= target: one row per batch, filler batches for the rest
         return np.arange(rows, dtype=np.int64), e_row, rows
+
+
+def count_at_once(batchers: list[PackBatcher]) -> list[NDArray[np.int64]]:
+    """Each batcher's :meth:`~PackBatcher.count_batches`, from one best-fit run over the ranks of all.
+
+    The batchers pack into rows of the same capacity (several epochs of one request); each rank of
+    each is a segment of its own, packed as if alone, so the counts are those of counting each
+    batcher alone, and the run's steps (one per distinct size) are paid once.
+    """
+    if not batchers:
+        return []
+    capacity = batchers[0].capacity
+    assert all(b.capacity == capacity for b in batchers)
+    width = capacity + 1
+    bounds = np.cumsum([0, *(b.layout.world_size for b in batchers)])
+    segments = int(bounds[-1])
+    if all(b.layout.world_size * width <= COUNT_BINS for b in batchers) and segments * width <= JOINT_BINS:
+        # one histogram of the ranks of all (each batcher's a slice): no runs of each to concatenate
+        hist = np.zeros(segments * width, dtype=np.int64)
+        for batcher, lo, hi in zip(batchers, bounds[:-1], bounds[1:]):
+            mine = hist[lo * width : hi * width]
+            batcher._histogram(mine)
+            if batcher._cuts():
+                batcher._refuse_many_pieces(mine.reshape(-1, width).sum(axis=1))
+        at = np.flatnonzero(hist)
+        count = hist[at]
+        del hist  # (in place below: the histogram and the runs' temporaries are not kept together)
+        seg = at // width
+        size = seg * width
+        np.subtract(at, size, out=size)
+        del at
+        np.subtract(capacity, size, out=size)
+        runs = SizeRuns(seg, size, count)
+    else:
+        parts = []
+        for batcher, lo in zip(batchers, bounds[:-1].tolist()):
+            part = batcher.size_runs()
+            if batcher._cuts():
+                batcher._refuse_many_pieces(
+                    np.bincount(part.seg, weights=part.count, minlength=batcher.layout.world_size)
+                )
+            parts.append(SizeRuns(part.seg + lo, part.size, part.count) if lo else part)
+        runs = SizeRuns.concat(parts) if len(parts) > 1 else parts[0]
+    rows = count_rows(runs, segments, capacity)
+    return [-(-rows[lo:hi] // b.rows_per_batch) for b, lo, hi in zip(batchers, bounds[:-1], bounds[1:])]
 
 
 def refuse_long_samples(lengths: NDArray[np.integer], max_length: int, batching: Batching) -> None:

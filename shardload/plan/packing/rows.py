@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload._base.ranges import range_positions
+from shardload._base.ranges import offsets_from_lengths, range_positions
 
-__all__ = ["BestFit", "SizeRuns", "count_rows", "pieces_per_sample"]
+__all__ = ["BestFit", "SizeRuns", "Waiting", "count_rows", "pieces_per_sample"]
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _TRUE = np.ones(1, dtype=bool)
@@ -32,20 +32,40 @@ def _run_starts(*keys: NDArray[np.int64]) -> NDArray[np.int64]:
     return np.flatnonzero(np.concatenate([_TRUE, change]))
 
 
-def file_by_step(
-    waiting: dict[int, list[NDArray[np.int64]]], when: NDArray[np.int64], *arrays: NDArray[np.int64]
-) -> None:
-    """File the entries of ``arrays`` (each ``(n,)``) in ``waiting`` under the step ``when`` (``(n,)``) that wakes them.
+class Waiting:
+    """Entries filed by the step that wakes them, in blocks: ``pop(step)`` the blocks of ``step``.
 
-    One ``(len(arrays), k)`` block per step (row ``i``: ``arrays[i]``), entries in their given order within it.
+    Entries are woken at multiples of :data:`WAKE_EVERY` (:meth:`BestFit._next_use`; the step right
+    after the filing one is not filed), so what is filed in between is sorted by step once, when the
+    next such step comes: one sort and one pass over the steps per :data:`WAKE_EVERY` steps.
     """
-    if not len(when):
-        return
-    order = np.argsort(when, kind="stable")
-    when, block = when[order], np.stack(arrays)[:, order]
-    starts = _run_starts(when)
-    for step, part in zip(when[starts].tolist(), np.split(block, starts[1:], axis=1)):
-        waiting.setdefault(step, []).append(part)
+
+    def __init__(self) -> None:
+        self.by_step: dict[int, list[NDArray[np.int64]]] = {}
+        self.unsorted: list[NDArray[np.int64]] = []  # (1 + arrays, n) blocks: when, then the arrays
+
+    def __bool__(self) -> bool:
+        return bool(self.by_step or self.unsorted)
+
+    def file(self, when: NDArray[np.int64], *arrays: NDArray[np.int64]) -> None:
+        """File the entries of ``arrays`` (each ``(n,)``) under the step ``when`` (``(n,)``, multiples of
+        :data:`WAKE_EVERY`) that wakes them."""
+        if len(when):
+            self.unsorted.append(np.stack([when, *arrays]))
+
+    def pop(self, step: int) -> list[NDArray[np.int64]] | None:
+        """The ``(arrays, k)`` blocks filed under ``step`` (``None``: none), entries in their filing order."""
+        if self.unsorted and step % WAKE_EVERY == 0:
+            block = self.unsorted[0] if len(self.unsorted) == 1 else np.concatenate(self.unsorted, axis=1)
+            self.unsorted = []
+            when = block[0]
+            # steps are below 2**16 unless a row holds more sizes: numpy's radix sort of 16-bit keys
+            order = np.argsort(when.astype(np.uint16) if when.max() < 1 << 16 else when, kind="stable")
+            when, block = when[order], block[1:, order]
+            starts = _run_starts(when)
+            for at, part in zip(when[starts].tolist(), np.split(block, starts[1:], axis=1)):
+                self.by_step.setdefault(at, []).append(part)
+        return self.by_step.pop(step, None)
 
 
 #: bins of a dense histogram built with one bincount (beyond: a sort of the items)
@@ -197,19 +217,23 @@ class BestFit:
 
     def __init__(self, runs: SizeRuns, segments: int, capacity: int) -> None:
         self.segments, self.capacity, self.width = segments, capacity, capacity + 1
-        positive = runs.size > 0
+        empty = np.flatnonzero(runs.size == 0)
         self.only_empty = np.zeros(segments, dtype=bool)
-        self.only_empty[runs.seg[~positive]] = True
-        self.r_seg, self.r_size, self.r_count = runs.seg[positive], runs.size[positive], runs.count[positive]
-        self.seg_first = np.searchsorted(self.r_seg, np.arange(segments))  # (K,) each segment's first run
+        self.only_empty[runs.seg[empty]] = True
+        self.r_seg, self.r_size, self.r_count = runs.seg, runs.size, runs.count
+        if len(empty):  # (a copy of every run only when some are of empty items)
+            positive = runs.size > 0
+            self.r_seg, self.r_size, self.r_count = runs.seg[positive], runs.size[positive], runs.count[positive]
         seg_runs = np.bincount(self.r_seg, minlength=segments)  # (K,)
+        self.seg_first = np.cumsum(seg_runs) - seg_runs  # (K,) each segment's first run
         # step 0 opens a row for every item larger than half a row (no row ever has room for one: BFD opens
         # them one by one, largest first); each later step places one run of every segment. A segment's run
         # `i` is placed at step max(i - lead, 0), `lead` (K,): its runs of such items, less one
         big = np.bincount(self.r_seg[self.r_size * 2 > capacity], minlength=segments)
         self.lead = big - 1
         #: (runs,) step at which each run is placed
-        self.r_step = np.maximum(np.arange(len(self.r_seg)) - self.seg_first[self.r_seg] - self.lead[self.r_seg], 0)
+        self.r_step = np.arange(len(self.r_seg)) - np.repeat(self.seg_first + self.lead, seg_runs)
+        np.maximum(self.r_step, 0, out=self.r_step)
         self.seg_steps = seg_runs - self.lead  # (K,) a segment's steps are 0 .. seg_steps - 1
         # (K * buckets,) runs of each segment whose size is in a higher bucket of 2**shift gaps than each
         # bucket: the first step that can fit a gap, or an earlier one (see _next_use)
@@ -217,21 +241,34 @@ class BestFit:
         while segments * ((capacity >> self.shift) + 1) > limit and capacity >> self.shift:
             self.shift += 1
         self.buckets = (capacity >> self.shift) + 1
-        key = self.r_seg * self.buckets + (self.buckets - 1 - (self.r_size >> self.shift))
-        above = np.cumsum(np.bincount(key + 1, minlength=segments * self.buckets + 1))[:-1]
-        self.runs_above = above - np.repeat(self.seg_first, self.buckets)
+        key = self.r_seg * self.buckets  # (runs,) in place below: no run-sized temporaries
+        key += self.buckets - 1
+        key -= self.r_size >> self.shift
+        per_bucket = np.bincount(key, minlength=segments * self.buckets)
+        del key
+        above = np.zeros(len(per_bucket), dtype=np.int64)
+        np.cumsum(per_bucket[:-1], out=above[1:])
+        del per_bucket
+        above -= np.repeat(self.seg_first, self.buckets)
+        # half the memory of the lookups of _next_use (random reads) when it fits
+        self.runs_above = above.astype(np.int32) if len(self.r_seg) < 1 << 31 else above
+        del above
         self.rows = np.zeros(segments, dtype=np.int64)  # (K,) rows opened
-        self.a_seg, self.a_gap, self.a_cnt = _EMPTY, _EMPTY, _EMPTY
         self.a_key = _EMPTY  # (groups,) segment * width + gap of each active group, increasing
-        self.waiting: dict[int, list[NDArray[np.int64]]] = {}
+        self.a_cnt = _EMPTY  # (groups,) rows of each (0: the group leaves at the next merge)
+        self.waiting = Waiting()  # (2, k) blocks: key, cnt
         self.size_of = np.zeros(segments, dtype=np.int64)  # (K,) the size being placed, 0 if none; scratch
         self.need = np.zeros(segments, dtype=np.int64)  # (K,) items of that size; scratch
         self.by_step = _EMPTY  # (runs,) the runs in the order the steps place them (set by run)
 
     def run(self) -> NDArray[np.int64]:
         """Place every run; ``(K,)`` rows per segment (a segment of only empty items: one)."""
-        self.by_step = by_step = np.argsort(self.r_step, kind="stable")  # step by step, segments in order
-        bounds = np.searchsorted(self.r_step[by_step], np.arange(int(self.seg_steps.max(initial=0)) + 1)).tolist()
+        # step by step, segments in order (steps are below 2**16 unless a row holds more sizes: numpy's radix sort)
+        step_key = self.r_step.astype(np.uint16) if self.width <= 1 << 16 else self.r_step
+        self.by_step = by_step = np.argsort(step_key, kind="stable")
+        steps = int(self.seg_steps.max(initial=0))
+        bounds = offsets_from_lengths(np.bincount(self.r_step, minlength=steps)[:steps]).tolist()
+        self.r_step = _EMPTY  # (not needed past here: a run's worth of memory)
         self._open(by_step[bounds[0] : bounds[1]] if len(bounds) > 1 else _EMPTY)
         for step, (lo, hi) in enumerate(itertools.pairwise(bounds[1:]), start=1):
             self._wake(step)
@@ -247,48 +284,46 @@ class BestFit:
 
     def _wake(self, step: int) -> None:
         """Make the groups waiting for this step active."""
-        if step in self.waiting:
-            parts = self.waiting.pop(step)
-            seg, gap, cnt = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
-            self._merge(seg, gap, cnt)
+        parts = self.waiting.pop(step)
+        if parts is not None:
+            key, cnt = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+            self._merge(key, cnt)
 
-    def _merge(self, seg: NDArray[np.int64], gap: NDArray[np.int64], cnt: NDArray[np.int64]) -> None:
-        """Add groups to the active ones (kept sorted by ``(segment, gap)``, one group per key; empty ones ignored).
+    def _merge(self, key: NDArray[np.int64], cnt: NDArray[np.int64]) -> None:
+        """Add groups (``key``: segment * width + gap, any order) to the active ones, and drop the active groups
+        left without rows; the active ones stay sorted by key, one group per key.
 
-        The new groups are few: inserting them is cheaper than re-sorting the active ones.
+        The new groups are few: inserting them (one pass over the active ones) is cheaper than re-sorting.
         """
-        keep = cnt > 0
-        seg, gap, cnt = seg[keep], gap[keep], cnt[keep]
-        if not len(seg):
-            return
-        key = seg * self.width + gap
-        if len(seg) > 1:
+        if len(key) > 1:
             order = np.argsort(key, kind="stable")
-            seg, gap, cnt, key = seg[order], gap[order], cnt[order], key[order]
+            key, cnt = key[order], cnt[order]
             starts = _run_starts(key)
-            if len(starts) < len(seg):  # sums of equal groups (a cumsum: faster than reduceat)
+            if len(starts) < len(key):  # sums of equal groups (a cumsum: faster than reduceat)
                 total = np.cumsum(cnt)[np.append(starts[1:], len(cnt)) - 1]
-                seg, gap, key, cnt = seg[starts], gap[starts], key[starts], np.diff(total, prepend=0)
+                key, cnt = key[starts], np.diff(total, prepend=0)
         at = np.searchsorted(self.a_key, key)
         hit = at < len(self.a_key)
         hit[hit] = self.a_key[at[hit]] == key[hit]
         if hit.any():
             self.a_cnt[at[hit]] += cnt[hit]
         new = ~hit
-        if new.any():  # np.insert of each array, the places computed once (`at` is non-decreasing)
-            at = at[new]
-            size = len(self.a_key) + len(at)
-            place = at + np.arange(len(at))  # where the new groups land
-            old = np.ones(size, dtype=bool)
-            old[place] = False
-            olds = np.flatnonzero(old)
-            merged = []
-            for mine, add in ((self.a_key, key), (self.a_seg, seg), (self.a_gap, gap), (self.a_cnt, cnt)):
-                out = np.empty(size, dtype=np.int64)
-                out[place] = add[new]
-                out[olds] = mine
-                merged.append(out)
-            self.a_key, self.a_seg, self.a_gap, self.a_cnt = merged
+        key, cnt, at = key[new], cnt[new], at[new]
+        gone = self.a_cnt == 0
+        if not len(key) and not gone.any():
+            return
+        # np.insert and np.delete in one: the kept groups and the new ones land in key order (`at` non-decreasing)
+        kept = np.flatnonzero(~gone)
+        if len(key) and len(kept) < len(gone):  # `at` among the kept groups: less the gone ones before it
+            at -= np.concatenate([[0], np.cumsum(gone)])[at]
+        size = len(kept) + len(key)
+        place = at + np.arange(len(key))  # where the new groups land
+        old = np.ones(size, dtype=bool)
+        old[place] = False
+        a_key, a_cnt = np.empty(size, dtype=np.int64), np.empty(size, dtype=np.int64)
+        a_key[place], a_cnt[place] = key, cnt
+        a_key[old], a_cnt[old] = self.a_key[kept], self.a_cnt[kept]
+        self.a_key, self.a_cnt = a_key, a_cnt
 
     def _segment_groups(self, keys: NDArray[np.int64], segs: NDArray[np.int64], scale: int = 1) -> NDArray[np.int64]:
         """Indices of the entries of sorted ``keys`` (``(segment * width + gap) * scale + ...``) of segments ``segs``."""
@@ -311,15 +346,16 @@ class BestFit:
 
     def _file(
         self, step: int, seg: NDArray[np.int64], gap: NDArray[np.int64], cnt: NDArray[np.int64]
-    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-        """File groups of rows by the step that wakes them, drop those no later size fits; return the next step's."""
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """File groups of rows by the step that wakes them, drop those no later size fits; return the next
+        step's ``(key, cnt)``."""
         when = self._next_use(step, seg, gap)
         keep = (cnt > 0) & (when < self.seg_steps[seg])
-        seg, gap, cnt, when = seg[keep], gap[keep], cnt[keep], when[keep]
+        key, cnt, when = seg[keep] * self.width + gap[keep], cnt[keep], when[keep]
         now = when == step + 1
         later = ~now
-        file_by_step(self.waiting, when[later], seg[later], gap[later], cnt[later])
-        return seg[now], gap[now], cnt[now]
+        self.waiting.file(when[later], key[later], cnt[later])
+        return key[now], cnt[now]
 
     def _step(self, step: int, runs: NDArray[np.int64]) -> None:
         """Place the runs ``runs`` (one per segment, segments increasing): each segment's next size."""
@@ -330,7 +366,9 @@ class BestFit:
         touched = range_positions(
             first_fit, np.minimum(n, np.searchsorted(self.a_key, (segs + 1) * self.width) - first_fit)
         )
-        e_seg, e_gap, e_cnt = self.a_seg[touched], self.a_gap[touched], self.a_cnt[touched]
+        e_key, e_cnt = self.a_key[touched], self.a_cnt[touched]
+        e_seg = e_key // self.width
+        e_gap = e_key - e_seg * self.width
         s = self.size_of[e_seg]  # (g,) the size each group's segment places
         per_row = e_gap // s  # 0 for a gap below it
         slots = e_cnt * per_row
@@ -354,17 +392,7 @@ class BestFit:
         left_rows = e_cnt - full - (part > 0)
         self.a_cnt[touched] = left_rows
         done = segs[step + 1 >= self.seg_steps[segs]]
-        drop = np.concatenate([touched[left_rows == 0], self._segment_groups(self.a_key, done)])
-        if len(drop):
-            keep = np.ones(len(self.a_key), dtype=bool)
-            keep[drop] = False
-            kept = np.flatnonzero(keep)
-            self.a_key, self.a_seg, self.a_gap, self.a_cnt = (
-                self.a_key[kept],
-                self.a_seg[kept],
-                self.a_gap[kept],
-                self.a_cnt[kept],
-            )
+        self.a_cnt[self._segment_groups(self.a_key, done)] = 0  # dropped by the merge below
         some, fresh, moved = part > 0, new_part > 0, full > 0  # most touched groups take nothing: not filed
         now = self._file(  # rows that took items, new rows: active again when a size of their segment fits
             step,

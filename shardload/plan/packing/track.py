@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from shardload._base.ranges import range_positions
+from shardload._base.ranges import offsets_from_lengths, range_positions
 from shardload.errors import PlanError
-from shardload.plan.packing.rows import _EMPTY, BestFit, Placement, SizeRuns, _run_starts, file_by_step
+from shardload.plan.packing.rows import _EMPTY, BestFit, Placement, SizeRuns, Waiting, _run_starts
 
 __all__ = ["TrackedBestFit", "TrackedRows", "largest_first", "pack_rows", "pack_segments", "track_runs"]
 
@@ -44,14 +44,15 @@ class TrackedBestFit(BestFit):
             )
         self.active_keys = _EMPTY
         self.pending_keys: list[NDArray[np.int64]] = []
-        self.waiting_rows: dict[int, list[NDArray[np.int64]]] = {}
+        self.waiting_rows = Waiting()  # (1, k) blocks: row keys
         self.placed: list[tuple[NDArray[np.integer], NDArray[np.integer]]] = []
         #: the dtype of placements kept (row ids and item counts are below ``row_bound``): int32 when it fits
         self.pair_dtype = np.int32 if self.row_bound < 1 << 31 else np.int64
 
     def _wake(self, step: int) -> None:
-        if step in self.waiting_rows:
-            self.pending_keys.extend(part[0] for part in self.waiting_rows.pop(step))
+        parts = self.waiting_rows.pop(step)
+        if parts is not None:
+            self.pending_keys.extend(part[0] for part in parts)
         super()._wake(step)
 
     def _follow(self, placed: Placement) -> None:
@@ -101,7 +102,7 @@ class TrackedBestFit(BestFit):
         changed, when = self._row_keys(seg[keep], gap[keep], ids[keep]), when[keep]
         now = when == step + 1
         self.pending_keys.append(changed[now])
-        file_by_step(self.waiting_rows, when[~now], changed[~now])
+        self.waiting_rows.file(when[~now], changed[~now])
 
     def _row_keys(self, seg: NDArray[np.int64], gap: NDArray[np.int64], row: NDArray[np.int64]) -> NDArray[np.int64]:
         """``(n,)`` keys ordering rows by segment, gap, then row number (``key % row_bound`` is the row)."""
@@ -182,20 +183,23 @@ def track_runs(runs: SizeRuns, segments: int, capacity: int) -> TrackedRows:
     empty_only = np.flatnonzero(rows > np.bincount(fit.row_seg[: fit.num_rows], minlength=segments))
     row_seg = np.concatenate([fit.row_seg[opened], empty_only])
     used = np.concatenate([capacity - fit.row_gap[opened], np.zeros(len(empty_only), dtype=np.int64)])
-    by_seg = _stable_order(row_seg, segments) if len(empty_only) else np.arange(len(row_seg))
-    row_seg, used = row_seg[by_seg], used[by_seg]
     number = np.empty(fit.num_rows, dtype=np.int64)  # new number of each opened row
-    number[opened] = np.flatnonzero(by_seg < fit.num_rows)
+    if len(empty_only):
+        by_seg = _stable_order(row_seg, segments)
+        row_seg, used = row_seg[by_seg], used[by_seg]
+        number[opened] = np.flatnonzero(by_seg < fit.num_rows)
+    else:
+        number[opened] = np.arange(fit.num_rows)
     # (row, items) the steps placed, segment by segment: a segment's steps in order place its runs in order
     ids = np.concatenate([ids for ids, _ in fit.placed]) if fit.placed else _EMPTY
     counts = np.concatenate([counts for _, counts in fit.placed]) if fit.placed else _EMPTY
     fit.placed = []
     pair_seg = fit.row_seg[ids]
     pairs = _stable_order(pair_seg, segments)
-    pair_bounds = np.searchsorted(pair_seg[pairs], np.arange(segments + 1))
+    pair_bounds = offsets_from_lengths(np.bincount(pair_seg, minlength=segments))
     del pair_seg
     ids = number[ids[pairs]].astype(fit.pair_dtype)
-    row_bounds = np.searchsorted(row_seg, np.arange(segments + 1))
+    row_bounds = offsets_from_lengths(np.bincount(row_seg, minlength=segments))
     return TrackedRows(used, row_seg, row_bounds, ids, counts[pairs], pair_bounds)
 
 
