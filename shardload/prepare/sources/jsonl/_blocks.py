@@ -29,10 +29,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pa_json
 
+import shardload.prepare.sources.jsonl._simd as simd
 from shardload.formats.arrow.arrays import numpy_of
 from shardload.formats.base import Columns, FieldData
 from shardload.prepare.sources.base import SampleBatch, SourceOptions
-from shardload.prepare.sources.jsonl import _simd as simd
 from shardload.prepare.sources.jsonl._lines import gzipped, read_lines
 from shardload.prepare.sources.jsonl._values import DEFAULT_DTYPES
 from shardload.schema.cast import CastError, cast_exact
