@@ -157,7 +157,7 @@ class ShardDataModule(pl.LightningDataModule):
         if not self.loader_options.stats or not isinstance(callbacks, list):
             return
         o = self.loader_options
-        settings = f"num_workers={o.workers}, prefetch_factor={o.prefetch_factor or 2 if o.workers else None}"
+        settings = f"num_workers={o.workers}" + (f", prefetch_factor={o.prefetch_factor or 2}" if o.workers else "")
         # one per trainer: a second setup (another fit) replaces the callback of the first
         callbacks[:] = [c for c in callbacks if not isinstance(c, LoaderStatsLogger)]
         callbacks.append(LoaderStatsLogger(lambda: self._train_loader, settings))
