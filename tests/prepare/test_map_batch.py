@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 import shardload
 from shardload.errors import InputError, OutputError
 from shardload.prepare.batched import BatchedSamples
 
-from .test_map_tokenizer import corpus, run_cli
+from .conftest import corpus
+from .test_map_tokenizer import run_cli
 
 #: the map's module: per-sample and batched functions that make the same samples
 MODULE = """
@@ -56,16 +56,6 @@ def pieces_batch(batch):
         out.append([{{"input_ids": ids[i : i + 8]}} for i in range(0, len(ids), 8)] or None)
     return out
 """
-
-
-@pytest.fixture(scope="module")
-def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(corpus(200, 0), trainer=trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]"]))
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    tok.save(str(path))
-    return path
 
 
 @pytest.fixture

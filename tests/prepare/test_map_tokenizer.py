@@ -15,10 +15,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 import shardload
 from tests.distributed.watchdog import python, run_with_watchdog
+
+from .conftest import corpus
 
 MAX_TOKENS = 16
 
@@ -46,45 +48,6 @@ def encode(sample):
     ids = np.asarray(tokenizer().encode(text).ids, dtype=np.int32)
     return [{{"input_ids": ids[i : i + MAX_TOKENS]}} for i in range(0, len(ids), MAX_TOKENS)]
 """
-
-WORDS = [
-    "the",
-    "a",
-    "shard",
-    "loader",
-    "packs",
-    "tokens",
-    "into",
-    "batches",
-    "of",
-    "variable",
-    "length",
-    "across",
-    "many",
-    "ranks",
-    "while",
-    "the",
-    "rest",
-    "wait",
-]
-
-
-def corpus(n: int, seed: int) -> list[str]:
-    """``n`` texts of 0 to 40 words (a few empty or blank)."""
-    rng = np.random.default_rng(seed)
-    texts = [" ".join(rng.choice(WORDS, size=int(rng.integers(0, 41)))) for _ in range(n)]
-    texts[3] = "   "
-    return texts
-
-
-@pytest.fixture(scope="module")
-def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(corpus(200, 0), trainer=trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]"]))
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    tok.save(str(path))
-    return path
 
 
 @pytest.fixture
