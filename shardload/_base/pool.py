@@ -150,8 +150,12 @@ def worker_died(procs: Sequence[BaseProcess], out: Path | None, what: str) -> Ou
         p.join(1.0)
     # a pool worker never exits on its own while the pool runs: status 0 is a death too (os._exit(0))
     codes = [(p.pid, p.exitcode) for p in procs if p.exitcode is not None]
-    # Once one died, the pool SIGTERMs the others: a code that is not that is the first death.
-    first = [pc for pc in codes if pc[1] != -signal.SIGTERM] or codes
+    # Once one died, the pool SIGTERMs the others: a code that is not that is the first death. A SIGTERM
+    # names its worker only when it is the pool's one worker: the status of a worker reaped by the pool's
+    # own thread is not known here, so one SIGTERM seen may be one the pool sent.
+    deaths = [pc for pc in codes if pc[1] != -signal.SIGTERM]
+    first = deaths or codes
+    known = bool(deaths) or len(procs) == 1
     if first:
         pid, code = first[0]
         assert code is not None
@@ -163,7 +167,7 @@ def worker_died(procs: Sequence[BaseProcess], out: Path | None, what: str) -> Ou
         # with several alike, which one died first cannot be told
         who = (
             f"a worker process of prepare (pid {pid}) {how}"
-            if len(first) == 1
+            if len(first) == 1 and known
             else f"a worker process of prepare {how}"
         )
     else:

@@ -371,3 +371,35 @@ def test_gathering_a_shard_needs_memory_close_to_the_shard(tmp_path: Path, dtype
     # Invariant: the shard, its offsets and bounded temporaries; not an int64 position per element
     # (that was 8-18x the shard for uint8)
     assert peak < 1.25 * shard + 16 * len(positions) * 8 + (16 << 20), (peak / shard, dtype)
+
+
+class _Reaped:
+    """A worker as the error sees it: its pid and its exit status, None where another thread reaped it."""
+
+    def __init__(self, pid: int, exitcode: int | None) -> None:
+        self.pid, self.exitcode = pid, exitcode
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("codes", "named"),
+    [
+        ([-signal.SIGTERM, None], None),  # the one SIGTERM seen may be the pool's own: no pid
+        ([None, -signal.SIGTERM], None),
+        ([-signal.SIGTERM, -signal.SIGTERM], None),
+        ([-signal.SIGKILL, -signal.SIGTERM], 100),  # not the pool's signal: the first death
+        ([None, -signal.SIGKILL], 101),
+        ([-signal.SIGTERM], 100),  # the pool's one worker
+    ],
+)
+def test_the_error_names_a_pid_only_where_it_is_the_first_death(codes: list[int | None], named: int | None) -> None:
+    from shardload._base.pool import worker_died
+
+    procs = [_Reaped(100 + k, code) for k, code in enumerate(codes)]
+    message = str(worker_died(procs, Path("out"), "writing shards"))  # type: ignore[arg-type]
+    assert "was killed by SIG" in message, message
+    assert ("(pid " in message) == (named is not None), message
+    if named is not None:
+        assert f"(pid {named})" in message, message
