@@ -369,21 +369,6 @@ def loaders_args(dataset: str, workers: int) -> Callable[[Path], list[str]]:
     ]
 
 
-def check_baseline_tree(out: str, tmp: Path) -> None:
-    report = json.loads((tmp / "loaders.json").read_text())
-    ran = {r["contestant"]: r for r in report["results"]}
-    assert set(ran) == {"memmap", "shardload", "shardload-baseline"}, ran
-    assert all(r["exactly_once"] for r in ran.values()), ran
-    assert report["baseline_tree"] == str(REPO)
-    (mine,) = [q for q in report["ratios"] if q["contestant"] == "shardload"]
-    positive(mine["vs_baseline_tree"], mine["vs_baseline_tree_cpu"])
-    assert mine["vs_litdata"] is None  # litdata did not run: no figure rather than a made-up one
-    header = next(line for line in out.splitlines() if line.startswith("| dataset | workers | shardload row |"))
-    assert header.split(" | ")[5:8] == ["vs litdata", "vs best other library", "vs baseline tree"], header
-    (printed,) = [r for r in table(out, "| dataset | workers | shardload row |") if r[2] == "shardload"]
-    assert printed[5] == "-" and number(printed[7]) > 0, printed
-
-
 CASES = {
     "bench_elastic": Case(
         "bench_elastic.py", lambda t: ["--samples", "20000", "--from", "4", "--to", "3", "--packing"], check_elastic
@@ -415,15 +400,6 @@ CASES = {
     ),
     "bench_integrity": Case("bench_integrity.py", lambda t: ["--scale", "0.05"], check_integrity),
     "bench_loaders-tokens": Case("bench_loaders.py", loaders_args("tokens", 0), check_loaders(0), hide=("litdata",)),
-    "bench_loaders-baseline-tree": Case(
-        "bench_loaders.py",
-        lambda t: [
-            *("--scale", "0.001", "--datasets", "tokens", "--workers", "0", "--workdir", str(t / "work")),
-            *("--only", "memmap,shardload", "--baseline-tree", str(REPO), "--repeat", "2"),
-            *("--json", str(t / "loaders.json"), "--png", str(t / "loaders.png")),
-        ],
-        check_baseline_tree,
-    ),
     "bench_loaders-features": Case(
         "bench_loaders.py", loaders_args("features", 2), check_loaders(2), hide=("litdata",)
     ),
@@ -577,38 +553,3 @@ def test_the_plan_digest_is_the_same_on_every_run_and_moves_with_a_plan(monkeypa
     )
     # Invariant: a plan that changes changes the digest
     assert plan_digest.main(["--cases", "30", "--large", "0"]).hash.hexdigest() != first.hash.hexdigest()
-
-
-def test_the_loaders_bench_gives_the_ratio_to_litdata_even_when_another_library_is_faster() -> None:
-    sys.path.insert(0, str(TOOLS))
-    try:
-        import bench_loaders
-    finally:
-        sys.path.remove(str(TOOLS))
-    spec = bench_loaders.SPECS["tokens"]
-
-    def row(name: str, speed: float, cpu: float) -> dict[str, Any]:
-        return {
-            "dataset": "tokens",
-            "num_workers": 0,
-            "contestant": name,
-            "exactly_once": True,
-            "samples_per_s": speed,
-            "median_cpu_s": cpu,
-            "padding": 0.8,
-        }
-
-    results = [
-        row("memmap", 400.0, 1.0),
-        row("shardload", 300.0, 1.5),
-        row("shardload-baseline", 200.0, 2.0),
-        row("litdata", 100.0, 3.0),
-        row("hf", 150.0, 2.5),
-    ]
-    ratios = {q["contestant"]: q for q in bench_loaders.compute_ratios(results, [spec], [0])}
-    mine = ratios["shardload"]
-    assert (mine["best_library"], mine["vs_best_library"]) == ("hf", 2.0)
-    assert (mine["vs_litdata"], mine["vs_baseline_tree"], mine["vs_baseline_tree_cpu"]) == (3.0, 1.5, 2.0 / 1.5)
-    assert (
-        ratios["shardload-baseline"]["vs_litdata"] == 2.0 and ratios["shardload-baseline"]["vs_baseline_tree"] is None
-    )

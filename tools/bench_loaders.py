@@ -34,12 +34,6 @@ value); a contestant that fails the check is reported as such, not ranked.
     python tools/bench_loaders.py --scale 0.02          # smoke run, about two minutes
     python tools/bench_loaders.py --repeat 3            # each row the median of 3 epochs, run round robin
     python tools/bench_loaders.py                       # the full size (see docs/benchmarks.md)
-    python tools/bench_loaders.py --baseline-tree /tmp/base   # also shardload from another checkout, interleaved
-
-With ``--baseline-tree DIR``, a ``shardload-baseline`` row reads the same set with the library (and this
-bench's reader) of the checkout at ``DIR``, in the same round robin: before/after figures of a change from
-one run, under the same load. The ratio table gives shardload against litdata in a column of its own
-(the 2x target of docs/benchmarks.md is against it) and against the baseline tree.
 
 Needs the competitors: ``pip install -e ".[bench]"``. A competitor that cannot
 be imported is reported as "unavailable: <reason>".
@@ -74,12 +68,7 @@ LIBRARIES = ("litdata", "streaming", "webdataset", "hf")  # "the best other libr
 ZARR_ROWS = ("shardload-zarr", "shardload-zarr-shuffled")
 CONTESTANTS = ("memmap", "npy", "shardload", "shardload-bucketed", *ZARR_ROWS, *LIBRARIES)
 # Contestants that read what another one wrote.
-WRITTEN_BY = {
-    "shardload-bucketed": "shardload",
-    "shardload-zarr-shuffled": "shardload-zarr",
-    "shardload-baseline": "shardload",
-}
-BASELINE = "shardload-baseline"  # the shardload row, run from the checkout given with --baseline-tree
+WRITTEN_BY = {"shardload-bucketed": "shardload", "shardload-zarr-shuffled": "shardload-zarr"}
 
 
 @dataclass(frozen=True)
@@ -531,15 +520,11 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_child(job: dict[str, Any], timeout: float, tree: Path | None = None) -> tuple[dict[str, Any] | None, int, str]:
-    """Run ``job`` in a fresh interpreter; return (figures or None, peak RSS of its process tree, error).
-
-    ``tree``: run this bench script (and so the library) of the checkout at ``tree`` instead of this one's.
-    """
+def run_child(job: dict[str, Any], timeout: float) -> tuple[dict[str, Any] | None, int, str]:
+    """Run ``job`` in a fresh interpreter; return (figures or None, peak RSS of its process tree, error)."""
     import psutil
 
-    script = Path(__file__).resolve() if tree is None else tree / "tools" / "bench_loaders.py"
-    cmd = [sys.executable, str(script), "--child", json.dumps(job)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(job)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     measuring = threading.Event()
@@ -673,12 +658,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed for one write or one epoch")
     p.add_argument("--json", default=str(ROOT / "docs" / "bench_loaders.json"), help="raw figures (JSON)")
     p.add_argument("--png", default=str(ROOT / "docs" / "img" / "bench_loaders.png"), help="bar chart")
-    p.add_argument(
-        "--baseline-tree",
-        default=None,
-        help="another shardload checkout (e.g. a git worktree of main): adds a shardload-baseline row read "
-        "with its library, interleaved with the others, and a ratio against it",
-    )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
@@ -693,12 +672,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # a misspelt name would otherwise drop its row without a word
         p.error(f"--only: unknown contestant(s) {', '.join(unknown)}; choose from {', '.join(CONTESTANTS)}")
     names = [c for c in CONTESTANTS if args.only is None or c in args.only.split(",")]
-    baseline_tree = None
-    if args.baseline_tree is not None:
-        baseline_tree = Path(args.baseline_tree).resolve()
-        if not (baseline_tree / "tools" / "bench_loaders.py").is_file() or "shardload" not in names:
-            p.error("--baseline-tree: give a shardload checkout (with tools/bench_loaders.py) and run shardload")
-        names.insert(names.index("shardload") + 1, BASELINE)
     max_tokens = {s.name: args.max_tokens or int(args.batch_size * s.median) for s in specs}
     opts = {"batch_size": args.batch_size, "seed": args.seed, "max_tokens": max_tokens}
     root = Path(args.workdir)
@@ -764,14 +737,8 @@ def main(argv: list[str] | None = None) -> int:
                     for nw in workers:
                         warm_page_cache(d)
                         res, rss, err = run_child(
-                            {
-                                **job,
-                                "op": "read",
-                                "contestant": "shardload" if name == BASELINE else name,
-                                "opts": {**job["opts"], "num_workers": nw},
-                            },
+                            {**job, "op": "read", "contestant": name, "opts": {**job["opts"], "num_workers": nw}},
                             args.timeout,
-                            baseline_tree if name == BASELINE else None,
                         )
                         row: dict[str, Any] = {
                             "dataset": spec.name,
@@ -827,7 +794,6 @@ def main(argv: list[str] | None = None) -> int:
     ratios = compute_ratios(results, specs, workers)
     report = {
         "command": "python tools/bench_loaders.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "baseline_tree": None if baseline_tree is None else str(baseline_tree),
         "machine": machine,
         "versions": vers,
         "load_average": {"start": round(load0[0], 2), "end": round(os.getloadavg()[0], 2)},
@@ -882,21 +848,15 @@ def compute_ratios(results: list[dict[str, Any]], specs: list[DataSpec], workers
             }
             libs = {k: v["samples_per_s"] for k, v in ok.items() if k in LIBRARIES}
             best = max(libs, key=libs.__getitem__) if libs else None
-            for mine in ("shardload", BASELINE, "shardload-bucketed", *ZARR_ROWS):
+            for mine in ("shardload", "shardload-bucketed", *ZARR_ROWS):
                 if mine not in ok:
                     continue
                 speed = ok[mine]["samples_per_s"]
-                base = ok.get(BASELINE) if mine == "shardload" else None
                 out.append(
                     {
                         "dataset": spec.name,
                         "num_workers": nw,
                         "contestant": mine,
-                        # the target's reference: litdata in the same run, whether or not it was the best library
-                        "vs_litdata": speed / ok["litdata"]["samples_per_s"] if "litdata" in ok else None,
-                        # this tree against the checkout of --baseline-tree, wall and CPU time (shardload row)
-                        "vs_baseline_tree": speed / base["samples_per_s"] if base else None,
-                        "vs_baseline_tree_cpu": base["median_cpu_s"] / ok[mine]["median_cpu_s"] if base else None,
                         "vs_memmap": speed / ok["memmap"]["samples_per_s"] if "memmap" in ok else None,
                         # the same ratio from the CPU time of the training process: what a loaded machine
                         # disturbs least; with workers, their CPU time is not in it
@@ -932,24 +892,20 @@ def markdown(report: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "| dataset | workers | shardload row | vs memmap baseline | vs memmap, CPU time | vs litdata "
-        "| vs best other library | vs baseline tree | vs baseline tree, CPU time | padding |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| dataset | workers | shardload row | vs memmap baseline | vs memmap, CPU time | vs best other library "
+        "| padding |",
+        "|---|---:|---|---:|---:|---:|---:|",
     ]
     for q in report["ratios"]:
         best = f"{fmt_ratio(q['vs_best_library'])} ({q['best_library']})" if q["best_library"] else "-"
         lines.append(
             f"| {q['dataset']} | {q['num_workers']} | {q['contestant']} | {fmt_ratio(q['vs_memmap'])} "
-            f"| {fmt_ratio(q.get('vs_memmap_cpu'))} | {fmt_ratio(q.get('vs_litdata'))} | {best} "
-            f"| {fmt_ratio(q.get('vs_baseline_tree'))} | {fmt_ratio(q.get('vs_baseline_tree_cpu'))} "
-            f"| {q['padding']:.1%} |"
+            f"| {fmt_ratio(q.get('vs_memmap_cpu'))} | {best} | {q['padding']:.1%} |"
         )
     for name, why in report["unavailable"].items():
         lines.append(f"\n{name}: {why}")
     if report.get("repeat", 1) > 1:
         lines.append(f"\nEach row: the median of {report['repeat']} epochs, run round robin.")
-    if report.get("baseline_tree"):
-        lines.append(f"\n{BASELINE}: shardload as the checkout at {report['baseline_tree']} reads it.")
     m = report["machine"]
     lines.append(
         f"\nMachine: {m['platform']}; single-core memcpy {m['memcpy_gb_per_s']:.1f} GB/s; load average "

@@ -144,18 +144,6 @@ def file_stamp(st: os.stat_result) -> FileStamp:
     return FileStamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, meta)
 
 
-def stamped(st: os.stat_result, stamp: FileStamp) -> bool:
-    """``file_stamp(st) == stamp``, decided without making the stamp (the per-batch check of an open shard)."""
-    return (
-        st.st_mtime_ns == stamp.mtime_ns
-        and st.st_ctime_ns == stamp.ctime_ns
-        and st.st_size == stamp.size
-        and st.st_ino == stamp.ino
-        and st.st_dev == stamp.dev
-        and (st.st_mode, st.st_nlink, st.st_uid, st.st_gid) == stamp.meta
-    )
-
-
 def same_bytes(old: FileStamp, new: FileStamp | None) -> bool:
     """Whether a file stamped ``old`` then ``new`` still holds the same bytes, as far as ``stat`` tells.
 

@@ -31,7 +31,6 @@ Allocate = Callable[[Layout], dict[str, np.ndarray]]
 
 
 PadValue = int | float | bool
-_INT64, _FLOAT32 = np.dtype(np.int64), np.dtype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -223,41 +222,6 @@ def group_by_shard(shards: NDArray[np.int64]) -> list[tuple[int, NDArray[np.int6
     return [(int(ordered[a]), order[a:b]) for a, b in pairwise(cuts)]
 
 
-@dataclass(frozen=True)
-class _Loaded:
-    """What the collate needs of one loaded field, worked out once per schema (:func:`loaded_fields`)."""
-
-    name: str
-    text: bool
-    variable: bool
-    inner: tuple[int, ...]
-    dtype: np.dtype
-    lengths: str  # its lengths key (variable fields)
-
-
-_LOADED: dict[tuple[int, tuple[str, ...] | None], tuple[Schema, tuple[_Loaded, ...]]] = {}
-
-
-def loaded_fields(schema: Schema, fields: tuple[str, ...] | None) -> tuple[_Loaded, ...]:
-    """The fields a batch loads (``fields``, or all), in output order, with their properties computed once.
-
-    Cached per schema object: the properties of :class:`~shardload.schema.fields.Field` are computed on
-    each access, and a batch would otherwise compute each several times.
-    """
-    key = (id(schema), fields)
-    hit = _LOADED.get(key)
-    if hit is not None and hit[0] is schema:
-        return hit[1]
-    chosen = schema.fields if fields is None else tuple(schema.field(name) for name in fields)
-    loaded = tuple(
-        _Loaded(f.name, f.text, f.variable, f.inner_shape, np.dtype(f.dtype), lengths_key(f.name)) for f in chosen
-    )
-    if len(_LOADED) >= 64:  # a few schemas per process; never let the cache grow without bound
-        _LOADED.clear()
-    _LOADED[key] = (schema, loaded)
-    return loaded
-
-
 def collate_batch(
     schema: Schema,
     columns_of: Callable[[int], Columns],
@@ -276,15 +240,16 @@ def collate_batch(
     b = len(sample_ids)
     groups = group_by_shard(shards)
     cols = {s: columns_of(s) for s, _ in groups}
-    fields = loaded_fields(schema, pad.fields)
+    fields = schema.fields if pad.fields is None else [schema.field(name) for name in pad.fields]
     layout: Layout = []
     # each variable field: its bounds in the shard's values, its lengths, and whether it is padded first
     variable: dict[str, tuple[tuple[NDArray[np.int64], NDArray[np.int64]], NDArray[np.int64], bool]] = {}
     for f in fields:
         if f.text:
             continue  # a list, made after the arrays (text_lists)
+        inner = f.inner_shape
         if not f.variable:
-            layout.append((f.name, (b, *f.inner), f.dtype, False))
+            layout.append((f.name, (b, *inner), np.dtype(f.dtype), False))
             continue
         starts, ends = sample_bounds(cols, groups, f.name, rows)
         lengths = ends - starts
@@ -297,8 +262,8 @@ def collate_batch(
         fill_first = b * l_pad - total > total
         variable[f.name] = (starts, ends), lengths, fill_first
         zeroed = fill_first and pad.pad_values.get(f.name, 0) == 0
-        layout.append((f.name, (b, l_pad, *f.inner), f.dtype, zeroed))
-        layout.append((f.lengths, (b,), _INT64, False))
+        layout.append((f.name, (b, l_pad, *inner), np.dtype(f.dtype), zeroed))
+        layout.append((lengths_key(f.name), (b,), np.dtype(np.int64), False))
     # the keys besides the fields: Schema.batch_keys() lists them, and no field may have one of their names
     layout += plan_layout(b)
 
@@ -311,7 +276,7 @@ def collate_batch(
             gather_fixed(arr, cols, groups, name, rows)
             continue
         bounds, lengths, fill_first = variable[name]
-        out[f.lengths][:] = lengths
+        out[lengths_key(name)][:] = lengths
         pad_value = pad.pad_values.get(name, 0)
         if fill_first and pad_value != 0:
             arr.fill(pad_value)
@@ -353,7 +318,7 @@ def text_lists(
 
 def plan_layout(b: int) -> Layout:
     """The layout of the per-sample keys taken from the plan (``sample_id``, ``weight``), last in every batch."""
-    return [(SAMPLE_ID_KEY, (b,), _INT64, False), (WEIGHT_KEY, (b,), _FLOAT32, False)]
+    return [(SAMPLE_ID_KEY, (b,), np.dtype(np.int64), False), (WEIGHT_KEY, (b,), np.dtype(np.float32), False)]
 
 
 def fill_plan_keys(out: dict[str, np.ndarray], sample_ids: NDArray[np.int64], weights: NDArray[np.float32]) -> None:
@@ -416,25 +381,12 @@ def copy_slices(
     ``values[src[0][i]:src[1][i]]`` of field ``name``; it goes to ``flat[dst[i]:dst[i] + n]`` (``flat``: the
     output with its row and length axes merged), one slice copy per sample, and ``flat[dst[i] + n:pad_to[i]]``
     is set to ``pad_value``. ``src``, ``dst`` and ``pad_to`` are ``(B,)``.
-
-    From one plain buffer (Arrow) into a plain output, each copy is a ``memoryview`` slice assignment of the
-    same bytes, about half the Python cost of a numpy slice assignment per sample (docs/benchmarks.md,
-    "Fixed cost per batch without workers, second pass"); anything else (chunked values, a dtype without
-    a buffer format) goes through numpy.
     """
-    out = byte_view(flat)
-    pad_bytes: memoryview | None = None
     for s, pos in groups:
         values = cols[s].fields[name].values
         sel: slice | NDArray[np.int64] = slice(None) if pos is None else pos
-        raw = byte_view(values) if out is not None and _same_rows(values, flat) else None
-        if out is not None and raw is not None:
-            if pad_to is not None and pad_bytes is None:
-                pad_bytes = _pad_bytes(flat, dst, pad_to, pad_value)
-            _copy_bytes(out, raw, flat.itemsize * math.prod(flat.shape[1:]), src, dst, sel, pad_to, pad_bytes)
-            continue
         sources: Iterable[np.ndarray]
-        if isinstance(values, np.ndarray):  # one buffer, but not one memoryview can copy from
+        if isinstance(values, np.ndarray):  # one buffer (Arrow)
             sources, los, his = repeat(values), src[0][sel].tolist(), src[1][sel].tolist()
         else:  # chunked values (Zarr): each chunk the group touches looked up once
             sources, los, his = cast(ChunkedValues, values).slice_sources(src[0][sel], src[1][sel])
@@ -448,48 +400,3 @@ def copy_slices(
             flat[lo:hi] = values[st:en]
             if hi < end:
                 flat[hi:end] = pad_value
-
-
-def byte_view(a: object) -> memoryview | None:
-    """The bytes of ``a`` as a flat ``memoryview`` if it is a C-contiguous ndarray with a buffer format, else None."""
-    if not isinstance(a, np.ndarray) or not a.flags.c_contiguous or a.ndim == 0 or a.dtype.hasobject:
-        return None  # object arrays hold references: their bytes must never be copied as data
-    try:
-        return a.data.cast("B")
-    except (TypeError, ValueError):  # a dtype the buffer protocol cannot describe (datetime64, ...)
-        return None
-
-
-def _same_rows(values: np.ndarray, flat: np.ndarray) -> bool:
-    """Whether a row of ``values`` is a row of ``flat``, byte for byte (same dtype and inner shape)."""
-    return values.dtype == flat.dtype and values.shape[1:] == flat.shape[1:]
-
-
-def _pad_bytes(flat: np.ndarray, dst: NDArray[np.int64], pad_to: NDArray[np.int64], pad_value: float) -> memoryview:
-    """The bytes of the longest padding run of this copy: ``pad_value`` over ``max(pad_to - dst)`` rows of ``flat``."""
-    rows = int((pad_to - dst).max(initial=0))
-    run = np.full((rows, *flat.shape[1:]), pad_value, dtype=flat.dtype)  # the cast numpy's assignment makes
-    return run.data.cast("B")
-
-
-def _copy_bytes(
-    out: memoryview,
-    raw: memoryview,
-    row: int,
-    src: tuple[NDArray[np.int64], NDArray[np.int64]],
-    dst: NDArray[np.int64],
-    sel: slice | NDArray[np.int64],
-    pad_to: NDArray[np.int64] | None,
-    pad: memoryview | None,
-) -> None:
-    """:func:`copy_slices` of one group, in bytes: ``row`` bytes per row of the output and of the values."""
-    los, his, dsts = (src[0][sel] * row).tolist(), (src[1][sel] * row).tolist(), (dst[sel] * row).tolist()
-    if pad_to is None or pad is None:
-        for st, en, lo in zip(los, his, dsts):
-            out[lo : lo + en - st] = raw[st:en]
-        return
-    for st, en, lo, end in zip(los, his, dsts, (pad_to[sel] * row).tolist()):
-        hi = lo + en - st
-        out[lo:hi] = raw[st:en]
-        if hi < end:
-            out[hi:end] = pad[: end - hi]

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from shardload._base.identity import FileStamp, stamped
+from shardload._base.identity import FileStamp
 from shardload._base.setfiles import reason_of
 from shardload.errors import ShardSetError
 from shardload.formats import ShardReader
@@ -56,22 +56,10 @@ class ReaderPool:
         return reader
 
     def check_stamp(self, shard: int, reader: ShardReader) -> None:
-        """Raise :class:`~shardload.errors.ShardSetChangedError` if open shard ``shard``'s file changed.
-
-        Run twice per shard per batch (docs/design.md, "What each check guards"), so the common case (one
-        ``fstat`` of the reader's descriptor, every field of the stamp unchanged) is decided here without a
-        new :class:`FileStamp`; anything else goes to :meth:`FileChecks.check_stamp`, which has the rule.
-        """
+        """Raise :class:`~shardload.errors.ShardSetChangedError` if open shard ``shard``'s file changed."""
         old = self.stamps.get(shard)
-        if old is None:
-            return
-        fd = reader.fileno()
-        try:
-            if fd is not None and stamped(os.fstat(fd), old):
-                return
-        except OSError:
-            pass  # gone or unreadable: the rule below says how it changed
-        self.stamps[shard] = self.checks.check_stamp(shard, reader, old)
+        if old is not None:
+            self.stamps[shard] = self.checks.check_stamp(shard, reader, old)
 
     def check_unchanged(self, shards: Iterable[int]) -> None:
         """:meth:`check_stamp` of each of ``shards`` that is open."""

@@ -159,7 +159,7 @@ class ShardSet:
         if reader is None:
             return self._open_shard(shard)
         cols = reader.columns()
-        expected = self.index.sizes[shard]  # the manifest's count (manifest.shards[shard].samples), without a ShardInfo
+        expected = self.manifest.shards[shard].samples
         if cols.num_samples != expected:
             raise CorruptShardError(
                 f"shard {shard} ({reader.path}) holds {cols.num_samples} samples, the manifest says {expected}"
