@@ -23,6 +23,7 @@ from shardload.load.dataset import ShardBatchDataset, WorkerBatch
 from shardload.load.options import LoaderOptions
 from shardload.load.prefetch import Prefetcher, read_orders, start_prefetch
 from shardload.load.sampler import PlanSampler, TrainerLink
+from shardload.load.worker_start import START_ATTEMPTS, START_PATIENCE, MarkStart, await_start, new_board
 from shardload.load.workers import dead_worker, describe_exit, describe_stall, end_workers
 from shardload.load.world import World
 from shardload.plan import Batching, EpochSpec, ShardAssignment, Stage
@@ -137,7 +138,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                         # a persistent worker died between passes: say so now, not after `timeout`
                         raise RuntimeError("a persistent DataLoader worker exited between passes")
                     # persistent workers: torch's iterator of the last pass, reset (its workers answer first)
-                    it = super().__iter__()
+                    it = self._start_iterator()
                     direct = self._direct_fetch(it)
                     self._prefetch = start_prefetch(orders)  # after the workers forked
                 batch = next(it) if direct is None else direct()
@@ -155,6 +156,42 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                 p.advance(self.plan_sampler.batches_done)
             # A batch from a worker arrives packed (unless the pinning thread unpacked it already).
             yield batch.tensors() if isinstance(batch, WorkerBatch) else batch
+
+    def _start_iterator(self) -> Any:
+        """torch's iterator for a pass; new workers are first seen to start (:mod:`shardload.load.worker_start`).
+
+        A worker stuck on its way out of ``fork()`` would leave the pass waiting for its batch for ever. Nothing has
+        been taken from these workers yet, so ending them all and forking new ones changes no batch.
+        """
+        if self.num_workers == 0 or (self.persistent_workers and self._iterator is not None):
+            return super().__iter__()  # no workers, or the last pass's, which started
+        stuck: list[Any] = []
+        for _ in range(START_ATTEMPTS):
+            board = new_board(self.num_workers, self.multiprocessing_context)
+            user_init = self.worker_init_fn
+            self.worker_init_fn = MarkStart(board, user_init)  # read by torch's iterator as it starts the workers
+            try:
+                it: Any = super().__iter__()
+            finally:
+                self.worker_init_fn = user_init  # a loader Lightning re-creates gets the user's own back
+            stuck = await_start(it._workers, board)  # torch's list of worker processes, by worker id
+            if not stuck:
+                return it
+            pids = ", ".join(str(w.pid) for w in stuck)
+            logger.warning(
+                "DataLoader worker pid %s never started (asleep without using the CPU since its fork, for %g s): "
+                "the pass's workers are replaced; no batch had been taken from them",
+                pids,
+                START_PATIENCE,
+            )
+            self._forget_workers(it)
+        raise WorkerError(
+            f"DataLoader workers (last: pid {', '.join(str(w.pid) for w in stuck)}) never started, {START_ATTEMPTS} "
+            "times: each stopped in fork(), on a lock another thread of this process held at that instant. "
+            "Restart from the last checkpoint; if it recurs, persistent_workers=True (LoaderOptions) forks the "
+            "workers once per run instead of once per pass, and docs/loading.md, 'A worker stuck at its start', "
+            "shows how to find the thread."
+        )
 
     def _forget_workers(self, it: Any) -> None:
         """After a failure: ``it``'s workers end now, and the next iteration starts new ones.
