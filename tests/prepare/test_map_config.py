@@ -51,6 +51,19 @@ def make_encoder(tokenizer, max_tokens, calls=None, stop=None):
     return encode
 
 
+def make_batch_encoder(tokenizer, max_tokens):
+    tok = Tokenizer.from_file(tokenizer)
+
+    def encode_batch(batch):
+        out = []
+        for e in tok.encode_batch(batch["text"]):
+            ids = np.asarray(e.ids, dtype=np.int32)
+            out.append([{"input_ids": ids[i : i + max_tokens]} for i in range(0, len(ids), max_tokens)] or None)
+        return out
+
+    return encode_batch
+
+
 def encode(sample, tokenizer, max_tokens):
     return make_encoder(tokenizer, max_tokens)(sample)
 
@@ -133,6 +146,17 @@ def test_a_factory_is_called_once_in_each_worker_and_never_in_the_main_process(t
     assert 1 <= len(made) <= 2 and os.getpid() not in made
     assert all(lines == ["called"] for lines in made.values()), made
     same_pieces(tmp_path / "out", d, 6)  # the arguments reached the map: pieces of at most max_tokens
+
+
+def test_a_factory_makes_a_batched_map(tmp_path: Path, job: Any) -> None:
+    d, mod = job
+    files = {"tokenizer": d / "tokenizer.json"}
+    run = {"map_args": {"max_tokens": 5}, "map_files": files, "workers": 2, "num_shards": 2, "progress": False}
+    one = shardload.prepare(d / "src", tmp_path / "one", map_factory=mod.make_encoder, **run)
+    many = shardload.prepare(d / "src", tmp_path / "many", map_factory=mod.make_batch_encoder, map_batch=16, **run)
+    assert many.samples == one.samples and many.dropped == one.dropped > 0
+    same_pieces(tmp_path / "many", d, 5)
+    assert shardload.open(tmp_path / "many").manifest.options["map_batch"] == 16
 
 
 def test_arguments_reach_a_plain_map_and_are_recorded(tmp_path: Path, job: Any) -> None:
