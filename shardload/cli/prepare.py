@@ -28,6 +28,8 @@ EPILOG = """examples:
   shardload prepare data/*.npy -o out/ --field tokens --shard-size 256MB --workers 8
   shardload prepare corpus.jsonl -o out/ --dtype tokens=int32 --balance tokens
   shardload prepare corpus.jsonl -o out/ --map mytok:encode --workers 8   # mytok.py in the current directory
+  shardload prepare corpus.jsonl -o out/ --map-factory mytok:make_encoder --map-file path=tokenizer.json \
+      --map-arg max_tokens=2048 --workers 8   # make_encoder(path=..., max_tokens=2048) once per worker
   shardload prepare data/*.npy -o out/ --resume      # finish an interrupted run
   shardload prepare data/*.npy -o out/ --format zarr --compression zstd --compression-level 5
   shardload prepare data/*.parquet -o out/ --part 3/8   # part 3 of 8 (one machine each), then: shardload merge out/
@@ -74,12 +76,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FIELD",
         help="the field whose length is the sample length (default: the longest variable field)",
     )
-    src.add_argument(
+    which = src.add_mutually_exclusive_group()
+    which.add_argument(
         "--map",
         metavar="MODULE:FUNCTION",
         help="apply this function to every sample as it is read, in the worker processes: it returns the sample "
         "mapped, None to drop it, or a list of samples (e.g. mypkg.tok:encode; the current directory is importable, "
-        "as with python -m). With --workers > 1 it must be defined at the top level of its module",
+        "as with python -m; or FILE.py:FUNCTION). With --workers > 1 it must be defined at the top level of its module",
+    )
+    which.add_argument(
+        "--map-factory",
+        metavar="MODULE:FUNCTION",
+        help="instead of --map: a function called once in each worker process, with the --map-arg and --map-file "
+        "arguments, that returns the function to apply to every sample (e.g. one that loads a tokenizer)",
+    )
+    src.add_argument(
+        "--map-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a keyword argument of the --map function (after the sample) or of the --map-factory (repeatable); "
+        "VALUE is read as JSON where it parses (2048, true, [1,2]), else kept as text. Recorded: --resume refuses "
+        "other values",
+    )
+    src.add_argument(
+        "--map-file",
+        action="append",
+        default=[],
+        metavar="KEY=PATH",
+        help="like --map-arg KEY=PATH, for a file the map reads (a tokenizer.json): its sha256 is recorded, and "
+        "--resume refuses a changed file (repeatable)",
     )
     src.add_argument(
         "--map-batch",
@@ -190,12 +216,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dtype:
         options["dtypes"] = _dtypes(args.dtype)
     options["progress"] = False if args.no_progress else None
-    if args.map is not None:
-        from shardload.prepare.mapping import load_map
-
-        if os.getcwd() not in sys.path:  # as `python -m` does; worker processes inherit sys.path
-            sys.path.insert(0, os.getcwd())
-        options["map"] = load_map(args.map)
+    options.update(_map_options(args))
     result = shardload.prepare(
         args.sources,
         args.output,
@@ -236,6 +257,35 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"load it: shardload.open({result.path!r})")
     return 0
+
+
+def _map_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``map=`` or ``map_factory=``, with ``map_args=`` and ``map_files=``, of ``--map``/``--map-factory``,
+    ``--map-arg`` and ``--map-file`` (a key given twice is refused: which value would win is a guess)."""
+    from shardload.errors import InputError
+    from shardload.prepare.mapconfig import parse_map_arg
+    from shardload.prepare.mapping import load_map
+
+    options: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for flag, items, name in (("--map-arg", args.map_arg, "map_args"), ("--map-file", args.map_file, "map_files")):
+        values: dict[str, Any] = {}
+        for text in items:
+            key, value = parse_map_arg(text, flag)
+            if key in given:
+                raise InputError(f"{flag} {text!r}: {key!r} is given already ({given[key]}); give each argument once")
+            given[key] = f"{flag} {text}"
+            values[key] = value if flag == "--map-arg" else text.partition("=")[2]
+        if values:
+            options[name] = values
+    for flag, name in (("--map", "map"), ("--map-factory", "map_factory")):
+        spec = getattr(args, name)
+        if spec is None:
+            continue
+        if os.getcwd() not in sys.path:  # as `python -m` does; worker processes inherit sys.path
+            sys.path.insert(0, os.getcwd())
+        options[name] = load_map(spec, flag)
+    return options
 
 
 def _add_format_arguments(group: argparse._ArgumentGroup) -> None:

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shardload.errors import InputError
-from shardload.prepare.mapping import MapFunction, MappedSamples, check_record
+from shardload.prepare.mapconfig import ConfiguredMap
+from shardload.prepare.mapping import MapFunction, MappedSamples, check_record, map_name
 
 __all__ = ["BATCH_RETURNS", "BatchedSamples", "mapped_samples"]
 
@@ -35,10 +36,18 @@ BATCH_RETURNS = (
 def mapped_samples(
     samples: Iterable[tuple[str, Mapping[str, Any]]], fn: MapFunction | None, batch: int | None = None
 ) -> MappedSamples:
-    """``samples`` passed through the map ``fn``: one record at a time, or ``batch`` records at a time."""
-    if fn is None or batch is None:
-        return MappedSamples(samples, fn)
-    return BatchedSamples(samples, fn, batch)
+    """``samples`` passed through the map ``fn``: one record at a time, or ``batch`` records at a time.
+
+    A factory's map (:class:`~shardload.prepare.mapconfig.ConfiguredMap`) is made here, once per process.
+    """
+    if fn is None:
+        return MappedSamples(samples)
+    name = map_name(fn)
+    if isinstance(fn, ConfiguredMap):
+        fn = fn.function()
+    if batch is None:
+        return MappedSamples(samples, fn, name)
+    return BatchedSamples(samples, fn, batch, name)
 
 
 class BatchedSamples(MappedSamples):
@@ -46,8 +55,10 @@ class BatchedSamples(MappedSamples):
 
     returns = BATCH_RETURNS
 
-    def __init__(self, samples: Iterable[tuple[str, Mapping[str, Any]]], fn: MapFunction, batch: int) -> None:
-        super().__init__(samples, fn)
+    def __init__(
+        self, samples: Iterable[tuple[str, Mapping[str, Any]]], fn: MapFunction, batch: int, name: str | None = None
+    ) -> None:
+        super().__init__(samples, fn, name)
         self._batch = batch
         self._ahead: tuple[str, Mapping[str, Any]] | None = None
 

@@ -25,6 +25,7 @@ import inspect
 import logging
 import os
 import pickle
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn
@@ -54,7 +55,11 @@ RETURNS = "a map returns one sample (a dict of field name -> array), None to dro
 
 
 def map_name(fn: Callable[..., Any]) -> str:
-    """``module:qualname`` of ``fn`` (of its class for a callable object, of the function of a partial)."""
+    """``module:qualname`` of ``fn`` (of its class for a callable object, of the function of a partial); a
+    configured map (:mod:`shardload.prepare.mapconfig`) says its own ``map_label``."""
+    label = getattr(fn, "map_label", None)
+    if isinstance(label, str):
+        return label
     target = fn.func if isinstance(fn, functools.partial) else fn
     if not hasattr(target, "__qualname__"):
         target = type(target)
@@ -242,11 +247,12 @@ def interrupts(exc: BaseException) -> bool:
     return isinstance(exc, (KeyboardInterrupt, Interruption))
 
 
-def load_map(spec: str) -> MapFunction:
+def load_map(spec: str, flag: str = "--map") -> MapFunction:
     """The function named by ``spec``, ``module:attr`` (``mypkg.tok:encode``; ``attr`` may be dotted).
 
     The module is imported as Python imports it (from ``sys.path``; the command
-    line puts the current directory first, as ``python -m`` does).
+    line puts the current directory first, as ``python -m`` does). ``flag`` is
+    the option messages name (``--map``, ``--map-factory``).
 
     Raises:
         InputError: a spec that is not ``module:attr``, a module that is not
@@ -255,36 +261,50 @@ def load_map(spec: str) -> MapFunction:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr or ":" in attr:
         raise InputError(
-            f"--map {spec!r}: name the function as MODULE:FUNCTION, e.g. --map mypkg.tok:encode (the module is "
-            "imported from the current directory or the installed packages)"
+            f"{flag} {spec!r}: name the function as MODULE:FUNCTION, e.g. {flag} mypkg.tok:encode (the module is "
+            "imported from the current directory or the installed packages), or as FILE.py:FUNCTION"
         )
+    path = None
+    if module_name.endswith(".py"):  # a file: its folder goes first on sys.path (workers inherit it)
+        path = os.path.abspath(module_name)
+        if not os.path.isfile(path):
+            raise InputError(f"{flag} {spec!r}: no file {module_name} (FILE.py:FUNCTION names a Python file)")
+        module_name = os.path.basename(path)[: -len(".py")]
+        if os.path.dirname(path) not in sys.path:
+            sys.path.insert(0, os.path.dirname(path))
     try:
         with user_code(f"the map module {module_name}") as call:
             module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise InputError(
-                f"--map {spec!r}: no module named {exc.name!r} (looked in the current directory and the installed "
-                "packages); run from the directory that holds it, or install its package"
+                f"{flag} {spec!r}: no module named {exc.name!r} (looked in the current directory and the installed "
+                "packages); run from the directory that holds it, name its file (--map path/to/tok.py:encode), or "
+                "install its package"
             ) from exc
-        raise InputError(f"--map {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+        raise InputError(f"{flag} {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
     except BaseException as exc:  # anything the user's module raised, but Ctrl-C or SIGTERM: its import failed
         if interrupts(exc):
             raise
         detail = raised(exc) if isinstance(exc, (SystemExit, UserCodeExited)) else f"{type(exc).__name__}: {exc}"
-        raise InputError(f"--map {spec!r}: importing {module_name!r} failed: {detail}") from exc
+        raise InputError(f"{flag} {spec!r}: importing {module_name!r} failed: {detail}") from exc
     closed = closed_streams(call)
     if closed is not None:
-        raise InputError(f"--map {spec!r}: importing {module_name!r} {closed}")
+        raise InputError(f"{flag} {spec!r}: importing {module_name!r} {closed}")
+    found = getattr(module, "__file__", None)
+    if path is not None and (found is None or not os.path.samefile(found, path)):
+        raise InputError(
+            f"{flag} {spec!r}: a module named {module_name!r} is imported from {found} already; rename {path}"
+        )
     fn: Any = module
     for i, part in enumerate(attr.split(".")):
         try:
             fn = getattr(fn, part)
         except AttributeError:
             where = module_name + "".join(f".{p}" for p in attr.split(".")[:i])
-            raise InputError(f"--map {spec!r}: {where} has no attribute {part!r}") from None
+            raise InputError(f"{flag} {spec!r}: {where} has no attribute {part!r}") from None
     if not callable(fn):
-        raise InputError(f"--map {spec!r}: {module_name}:{attr} is a {type(fn).__name__}, not a function")
+        raise InputError(f"{flag} {spec!r}: {module_name}:{attr} is a {type(fn).__name__}, not a function")
     return fn  # type: ignore[no-any-return]
 
 
@@ -323,10 +343,12 @@ def check_record(where: str, sample: object) -> None:
 class MappedSamples:
     """The ``(locator, sample)`` pairs of a reader, passed lazily through a map (or not, for ``fn=None``)."""
 
-    def __init__(self, samples: Iterable[tuple[str, Mapping[str, Any]]], fn: MapFunction | None = None) -> None:
+    def __init__(
+        self, samples: Iterable[tuple[str, Mapping[str, Any]]], fn: MapFunction | None = None, name: str | None = None
+    ) -> None:
         self._it = iter(samples)
         self._fn = fn
-        self._name = "" if fn is None else map_name(fn)
+        self._name = name if name is not None else "" if fn is None else map_name(fn)
         self._pending: list[tuple[str, Mapping[str, Any]]] = []
         #: records the map dropped (it returned None or an empty list)
         self.dropped = 0

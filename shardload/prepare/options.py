@@ -6,6 +6,7 @@ so that nothing here depends on which formats exist.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, cast
@@ -14,6 +15,7 @@ import numpy as np
 
 from shardload.errors import InputError
 from shardload.formats import FORMATS, FormatOptions, ShardFormat, format_of
+from shardload.prepare.mapconfig import ConfiguredMap, checked_map_args, map_file_digests
 from shardload.prepare.mapping import map_identity
 from shardload.prepare.sources.base import field_kept
 from shardload.schema.fields import SUPPORTED_DTYPES
@@ -60,6 +62,19 @@ class PrepareOptions:
         fields: keep only these fields of the input (read time; Parquet/Arrow
             read only these columns); a name the input lacks is refused.
         drop_fields: leave these fields of the input out (excludes ``fields``).
+        map_factory: instead of ``map``, a function that makes the map:
+            called ``map_factory(**map_args, **map_files)`` once in each
+            process that maps (each worker, before its first record), it
+            returns the function applied to every sample (or batch, with
+            ``map_batch``), which need not be picklable
+            (:mod:`shardload.prepare.mapconfig`).
+        map_args: keyword arguments of ``map`` (``map(sample, **map_args)``)
+            or of ``map_factory``; JSON values, recorded: ``resume`` refuses
+            other ones.
+        map_files: keyword arguments of the map that name files it reads
+            (``{"tokenizer": "tokenizer.json"}``): the path is passed as the
+            argument, and the file's sha256, taken now, is recorded: ``resume``
+            refuses a changed file.
 
     Raises:
         InputError: an invalid value; or an option of a format given here
@@ -85,6 +100,9 @@ class PrepareOptions:
     map_batch: int | None = None
     fields: tuple[str, ...] | None = None
     drop_fields: tuple[str, ...] = ()
+    map_factory: Callable[..., Any] | None = None
+    map_args: Mapping[str, Any] = field(default_factory=dict)
+    map_files: Mapping[str, str | os.PathLike[str]] = field(default_factory=dict)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> PrepareOptions:
         # An option of a format given on its own (as in shardload 0.1.0) is refused here, before the
@@ -122,16 +140,10 @@ class PrepareOptions:
         for name, dtype in self.dtypes.items():
             if dtype not in SUPPORTED_DTYPES:
                 raise InputError(f"dtype of {name!r}: {dtype!r} is not one of {', '.join(SUPPORTED_DTYPES)}")
-        if self.map is not None and not callable(self.map):
-            hint = (
-                " (to name it as 'module:function', pass load_map(name), from shardload.prepare.mapping)"
-                if isinstance(self.map, str)
-                else ""
-            )
-            raise InputError(f"map must be a function, got {type(self.map).__name__} {self.map!r}{hint}")
+        self._check_map()
         if self.map_batch is not None and self.map_batch < 1:
             raise InputError(f"map_batch (--map-batch) must be at least 1 record, got {self.map_batch}")
-        if self.map_batch is not None and self.map is None:
+        if self.map_batch is not None and self.mapper is None:
             raise InputError(
                 f"map_batch={self.map_batch} (--map-batch) sets how many records the map function takes a call, and "
                 "no map is given: give map= (--map MODULE:FUNCTION) too, or leave map_batch out"
@@ -151,7 +163,7 @@ class PrepareOptions:
         # a map may make the length field itself
         if (
             self.length_field is not None
-            and self.map is None
+            and self.mapper is None
             and not field_kept(self.length_field, self.fields, self.drop_fields)
         ):
             option = "--drop-fields" if self.fields is None else "--fields"
@@ -166,6 +178,48 @@ class PrepareOptions:
             object.__setattr__(self, "shard_format", FORMATS[self.shard_format].options())  # its defaults
         format_of(self.shard_format)  # an options object of a registered format, or an InputError
 
+    def _check_map(self) -> None:
+        """Check ``map``, ``map_factory``, ``map_args`` and ``map_files``, and make :attr:`mapper` of them."""
+        for name in ("map", "map_factory"):
+            fn = getattr(self, name)
+            if fn is not None and not callable(fn):
+                hint = (
+                    " (to name it as 'module:function', pass load_map(name), from shardload.prepare.mapping)"
+                    if isinstance(fn, str)
+                    else ""
+                )
+                raise InputError(f"{name} must be a function, got {type(fn).__name__} {fn!r}{hint}")
+        if self.map is not None and self.map_factory is not None:
+            raise InputError(
+                "map and map_factory exclude each other (--map, --map-factory): map is the function applied to each "
+                "sample, map_factory makes that function once per worker process; give one"
+            )
+        args = checked_map_args(self.map_args)
+        files = map_file_digests(self.map_files)
+        fn = self.map if self.map is not None else self.map_factory
+        if (args or files) and fn is None:
+            raise InputError(
+                "map_args and map_files (--map-arg, --map-file) are arguments of the map, and no map is given: give "
+                "map= or map_factory= (--map, --map-factory) too, or leave them out"
+            )
+        both = sorted(set(args) & set(files))
+        if both:
+            raise InputError(f"{', '.join(map(repr, both))} given both as a map argument and a map file: give it once")
+        object.__setattr__(self, "map_args", args)
+        object.__setattr__(self, "map_files", {k: f["path"] for k, f in files.items()})
+        mapper: Callable[[dict[str, Any]], Any] | None = fn
+        if fn is not None and (self.map_factory is not None or args or files):
+            kwargs = {**args, **{k: f["path"] for k, f in files.items()}}
+            digests = tuple(f["sha256"] for f in files.values())
+            mapper = ConfiguredMap(fn, self.map_factory is not None, kwargs, digests)
+        object.__setattr__(self, "_mapper", mapper)
+        object.__setattr__(self, "_map_file_record", files)
+
+    @property
+    def mapper(self) -> Callable[[dict[str, Any]], Any] | None:
+        """The map as prepare applies it: ``map``, or ``map``/``map_factory`` with their arguments; None for none."""
+        return cast("Callable[[dict[str, Any]], Any] | None", self.__dict__["_mapper"])
+
     @property
     def format(self) -> ShardFormat:
         """The registered format of the shards (name, writer, reader)."""
@@ -179,9 +233,16 @@ class PrepareOptions:
     def layout_key(self) -> dict[str, Any]:
         """The options that decide the output bytes (compared on ``resume``, recorded in the manifest; the
         format's own options last, defaults resolved)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in (*_RUN_ONLY, "map", "map_batch")}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in (*_RUN_ONLY, *_MAP)}
         if self.map is not None:  # absent without one: the record of a run made before maps existed still matches
             d["map"] = map_identity(self.map)
+        # absent unless given, as map: the record of a run made before they existed still matches
+        if self.map_factory is not None:
+            d["map_factory"] = map_identity(self.map_factory)
+        if self.map_args:
+            d["map_args"] = dict(self.map_args)
+        if self.map_files:
+            d["map_files"] = {k: dict(v) for k, v in self.__dict__["_map_file_record"].items()}
         if self.map_batch is not None:  # absent unless given, as map
             d["map_batch"] = self.map_batch
         d["shard_format"] = self.format.name
@@ -199,6 +260,8 @@ class PrepareOptions:
 
 #: options that change how a run goes, not what it writes
 _RUN_ONLY = ("workers", "resume", "overwrite", "progress")
+#: the map's options, recorded only when given
+_MAP = ("map", "map_batch", "map_factory", "map_args", "map_files")
 
 
 def misplaced_format_options(fmt: ShardFormat, given: Mapping[str, Any]) -> str:

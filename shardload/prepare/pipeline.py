@@ -286,8 +286,8 @@ def _run_prepare(
     source_options = source_options or SourceOptions(fields=options.fields, drop_fields=options.drop_fields)
     started = time.perf_counter()
     check_output_path(out)
-    if options.map is not None and options.workers > 1 and len(units) > 1:  # else it runs in this process
-        check_sendable(options.map, options.workers)
+    if options.mapper is not None and options.workers > 1 and len(units) > 1:  # else it runs in this process
+        check_sendable(options.mapper, options.workers)
     # The schema is checked before anything is created on disk, so that a refused run leaves nothing to
     # clean up; a run killed during its commit needs no sources to finish it.
     finishing = WorkDir.was_committing(out) and not options.overwrite  # --overwrite drops the old commit
@@ -369,7 +369,7 @@ def _infer_schema(
     if samples is not None:
         located = mapped_samples(
             ((f"sample {i}", source_options.selected(s, f"sample {i}")) for i, s in enumerate(samples)),
-            options.map,
+            options.mapper,
             options.map_batch,
         )
         first = located.peek()
@@ -377,14 +377,14 @@ def _infer_schema(
     else:
         for unit in units:
             # a batched map gets one record at a time here: only the first sample is needed
-            mapped = mapped_samples(read_unit(unit, source_options), options.map, options.map_batch and 1)
+            mapped = mapped_samples(read_unit(unit, source_options), options.mapper, options.map_batch and 1)
             first = mapped.peek()
             dropped += mapped.dropped
             if first is not None:
                 break
-    if first is None and dropped and options.map is not None:
+    if first is None and dropped and options.mapper is not None:
         raise InputError(
-            f"the sources hold no samples after the map: the map function {map_name(options.map)} dropped all "
+            f"the sources hold no samples after the map: the map function {map_name(options.mapper)} dropped all "
             f"{dropped:,} records (it returned None or an empty list for each); nothing to prepare: check the map "
             "on a few records"
         )

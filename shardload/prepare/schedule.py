@@ -223,7 +223,7 @@ def pool_size(units: Sequence[SourceUnit], options: PrepareOptions) -> int:
     if len(units) == 1:
         if not (_can_cut(units[0]) and unit_bytes(units[0]) >= 2 * MIN_PIECE_BYTES):
             return 1
-        if options.map is not None and not sendable(options.map):
+        if options.mapper is not None and not sendable(options.mapper):
             return 1
         return min(options.workers, MAX_PIECES)
     return min(options.workers, len(units) * MAX_PIECES)
@@ -293,6 +293,6 @@ def ingest_unit(job: IngestJob) -> StagedUnit:
     check = SampleChecker(job.schema, job.options)
     unit = job.unit
     source = unit.paths[0] if len(unit.paths) == 1 else unit.describe()
-    samples = mapped_samples(read_unit(unit, job.source_options), job.options.map, job.options.map_batch)
-    batches = None if job.options.map is not None else read_unit_batches(unit, job.source_options, job.schema)
+    samples = mapped_samples(read_unit(unit, job.source_options), job.options.mapper, job.options.map_batch)
+    batches = None if job.options.mapper is not None else read_unit_batches(unit, job.source_options, job.schema)
     return ingest(job.key, samples, check, job.staging, job.options.chunk_bytes, source, unit.paths, batches)

@@ -36,6 +36,7 @@ from shardload.formats.manifest import MANIFEST_NAME
 from shardload.formats.shardtable import SHARD_TABLE_NAME
 from shardload.prepare.bootmark import MARK as STAGING_MARK
 from shardload.prepare.bootmark import mark_staging
+from shardload.prepare.mapconfig import map_files_change
 
 WORK = ".prepare"
 LOCK = ".prepare.lock"
@@ -321,7 +322,9 @@ def _option_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) ->
         if key == "units" or a == b or not (isinstance(a, dict) and isinstance(b, dict)):
             continue
         found += [
-            f"{name} was {a.get(name)!r}, now {b.get(name)!r}"
+            map_files_change(a.get(name), b.get(name))
+            if name == "map_files"
+            else f"{name} was {a.get(name)!r}, now {b.get(name)!r}"
             for name in sorted(set(a) | set(b))
             if a.get(name) != b.get(name)
         ]
