@@ -43,7 +43,7 @@ from shardload.errors import (
 __all__ = ["COMMANDS", "Exit", "main"]
 
 #: the registry: command name -> module ``shardload.cli.<name>`` (see ``_MODULE_OF``), in help order
-COMMANDS: tuple[str, ...] = ("prepare", "merge", "inspect", "verify", "plan", "export", "demo")
+COMMANDS: tuple[str, ...] = ("prepare", "merge", "inspect", "verify", "upload", "plan", "export", "demo")
 
 #: library errors -> exit status, most specific first
 ERROR_CODES: tuple[tuple[type[BaseException], Exit], ...] = (
