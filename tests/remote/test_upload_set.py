@@ -29,7 +29,7 @@ from shardload.errors import (
     RemoteError,
     ShardSetError,
 )
-from shardload.formats.manifest import MANIFEST_NAME
+from shardload.formats.manifest import MANIFEST_NAME, Manifest
 from shardload.remote import RemoteOptions
 from shardload.remote.upload import SetUploader
 from shardload.sets.verify import verify
@@ -237,3 +237,27 @@ def test_cli_upload_then_verify(
         assert main(["upload", str(tmp_path / "none"), url, "--no-progress"]) == 5
     finally:
         fsspec.get_filesystem_class("s3").clear_instance_cache()
+
+
+def test_a_merged_set_is_uploaded_with_its_parts_shards_only(
+    s3: S3Server, url: str, tmp_path: Path, cache: Path
+) -> None:
+    from tests.prepare.test_parts import OPTIONS, prepare_parts, write_sources
+
+    local = tmp_path / "merged"
+    prepare_parts(write_sources(tmp_path, files=3), local, 2, progress=False)
+    shardload.merge(local)
+    (local / "NOTES.txt").write_text("not part of the set")
+    result = shardload.upload_set(local, url, storage_options=s3.storage_options, progress=False)
+    names = set(_objects(s3, url))
+    manifest = shardload.open(local)
+    # Invariant: the objects are what a reader of the set opens (the shards under parts/, the indexes,
+    # the origins, the manifest), nothing else of the directory
+    shards = {n for n in names if n.startswith("parts/")}
+    assert shards == {info.file for info in Manifest.load(local).shards}
+    assert all("/shards/" in n for n in shards) and "NOTES.txt" not in names
+    assert result.shards == OPTIONS["num_shards"] * 2 and result.samples == len(manifest)
+    manifest.close()
+    assert shardload.upload_set(local, url, storage_options=s3.storage_options, progress=False).uploaded_objects == 0
+    assert verify(url, remote=_remote(s3, cache)).ok
+    assert_same(batches(url, _remote(s3, cache)), batches(local))
