@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import fsspec
@@ -261,3 +263,18 @@ def test_a_merged_set_is_uploaded_with_its_parts_shards_only(
     assert shardload.upload_set(local, url, storage_options=s3.storage_options, progress=False).uploaded_objects == 0
     assert verify(url, remote=_remote(s3, cache)).ok
     assert_same(batches(url, _remote(s3, cache)), batches(local))
+
+
+def test_ctrl_c_says_to_run_it_again(s3: S3Server, url: str, tmp_path: Path) -> None:
+    local = make_set(tmp_path, n=80, shards=4)
+    env = {**os.environ, **s3.env(), "PYTHONPATH": str(ROOT), "SHARDLOAD_PAUSE_AT": "upload:2"}
+    args = [sys.executable, "-m", "shardload", "upload", str(local), url, "--no-progress"]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while sum(n.startswith("shards/") for n in _objects(s3, url)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert "interrupted; run the same command again to finish the upload" in err.decode()
+    assert MANIFEST_NAME not in _objects(s3, url)
