@@ -53,6 +53,7 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
     from shardload.sets.mixture import Mixture
     from shardload.sets.shardset import ShardSet
     from shardload.sets.shardset import open_shard_set as _open_shard_set
+    from shardload.sets.upload import UploadResult, upload_set
 except KeyboardInterrupt:
     _interrupted_while_starting()
     raise
@@ -114,6 +115,7 @@ __all__ = [
     "ShardDataModule",
     "ShardLoader",
     "ShardSet",
+    "UploadResult",
     "World",
     "ZarrOptions",
     "__version__",
@@ -123,6 +125,7 @@ __all__ = [
     "make_loader",
     "merge",
     "prepare",
+    "upload_set",
     "write",
 ]
 __all__ += _errors.__all__  # the exception tree

@@ -43,7 +43,7 @@ from shardload.errors import (
 __all__ = ["COMMANDS", "Exit", "main"]
 
 #: the registry: command name -> module ``shardload.cli.<name>`` (see ``_MODULE_OF``), in help order
-COMMANDS: tuple[str, ...] = ("prepare", "merge", "inspect", "verify", "plan", "export", "demo")
+COMMANDS: tuple[str, ...] = ("prepare", "merge", "inspect", "verify", "upload", "plan", "export", "demo")
 
 #: library errors -> exit status, most specific first
 ERROR_CODES: tuple[tuple[type[BaseException], Exit], ...] = (
@@ -131,8 +131,11 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.print_help(sys.stderr)
         return Exit.USAGE
     module = _command(args.command)
-    # What to do after an interruption: a prepare is finished by rerunning it with --resume.
-    after = "; rerun the same command with --resume to continue where it stopped" if args.command == "prepare" else ""
+    # What to do after an interruption: a prepare is finished by rerunning it with --resume, an upload by rerunning it.
+    after = {
+        "prepare": "; rerun the same command with --resume to continue where it stopped",
+        "upload": "; run the same command again to finish the upload (what is already there is not put again)",
+    }.get(args.command, "")
     with _masked_output():  # errors, tracebacks (--debug), --json, prints, logs: no credential in any
         return _run(module, args, after)
 

@@ -55,8 +55,8 @@ def refuse_remote_parts(url: str, what: str = "parts (--part K/N, shardload merg
     """
     raise OutputError(
         f"{url}: {what} need an output directory every machine can write, not a URL: "
-        "prepare the parts into a shared file system and merge them there, or prepare the whole set in one run "
-        f"with -o {url}"
+        "prepare the parts into a shared file system, merge them there and put the merged set into storage with "
+        f"`shardload upload OUT {url}`, or prepare the whole set in one run with -o {url}"
     )
 
 

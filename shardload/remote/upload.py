@@ -1,10 +1,14 @@
 """Uploading a finished local shard set to object storage: shards first, ``manifest.json`` last.
 
-The last step of ``prepare -o s3://...`` (:mod:`shardload.prepare.remote`); the rules are in
-docs/remote.md, "Preparing into object storage". Guarantees: no reader opens a mix of an old and a
+The last step of ``prepare -o s3://...`` (:mod:`shardload.prepare.remote`) and the work of ``shardload
+upload SET URL`` (:mod:`shardload.sets.upload`); the rules are in docs/remote.md, "Preparing into object
+storage" and "Uploading a set". Guarantees: no reader opens a mix of an old and a
 new set (an old manifest is deleted before the first new object is put, old objects after the new
 manifest is in place); a resume skips an object only when the :class:`UploadRecord` names it *and*
-the store has it with the right size (and MD5, where the ETag is one). Every call goes through
+the store has it with the right size (and MD5, where the ETag is one); with ``by_content`` (an upload of a
+finished set) an object whose ETag is the local file's MD5 is skipped too, and with ``check`` every object is
+compared with its file (size, MD5 where known) before the manifest is put, the manifest read back after. Every
+call goes through
 :func:`~shardload.remote.retry.with_retries`; what retrying cannot help is an ``OutputError``.
 """
 
@@ -13,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,11 +152,37 @@ class SetUploader:
     def _key(self, name: str) -> str:
         return f"{self.path}/{name}"
 
+    def check_objects(self, files: list[tuple[str, Path]], record: UploadRecord) -> None:
+        """Compare the object of each ``(name, local file)`` with the file: there, its size, and its MD5 where the ETag is one.
+
+        Raises:
+            OutputError: naming the objects that differ (the manifest is not put: a rerun uploads them again).
+        """
+        objects = self.listing()
+        wrong = []
+        for name, path in files:
+            remote, size = objects.get(name), path.stat().st_size
+            if remote is None:
+                wrong.append(f"{name} is not there")
+            elif remote.size != size:
+                wrong.append(f"{name} has {remote.size:,} bytes, the file {size:,}")
+            elif remote.md5 is not None and remote.md5 != record.md5_of(name, path):
+                wrong.append(f"{name} has MD5 {remote.md5}, the file {record.md5_of(name, path)}")
+        if wrong:
+            raise OutputError(
+                f"{self.url}: after the upload, {len(wrong)} object(s) do not match their local files "
+                f"({'; '.join(wrong[:3])}{'; ...' if len(wrong) > 3 else ''}). The manifest was not uploaded, so no "
+                "reader opens the set: run the upload again (objects that differ are uploaded again)"
+            )
+
     # -- checks -----------------------------------------------------------------------------------
-    def check_target(self, objects: Mapping[str, RemoteObject], *, resume: bool, overwrite: bool) -> None:
+    def check_target(
+        self, objects: Mapping[str, RemoteObject], *, resume: bool, overwrite: bool, expected: Collection[str] = ()
+    ) -> None:
         """Refuse a URL that holds a set or an unfinished upload (as the options say), or other objects.
 
-        With ``resume`` a set there is accepted (an old one not yet replaced, or this run's own).
+        With ``resume`` a set there is accepted (an old one not yet replaced, or this run's own). ``expected``:
+        names of the set being uploaded that :func:`is_owned` does not cover (a merged set's ``parts/...``).
 
         Raises:
             OutputExistsError: naming the URL and the option that goes on.
@@ -170,7 +200,7 @@ class SetUploader:
                     "deleted when the new upload starts), or choose another URL."
                 )
             return
-        others = sorted(n for n in objects if not is_owned(n))
+        others = sorted(n for n in objects if not is_owned(n) and n not in expected)
         if others:
             raise OutputExistsError(
                 f"{self.url}: holds objects that are not a shard set ({', '.join(others[:5])}...); refusing to "
@@ -183,42 +213,68 @@ class SetUploader:
             )
 
     # -- the upload -------------------------------------------------------------------------------
-    def upload_set(self, local: Path, record: UploadRecord) -> int:
+    def upload_set(
+        self, local: Path, record: UploadRecord, *, files: list[tuple[str, Path]] | None = None, check: bool = False
+    ) -> int:
         """Upload the finished set in ``local``, ``manifest.json`` last; return the bytes uploaded.
 
         Objects that ``record`` names and the store holds whole are skipped; an old set's manifest
         (not this set's own) is deleted first, its other objects the new one lacks at the end.
+        ``files``: the set's files as (object name, path), the manifest last (default: every file in
+        ``local`` not hidden). ``check``: compare every object with its file before the manifest is put
+        (:meth:`check_objects`), and the manifest read back with the local one after.
+
+        Raises:
+            OutputError: with ``check``, an object that does not match its file after its upload.
         """
         objects = self.listing()
         if MANIFEST_NAME in objects and self.read_manifest() != (local / MANIFEST_NAME).read_bytes():
             self.delete(MANIFEST_NAME)  # from here no reader opens the old set
             crash_point("upload:old-invalidated")
-        files = _set_files(local)
+        files = files or _set_files(local)
         todo = [(name, path) for name, path in files if not record.has(name, path, objects.get(name))]
         total = sum(path.stat().st_size for _, path in todo)
         bar = Progress("upload", total=total, unit="bytes", enabled=self.progress, log=logger.name)
-        shards = [t for t in todo if t[0].startswith("shards/")]
-        rest = [t for t in todo if not t[0].startswith("shards/") and t[0] != MANIFEST_NAME]
+        shards = [t for t in todo if _is_shard(t[0])]
+        rest = [t for t in todo if not _is_shard(t[0]) and t[0] != MANIFEST_NAME]
+        # the manifest last, and always unless the store holds this very manifest (an upload of a finished set
+        # run again): it makes the objects a set
+        manifest = [[(MANIFEST_NAME, local / MANIFEST_NAME)]] if any(n == MANIFEST_NAME for n, _ in todo) else []
         uploaded = 0
         try:
             # Shards go UPLOAD_THREADS at a time, concurrently inside the filesystem's own event loop (one
-            # call, retried whole); the rest one by one; the manifest last, and always: it makes them a set.
+            # call, retried whole); the rest one by one.
             batches = [shards[i : i + UPLOAD_THREADS] for i in range(0, len(shards), UPLOAD_THREADS)]
-            for batch in [*batches, *([t] for t in rest), [(MANIFEST_NAME, local / MANIFEST_NAME)]]:
+            for batch in [*batches, *([t] for t in rest), *manifest]:
+                if check and batch[0][0] == MANIFEST_NAME:
+                    self.check_objects([t for t in files if t[0] != MANIFEST_NAME], record)
                 self.put_many(batch)
                 for name, path in batch:
                     size = path.stat().st_size
                     record.add(name, size)
                     bar.update(0, size)
                     uploaded += size
-                    if name.startswith("shards/"):
+                    if _is_shard(name):
                         crash_point(f"upload:{len(record.sizes)}")
         finally:
             bar.close()
+        if check:
+            if not manifest:
+                self.check_objects([t for t in files if t[0] != MANIFEST_NAME], record)
+            if self.read_manifest() != (local / MANIFEST_NAME).read_bytes():
+                raise OutputError(
+                    f"{join_url(self.url, MANIFEST_NAME)}: reads back other bytes than {local / MANIFEST_NAME} just "
+                    "after its upload; something else writes under this URL: stop it, then run the upload again"
+                )
         new = {name for name, _ in files}
         for name in sorted(n for n in objects if is_owned(n) and n not in new):
             self.delete(name)
         return uploaded
+
+
+def _is_shard(name: str) -> bool:
+    """Whether object ``name`` is a shard (``shards/...``, or ``parts/K/shards/...`` of a merged set)."""
+    return name.startswith("shards/") or "/shards/" in name
 
 
 def _set_files(local: Path) -> list[tuple[str, Path]]:
@@ -236,10 +292,15 @@ class UploadRecord:
 
     A header line with the digest of the staged ``manifest.json`` (a record of another staged set
     counts as empty), then one ``name size`` line per finished object (a line cut by a kill is ignored).
+    ``by_content``: an object whose ETag is the local file's MD5 counts as uploaded, recorded or not
+    (:meth:`has`); ``uploaded`` lists the objects put by this run.
     """
 
-    def __init__(self, path: Path, manifest: Path, *, fresh: bool = False) -> None:
+    def __init__(self, path: Path, manifest: Path, *, fresh: bool = False, by_content: bool = False) -> None:
         self.path = path
+        self.by_content = by_content
+        self.uploaded: list[str] = []
+        self._md5s: dict[str, str] = {}
         self.header = f"shardload-upload {hashlib.sha256(manifest.read_bytes()).hexdigest()}"
         self.sizes: dict[str, int] = {} if fresh else self._read()
         with open(self.path, "w", encoding="utf-8") as fh:
@@ -260,15 +321,29 @@ class UploadRecord:
         return sizes
 
     def has(self, name: str, local: Path, remote: RemoteObject | None) -> bool:
-        """Whether object ``name`` was uploaded whole from ``local`` and is still there (no need to put it again)."""
+        """Whether object ``name`` was uploaded whole from ``local`` and is still there (no need to put it again).
+
+        With ``by_content``, also an object that is not recorded but has the file's size and MD5 (as its ETag).
+        """
         size = local.stat().st_size
-        if name == MANIFEST_NAME or remote is None or self.sizes.get(name) != size or remote.size != size:
+        if remote is None or remote.size != size:
             return False
-        return remote.md5 is None or remote.md5 == _md5(local)
+        if self.by_content and remote.md5 is not None:
+            return remote.md5 == self.md5_of(name, local)
+        if name == MANIFEST_NAME or self.sizes.get(name) != size:
+            return False
+        return remote.md5 is None or remote.md5 == self.md5_of(name, local)
+
+    def md5_of(self, name: str, local: Path) -> str:
+        """The MD5 of ``local``, the file of object ``name`` (read once per run)."""
+        if name not in self._md5s:
+            self._md5s[name] = _md5(local)
+        return self._md5s[name]
 
     def add(self, name: str, size: int) -> None:
         """Record object ``name`` as uploaded whole."""
         self.sizes[name] = size
+        self.uploaded.append(name)
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(f"{name} {size}\n")
             fh.flush()
