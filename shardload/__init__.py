@@ -47,6 +47,7 @@ try:  # the imports below take a few tenths of a second: see _interrupted_while_
     from shardload.formats.arrow import ArrowOptions
     from shardload.formats.origin import SampleOrigin
     from shardload.formats.zarr import ZarrOptions
+    from shardload.load.stats import LoaderStats  # plain Python: no torch
     from shardload.prepare import PrepareOptions, PrepareResult, prepare, write
     from shardload.prepare.merging import MergeResult, merge
     from shardload.schema.fields import Field, Schema
@@ -106,6 +107,7 @@ __all__ = [
     "ExactMean",
     "Field",
     "LoaderOptions",
+    "LoaderStats",
     "MergeResult",
     "Mixture",
     "PrepareOptions",

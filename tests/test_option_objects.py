@@ -46,6 +46,7 @@ LOADER_CASES: dict[str, shardload.LoaderOptions] = {
     "persistent_workers": shardload.LoaderOptions(num_workers=1, persistent_workers=False),
     "timeout": shardload.LoaderOptions(timeout=30),
     "debug": shardload.LoaderOptions(debug=True),
+    "stats": shardload.LoaderOptions(stats=False),
 }
 
 
@@ -120,6 +121,7 @@ def test_every_loader_option_reaches_both_loaders(small_set: Path, field: str) -
         got = {name: getattr(made, name) for name in ("num_workers", "pin_memory", "timeout")}
         assert got == {name: expected[name] for name in got}
         assert made.plan_sampler.debug == options.debug
+        assert (made.stats is not None) == options.stats
         if options.workers:
             assert made.prefetch_factor == (options.prefetch_factor or 2)
             assert made.persistent_workers == options.persistent_workers

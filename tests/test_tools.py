@@ -201,6 +201,14 @@ def check_handoff(out: str, tmp: Path) -> None:
     assert all(number(c) > 0 for c in rows[0][2:]), rows
 
 
+def check_stats(out: str, tmp: Path) -> None:
+    rows = last_json(out)
+    assert [r["batch_size"] for r in rows] == [4], rows
+    for r in rows:
+        assert r["batches"] > 0 and all(math.isfinite(r[k]) and r[k] > 0 for k in ("on_us", "off_us", "recorder_us"))
+        assert r["ratio"] == pytest.approx(r["on_us"] / r["off_us"])
+
+
 def check_integrity(out: str, tmp: Path) -> None:
     for pattern in (r"os\.fstat: ([\d.]+) us", r"stamp check \(one shard\): ([\d.]+) us"):
         m = re.search(pattern, out)
@@ -407,6 +415,9 @@ CASES = {
         "bench_memory.py",
         lambda t: ["--scale", "0.005", "--sizes", "1", "--world-size", "2", "--cache-dir", str(t / "work"), "--json"],
         check_memory,
+    ),
+    "bench_stats": Case(
+        "bench_stats.py", lambda t: ["--samples", "200", "--batch-sizes", "4", "--rounds", "1", "--json"], check_stats
     ),
     "bench_mix": Case("bench_mix.py", lambda t: ["--samples", "10000", "--world-size", "4", "--runs", "1"], check_mix),
     "bench_pack": Case(

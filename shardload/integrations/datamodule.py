@@ -19,6 +19,7 @@ import lightning.pytorch as pl
 from shardload._base.checks import keywords_checked, with_shortcuts
 from shardload.errors import PlanError
 from shardload.integrations._quiet import quiet_foreign_warnings
+from shardload.integrations.loader_stats import LoaderStatsLogger
 from shardload.integrations.trainer import current_epoch, train_link
 from shardload.load.collate import PadSpec
 from shardload.load.loader import ShardLoader, build_loader
@@ -140,6 +141,7 @@ class ShardDataModule(pl.LightningDataModule):
         """
         quiet_foreign_warnings()
         self.world = World.detect(trainer=self.trainer)
+        self._add_stats_logger()
         for name in _SETS_OF_STAGE.get(stage, ()):
             path = self.paths[name]
             if path is not None:
@@ -147,6 +149,18 @@ class ShardDataModule(pl.LightningDataModule):
                 if isinstance(opened, MixedSets):
                     opened.check_fields(self.pad.fields)
                 self.pad.for_schema(opened.schema, f"the {name} set {opened.path}")
+
+    def _add_stats_logger(self) -> None:
+        """With ``LoaderOptions(stats=True)``: the callback that logs the training loader's stats to the trainer."""
+        trainer = self.trainer
+        callbacks = getattr(trainer, "callbacks", None)
+        if not self.loader_options.stats or not isinstance(callbacks, list):
+            return
+        o = self.loader_options
+        settings = f"num_workers={o.workers}" + (f", prefetch_factor={o.prefetch_factor or 2}" if o.workers else "")
+        # one per trainer: a second setup (another fit) replaces the callback of the first
+        callbacks[:] = [c for c in callbacks if not isinstance(c, LoaderStatsLogger)]
+        callbacks.append(LoaderStatsLogger(lambda: self._train_loader, settings))
 
     def _make(self, stage: Stage) -> ShardLoader | list[Any]:
         path = self.paths[stage]

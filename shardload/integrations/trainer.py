@@ -3,7 +3,14 @@
 The trainer is duck-typed (Lightning is not imported here); checked against
 Lightning 2.2 and 2.6, the oldest and newest supported (tests/distributed/test_trainer_clock.py).
 
-* Read, public: ``global_rank``, ``world_size`` and ``current_epoch``.
+* Read, public: ``global_rank``, ``world_size`` and ``current_epoch``; for the loader's stats
+  (``integrations/loader_stats.py``) ``log_every_n_steps``, ``loggers``, ``strategy.all_gather`` and
+  ``is_global_zero``.
+* Read, not public (:func:`logging_step`): the step Lightning logs ``self.log`` values at,
+  ``fit_loop.epoch_loop._batches_that_stepped`` (what its own ``LearningRateMonitor`` logs at), so that the
+  loader's figures share their rows; ``global_step`` (optimizer steps) where it is absent.
+* Written, public: the DataModule appends its ``LoaderStatsLogger`` to ``callbacks`` in ``setup`` (a
+  DataModule has no ``configure_callbacks``; the trainer runs the hooks of that list as it is at each call).
 * Read, not public (:func:`restored_steps`): the steps of this epoch a restore
   counts as done, from ``fit_loop.epoch_loop.batch_progress.current`` (stable
   since 2.0); no public attribute counts them, and the loader's own count is one
@@ -22,7 +29,7 @@ from typing import Any
 
 from shardload.load.sampler import TrainerLink
 
-__all__ = ["TrainerLink", "current_epoch", "limited_batches", "restored_steps", "train_link"]
+__all__ = ["TrainerLink", "current_epoch", "limited_batches", "logging_step", "restored_steps", "train_link"]
 
 
 def limited_batches(length: int, limit: int | float) -> int:
@@ -39,6 +46,12 @@ def limited_batches(length: int, limit: int | float) -> int:
 def current_epoch(trainer: Any) -> int:
     """The epoch the trainer is at (0 without a trainer)."""
     return int(trainer.current_epoch) if trainer is not None else 0
+
+
+def logging_step(trainer: Any) -> int:
+    """The step at which the trainer logs the values of ``self.log`` now."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    return int(getattr(loop, "_batches_that_stepped", trainer.global_step))
 
 
 def restored_steps(progress: Any, restart_stages: bool) -> int:

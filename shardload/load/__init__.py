@@ -8,6 +8,7 @@
 * ``collate``, ``collate_packed``: a batch's samples -> padded (or packed) numpy arrays.
 * ``prefetch``: the plan-driven prefetcher of a remote set's shards.
 * ``workers``: what went wrong with a DataLoader worker, in words a user can act on.
+* ``stats``: :class:`~shardload.load.stats.LoaderStats`, the wait, step time and tokens the loader measures.
 * ``attention``: attention masks that keep a packed batch's documents apart (SDPA, FlexAttention).
 * ``metrics``: :class:`~shardload.load.metrics.ExactMean`, exact weighted means reduced over ranks.
 

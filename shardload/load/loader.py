@@ -23,6 +23,7 @@ from shardload.load.dataset import ShardBatchDataset, WorkerBatch
 from shardload.load.options import LoaderOptions
 from shardload.load.prefetch import Prefetcher, read_orders, start_prefetch
 from shardload.load.sampler import PlanSampler, TrainerLink
+from shardload.load.stats import LoaderStats, StatsRecorder, token_field
 from shardload.load.worker_start import START_ATTEMPTS, START_PATIENCE, MarkStart, await_start, new_board
 from shardload.load.workers import dead_worker, describe_exit, describe_stall, end_workers
 from shardload.load.world import World
@@ -58,6 +59,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         persistent_workers: bool = False,
         timeout: float = 0,
         multiprocessing_context: Any = None,
+        stats: bool = True,
         **kwargs: Any,
     ) -> None:
         # Lightning passes the DataLoader arguments back when it re-creates a loader.
@@ -82,6 +84,21 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         self._superseded_by = ""
         self._prefetch: list[Prefetcher] = []  # remote sets: this rank's shards downloaded ahead
         self._stopping: list[Prefetcher] = []  # stopped after a failure; their downloads under way not yet ended
+        field = token_field(dataset.shard_set.schema, dataset.pad.fields) if stats else None
+        self._recorder = StatsRecorder(field) if stats else None
+
+    @property
+    def stats(self) -> LoaderStats | None:
+        """Wait, step time and tokens since the loader was made or :meth:`reset_stats` (None: stats are off).
+
+        See :class:`~shardload.load.stats.LoaderStats` and docs/loading.md, "Is the loader the bottleneck?".
+        """
+        return None if self._recorder is None else self._recorder.snapshot()
+
+    def reset_stats(self) -> None:
+        """Start a new interval of :attr:`stats` (the DataModule does so at every logging step)."""
+        if self._recorder is not None:
+            self._recorder.reset()
 
     @property
     def plan_sampler(self) -> PlanSampler:
@@ -103,6 +120,8 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
 
     def _batches(self, mine: int) -> Iterator[dict[str, torch.Tensor]]:
         self.plan_sampler.begin_pass()
+        if self._recorder is not None:
+            self._recorder.begin_pass()
         self._stop_prefetch()  # before workers fork: no download thread may run across a fork
         sampler = self.plan_sampler
         orders = read_orders(sampler.shard_set, sampler.plan(), self.num_workers)  # a too-small cache: refused here
@@ -125,7 +144,9 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
     def _consume(self, mine: int, orders: Any) -> Iterator[dict[str, torch.Tensor]]:
         it: Any = None
         direct: Callable[[], Any] | None = None
+        recorder = self._recorder
         while True:
+            asked = 0.0 if recorder is None else recorder.asked()
             if self._iteration != mine:
                 raise PlanError(
                     f"this iteration over the loader was superseded ({self._superseded_by} while it ran); its "
@@ -155,7 +176,11 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             for p in self._prefetch:
                 p.advance(self.plan_sampler.batches_done)
             # A batch from a worker arrives packed (unless the pinning thread unpacked it already).
-            yield batch.tensors() if isinstance(batch, WorkerBatch) else batch
+            if isinstance(batch, WorkerBatch):
+                batch = batch.tensors()
+            if recorder is not None:
+                recorder.got(asked, batch)
+            yield batch
 
     def _start_iterator(self) -> Any:
         """torch's iterator for a pass; new workers are first seen to start (:mod:`shardload.load.worker_start`).
@@ -369,4 +394,4 @@ def build_loader(
     # Checks fields and pad values against the set's schema (names and dtypes), and that a packed set can be packed.
     dataset = ShardBatchDataset(shard_set, pad, fingerprint=shard_set.fingerprint, pack=pack)
     # sampler by keyword: Lightning re-creates the loader (predict) from the recorded arguments
-    return ShardLoader(dataset, sampler=sampler, **options.dataloader_kwargs())
+    return ShardLoader(dataset, sampler=sampler, stats=options.stats, **options.dataloader_kwargs())

@@ -48,7 +48,7 @@ def check_timeout(value: object) -> float:
 
 @dataclass(frozen=True)
 class LoaderOptions:
-    """How batches are delivered: worker processes, pinning, prefetch, timeout, debug.
+    """How batches are delivered: worker processes, pinning, prefetch, timeout, debug, stats.
 
     None of these changes which batches come out, or their order: the plan
     does not depend on them. The same object serves
@@ -78,6 +78,11 @@ class LoaderOptions:
         debug: ``num_workers=0``, a per-rank plan summary every epoch, and a
             cross-rank check (one small all-gather) that raises
             :class:`~shardload.errors.PlanMismatchError` instead of hanging.
+        stats: Time each ``next()`` and count each batch's real and padded
+            tokens (``loader.stats``; the DataModule logs them as ``data/...``
+            and warns when the loader is the bottleneck); on by default, at a
+            cost of about a microsecond per batch (docs/loading.md, "Is the
+            loader the bottleneck?").
 
     ``prefetch_factor``, ``persistent_workers`` and ``timeout`` are about
     worker processes: they are checked whatever ``num_workers`` is, and have no
@@ -101,6 +106,7 @@ class LoaderOptions:
     persistent_workers: bool = True
     timeout: float = 0
     debug: bool = False
+    stats: bool = True
 
     def __post_init__(self) -> None:
         fixed: dict[str, object] = {
@@ -114,6 +120,7 @@ class LoaderOptions:
             "persistent_workers": check_bool("persistent_workers", self.persistent_workers),
             "timeout": check_timeout(self.timeout),
             "debug": check_bool("debug", self.debug),
+            "stats": check_bool("stats", self.stats),
         }
         if self.pin_memory is not None:
             fixed["pin_memory"] = check_bool("pin_memory", self.pin_memory)
