@@ -18,9 +18,12 @@ import dataclasses
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardload.cli._common import CommandError, int_at_least, parse_size, positive_int, print_json, python_hint
+
+if TYPE_CHECKING:
+    from shardload.prepare.pipeline import PrepareResult
 
 SUMMARY = "turn raw files into a shard set"
 
@@ -245,8 +248,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if result.uploaded_bytes:
         print(f"uploaded {format_bytes(result.uploaded_bytes)} to {result.path}")
-    if result.dropped:
-        print(f"the map dropped {result.dropped:,} records (it returned None or an empty list for them)")
+    for line in record_lines(result):
+        print(line)
     if result.skipped_files:
         from shardload.prepare.sources import SKIP_REASONS
 
@@ -286,6 +289,34 @@ def _map_options(args: argparse.Namespace) -> dict[str, Any]:
             sys.path.insert(0, os.getcwd())
         options[name] = load_map(spec, flag)
     return options
+
+
+def record_lines(result: PrepareResult) -> list[str]:
+    """What the summary says beyond its first line: records read and what became of them, the size by field, and
+    a field the map repeated in every piece of the records it split."""
+    from shardload._base.messages import format_bytes
+    from shardload.sets.describe import count_of
+
+    lines = []
+    dropped = f"the map dropped {result.dropped:,} records (it returned None or an empty list for them)"
+    if result.records is not None:
+        fates = [f"the map split {result.split:,} into several samples"] if result.split else []
+        fates += [dropped] if result.dropped else []
+        became = f"{count_of(result.records, 'input record')} became {count_of(result.samples, 'sample')}"
+        lines.append(f"records:  {became}" + (f": {'; '.join(fates)}" if fates else ""))
+    elif result.dropped:
+        lines.append(dropped)
+    if result.field_bytes:
+        sizes = ", ".join(f"{name} {format_bytes(n)}" for name, n in result.field_bytes.items())
+        lines.append(f"size by field: {sizes}")
+    for name, n in result.repeated_fields.items():
+        size = format_bytes(result.field_bytes.get(name, 0))
+        lines.append(
+            f"note: the map repeated field {name!r} in every piece of {count_of(n, 'record')} it split; each "
+            f"piece stores it again ({name} is {size} of the set). To keep it once, see docs/cli.md, "
+            '"Text beside tokens, kept once"'
+        )
+    return lines
 
 
 def _add_format_arguments(group: argparse._ArgumentGroup) -> None:

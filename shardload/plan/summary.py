@@ -69,6 +69,11 @@ class PlanSummary:
             ranks of each node read; or ``None``.
         draw: Training: the draw of the epoch's shard and sample orders (0: the first;
             :mod:`shardload.plan.length`).
+        whole_samples: ``(W,)`` samples of each rank, a sample cut into pieces
+            (``pack_split``) once, a sample a mixture repeats each time; ``None``:
+            as ``samples``.
+        rows: ``(W,)`` packed plans: the rows of each rank that hold a document; else ``None``.
+        input_tokens: The tokens of the set, or of a mixture's sources together.
     """
 
     world_size: int
@@ -91,6 +96,14 @@ class PlanSummary:
     ranks_per_node: int = 1
     node_cache_bytes: NDArray[np.int64] | None = None
     draw: int = 0
+    whole_samples: NDArray[np.int64] | None = None
+    rows: NDArray[np.int64] | None = None
+    input_tokens: int = 0
+
+    @property
+    def epoch_samples(self) -> int:
+        """The samples the epoch holds over all ranks (a cut sample once, a repeated one each time)."""
+        return int((self.samples if self.whole_samples is None else self.whole_samples).sum())
 
     @property
     def padding_fraction(self) -> float:
@@ -137,6 +150,8 @@ class PlanSummary:
                 "padded_tokens": int(self.padded_tokens[r]),
                 "shards": int(self.shards[r]),
             }
+            if self.rows is not None:
+                row["rows"] = int(self.rows[r])
             if self.cache_bytes is not None and self.step_bytes is not None:
                 row["cache_bytes"] = int(self.cache_bytes[r])
                 row["step_bytes"] = int(self.step_bytes[r])
@@ -167,6 +182,10 @@ class PlanSummary:
             "spread": self.spread,
             "budget_fill": self.budget_fill,
             "step_efficiency": self.step_efficiency,
+            "epoch_samples": self.epoch_samples,
+            "epoch_tokens": int(self.tokens.sum()),
+            **({"epoch_documents": int(self.samples.sum())} if self.rows is not None else {}),
+            "input_tokens": self.input_tokens,
             "ranks": self.rank_rows(),
             **(
                 {"ranks_per_node": self.ranks_per_node, "node_cache_bytes": self.node_cache_bytes.tolist()}
@@ -201,8 +220,7 @@ class PlanSummary:
         padded, counts = self.padded_tokens, self.rank_batch_counts
         slowest, fastest = int(padded.argmax()), int(padded.argmin())
         out += [
-            f"stage {self.stage}: {self.num_samples:,} samples on {self.world_size} ranks, "
-            f"{self.num_batches:,} batches per rank",
+            *self._epoch_lines(),
             f"spread:   {self.spread:.3f} = padded tokens of the slowest rank ({slowest}) / the fastest ({fastest}); "
             "every step waits for the slowest",
             f"batches:  {self.num_batches:,} per rank (before equalising {int(counts.min()):,}..{int(counts.max()):,}; "
@@ -224,6 +242,28 @@ class PlanSummary:
         out.append(f"fingerprint {self.fingerprint}")
         return "\n".join(out)
 
+    def _epoch_lines(self) -> list[str]:
+        """The headline of :meth:`format`: what the epoch holds, then (labelled) what the set or sources hold."""
+        lines = [
+            f"stage {self.stage}: the epoch holds {self.epoch_samples:,} samples, {int(self.tokens.sum()):,} tokens, "
+            f"on {self.world_size} ranks: {self.num_batches:,} batches per rank"
+        ]
+        if self.rows is not None:
+            lines.append(
+                f"packed:   {int(self.samples.sum()):,} documents (each piece of a cut sample one) in "
+                f"{int(self.rows.sum()):,} rows: {_range_of(self.rows)} rows and {self.num_batches:,} batches per rank"
+            )
+        totals = f"{self.num_samples:,} samples, {self.input_tokens:,} tokens in all"
+        if self.sources is None:
+            lines.append(f"set:      {totals}")
+        else:
+            each = ", ".join(
+                f"{name} {n:,} / {t:,}"
+                for name, n, t in zip(self.sources.names, self.sources.input_samples, self.sources.input_tokens)
+            )
+            lines.append(f"sources:  {totals} (samples / tokens: {each})")
+        return lines
+
     def _cache_lines(self) -> list[str]:
         """The cache sizing lines of :meth:`format` (none without the shards' bytes)."""
         if self.cache_bytes is None or self.step_bytes is None or self.node_cache_bytes is None:
@@ -237,6 +277,12 @@ class PlanSummary:
                 f"node:     {_span(self.node_cache_bytes)} per node of {self.ranks_per_node} ranks sharing one cache"
             )
         return lines
+
+
+def _range_of(values: NDArray[np.int64]) -> str:
+    """``"20"``, or ``"19..21"`` when the values differ."""
+    low, high = int(values.min()), int(values.max())
+    return f"{low:,}" if low == high else f"{low:,}..{high:,}"
 
 
 def _span(values: NDArray[np.int64]) -> str:
@@ -258,18 +304,30 @@ def _rank_figures(
     shard_starts: NDArray[np.int64],
     batching: Batching,
     costs: NDArray[np.int64],
-) -> tuple[int, int, int, int, int]:
-    """``(samples, filler, tokens, padded_tokens, shards)`` of one rank's plan, given its batches' ``costs``.
+) -> tuple[int, int, int, int, int, int, int]:
+    """``(samples, filler, tokens, padded_tokens, shards, whole_samples, rows)`` of one rank's plan, given its
+    batches' ``costs``.
 
     A packed plan's entries are documents (pieces of a cut sample count once
-    each, with their own tokens).
+    each, with their own tokens); ``whole_samples`` counts a cut sample once, ``rows`` the packed rows that
+    hold a document (0 for a plan that is not packed).
     """
     real = plan.weights > 0
+    whole, rows = int(real.sum()), 0
+    if plan.starts is not None:
+        whole = int((real & (plan.starts == 0)).sum())
+    if plan.rows is not None and batching.rows_per_batch is not None:
+        batch = np.repeat(np.arange(len(plan), dtype=np.int64), np.diff(plan.batch_offsets))  # (entries,)
+        rows = len(np.unique(batch[real] * batching.rows_per_batch + plan.rows[real]))
     if plan.starts is not None and batching.pack_length is not None:  # a piece's own tokens (pack_split)
         lens = np.minimum(lens - plan.starts, batching.pack_length)
     shards = np.unique(shards_of(plan.sample_ids, shard_starts))
     real_rows = int(real.sum())
-    return real_rows, len(real) - real_rows, int(lens[real].sum()), int(costs.sum()), len(shards)
+    return real_rows, len(real) - real_rows, int(lens[real].sum()), int(costs.sum()), len(shards), whole, rows
+
+
+def _tokens(inputs: PlanInputs) -> int:
+    return int(np.asarray(inputs.lengths).sum(dtype=np.int64))
 
 
 def _step_efficiency(step_sum: NDArray[np.int64], step_max: NDArray[np.int64], world_size: int) -> float:
@@ -363,7 +421,8 @@ def summarize_plan(
     if shard_bytes is not None:
         cache = _CacheTally(shard_bytes, inputs.num_shards, spec.world_size, ranks_per_node)
     kept: list[RankPlan] = []
-    figures = np.zeros((spec.world_size, 5), dtype=np.int64)  # (W, 5) samples, filler, tokens, padded, shards
+    # (W, 7) samples, filler, tokens, padded, shards, whole samples, rows
+    figures = np.zeros((spec.world_size, 7), dtype=np.int64)
     step_sum = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) padded tokens of each step, over ranks
     step_max = np.zeros(planner.num_batches, dtype=np.int64)  # (T,) the most a rank computes at each step
     tally = SourceTally(inputs, spec, batching, planner.num_batches) if isinstance(inputs, MixInputs) else None
@@ -400,4 +459,7 @@ def summarize_plan(
         ranks_per_node=ranks_per_node,
         node_cache_bytes=None if cache is None else cache.nodes,
         draw=planner.draw,
+        whole_samples=figures[:, 5],
+        rows=figures[:, 6] if batching.packing else None,
+        input_tokens=sum(_tokens(one) for one in (inputs.sources if isinstance(inputs, MixInputs) else (inputs,))),
     )

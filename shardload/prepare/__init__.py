@@ -20,9 +20,10 @@ from shardload._base.redact import get_logger
 from shardload.errors import InputError
 from shardload.formats import FORMATS
 from shardload.prepare.fingerprint import fingerprint_units
+from shardload.prepare.logged import with_logged_warnings
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.parts import parse_part, part_dir, refuse_part_into_single_set, refuse_resume_of_merged
-from shardload.prepare.pipeline import PrepareResult, run_prepare, with_logged_warnings
+from shardload.prepare.pipeline import PrepareResult, run_prepare
 from shardload.prepare.remote import prepare_to_url, refuse_remote_options, refuse_remote_parts, staging_dir
 from shardload.prepare.sources import SKIP_REASONS, SourceOptions, discover
 from shardload.remote.retry import RetryPolicy

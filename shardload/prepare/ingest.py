@@ -137,7 +137,12 @@ def ingest(
         for where, sample in batch.samples():
             stager.add_sample(check(sample, where), where)
     stager.flush()
-    record = StagedUnit(unit_key, tuple(chunks), skip + stager.samples, stager.nbytes, samples.dropped)
+    count = skip + stager.samples
+    # without a map, each record is one sample (and the batches path reads no record through ``samples``)
+    records = samples.records if samples.mapping else count
+    record = StagedUnit(
+        unit_key, tuple(chunks), count, stager.nbytes, samples.dropped, records, samples.split, samples.repeated
+    )
     with output_errors(staging.parents[1], f"staging the samples of {source}"):
         atomic_write_text(done, json.dumps(record.to_json()), durable=durable)
     return record

@@ -7,7 +7,8 @@ finished step leaves on disk as JSON, which is how ``--resume`` skips it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,9 @@ class IngestJob:
 class StagedUnit:
     """A staged source unit (``staging/<unit>.done``): its chunks in order, their samples and payload bytes.
 
-    ``dropped`` counts the records the map function dropped.
+    ``dropped`` counts the records the map function dropped, ``records`` the records read (``None`` in the
+    record of an older shardload, which did not count them), ``split`` those the map made several samples
+    of, and ``repeated`` the split records that have the same value of a field in every piece, by field.
     """
 
     unit: str
@@ -44,6 +47,9 @@ class StagedUnit:
     samples: int
     bytes: int
     dropped: int = 0
+    records: int | None = None
+    split: int = 0
+    repeated: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The record as written to the ``.done`` file."""
@@ -52,10 +58,30 @@ class StagedUnit:
     @classmethod
     def from_json(cls, obj: Any) -> StagedUnit:
         """The record read back from a ``.done`` file."""
-        # ``dropped`` is absent from the records of a run made before maps existed
+        # ``dropped`` is absent from the records of a run made before maps existed, ``records`` (and the
+        # rest) from those of a run made before records were counted
+        records = obj.get("records")
         return cls(
-            obj["unit"], tuple(obj["chunks"]), int(obj["samples"]), int(obj["bytes"]), int(obj.get("dropped", 0))
+            obj["unit"],
+            tuple(obj["chunks"]),
+            int(obj["samples"]),
+            int(obj["bytes"]),
+            int(obj.get("dropped", 0)),
+            None if records is None else int(records),
+            int(obj.get("split", 0)),
+            {str(k): int(v) for k, v in obj.get("repeated", {}).items()},
         )
+
+
+def record_counts(units: Sequence[StagedUnit]) -> tuple[int, int | None, int, dict[str, int]]:
+    """``(dropped, records, split, repeated)`` of ``units`` together; ``records`` is None if one did not count."""
+    repeated: dict[str, int] = {}
+    for u in units:
+        for name, n in u.repeated.items():
+            repeated[name] = repeated.get(name, 0) + n
+    counted = [u.records for u in units]
+    records = None if None in counted else sum(n for n in counted if n is not None)
+    return sum(u.dropped for u in units), records, sum(u.split for u in units), repeated
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn
 
+import numpy as np
+
 from shardload._base.interrupts import Interruption
 from shardload.errors import InputError
 from shardload.schema._nonarray import FIELD_HOLDS, describe_non_array
@@ -352,7 +354,17 @@ class MappedSamples:
         self._pending: list[tuple[str, Mapping[str, Any]]] = []
         #: records the map dropped (it returned None or an empty list)
         self.dropped = 0
+        #: records given to the map, and those it split (made more than one sample of)
+        self.records = 0
+        self.split = 0
+        #: field -> split records that have the same value of it in every piece
+        self.repeated: dict[str, int] = {}
         self._moved = False  # the map changed the working directory (said once)
+
+    @property
+    def mapping(self) -> bool:
+        """Whether the samples pass through a map (else ``records`` counts nothing: each record is a sample)."""
+        return self._fn is not None
 
     def __iter__(self) -> Iterator[tuple[str, Mapping[str, Any]]]:
         return self
@@ -409,6 +421,7 @@ class MappedSamples:
     def _results(self, where: str, out: Any) -> list[tuple[str, Mapping[str, Any]]]:
         """The samples the map made of the record read at ``where`` (``out``: what it returned for it), checked."""
         name = self._name
+        self.records += 1
         if out is None:
             self.dropped += 1
             return []
@@ -428,11 +441,34 @@ class MappedSamples:
             _check_fields(piece, f"{where}, piece {j + 1} of {len(out)}", name)
         if not out:
             self.dropped += 1
+        if len(out) > 1:
+            self._count_split(out)
         n = len(out)
         return [(f"{where}, piece {j + 1} of {n} (mapped by {name})", piece) for j, piece in enumerate(out)]
 
+    def _count_split(self, pieces: list[Mapping[str, Any]]) -> None:
+        """Count a split record, and each field whose value every piece repeats (text kept beside tokens)."""
+        self.split += 1
+        first, rest = pieces[0], pieces[1:]
+        for key, value in first.items():
+            if all(key in p and same_value(p[key], value) for p in rest):
+                self.repeated[key] = self.repeated.get(key, 0) + 1
+
     #: what the map returns, for messages
     returns = RETURNS
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two values a map returned for one field hold the same data (arrays: same dtype, shape and values)."""
+    if a is b:
+        return True
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        x, y = np.asarray(a), np.asarray(b)
+        return x.dtype == y.dtype and x.shape == y.shape and bool(np.array_equal(x, y))
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001  == gave no truth value (numpy, torch raise their own kinds): not the same
+        return False
 
 
 def _check_fields(sample: Mapping[str, Any], where: str, name: str) -> None:

@@ -15,9 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import json
-import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +32,7 @@ from shardload._base.output import atomic_file, atomic_write_text
 from shardload._base.pool import WorkerPool, map_in_workers
 from shardload._base.progress import Progress
 from shardload._base.ranges import offsets_from_lengths
-from shardload._base.redact import get_logger, redact
+from shardload._base.redact import get_logger
 from shardload.errors import InputError, OutputError
 from shardload.formats import format_of
 from shardload.formats.arrow import ArrowShardReader
@@ -53,7 +51,7 @@ from shardload.prepare.guards import (
 )
 from shardload.prepare.index import new_manifest, write_index
 from shardload.prepare.ingest import SampleChecker, cast_fields, ingest, unit_key
-from shardload.prepare.jobs import ShardJob, ShardRecord, StagedUnit
+from shardload.prepare.jobs import ShardJob, ShardRecord, StagedUnit, record_counts
 from shardload.prepare.mapping import MappedSamples, check_sendable, map_name
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.parts import (
@@ -98,6 +96,17 @@ class PrepareResult:
     dropped: int = 0
     #: bytes this run uploaded, when the output is a URL (a resumed upload counts only what it put)
     uploaded_bytes: int = 0
+    #: input records read (a sample of ``write()``'s iterable is a record); ``None`` when the run read none
+    #: (the set or part was complete already) or resumed staging of an older shardload, which did not count
+    records: int | None = None
+    #: records the map made more than one sample of (``None`` as for ``records``)
+    split: int | None = None
+    #: the set's bytes by field: its values and offsets as a shard stores them (before compression, for a
+    #: compressed format), in schema order; empty when the run had nothing to do
+    field_bytes: Mapping[str, int] = field(default_factory=dict)
+    #: the fields beside the tokens (text, or a variable field other than ``length_field``) whose value the map
+    #: repeated in every piece of a record it split, with how many such records: each piece stores it again
+    repeated_fields: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def skipped_files(self) -> int:
@@ -111,42 +120,9 @@ class PrepareResult:
             "skipped": dict(self.skipped),
             "skipped_files": self.skipped_files,
             "warnings": list(self.warnings),
+            "field_bytes": dict(self.field_bytes),
+            "repeated_fields": dict(self.repeated_fields),
         }
-
-
-class _WarningsOfThisThread(logging.Handler):
-    """Collects the messages of the warnings logged by the thread that made it."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.thread = threading.get_ident()
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.thread == self.thread:
-            self.messages.append(redact(record.getMessage()))
-
-
-def with_logged_warnings(entry: Callable[_P, PrepareResult]) -> Callable[_P, PrepareResult]:
-    """``entry`` (a prepare entry point) with every warning its run logs in ``PrepareResult.warnings``, once each.
-
-    A warning of a run is logged on ``shardload.prepare`` (or a logger below it) where it arises: listing the
-    sources, redoing a part, laying out the shards. Collecting them from that logger, rather than each one into
-    the result by hand, is what keeps ``--json``'s ``warnings`` from missing one that stderr shows. Only this
-    process's warnings, from the calling thread: a warning a worker process logs (``--workers N``) is not seen.
-    """
-
-    @functools.wraps(entry)
-    def collected(*args: _P.args, **kwargs: _P.kwargs) -> PrepareResult:
-        handler = _WarningsOfThisThread()
-        logger.addHandler(handler)
-        try:
-            result = entry(*args, **kwargs)
-        finally:
-            logger.removeHandler(handler)
-        return dataclasses.replace(result, warnings=tuple(dict.fromkeys([*result.warnings, *handler.messages])))
-
-    return collected
 
 
 # -- 1. ingest: the run's side (the step itself is shardload.prepare.ingest) ------------------------
@@ -167,12 +143,22 @@ class Staged:
     field_lengths: dict[str, NDArray[np.int64]]
     # sample_bytes: (N,) payload bytes per source position
     sample_bytes: NDArray[np.int64]
+    # value_bytes: field -> bytes of its values over all samples (offsets not included)
+    value_bytes: dict[str, int] = field(default_factory=dict)
+
+    def field_bytes(self, schema: Schema, num_shards: int) -> dict[str, int]:
+        """Each field's bytes in a set of ``num_shards`` shards: values, and int64 offsets (``n + 1`` a shard)."""
+        n = len(self.lengths)
+        return {
+            f.name: self.value_bytes[f.name] + (8 * (n + num_shards) if f.has_offsets else 0) for f in schema.fields
+        }
 
 
 def collect_staged(records: Sequence[StagedUnit], schema: Schema, staging: Path) -> Staged:
     paths = [staging / name for r in records for name in r.chunks]
     field_parts: dict[str, list[NDArray[np.int64]]] = {f.name: [] for f in schema.variable_fields}
     counts, bytes_parts = [], []
+    value_bytes = dict.fromkeys((f.name for f in schema.fields), 0)
     for path in paths:
         cols = ArrowShardReader(path, schema).columns()
         counts.append(cols.num_samples)
@@ -185,13 +171,15 @@ def collect_staged(records: Sequence[StagedUnit], schema: Schema, staging: Path)
                 if f.variable:
                     field_parts[f.name].append(lens)
                 per_sample += lens * row_bytes
+                value_bytes[f.name] += int(lens.sum()) * row_bytes
             else:
                 per_sample += row_bytes
+                value_bytes[f.name] += cols.num_samples * row_bytes
         bytes_parts.append(per_sample)
     starts = offsets_from_lengths(counts)
     field_lengths = {k: _cat(v) for k, v in field_parts.items()}
     lengths = schema.batching_lengths(field_lengths, int(starts[-1]))
-    return Staged(paths, starts, lengths, field_lengths, _cat(bytes_parts))
+    return Staged(paths, starts, lengths, field_lengths, _cat(bytes_parts), value_bytes)
 
 
 def _cat(parts: Sequence[NDArray[np.int64]]) -> NDArray[np.int64]:
@@ -346,8 +334,16 @@ def _run_prepare(
             wd.commit(
                 [*files.values(), "origin.npy", origins, *([manifest.shard_table] if manifest.shard_table else [])]
             )
-        dropped = sum(r.dropped for r in records)
-        return result_of(wd.out, time.perf_counter() - started, in_bytes, dropped)
+        dropped, read, split, repeated = record_counts(records)
+        # not a token field, which pieces share only by chance: text, or a variable field that is not the length
+        stored = {f.name for f in schema.fields if f.text or (f.variable and schema.length_field not in (None, f.name))}
+        return dataclasses.replace(
+            result_of(wd.out, time.perf_counter() - started, in_bytes, dropped),
+            records=read,
+            split=split,
+            field_bytes=staged.field_bytes(schema, len(shard_records)),
+            repeated_fields={k: n for k, n in repeated.items() if k in stored},
+        )
 
 
 def _infer_schema(

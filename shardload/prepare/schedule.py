@@ -33,7 +33,7 @@ from shardload.formats.arrow import ArrowOptions, ArrowShardReader, ArrowShardWr
 from shardload.formats.origin import read_chunk_origins, write_chunk_origins
 from shardload.prepare.batched import mapped_samples
 from shardload.prepare.ingest import SampleChecker, chunk_name, ingest, unit_key
-from shardload.prepare.jobs import IngestJob, StagedUnit
+from shardload.prepare.jobs import IngestJob, StagedUnit, record_counts
 from shardload.prepare.mapping import sendable
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.parts import unit_bytes
@@ -205,8 +205,7 @@ def join_pieces(
     finally:
         for reader in readers:
             reader.close()
-    dropped = sum(p.dropped for p in pieces)
-    record = StagedUnit(unit_key, tuple(chunks), stager.samples, stager.nbytes, dropped)
+    record = StagedUnit(unit_key, tuple(chunks), stager.samples, stager.nbytes, *record_counts(pieces))
     with output_errors(staging.parents[1], f"staging the samples of {source}"):
         atomic_write_text(staging / f"{unit_key}.done", json.dumps(record.to_json()))
     for p in pieces:

@@ -176,3 +176,69 @@ def test_plan_sizes_the_cache_per_rank_and_per_node(cli, shard_set) -> None:
     assert "cache:" in table and "per node of 2 ranks" in table
     r = cli("plan", shard_set, "--world-size", "2", "--batch-size", "8", "--ranks-per-node", "4")
     assert r.code == 2 and "--ranks-per-node 4 is more than --world-size 2" in r.err
+
+
+def _epoch_of(ranks: list[dict], rows_per_batch: int | None = None) -> tuple[int, int, int]:
+    """``(samples, documents, rows)`` of the batches ``--with-ids`` lists: a cut sample's pieces one sample,
+    each piece one document, and the distinct packed rows that hold one."""
+    samples = documents = rows = 0
+    for rank in ranks:
+        for b, (weights, starts) in enumerate(
+            zip(rank["batch_weights"], rank.get("batch_starts", rank["batch_weights"]))
+        ):
+            real = [i for i, w in enumerate(weights) if w > 0]
+            documents += len(real)
+            samples += sum(1 for i in real if "batch_starts" not in rank or starts[i] == 0)
+            if rows_per_batch is not None:
+                rows += len({rank["batch_rows"][b][i] for i in real})
+    return samples, documents, rows
+
+
+def test_plan_of_a_mixture_headlines_the_epoch_then_the_sources(cli, npy_dir, tmp_path) -> None:
+    """`plan --source` said "1,899 samples" (the sources') for an epoch of 80 samples, 416 documents."""
+    lengths = {}
+    for name, seed in (("web", 1), ("code", 2)):
+        rng = np.random.default_rng(seed)
+        arrays = [rng.integers(0, 9, size=int(rng.integers(5, 300))) for _ in range(120)]
+        lengths[name] = [len(a) for a in arrays]
+        shardload.write(({"tokens": a} for a in arrays), tmp_path / name, num_shards=3, progress=False)
+    argv = ["plan", "--source", f"web={tmp_path / 'web'}:0.7", "--source", f"code={tmp_path / 'code'}:0.3"]
+    argv += ["--epoch-tokens", "9000", "--world-size", "2", "--packing", "--pack-length", "128"]
+    argv += ["--rows-per-batch", "4", "--pack-split"]
+    r = cli(*argv, "--json", "--with-ids")
+    assert r.code == 0, r.err
+    obj = r.json()
+    samples, documents, rows = _epoch_of(obj["ranks"], rows_per_batch=4)
+    all_samples, all_tokens = sum(map(len, lengths.values())), sum(map(sum, lengths.values()))
+    assert documents > samples  # some samples are cut into pieces: the two counts differ
+    assert samples < all_samples  # the epoch takes part of the sources: the two totals differ
+    # Invariant: the epoch's figures are those of its batches; the sources' those of the sets
+    assert (obj["epoch_samples"], obj["epoch_documents"]) == (samples, documents)
+    assert sum(rank["rows"] for rank in obj["ranks"]) == rows
+    assert (obj["num_samples"], obj["input_tokens"]) == (all_samples, all_tokens)
+    assert [(s["input_samples"], s["input_tokens"]) for s in obj["sources"]] == [
+        (len(lengths[n]), sum(lengths[n])) for n in ("web", "code")
+    ]
+    text = cli(*argv).out
+    head = text.index("stage train: ")
+    # Invariant: the headline is the epoch; the sources' totals come after it, labelled
+    assert text[head:].startswith(
+        f"stage train: the epoch holds {samples:,} samples, {obj['epoch_tokens']:,} tokens, on 2 ranks: "
+        f"{obj['num_batches']:,} batches per rank\npacked:   {documents:,} documents"
+    )
+    assert f"in {rows:,} rows" in text
+    assert f"\nsources:  {all_samples:,} samples, {all_tokens:,} tokens in all (" in text[head:]
+    assert f"web {len(lengths['web']):,} / {sum(lengths['web']):,}" in text
+
+
+def test_plan_of_one_set_headlines_the_epoch_then_the_set(cli, npy_dir, tmp_path) -> None:
+    assert cli("prepare", npy_dir, "-o", tmp_path / "set", "--field", "tokens", "--no-progress").code == 0
+    lengths = [len(np.load(p)) for p in npy_dir.iterdir()]
+    argv = ["plan", tmp_path / "set", "--world-size", "3", "--batch-size", "4", "--uneven", "drop"]
+    obj = cli(*argv, "--json", "--with-ids").json()
+    samples, _, _ = _epoch_of(obj["ranks"])
+    assert obj["epoch_samples"] == samples and obj["input_tokens"] == sum(lengths)
+    text = cli(*argv).out
+    assert f"stage train: the epoch holds {samples:,} samples, " in text
+    assert f"\nset:      {len(lengths):,} samples, {sum(lengths):,} tokens in all" in text
+    assert text.index("the epoch holds") < text.index("\nset:")

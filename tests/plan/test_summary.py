@@ -43,7 +43,9 @@ def test_summary_reports_render() -> None:
         PlanInputs(np.arange(100), np.array([60, 40])), EpochSpec(world_size=3, stage="val"), Batching(batch_size=8)
     )
     text = summary.format()
-    assert "stage val: 100 samples on 3 ranks" in text and "padding" in text
+    # the epoch first, then the set's totals, labelled (lengths 0..99: 4,950 tokens)
+    assert "stage val: the epoch holds 100 samples, 4,950 tokens, on 3 ranks: " in text and "padding" in text
+    assert "\nset:      100 samples, 4,950 tokens in all" in text
     data = json.loads(json.dumps(summary.to_dict()))
     assert [row["samples"] for row in data["ranks"]] == [33, 33, 34]
     assert data["budget_fill"] is None

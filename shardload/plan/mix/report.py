@@ -12,7 +12,7 @@ to a :class:`SourceTally` and puts the :class:`SourceReport` it makes into
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,8 @@ class SourceReport:
         deviation: ``(K,)`` the worst ``|x_k - w_k X|`` over step prefixes, all
             ranks together, in units (tokens or samples).
         longest: The longest sample (1 with ``by="samples"``): the scale of the deviation bound.
+        input_samples: ``(K,)`` the samples each source holds (what the epoch selects from).
+        input_tokens: ``(K,)`` the tokens each source holds.
     """
 
     names: tuple[str, ...]
@@ -54,6 +56,8 @@ class SourceReport:
     rank_share: NDArray[np.float64]
     deviation: NDArray[np.float64]
     longest: int
+    input_samples: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    input_tokens: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def to_dict(self) -> list[dict[str, Any]]:
         """One JSON-ready dict per source (``shardload plan --json``'s ``sources``)."""
@@ -68,6 +72,11 @@ class SourceReport:
                 "rank_share_min": float(self.rank_share[:, k].min()) if len(self.rank_share) else 0.0,
                 "rank_share_max": float(self.rank_share[:, k].max()) if len(self.rank_share) else 0.0,
                 f"worst_prefix_deviation_{self.by}": float(self.deviation[k]),
+                **(
+                    {"input_samples": int(self.input_samples[k]), "input_tokens": int(self.input_tokens[k])}
+                    if len(self.input_samples)
+                    else {}
+                ),
             }
             for k, name in enumerate(self.names)
         ]
@@ -148,4 +157,6 @@ class SourceTally:
             rank_share=self.rank_units / np.maximum(per_rank, 1),
             deviation=deviation,
             longest=1 if mix.by == "samples" else mix.max_length,
+            input_samples=np.array([s.num_samples for s in mix.sources], dtype=np.int64),
+            input_tokens=np.array([np.asarray(s.lengths).sum(dtype=np.int64) for s in mix.sources], dtype=np.int64),
         )
