@@ -97,6 +97,7 @@ def _reference(key: BatchKey, spec: PackSpec, pad: dict[str, float]) -> dict[str
         "document_ids": doc,
         "cu_seqlens": np.array(cu, np.int32),
         "max_seqlen": np.array(max(np.diff(cu)), np.int32),
+        "sample_start": np.asarray(starts, np.int64).copy(),
         "sample_id": key.sample_ids.copy(),
         "weight": key.weights.copy(),
     }

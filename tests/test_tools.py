@@ -181,6 +181,15 @@ def check_pack_baseline(out: str, tmp: Path) -> None:
     assert ratio and float(ratio.group(1)) > 0 and float(ratio.group(2)) > 0, out[-2000:]
 
 
+def check_pack_load(out: str, tmp: Path) -> None:
+    runs = table(out, "| run | batches")
+    assert [r[-1] for r in runs] == ["this checkout", "baseline"] * 2 + ["this checkout", "baseline"], runs
+    assert len({(r[1], r[2]) for r in runs[:4]}) == 1, runs  # the same batches and tokens with either library
+    assert all(number(r[3]) > 0 and number(r[4]) > 0 for r in runs), runs
+    ratio = re.search(r"after/before \(loading, medians of 2 runs each\): wall ([\d.]+), CPU ([\d.]+)", out)
+    assert ratio and float(ratio.group(1)) > 0 and float(ratio.group(2)) > 0, out[-2000:]
+
+
 def check_sim_cache(out: str, tmp: Path) -> None:
     results = json.loads((tmp / "cache.json").read_text())["results"]
     assert set(results) == {"equal sizes", "sizes by tokens"}
@@ -435,6 +444,11 @@ CASES = {
             *("--baseline-tree", str(REPO), "--repeat", "2"),
         ],
         check_pack_baseline,
+    ),
+    "bench_pack-load": Case(
+        "bench_pack.py",
+        lambda t: ["--parts", "load", "--load-samples", "300", "--baseline-tree", str(REPO), "--repeat", "2"],
+        check_pack_load,
     ),
     "bench_plan": Case(
         "bench_plan.py",

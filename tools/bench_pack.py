@@ -1,6 +1,6 @@
-"""Benchmark packed batches: fill, per-step balance and planning time, against bucketing and random batches.
+"""Benchmark packed batches: fill, per-step balance, planning time and loading, against bucketing and random batches.
 
-Three parts, each comparing figures measured in the same run:
+Four parts, each comparing figures measured in the same run:
 
 1. **Fill and balance** (``summarize_plan`` over all ranks) of packed batches
    (``Batching(packing=True, pack_length=L, rows_per_batch=R)``) against
@@ -25,6 +25,12 @@ Three parts, each comparing figures measured in the same run:
    ``DIR`` in alternation, on the same lengths file: the table gets a row per
    run and the medians, and an after/before line gives the ratios of the
    medians of wall and CPU time (below 1: this checkout is faster).
+4. **Loading** (``--parts load``): one epoch of packed batches read through
+   ``make_loader`` (``pack_split``, one rank, ``num_workers=0``) from a set of
+   ``--load-samples`` long-tailed int32 token samples written once, after one
+   warm-up epoch: wall and CPU time of the epoch, in a fresh interpreter per
+   run; with ``--baseline-tree DIR`` in alternation with the library at
+   ``DIR``, ``--repeat`` times, with the after/before ratios of the medians.
 
 Examples::
 
@@ -33,6 +39,7 @@ Examples::
     python tools/bench_pack.py --parts time --timing-samples 10000000 100000000 --profile
     python tools/bench_pack.py --parts time --timing-lengths uniform --pack-lengths 131072 --timing-world-size 1000
     python tools/bench_pack.py --parts time --timing-samples 100000000 --baseline-tree /tmp/base --repeat 3
+    python tools/bench_pack.py --parts load --baseline-tree /tmp/base --repeat 5
 """
 
 from __future__ import annotations
@@ -226,6 +233,67 @@ def timing_table(args: argparse.Namespace) -> None:
         )
 
 
+def load_table(args: argparse.Namespace) -> None:
+    length, rows, num = args.pack_lengths[0], args.rows_per_batch, args.load_samples
+    print(
+        f"\n## Loading packed batches: L={length} R={rows}, pack_split, {num:,} long-tailed int32 token samples, "
+        f"one rank, num_workers=0 ({os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f})\n"
+    )
+    print("| run | batches | tokens | epoch wall | epoch CPU | library |")
+    print("|---:|---:|---:|---:|---:|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        import shardload
+        from shardload.testing import long_tailed_lengths
+
+        rng = np.random.default_rng(args.seed)
+        lengths = long_tailed_lengths(num, median=256, high=4 * length, seed=args.seed)
+        samples = ({"tokens": rng.integers(0, 50_000, n, dtype=np.int32)} for n in lengths)
+        shardload.write(samples, Path(tmp) / "set", shard_size=max(1, num // 16), progress=False)
+        job = {"part": "load", "path": str(Path(tmp) / "set"), "length": length, "rows": rows, "seed": args.seed}
+        trees = [("this checkout", REPO)]
+        if args.baseline_tree is not None:
+            trees.append(("baseline", args.baseline_tree))
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
+        for k in range(args.repeat):  # in alternation: both libraries under the same load
+            for name, tree in trees:
+                got = run_child(job, tree)
+                runs[name].append(got)
+                print(
+                    f"| {k + 1} | {int(got['batches'])} | {int(got['tokens']):,} | {got['wall_s']:.3f} s "
+                    f"| {got['cpu_s']:.3f} s | {name} |"
+                )
+    medians = {name: {k: median([r[k] for r in rs]) for k in ("wall_s", "cpu_s")} for name, rs in runs.items()}
+    for name, m in medians.items():
+        print(f"| median | | | {m['wall_s']:.3f} s | **{m['cpu_s']:.3f} s** | {name} |")
+    if args.baseline_tree is not None:
+        mine, base = medians["this checkout"], medians["baseline"]
+        print(
+            f"\nafter/before (loading, medians of {args.repeat} runs each): wall {mine['wall_s'] / base['wall_s']:.3f}, "
+            f"CPU {mine['cpu_s'] / base['cpu_s']:.3f} (this checkout over {args.baseline_tree})"
+        )
+
+
+def time_loading(job: dict[str, int | str]) -> dict[str, float]:
+    """One packed epoch of the set at ``job["path"]``, after a warm-up epoch: wall and CPU seconds, batches, tokens."""
+    from shardload import make_loader
+
+    batching = Batching(packing=True, pack_length=int(job["length"]), rows_per_batch=int(job["rows"]), pack_split=True)
+    loader = make_loader(str(job["path"]), batching=batching, rank=0, world_size=1, seed=int(job["seed"]))
+    for _ in loader:  # warm-up: imports, shard maps, page cache
+        pass
+    batches = tokens = 0
+    start, cpu = time.perf_counter(), time.process_time()
+    for batch in loader:
+        batches += 1
+        tokens += int(batch["tokens_lengths"].sum())
+    return {
+        "wall_s": time.perf_counter() - start,
+        "cpu_s": time.process_time() - cpu,
+        "batches": batches,
+        "tokens": tokens,
+    }
+
+
 def median(values: list[float]) -> float:
     return float(np.median(values))
 
@@ -274,6 +342,9 @@ def run_child(job: dict[str, int | str], tree: Path) -> dict[str, float]:
 def child(job: dict[str, int | str]) -> None:
     import shardload
 
+    if job.get("part") == "load":
+        print("RESULT " + json.dumps(time_loading(job)))
+        return
     planner, got = time_planning(job)
     library = str(Path(shardload.__file__).resolve().parent.parent)
     counts = planner.rank_batch_counts.tolist()
@@ -293,7 +364,9 @@ def profile_count(planner: EpochPlanner) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--parts", nargs="+", choices=("fill", "rows", "time"), default=["fill", "rows", "time"])
+    parser.add_argument(
+        "--parts", nargs="+", choices=("fill", "rows", "time", "load"), default=["fill", "rows", "time"]
+    )
     parser.add_argument("--samples", type=int, default=10_000_000, help="samples for the fill table")
     parser.add_argument("--world-size", type=int, nargs="+", default=[8, 1024], help="ranks for the fill table")
     parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
@@ -310,6 +383,7 @@ def main(argv: list[str] | None = None) -> None:
         help="lengths of the timing table (uniform: in [1, L], the packer's worst case)",
     )
     parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--load-samples", type=int, default=50_000, help="samples of the set the load part reads")
     parser.add_argument("--profile", action="store_true", help="split the planning time (adds a second count pass)")
     parser.add_argument("--quick", action="store_true", help="1M samples, items up to 100k, timing on 1M")
     parser.add_argument("--seed", type=int, default=0)
@@ -319,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
         help="another shardload checkout (e.g. a git worktree of main): the timing table also plans with its "
         "library, in alternation, and prints the after/before ratios",
     )
-    parser.add_argument("--repeat", type=int, default=1, help="runs of each library with --baseline-tree")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each library with --baseline-tree (and of load)")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one measurement, as JSON (run by --baseline-tree)
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -343,6 +417,8 @@ def main(argv: list[str] | None = None) -> None:
         pack_rows_table(args)
     if "time" in args.parts:
         timing_table(args)
+    if "load" in args.parts:
+        load_table(args)
     print(f"\nwall time {time.perf_counter() - start:.0f} s")
 
 

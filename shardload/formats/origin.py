@@ -7,6 +7,10 @@ shard order as the set's ``origins.arrow`` (:func:`write_set_origins`), from whi
 ``origins.arrow`` is an Arrow IPC file with one row per sample, in sample-id order: ``file``
 (dictionary-encoded string, ``""`` for samples given to ``write()``), ``kind`` (dictionary-encoded
 string), ``position`` (int64, -1 when none) and ``key`` (string, ``""`` when none).
+
+Which piece of its record a sample is (a map may return several samples for one record) is not
+stored: the pieces of a record are consecutive in source order, so ``origin.npy`` (each sample's
+source position) and the origins tell it (:func:`record_pieces`), for sets made before too.
 """
 
 from __future__ import annotations
@@ -24,10 +28,17 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from shardload._base.output import atomic_file
+from shardload._base.setfiles import open_index, reason_of
 from shardload.errors import ShardSetError
 from shardload.formats.arrow.arrays import arrow_of, one_string, strings
 
 ORIGINS_NAME = "origins.arrow"
+#: each sample's position in the source order (prepare's ``order``), int64 [N]
+ORDER_NAME = "origin.npy"
+#: the key of the origin of a sample staged by a run of an older shardload (:func:`write_set_origins`)
+_NOT_RECORDED = "not recorded"
+#: source positions read at a time when looking for a record's pieces in ``origin.npy``
+_SCAN_CHUNK = 1 << 20
 #: what a :class:`SampleOrigin`'s ``position`` / ``key`` is
 OriginKind = Literal["row", "line", "member", "file", "index", "other"]
 
@@ -53,20 +64,36 @@ class SampleOrigin:
             ``"other"`` (``key`` holds the locator text as prepare wrote it).
         position: the row, line or index; ``None`` for the other kinds.
         key: the WebDataset key, or the locator text of kind ``"other"``; else ``None``.
+        piece: which of the samples made of this record this one is, from 0, in
+            the order the map returned them (0 for a record a map did not split,
+            and in a set prepared without a map); ``None`` when not recorded.
+        pieces: how many samples the record became (1 unless a map returned a
+            list of several); ``None`` when not recorded: a sample staged by an
+            older shardload (kind ``"other"``), or a set without ``origin.npy``.
+
+    Every piece of a record has the record's ``file``, ``kind``, ``position`` and
+    ``key``; ``str()`` names the piece as prepare's messages do (``data/a.jsonl:
+    line 3, piece 2 of 4``, counted from 1).
     """
 
     file: str | None
     kind: OriginKind
     position: int | None = None
     key: str | None = None
+    piece: int | None = 0
+    pieces: int | None = 1
 
     def __str__(self) -> str:
         at = {"row": f"row {self.position}", "line": f"line {self.position}", "member": f"sample {self.key!r}"}
         if self.kind == "index":
-            return f"sample {self.position} of the iterable given to write()"
-        if self.kind == "other":
-            return str(self.key)
-        return f"{self.file}: {at[self.kind]}" if self.kind in at else str(self.file)
+            text = f"sample {self.position} of the iterable given to write()"
+        elif self.kind == "other":
+            text = str(self.key)
+        else:
+            text = f"{self.file}: {at[self.kind]}" if self.kind in at else str(self.file)
+        if self.piece is not None and self.pieces is not None and self.pieces > 1:
+            text += f", piece {self.piece + 1} of {self.pieces}"
+        return text
 
 
 def parse_locator(locator: str, files: Sequence[str]) -> SampleOrigin:
@@ -182,7 +209,7 @@ def write_set_origins(work: Path, chunks: Sequence[Path], order: np.ndarray) -> 
     for chunk in chunks:
         if not chunk_origins_path(chunk).exists():  # staged by a run of an older shardload, now resumed
             rows = _read(chunk).get_batch(0).num_rows
-            unknown = SampleOrigin(None, "other", key=f"not recorded (staged by an older shardload: {chunk.name})")
+            unknown = SampleOrigin(None, "other", key=f"{_NOT_RECORDED} (staged by an older shardload: {chunk.name})")
             tables.append(_table([unknown] * rows))
             continue
         tables.append(_read(chunk_origins_path(chunk)).read_all())
@@ -226,8 +253,14 @@ def read_origins(root: Path, total: int, *, every_row: bool = False) -> pa.Table
     return table
 
 
-def read_origin(root: Path, sample_id: int, total: int) -> SampleOrigin:
-    """Entry ``sample_id`` of the set's ``origins.arrow``.
+def read_origin(
+    root: Path, sample_id: int, total: int, *, mapped: bool = False, parts: Sequence[tuple[int, int]] = ()
+) -> SampleOrigin:
+    """Entry ``sample_id`` of the set's ``origins.arrow``, with the piece of its record it is.
+
+    ``mapped``: the set was prepared with a map (only then may a record have several pieces, found
+    with ``origin.npy``: :func:`record_pieces`); ``parts``: ``(first sample, samples)`` of each part of
+    a set merged from parts (a record's pieces never cross a part).
 
     Raises:
         TypeError: ``sample_id`` is not an integer (a bool, float or str).
@@ -243,11 +276,85 @@ def read_origin(root: Path, sample_id: int, total: int) -> SampleOrigin:
             f"{root} records no sample origins (no {ORIGINS_NAME}: prepared by an older shardload); "
             "re-run prepare to record them"
         )
-    row = read_origins(root, total).slice(int(sample_id), 1).to_pylist()[0]
+    table = read_origins(root, total)
+    row = table.slice(int(sample_id), 1).to_pylist()[0]
     kind: OriginKind = row["kind"]
+    if kind == "other" and row["key"].startswith(_NOT_RECORDED):
+        piece: tuple[int | None, int | None] = (None, None)
+    elif not mapped:
+        piece = (0, 1)
+    else:
+        piece = record_pieces(root, table, int(sample_id), total, parts)
     return SampleOrigin(
         file=row["file"] or None,
         kind=kind,
         position=None if row["position"] < 0 else int(row["position"]),
         key=row["key"] or None,
+        piece=piece[0],
+        pieces=piece[1],
     )
+
+
+def record_pieces(
+    root: Path, origins: pa.Table, sample_id: int, total: int, parts: Sequence[tuple[int, int]] = ()
+) -> tuple[int | None, int | None]:
+    """``(piece, pieces)`` of sample ``sample_id``: its place among the samples made of its record, and their number.
+
+    A map's samples of one record are staged one after the other, so they are the run of consecutive
+    source positions (``origin.npy``) around the sample's whose origins are its record's; the run
+    stays inside the sample's part (``parts``: ``(first sample, samples)`` of each; sample ids and
+    source positions of a part cover the same range). Within one prepare, two records never have the
+    same origin (a file is read once), so the run is exactly the record's pieces.
+
+    ``origin.npy`` is read in a window around the sample's position, widened until the run ends
+    inside it: ``O(N)`` time per window, a few MB of memory. ``(None, None)`` when the set has no
+    ``origin.npy`` (not recorded).
+
+    Raises:
+        ShardSetError: ``origin.npy`` is damaged (unreadable, or not one source position per sample).
+    """
+    path = root / ORDER_NAME
+    try:
+        order = open_index(path, what="the sample order index", samples=total)
+    except ShardSetError as exc:
+        if reason_of(exc) == "missing":
+            return None, None
+        raise
+    lo, hi = 0, total
+    for first, count in parts:
+        if first <= sample_id < first + count:
+            lo, hi = first, first + count
+    at = int(order[sample_id])
+    if not lo <= at < hi:
+        raise ShardSetError(
+            f"{path}: says sample {sample_id} is at source position {at}, outside [{lo}, {hi}): the file is "
+            "damaged; re-run prepare"
+        )
+    want = origins.slice(sample_id, 1).to_pylist()[0]
+    width = 16
+    while True:
+        a, b = max(lo, at - width), min(hi, at + width + 1)
+        same = [row == want for row in origins.take(arrow_of(_ids_at(order, a, b, path))).to_pylist()]
+        first = last = at - a  # the run of the record, as indices into [a, b)
+        while first > 0 and same[first - 1]:
+            first -= 1
+        while last + 1 < len(same) and same[last + 1]:
+            last += 1
+        if (first > 0 or a == lo) and (last + 1 < len(same) or b == hi):
+            return at - a - first, last - first + 1
+        width *= 4
+
+
+def _ids_at(order: NDArray[np.integer], a: int, b: int, path: Path) -> NDArray[np.int64]:
+    """``(b - a,)`` the sample at each source position ``a .. b - 1`` (``order``: each sample's position)."""
+    ids = np.full(b - a, -1, dtype=np.int64)
+    for start in range(0, len(order), _SCAN_CHUNK):
+        chunk = np.asarray(order[start : start + _SCAN_CHUNK])
+        found = np.flatnonzero((chunk >= a) & (chunk < b))
+        ids[chunk[found] - a] = found + start
+    if (ids < 0).any():
+        raise ShardSetError(
+            f"{path}: no sample is at source position {a + int(np.flatnonzero(ids < 0)[0])}: the file is not one "
+            "source position per sample (damaged); re-run prepare"
+        )
+    return ids

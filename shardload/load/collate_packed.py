@@ -37,6 +37,7 @@ from shardload.schema.fields import (
     DOCUMENT_IDS_KEY,
     MAX_SEQLEN_KEY,
     POSITION_IDS_KEY,
+    SAMPLE_START_KEY,
     Schema,
     lengths_key,
 )
@@ -185,6 +186,7 @@ def collate_packed(
     layout.append((DOCUMENT_IDS_KEY, (r, p), np.dtype(np.int32), False))
     layout.append((CU_SEQLENS_KEY, (num_seqs + 1,), np.dtype(np.int32), False))
     layout.append((MAX_SEQLEN_KEY, (), np.dtype(np.int32), False))
+    layout.append((SAMPLE_START_KEY, (e,), np.dtype(np.int64), False))
     layout += plan_layout(e)
 
     out: dict[str, Any] = allocate(layout)
@@ -205,6 +207,7 @@ def collate_packed(
     cu = out[CU_SEQLENS_KEY]
     cu[:] = np.sort(seq_starts, kind="stable")
     out[MAX_SEQLEN_KEY][...] = np.diff(cu).max()
+    out[SAMPLE_START_KEY][:] = starts64
     fill_plan_keys(out, sample_ids, weights)
     out.update(text_lists(schema, names, cols, groups, shard_rows))
     return out

@@ -36,7 +36,7 @@ from shardload._base.setfiles import (
 )
 from shardload.errors import CorruptShardError, ManifestError, ShardSetChangedError, ShardSetError
 from shardload.formats.manifest import MANIFEST_NAME, Manifest, metadata_files
-from shardload.formats.origin import ORIGINS_NAME
+from shardload.formats.origin import ORDER_NAME, ORIGINS_NAME
 from shardload.remote._mirror import (
     check_fetched_indexes,
     clear_way,
@@ -229,14 +229,20 @@ class RemoteSet(CacheSpace):
                 "(or $SHARDLOAD_CACHE_LIMIT) to at least the largest shard"
             )
 
-    def fetch_origins(self) -> None:
-        """Download ``origins.arrow`` into the mirror on first use (a set without one is left as it is)."""
-        if (self.mirror / ORIGINS_NAME).is_file():
+    def fetch_origins(self, *, order: bool = False) -> None:
+        """Download ``origins.arrow`` (and, with ``order``, ``origin.npy``) into the mirror on first use.
+
+        A set without one is left as it is (its origins, or their pieces, are then not recorded).
+        """
+        names = [ORIGINS_NAME, *([ORDER_NAME] if order else [])]
+        if all((self.mirror / name).is_file() for name in names):
             return
         with locked(self.set_dir / ".lock", timeout=self.options.wait_timeout, what=f"opening {self.url}"):
-            if not (self.mirror / ORIGINS_NAME).is_file():
+            for name in names:
+                if (self.mirror / name).is_file():
+                    continue
                 try:
-                    self._download_to(ORIGINS_NAME, self.mirror / ORIGINS_NAME, f"downloading {ORIGINS_NAME}")
+                    self._download_to(name, self.mirror / name, f"downloading {name}")
                 except ShardSetError as exc:
                     if reason_of(exc) != "missing":
                         raise

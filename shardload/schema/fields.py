@@ -32,6 +32,7 @@ __all__ = [
     "MAX_SEQLEN_KEY",
     "POSITION_IDS_KEY",
     "SAMPLE_ID_KEY",
+    "SAMPLE_START_KEY",
     "SUPPORTED_DTYPES",
     "WEIGHT_KEY",
     "Field",
@@ -77,6 +78,7 @@ POSITION_IDS_KEY = "position_ids"
 DOCUMENT_IDS_KEY = "document_ids"
 CU_SEQLENS_KEY = "cu_seqlens"
 MAX_SEQLEN_KEY = "max_seqlen"
+SAMPLE_START_KEY = "sample_start"
 
 
 def lengths_key(name: str) -> str:
@@ -295,6 +297,7 @@ class Schema:
             keys[DOCUMENT_IDS_KEY] = "the document of each token, -1 on padding (packed batches)"
             keys[CU_SEQLENS_KEY] = "the cumulative sequence lengths for varlen attention (packed batches)"
             keys[MAX_SEQLEN_KEY] = "the longest sequence of cu_seqlens (packed batches)"
+            keys[SAMPLE_START_KEY] = "the token of its sample each document starts at (packed batches)"
         return keys
 
     def batching_lengths(self, per_field: Mapping[str, np.ndarray], n: int) -> np.ndarray:

@@ -237,16 +237,21 @@ class ShardSet:
         """Where sample ``sample_id`` came from: its source file and the row, line or member in it.
 
         For a set written by ``write()`` from an iterable, the sample's index in
-        the iterable (``kind == "index"``, ``file`` is ``None``).
+        the iterable (``kind == "index"``, ``file`` is ``None``). When a map
+        split the record into several samples, ``piece`` says which one this is
+        (from 0, in the order the map returned them) and ``pieces`` how many
+        there are; ``None`` where the set does not record it (docs/api.md).
 
         Raises:
             TypeError: ``sample_id`` is not an integer (a bool, float or str).
             IndexError: ``sample_id`` is not in ``[0, len(self))``.
             ShardSetError: the set records no origins (prepared by an older shardload).
         """
+        mapped = "map" in self.manifest.options  # without a map, every record is one sample
         if self._remote is not None:
-            self._remote.fetch_origins()  # on first use only
-        return read_origin(self.path, sample_id, len(self))
+            self._remote.fetch_origins(order=mapped)  # on first use only
+        parts = [(p.first_sample, p.samples) for p in self.manifest.parts]
+        return read_origin(self.path, sample_id, len(self), mapped=mapped, parts=parts)
 
     def close(self) -> None:
         """Unmap every shard opened so far; later reads map them again."""

@@ -289,3 +289,82 @@ def test_a_mapped_sample_has_the_origin_of_its_record(tmp_path: Path) -> None:
     ds = shardload.open(out)
     lines = [(o.file, o.kind, o.position) for o in (ds.origin(i) for i in range(len(ds)))]
     assert lines == [(str(src), "line", 1)] * 2 + [(str(src), "line", 2)] * 2 + [(str(src), "line", 3)] * 2
+
+
+# -- the pieces of a split record: ShardSet.origin(i).piece / .pieces ----------------------------------
+def pieces_by_origin(out: Path, rows_of: dict[str, list[dict[str, Any]]]) -> list[tuple[str, int, int, int]]:
+    """Check every sample of ``out`` against the piece its origin names; ``(file, line, piece, pieces)`` of each.
+
+    ``rows_of``: each source file's rows, by path (line ``k`` is ``rows_of[file][k - 1]``).
+    """
+    ds = shardload.open(out)
+    seen = []
+    for i in range(len(ds)):
+        o = ds.origin(i)
+        assert o.file is not None and o.position is not None and o.piece is not None and o.pieces is not None
+        want = split_long(dict(rows_of[o.file][o.position - 1]))
+        assert want is not None and o.pieces == len(want)
+        # Invariant: sample i is piece o.piece of what the map made of its record
+        np.testing.assert_array_equal(ds[i]["tokens"], want[o.piece]["tokens"], err_msg=str(o))
+        assert str(o).endswith(f"line {o.position}" + (f", piece {o.piece + 1} of {o.pieces}" if o.pieces > 1 else ""))
+        seen.append((o.file, o.position, o.piece, o.pieces))
+    return seen
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_origin_names_each_piece_of_a_split_record(tmp_path: Path, jsonl_dir: Any, workers: int, shuffle: bool) -> None:
+    src, _ = jsonl_dir
+    rows_of = {str(p): [json.loads(line) for line in p.read_text().splitlines()] for p in sorted(src.iterdir())}
+    shardload.prepare(src, tmp_path / "out", map=split_long, workers=workers, num_shards=3, shuffle=shuffle)
+    seen = pieces_by_origin(tmp_path / "out", rows_of)
+    # Invariant: every piece of every kept record once, pieces numbered 0 .. pieces - 1
+    want = [
+        (f, k + 1, j, len(pieces))
+        for f, rows in rows_of.items()
+        for k, row in enumerate(rows)
+        for pieces in [split_long(dict(row)) or []]
+        for j in range(len(pieces))
+    ]
+    assert sorted(seen) == want
+    assert max(p for *_, p in seen) > 1  # records were split
+
+
+def test_a_merged_set_tells_each_pieces_place(tmp_path: Path, jsonl_dir: Any) -> None:
+    src, _ = jsonl_dir
+    files = [str(p) for p in sorted(src.iterdir())]
+    rows_of = {f: [json.loads(line) for line in Path(f).read_text().splitlines()] for f in files}
+    for k in range(3):
+        shardload.prepare(files, tmp_path / "out", part=(k, 3), map=split_long, num_shards=2)
+    shardload.merge(tmp_path / "out")
+    shardload.prepare(files, tmp_path / "one", map=split_long, num_shards=2)
+    seen = pieces_by_origin(tmp_path / "out", rows_of)
+    # Invariant: the merged set names the same pieces as one prepare of the same sources
+    assert sorted(seen) == sorted(pieces_by_origin(tmp_path / "one", rows_of))
+    assert len(shardload.open(tmp_path / "out").manifest.parts) == 3 and max(p for *_, p in seen) > 1
+
+
+def test_pieces_not_recorded_are_none_and_a_set_without_a_map_has_one_piece_per_record(
+    tmp_path: Path, jsonl_dir: Any
+) -> None:
+    src, _ = jsonl_dir
+    shardload.prepare(src, tmp_path / "plain", num_shards=2, fields=["tokens"])
+    plain = shardload.open(tmp_path / "plain")
+    assert {(plain.origin(i).piece, plain.origin(i).pieces) for i in range(len(plain))} == {(0, 1)}
+    shardload.prepare(src, tmp_path / "mapped", map=split_long, num_shards=2)
+    (tmp_path / "mapped" / "origin.npy").unlink()  # a set copied without it: its pieces are not recorded
+    mapped = shardload.open(tmp_path / "mapped")
+    o = mapped.origin(0)
+    assert (o.piece, o.pieces) == (None, None) and o.kind == "line" and str(o) == f"{o.file}: line {o.position}"
+
+
+def test_a_damaged_sample_order_is_named(tmp_path: Path, jsonl_dir: Any) -> None:
+    src, _ = jsonl_dir
+    shardload.prepare(src, tmp_path / "out", map=split_long, num_shards=2)
+    order = np.load(tmp_path / "out" / "origin.npy")
+    order[1] = order[0]  # two samples at one source position, none at another
+    np.save(tmp_path / "out" / "origin.npy", order)
+    ds = shardload.open(tmp_path / "out")
+    with pytest.raises(shardload.errors.ShardSetError, match=r"origin\.npy: no sample is at source position"):
+        for i in range(len(ds)):
+            ds.origin(i)

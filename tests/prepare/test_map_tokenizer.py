@@ -80,6 +80,17 @@ def in_input_order(out: Path) -> list[np.ndarray]:
     return pieces
 
 
+def in_origin_order(out: Path) -> list[np.ndarray]:
+    """The samples ordered by what ``ShardSet.origin`` says of each: its record, then its piece of it."""
+    ds = shardload.open(out)
+    origins = [ds.origin(i) for i in range(len(ds))]
+    place = {i: (o.file or "", o.position, o.piece) for i, o in enumerate(origins)}
+    # Invariant: the pieces of a record are numbered 0 .. pieces - 1
+    for o in origins:
+        assert o.piece is not None and o.pieces is not None and 0 <= o.piece < o.pieces
+    return [ds[i]["input_ids"] for i in sorted(place, key=place.__getitem__)]
+
+
 def test_tokenize_while_writing(tmp_path: Path, map_dir: Path, tokenizer_file: Path) -> None:
     from tokmap import encode  # type: ignore[import-not-found]
 
@@ -93,6 +104,8 @@ def test_tokenize_while_writing(tmp_path: Path, map_dir: Path, tokenizer_file: P
     assert int(ds.lengths.max()) == MAX_TOKENS
     got = in_input_order(tmp_path / "s")
     assert all(np.array_equal(g, w) and g.dtype == np.int32 for g, w in zip(got, want, strict=True))
+    # the same order from ShardSet.origin alone (record, then piece): no origin.npy read by the user
+    assert all(np.array_equal(g, w) for g, w in zip(in_origin_order(tmp_path / "s"), want, strict=True))
 
 
 def run_cli(cwd: Path, *args: str) -> dict[str, Any]:
@@ -133,6 +146,7 @@ def test_tokenize_files_with_two_workers_from_the_command_line(
     assert runs["2"]["samples"] == len(want)
     got = in_input_order(tmp_path / "out2")
     assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    assert all(np.array_equal(g, w) for g, w in zip(in_origin_order(tmp_path / "out2"), want, strict=True))
     manifests = [json.loads((tmp_path / f"out{w}" / "manifest.json").read_text()) for w in ("1", "2")]
     assert manifests[0]["shards"] == manifests[1]["shards"]  # the same bytes (checksums) whatever --workers
     assert manifests[1]["options"]["map"]["function"] == "tokmap:encode"

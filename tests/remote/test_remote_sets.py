@@ -85,6 +85,24 @@ def test_http_set_reads_like_local(http_root: tuple[Path, str], tmp_path: Path) 
     assert_same(batches(f"{base}/set", remote), batches(local))
 
 
+def halves(sample: dict[str, Any]) -> list[dict[str, Any]]:
+    """A map that splits every record into two pieces."""
+    tokens = sample["tokens"]
+    return [{"tokens": tokens[: len(tokens) // 2]}, {"tokens": tokens[len(tokens) // 2 :]}]
+
+
+def test_http_set_tells_each_pieces_place_as_local(http_root: tuple[Path, str], tmp_path: Path) -> None:
+    root, base = http_root
+    local = tmp_path / "mapped"
+    shardload.write(synthetic_samples(30, seed=2), local, map=halves, num_shards=3, progress=False)
+    shutil.copytree(local, root / "mapped")
+    ss = shardload.open(f"{base}/mapped", remote=RemoteOptions(cache_dir=tmp_path / "cache"))
+    assert not (ss.path / "origin.npy").exists()  # fetched with the origins, on first use
+    origins = [ss.origin(i) for i in range(len(ss))]
+    assert origins == [shardload.open(local).origin(i) for i in range(len(ss))]
+    assert sorted((o.position, o.piece, o.pieces) for o in origins) == [(k, j, 2) for k in range(30) for j in (0, 1)]
+
+
 def test_local_set_makes_no_cache(tmp_path: Path) -> None:
     local = make_set(tmp_path, n=30, shards=2)
     cache = tmp_path / "cache"
