@@ -55,7 +55,9 @@ def uninterrupted(mixture: shardload.Mixture, batching: shardload.Batching, worl
     """The documents an uninterrupted ``world``-rank run serves in ``epoch``, each rank's loader built here."""
     docs: Counter[tuple[int, int, int]] = Counter()
     for rank in range(world):
-        loader = shardload.make_loader(mixture, rank=rank, world_size=world, seed=0, epoch=epoch, batching=batching)
+        loader = shardload.make_loader(
+            mixture, rank=rank, world_size=world, seed=0, epoch=epoch, batching=batching, num_workers=0
+        )
         for batch in loader:
             real = batch["weight"] > 0
             ids, source = batch["sample_id"][real].tolist(), batch["source"][real].tolist()
