@@ -105,10 +105,19 @@ class Block(torch.nn.Module):
 
 
 class TinyCausalLM(torch.nn.Module):
-    """Token + position embeddings, a few :class:`Block`, a vocabulary head."""
+    """Token + position embeddings, a few :class:`Block`, a vocabulary head; it reads the token field ``field``."""
 
-    def __init__(self, vocab: int = 64, max_length: int = 64, width: int = 32, heads: int = 2, layers: int = 2):
+    def __init__(
+        self,
+        vocab: int = 64,
+        max_length: int = 64,
+        width: int = 32,
+        heads: int = 2,
+        layers: int = 2,
+        field: str = "tokens",
+    ):
         super().__init__()
+        self.field = field
         self.tok = torch.nn.Embedding(vocab, width)
         self.pos = torch.nn.Embedding(max_length, width)
         self.blocks = torch.nn.ModuleList(Block(width, heads) for _ in range(layers))
@@ -117,7 +126,7 @@ class TinyCausalLM(torch.nn.Module):
 
     def logits(self, batch: Batch) -> torch.Tensor:
         """Logits ``[R, P, vocab]`` of a packed batch."""
-        x = self.tok(batch["tokens"].long()) + self.pos(batch["position_ids"])  # positions restart per document
+        x = self.tok(batch[self.field].long()) + self.pos(batch["position_ids"])  # positions restart per document
         mask = shardload.document_causal_mask(batch["document_ids"])  # [R, 1, P, P]: within documents
         for block in self.blocks:
             x = block(x, mask)
@@ -130,13 +139,13 @@ class TinyCausalLM(torch.nn.Module):
         document: never across a document boundary, never into padding.
         """
         logits = self.logits(batch)
-        tokens, doc = batch["tokens"], batch["document_ids"]
+        tokens, doc = batch[self.field], batch["document_ids"]
         pair = (doc[:, 1:] == doc[:, :-1]) & (doc[:, 1:] >= 0)  # [R, P-1]
         token_loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:].long(), reduction="none")
         e = len(batch["sample_id"])
         owner = doc[:, :-1][pair].long()
         loss_sum = torch.zeros(e, device=logits.device).index_add_(0, owner, token_loss[pair])
-        count = (batch["tokens_lengths"] - 1).clamp(min=0).to(loss_sum.dtype)
+        count = (batch[f"{self.field}_lengths"] - 1).clamp(min=0).to(loss_sum.dtype)
         return loss_sum, count
 
 
