@@ -83,7 +83,7 @@ def generate_sources(cfg: DemoConfig) -> tuple[list[Path], Path]:
 
 # -- model ----------------------------------------------------------------------------------------
 class DemoModel(pl.LightningModule):
-    """Mean-pooled token embeddings + mean-pooled features -> 2 classes; logs the exact-loss recipe."""
+    """Mean-pooled token embeddings + mean-pooled features -> 2 classes; logs the exact validation loss."""
 
     def __init__(self, channels: int, vocab: int = 5000) -> None:
         super().__init__()
@@ -91,6 +91,7 @@ class DemoModel(pl.LightningModule):
         self.feat = torch.nn.Linear(channels, 32)
         self.head = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(64, 2))
         self.samples_seen = 0
+        self.val_loss = shardload.ExactMean("val_loss")
 
     def per_sample_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         tok_mask = torch.arange(batch["tokens"].shape[1]) < batch["tokens_lengths"].unsqueeze(1)
@@ -106,12 +107,18 @@ class DemoModel(pl.LightningModule):
         self.samples_seen += int((w > 0).sum())
         return (self.per_sample_loss(batch) * w).sum() / w.sum().clamp(min=1)
 
+    def on_validation_epoch_start(self) -> None:
+        self.val_loss.reset()  # also after the sanity check
+
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        w = batch["weight"]
-        # The exact recipe: reduce the weighted loss sum and the weight sum separately.
-        self.log("val_loss_sum", (self.per_sample_loss(batch) * w).sum(), reduce_fx="sum", sync_dist=True)
-        self.log("val_count", w.sum(), reduce_fx="sum", sync_dist=True)
+        # shardload.ExactMean: weighted sums and counts, reduced over ranks as sums once; filler rows add nothing
+        self.val_loss.update(self.per_sample_loss(batch), batch)
         self.log("val_batches", torch.tensor(1.0), reduce_fx="sum", sync_dist=True)
+
+    def on_validation_epoch_end(self) -> None:
+        sums, counts = self.val_loss.totals()  # the same on every rank: "max" keeps them as they are
+        metrics = {"val_loss": sums[0] / counts[0].clamp(min=1), "val_count": counts[0]}
+        self.log_dict(metrics, sync_dist=True, reduce_fx="max")
 
     def on_train_epoch_end(self) -> None:
         self.log("train_samples", torch.tensor(float(self.samples_seen)), reduce_fx="sum", sync_dist=True)
@@ -236,7 +243,7 @@ def train_ddp(cfg: DemoConfig, train: Path, val: Path) -> dict[str, Any]:
         trainer.fit(model, datamodule=dm)
         seconds = time.perf_counter() - t0
     m = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    val_loss = m["val_loss_sum"] / max(m["val_count"], 1.0)
+    val_loss = m["val_loss"]
     exact, count = exact_val_loss(model, val, cfg.max_tokens)
     return {
         "seconds": seconds,
