@@ -172,6 +172,7 @@ class EpochPlanner:
         if isinstance(self.inputs, MixInputs):  # a selection step, then one batcher per source (plan/mix/batcher.py)
             self.mix = MixBatcher(self.inputs, self.spec, self.batching, order_seed=self.order_seed)
             self.chunks = self.mix.chunks
+            self.cut_by_rows = self.mix.cut_by_rows
             return self.mix.count_batches()
         return self._single(self.inputs)
 
@@ -197,8 +198,8 @@ class EpochPlanner:
         and counts kept with the inputs for the next epoch (an evaluation layout never changes)."""
 
         def cut() -> NDArray[np.int64]:
-            balanced, counts = balance_rows(batcher, inputs.shard_tokens)
-            inputs.memo(_packed_key(self.batching, balanced), counts.copy)
+            balanced, rows = balance_rows(batcher, inputs.shard_tokens)
+            inputs.memo(_packed_key(self.batching, balanced), lambda: -(-rows // balanced.rows_per_batch))
             return balanced.layout.rank_starts.copy()
 
         layout = batcher.layout

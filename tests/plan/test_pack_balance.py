@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from shardload.plan import Batching, EpochSpec, PlanInputs
+from shardload.plan import Batching, EpochSpec, MixInputs, PlanInputs
 from shardload.plan.options import EVAL_STAGES
 from shardload.plan.planner import EpochPlanner, _batcher_of
 
@@ -82,6 +82,40 @@ def test_recut_ranks_keep_every_guarantee(case: tuple[PlanInputs, EpochSpec, Bat
     assert (np.diff(planner.layout.rank_starts) >= (1 if inputs.num_samples >= spec.world_size else 0)).all()
     # every sample (piece) once, equal batch counts, rows within pack_length, all ranks at once = each alone
     _check(inputs, spec, batching)
+
+
+@st.composite
+def eval_mixtures(draw: st.DrawFn) -> tuple[MixInputs, EpochSpec, Batching]:
+    pack_length = draw(st.sampled_from([7, 64, 512]))
+    sources = []
+    for _ in range(draw(st.integers(1, 3))):
+        num = draw(st.one_of(st.integers(0, 40), st.integers(0, 1000)))
+        seed = draw(st.integers(0, 2**32 - 1))
+        if draw(st.booleans()):
+            lengths = _pieces_then_short(num, seed, pack_length)
+        else:
+            lengths = np.minimum(long_tailed(num, seed), pack_length)
+        sources.append(PlanInputs(lengths, partition(num, draw(st.integers(1, 10)), seed, allow_empty=True)))
+    names = tuple(f"s{k}" for k in range(len(sources)))
+    mix = MixInputs(tuple(sources), names, None, by=draw(st.sampled_from(["tokens", "samples"])))
+    batching = Batching(packing=True, pack_length=pack_length, rows_per_batch=draw(st.integers(1, 8)))
+    return mix, EpochSpec(world_size=draw(st.one_of(st.integers(1, 8), st.integers(1, 64))), stage="val"), batching
+
+
+@settings(max_examples=80, deadline=None)
+@given(eval_mixtures())
+def test_a_mixture_gives_no_rank_more_filler_than_one_batch_a_source(
+    case: tuple[MixInputs, EpochSpec, Batching],
+) -> None:
+    mix, spec, batching = case
+    planner = EpochPlanner(mix, spec, batching)
+    # Invariant: evaluating several sets, each rank gets at most one batch per source more than its packing needs
+    assert int((planner.num_batches - planner.rank_batch_counts).max()) <= len(mix.sources)
+    plans = list(planner.plans())
+    ids = np.sort(np.concatenate([p.sample_ids[p.weights > 0] for p in plans]))
+    # Invariant: every sample of every source once, and every rank the same number of batches
+    assert np.array_equal(ids, np.arange(sum(s.num_samples for s in mix.sources)))
+    assert {len(p) for p in plans} == {planner.num_batches}
 
 
 def test_two_corpora_in_natural_order_get_no_extra_batches() -> None:

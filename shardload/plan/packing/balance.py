@@ -26,34 +26,43 @@ CUT_ROUNDS = 3
 MAX_ROUNDS = 12
 
 
-def balance_rows(batcher: PackBatcher, shard_tokens: NDArray[np.int64]) -> tuple[PackBatcher, NDArray[np.int64]]:
-    """The batcher of the same epoch order with rank ranges re-cut by packed rows, and ``(W,)`` its batch counts.
+def balance_rows(
+    batcher: PackBatcher,
+    shard_tokens: NDArray[np.int64],
+    *,
+    per: int | None = None,
+    before: NDArray[np.int64] | None = None,
+) -> tuple[PackBatcher, NDArray[np.int64]]:
+    """The batcher of the same epoch order with rank ranges re-cut by packed rows, and ``(W,)`` each rank's rows.
 
-    Guarantee: the ranges stay contiguous in epoch order (as with any cut),
-    and the result is never worse than the cut at equal tokens: of the
-    layouts tried, the one with the fewest batches on its largest rank, then
-    the least filler on one rank, then in all (filler: a rank's batches below
-    that count). A layout whose ranks' counts differ by at most one is kept
-    as it is (every rank then gets at most one batch more than its packing
-    needs). Otherwise the cuts move, one round at a time, until the counts
-    differ by at most one or :data:`MAX_ROUNDS` rounds are spent: the first
-    :data:`CUT_ROUNDS` cut again at equal *rows* (the rows of a range read as
-    spread evenly over its tokens, interpolated at the old cuts); the later
-    ones move single samples: each rank two batches or more below the largest
-    count takes one from the nearest rank of that count, the ranks between
-    passing one along.
-    Cost: one count of every rank's rows per round. ``shard_tokens``: ``(S,)``
-    tokens of each shard, natural order.
+    A rank's batches are ``ceil((before + rows) / per)``: ``per`` rows a batch
+    (default the batcher's ``rows_per_batch``), after ``before`` ``(W,)`` rows
+    of other sources of a mixture (default none). Guarantee: the ranges stay
+    contiguous in epoch order (as with any cut), and the result is never
+    worse than the cut at equal tokens: of the layouts tried, the one with
+    the fewest batches on its largest rank, then the least filler on one
+    rank, then in all (filler: a rank's batches below that count). A layout
+    whose ranks' counts differ by at most one is kept as it is (every rank
+    then gets at most one batch more than its packing needs). Otherwise the
+    cuts move, one round at a time, until the counts differ by at most one or
+    :data:`MAX_ROUNDS` rounds are spent: the first :data:`CUT_ROUNDS` cut
+    again at equal *rows* (the rows of a range read as spread evenly over its
+    tokens, interpolated at the old cuts); the later ones move single
+    samples: each rank two batches or more below the largest count takes one
+    from the nearest rank of that count, the ranks between passing one along.
+    Cost: one count of every rank's rows per round. ``shard_tokens``:
+    ``(S,)`` tokens of each shard, natural order.
     """
-    per = batcher.rows_per_batch
+    per = batcher.rows_per_batch if per is None else per
+    base = np.zeros(batcher.layout.world_size, dtype=np.int64) if before is None else before
     rows = rows_at_once([batcher])[0]  # (W,)
     best, best_rows = batcher, rows
     for round_ in range(MAX_ROUNDS):
-        counts = -(-rows // per)
+        counts = -(-(base + rows) // per)
         if int(counts.max()) - int(counts.min()) <= 1:
             break
         if round_ < CUT_ROUNDS:
-            layout = _cut_at_rows(batcher.layout, rows, batcher.lengths, shard_tokens)
+            layout = _cut_at_rows(batcher.layout, rows, base, batcher.lengths, shard_tokens)
         else:
             layout = _move_samples(batcher.layout, counts)
         if np.array_equal(layout.rank_starts, batcher.layout.rank_starts):
@@ -62,9 +71,9 @@ def balance_rows(batcher: PackBatcher, shard_tokens: NDArray[np.int64]) -> tuple
             continue
         batcher = batcher.relaid(layout)
         rows = rows_at_once([batcher])[0]
-        if _cost(rows, per) < _cost(best_rows, per):
+        if _cost(base + rows, per) < _cost(base + best_rows, per):
             best, best_rows = batcher, rows
-    return best, -(-best_rows // per)
+    return best, best_rows
 
 
 def _cost(rows: NDArray[np.int64], per: int) -> tuple[int, int, int]:
@@ -75,18 +84,24 @@ def _cost(rows: NDArray[np.int64], per: int) -> tuple[int, int, int]:
 
 
 def _cut_at_rows(
-    layout: ShardLayout, rows: NDArray[np.integer], lengths: NDArray[np.integer], shard_tokens: NDArray[np.int64]
+    layout: ShardLayout,
+    rows: NDArray[np.integer],
+    before: NDArray[np.int64],
+    lengths: NDArray[np.integer],
+    shard_tokens: NDArray[np.int64],
 ) -> ShardLayout:
-    """``layout``'s epoch order cut where the rows, spread evenly over each old range's tokens, reach ``k / W`` of all.
+    """``layout``'s epoch order cut where the rows, spread evenly over each old range's tokens, give every rank
+    the same rows with ``before`` (as near as rows can: a rank already over gets none).
 
-    ``rows``: ``(W,)`` the rows each of ``layout``'s ranks packs.
+    ``rows``: ``(W,)`` the rows each of ``layout``'s ranks packs; ``before``: ``(W,)`` rows they hold already.
     """
-    world = layout.world_size
     at_tokens = offsets_from_lengths(rank_tokens(layout, lengths, shard_tokens)).astype(np.float64)  # (W + 1,)
     at_rows = offsets_from_lengths(np.asarray(rows, dtype=np.int64)).astype(np.float64)  # (W + 1,)
+    total = at_rows[-1]
+    share = np.maximum((total + before.sum()) / len(before) - before, 0.0)  # (W,) rows each rank should get
+    want = np.cumsum(share * (total / share.sum()))[:-1] if share.sum() > 0 else np.zeros(len(before) - 1)
     # rows -> tokens, piecewise linear through the old cuts (a rank of no rows adds no point)
     at_rows, first = np.unique(at_rows, return_index=True)
-    want = np.arange(1, world, dtype=np.float64) * at_rows[-1] / world  # (W - 1,) rows before each cut
     targets = np.rint(np.interp(want, at_rows, at_tokens[first])).astype(np.int64)
     return cut_at_tokens(layout, lengths, shard_tokens, np.maximum.accumulate(targets), nearest=True)
 
@@ -112,7 +127,8 @@ def _move_samples(layout: ShardLayout, counts: NDArray[np.int64]) -> ShardLayout
     np.add.at(moves, left + 1, 1)
     np.add.at(moves, right + 1, 1)  # from the right, cuts r + 1 .. after[r] move one sample right
     np.add.at(moves, after[right] + 1, -1)
-    cuts = layout.rank_starts[1:-1] + np.cumsum(moves)[1:world]  # (W - 1,)
+    # a cut moves one sample at most: chains that overlap move it once (several at once overshoot)
+    cuts = layout.rank_starts[1:-1] + np.clip(np.cumsum(moves)[1:world], -1, 1)  # (W - 1,)
     if total >= world:  # no empty rank, as for any cut (cut_at_tokens)
         inner = np.arange(1, world, dtype=np.int64)
         cuts = inner + np.maximum.accumulate(np.clip(cuts - inner, 0, total - world))
