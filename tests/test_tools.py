@@ -169,6 +169,11 @@ def check_pack(out: str, tmp: Path) -> None:
     assert len(rows) == 2 and all(number(r[3]) > 0 and number(r[5]) >= 0 for r in rows), rows
     timing = table(out, "| samples | EpochPlanner")
     assert [number(r[0]) for r in timing] == [10_000] and number(timing[0][3]) > 0, timing
+    filler = table(out, "| data | samples | R | ranks | cut at tokens")
+    assert [(r[0], r[3]) for r in filler] == [(d, w) for d in ("two-corpora", "text-like", "long-tailed") for w in "28"]
+    for r in filler:  # the re-cut never needs more batches than the cut at tokens; within one, the cut is kept
+        assert 0 < number(r[8]) <= number(r[4]), r
+        assert number(r[7]) > 1 or r[8:12] == r[4:8], r
 
 
 def check_pack_baseline(out: str, tmp: Path) -> None:
@@ -434,6 +439,7 @@ CASES = {
         lambda t: [
             *("--samples", "10000", "--world-size", "4", "--items", "1000", "--pack-lengths", "4096"),
             *("--timing-samples", "10000", "--timing-world-size", "4"),
+            *("--filler-samples", "10000", "--filler-world-size", "2", "8", "--filler-rows-per-batch", "1"),
         ],
         check_pack,
     ),

@@ -12,7 +12,17 @@ Four parts, each comparing figures measured in the same run:
    than ``L``.
 2. **pack_rows alone** (one rank's packing, before equalising across ranks) on
    ``--items`` sizes: fill, rows over the lower bound ``ceil(tokens / L)``, time.
-3. **Planning time** for one rank of ``--timing-world-size`` ranks on a
+3. **Filler of packed evaluation** (``--parts filler``): validation plans (no
+   shuffle) for ``--filler-samples`` x ``--filler-world-size``; per rank the
+   batches its packing needs against the batches every rank gets (the largest
+   count), once with the ranks cut at equal tokens (the cut before re-cutting
+   by rows, measured in the same run) and once as planned; filler share =
+   filler batches / all batches; CPU time of counting the token cut against
+   building the planner (which re-cuts). A third data set, ``two-corpora``,
+   is what a map that splits records makes of two corpora one after the other:
+   a quarter of long documents cut into rows of ``L`` (full rows and a last
+   piece each), then short documents.
+4. **Planning time** for one rank of ``--timing-world-size`` ranks on a
    memory-mapped int32 lengths index: ``EpochPlanner`` construction (it packs
    every rank to agree on the batch count) and ``plan(rank)``. ``--profile``
    repeats the count of every rank, timing the gather of every rank's size
@@ -40,11 +50,13 @@ Examples::
     python tools/bench_pack.py --parts time --timing-lengths uniform --pack-lengths 131072 --timing-world-size 1000
     python tools/bench_pack.py --parts time --timing-samples 100000000 --baseline-tree /tmp/base --repeat 3
     python tools/bench_pack.py --parts load --baseline-tree /tmp/base --repeat 5
+    python tools/bench_pack.py --parts filler --filler-samples 10000 100000 1000000
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -58,11 +70,14 @@ from bench_plan import synthetic_lengths, synthetic_shards
 from numpy.typing import NDArray
 
 from shardload.plan import Batching, EpochPlanner, EpochSpec, PlanInputs, digest_lengths, summarize_plan
+from shardload.plan.assign import assign_shards, balance_by_tokens
 from shardload.plan.packing.pack import PackBatcher
 from shardload.plan.packing.rows import count_rows
 from shardload.plan.packing.track import pack_rows
+from shardload.plan.strategy import make_batcher
 
 DATASETS = ("long-tailed", "text-like")
+FILLER_DATASETS = ("two-corpora", "text-like", "long-tailed")
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -84,6 +99,20 @@ def text_like_lengths(num: int, seed: int) -> NDArray[np.int32]:
         sigma = np.where(long, 1.3, 1.0)
         out[lo:hi] = np.clip(np.rint(median * np.exp(sigma * rng.standard_normal(hi - lo))), 1, 16384)
     return out
+
+
+def two_corpora_lengths(num: int, seed: int, length: int) -> NDArray[np.int32]:
+    """``(num,)`` a map's pieces of two corpora in natural order: long documents (lognormal, median ``2 * length``)
+    cut into pieces of ``length`` tokens (full ones, then the rest), then short ones (uniform in [1, length / 3])."""
+    rng = np.random.default_rng(seed + 11)
+    docs = np.clip(rng.lognormal(np.log(2 * length), 1.0, max(num // 8, 1)), 1, 20 * length).astype(np.int64)
+    full, rest = docs // length, docs % length
+    per_doc = full + (rest > 0)
+    pieces = np.full(int(per_doc.sum()), length, dtype=np.int64)
+    last = np.cumsum(per_doc) - 1  # the last piece of each document
+    pieces[last[rest > 0]] = rest[rest > 0]
+    short = rng.integers(1, length // 3 + 1, num, endpoint=True)
+    return np.concatenate([pieces, short])[:num].astype(np.int32)
 
 
 def make_lengths(dataset: str, num: int, seed: int) -> NDArray[np.int32]:
@@ -175,6 +204,60 @@ def pack_rows_table(args: argparse.Namespace) -> None:
                     f"| {dataset} | {items:,} | {length} | {len(used):,} | {tokens / (len(used) * length):.2%} "
                     f"| {len(used) / bound - 1:.2%} | {took:.3f} |"
                 )
+
+
+def token_cut_counts(inputs: PlanInputs, spec: EpochSpec, batching: Batching) -> NDArray[np.int64]:
+    """``(W,)`` each rank's packed batches with the ranks cut at equal tokens (the planner's cut before re-cutting)."""
+    layout = assign_shards(inputs.shard_sizes, spec.world_size, order=np.arange(inputs.num_shards))
+    layout = balance_by_tokens(layout, inputs.lengths, inputs.shard_tokens)
+    batcher = make_batcher(
+        batching, lengths=inputs.lengths, layout=layout, shuffle=False, seed=0, epoch=0, max_length=inputs.max_length
+    )
+    return batcher.count_batches()
+
+
+def filler_cells(counts: NDArray[np.int64], target: int) -> list[str]:
+    filler = target - counts  # (W,)
+    needed = ", ".join(map(str, counts.tolist())) if len(counts) <= 4 else f"{counts.min()}..{counts.max()}"
+    share = int(filler.sum()) / max(target * len(counts), 1)
+    return [str(target), needed, f"{int(filler.sum())} ({share:.2%})", str(int(filler.max()))]
+
+
+def filler_table(args: argparse.Namespace) -> None:
+    length = args.pack_lengths[0]
+    print(
+        f"\n## Filler of packed evaluation: L={length}, stage val, shards of {args.shard_size} samples "
+        f"({os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f})\n"
+        "needed: the batches each rank's packing needs; filler: batches below the largest count, over all ranks "
+        "(share of all batches) and on the rank with most; CPU: counting the token cut / building the planner\n"
+    )
+    print(
+        "| data | samples | R | ranks | cut at tokens: batches | needed | filler | most on a rank "
+        "| re-cut: batches | needed | filler | most on a rank | CPU s tokens / re-cut |"
+    )
+    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|")
+    for dataset in args.filler_datasets:
+        for num in args.filler_samples:
+            if dataset == "two-corpora":
+                lengths = two_corpora_lengths(num, args.seed, length)
+            else:
+                lengths = make_lengths(dataset, num, args.seed)
+            shards = synthetic_shards(num, args.shard_size, args.seed)
+            split = int(lengths.max()) > length
+            for rows, world in itertools.product(args.filler_rows_per_batch, args.filler_world_size):
+                batching = Batching(packing=True, pack_length=length, rows_per_batch=rows, pack_split=split)
+                spec = EpochSpec(world_size=world, stage="val")
+                cpu = time.process_time()
+                before = token_cut_counts(PlanInputs(lengths, shards, digest_lengths(lengths)), spec, batching)
+                cpu_before = time.process_time() - cpu
+                cpu = time.process_time()
+                planner = EpochPlanner(PlanInputs(lengths, shards, digest_lengths(lengths)), spec, batching)
+                cpu_after = time.process_time() - cpu
+                cells = [dataset, f"{num:,}", str(rows), str(world)]
+                cells += filler_cells(before, int(before.max()))
+                cells += filler_cells(planner.rank_batch_counts, planner.num_batches)
+                cells.append(f"{cpu_before:.2f} / {cpu_after:.2f}")
+                print("| " + " | ".join(cells) + " |")
 
 
 def timing_table(args: argparse.Namespace) -> None:
@@ -365,7 +448,10 @@ def profile_count(planner: EpochPlanner) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--parts", nargs="+", choices=("fill", "rows", "time", "load"), default=["fill", "rows", "time"]
+        "--parts",
+        nargs="+",
+        choices=("fill", "rows", "filler", "time", "load"),
+        default=["fill", "rows", "filler", "time"],
     )
     parser.add_argument("--samples", type=int, default=10_000_000, help="samples for the fill table")
     parser.add_argument("--world-size", type=int, nargs="+", default=[8, 1024], help="ranks for the fill table")
@@ -374,6 +460,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows-per-batch", type=int, default=8, metavar="R")
     parser.add_argument("--shard-size", type=int, default=1000, help="mean samples per shard")
     parser.add_argument("--items", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--filler-samples", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--filler-world-size", type=int, nargs="+", default=[2, 3, 8, 64])
+    parser.add_argument("--filler-rows-per-batch", type=int, nargs="+", default=[1, 4], metavar="R")
+    parser.add_argument("--filler-datasets", nargs="+", choices=FILLER_DATASETS, default=list(FILLER_DATASETS))
     parser.add_argument("--timing-samples", type=int, nargs="+", default=[10_000_000])
     parser.add_argument("--timing-world-size", type=int, default=1024)
     parser.add_argument(
@@ -408,6 +498,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.samples, args.timing_samples = min(args.samples, 1_000_000), [1_000_000]
         args.items = [n for n in args.items if n <= 100_000] or [10_000]
+        args.filler_samples = [n for n in args.filler_samples if n <= 100_000] or [10_000]
 
     print(f"bench_pack: {os.cpu_count()} cpus, numpy {np.__version__}, seed {args.seed}")
     start = time.perf_counter()
@@ -415,6 +506,8 @@ def main(argv: list[str] | None = None) -> None:
         fill_table(args)
     if "rows" in args.parts:
         pack_rows_table(args)
+    if "filler" in args.parts:
+        filler_table(args)
     if "time" in args.parts:
         timing_table(args)
     if "load" in args.parts:

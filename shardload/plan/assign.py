@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from shardload._base.ranges import offsets_from_lengths, range_positions
 from shardload.plan.shuffle import epoch_rng
 
-__all__ = ["ShardLayout", "assign_shards", "shard_order"]
+__all__ = ["ShardLayout", "assign_shards", "balance_by_tokens", "cut_at_tokens", "rank_tokens", "shard_order"]
 
 
 def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool) -> NDArray[np.int64]:
@@ -158,22 +158,47 @@ def balance_by_tokens(
     >>> balance_by_tokens(layout, np.array([1, 1, 1, 1]), np.array([2, 2])).rank_starts.tolist()
     [0, 2, 4]
     """
-    world, total_samples = layout.world_size, layout.num_samples
-    epoch_tokens = offsets_from_lengths(shard_tokens[layout.order])  # (S + 1,) token offsets in epoch order
-    total = int(epoch_tokens[-1])
+    world = layout.world_size
+    total = int(shard_tokens.sum())
     if total == 0 or world == 1:
         return layout
     targets = np.arange(1, world, dtype=np.int64) * total // world  # (W - 1,) token count each cut must reach
+    return cut_at_tokens(layout, lengths, shard_tokens, targets)
+
+
+def cut_at_tokens(
+    layout: ShardLayout,
+    lengths: NDArray[np.integer],
+    shard_tokens: NDArray[np.int64],
+    targets: NDArray[np.int64],
+    *,
+    nearest: bool = False,
+) -> ShardLayout:
+    """The same epoch order cut where the running token count reaches each of ``targets``.
+
+    ``targets`` is ``(W - 1,)`` non-decreasing token counts; cut ``r`` ends
+    rank ``r``'s range at the first sample where the epoch's running token
+    count reaches ``targets[r]`` (a target of 0 cuts before the first sample),
+    or with ``nearest`` before that sample when the count before it is nearer
+    the target; with ``N >= W`` every rank keeps at least one sample. Cost:
+    ``O(S + W)`` plus one cumulative sum per shard a cut falls in.
+    ``shard_tokens`` is ``(S,)``, in natural order; only ``rank_starts`` change.
+    """
+    world, total_samples = layout.world_size, layout.num_samples
+    epoch_tokens = offsets_from_lengths(shard_tokens[layout.order])  # (S + 1,) token offsets in epoch order
     # the epoch shard holding each cut: epoch_tokens[k] < target <= epoch_tokens[k + 1]
     shard_at = np.searchsorted(epoch_tokens, targets, side="left") - 1  # (W - 1,)
     cuts = np.zeros(world - 1, dtype=np.int64)  # a target of 0 tokens cuts before the first sample
     for k in np.unique(shard_at[shard_at >= 0]).tolist():
         mine = np.flatnonzero(shard_at == k)
-        first = int(layout.shard_starts[layout.order[k]])
-        size = int(layout.epoch_starts[k + 1] - layout.epoch_starts[k])
-        inside = np.cumsum(np.asarray(lengths[first : first + size], dtype=np.int64))  # (size,) running tokens
+        inside = np.cumsum(_shard_lengths(layout, lengths, k))  # (size,) running tokens
+        want = targets[mine] - epoch_tokens[k]
         # the first sample whose running count reaches the target ends the range
-        cuts[mine] = layout.epoch_starts[k] + np.searchsorted(inside, targets[mine] - epoch_tokens[k], side="left") + 1
+        at = np.searchsorted(inside, want, side="left")
+        if nearest:  # or the one before it, when the count there is nearer
+            below = np.where(at > 0, inside[np.maximum(at - 1, 0)], 0)
+            at -= (want - below < inside[at] - want).astype(np.int64)
+        cuts[mine] = layout.epoch_starts[k] + at + 1
     rank_starts = np.concatenate([[0], cuts, [total_samples]]).astype(np.int64)
     if total_samples >= world:  # no empty rank: cut r lies in [r, N - W + r], cuts strictly increasing
         inner = np.arange(1, world, dtype=np.int64)
@@ -182,3 +207,27 @@ def balance_by_tokens(
     else:
         rank_starts = np.maximum.accumulate(rank_starts)
     return ShardLayout(layout.shard_starts, layout.order, layout.epoch_starts, rank_starts)
+
+
+def rank_tokens(
+    layout: ShardLayout, lengths: NDArray[np.integer], shard_tokens: NDArray[np.int64]
+) -> NDArray[np.int64]:
+    """``(W,)`` the tokens of each rank's range. Cost: one cumulative sum per shard a rank boundary falls inside."""
+    epoch_tokens = offsets_from_lengths(shard_tokens[layout.order])  # (S + 1,)
+    bounds = layout.rank_starts  # (W + 1,) epoch positions
+    # the epoch shard each bound falls in (S at the end), past any empty shard that ends there
+    k = np.searchsorted(layout.epoch_starts, bounds, side="right") - 1  # (W + 1,)
+    before = epoch_tokens[k]  # (W + 1,) tokens before each bound, at shard granularity
+    inside = bounds - layout.epoch_starts[k]  # samples of that shard before the bound
+    for shard in np.unique(k[inside > 0]).tolist():
+        mine = np.flatnonzero((k == shard) & (inside > 0))
+        running = np.concatenate([[0], np.cumsum(_shard_lengths(layout, lengths, shard))])
+        before[mine] += running[inside[mine]]
+    return np.diff(before).astype(np.int64)
+
+
+def _shard_lengths(layout: ShardLayout, lengths: NDArray[np.integer], k: int) -> NDArray[np.int64]:
+    """``(size,)`` the lengths of the samples of the ``k``-th shard in epoch order, as int64."""
+    first = int(layout.shard_starts[layout.order[k]])
+    size = int(layout.epoch_starts[k + 1] - layout.epoch_starts[k])
+    return np.asarray(lengths[first : first + size], dtype=np.int64)

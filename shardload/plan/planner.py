@@ -5,6 +5,7 @@
     PlanInputs + EpochSpec + Batching          (request.py: what, when, how)
        |  assign.shard_order / assign_shards   shards -> contiguous rank ranges
        |  assign.balance_by_tokens             ... cut at near-equal tokens (unless batch_size)
+       |  packing.balance.balance_rows         packed evaluation: ... re-cut by the rows each rank packs
        v
     batcher.count_batches()                    every rank's batch count (cheap)
     batcher.build_batches(rank)                this rank's batches (materialised)
@@ -31,7 +32,7 @@ from numpy.typing import NDArray
 from shardload._base.checks import check_rank
 from shardload._base.ranges import offsets_from_lengths
 from shardload.errors import PlanError
-from shardload.plan.assign import assign_shards, balance_by_tokens, shard_order
+from shardload.plan.assign import ShardLayout, assign_shards, balance_by_tokens, shard_order
 from shardload.plan.batcher import Batcher
 from shardload.plan.chunks import ChunkWindows, chunk_identity, resolve_chunk_windows
 from shardload.plan.equalize import equalize_batches
@@ -49,6 +50,7 @@ from shardload.plan.length import (
 from shardload.plan.mix.batcher import MixBatcher
 from shardload.plan.mix.inputs import MixInputs
 from shardload.plan.options import Batching
+from shardload.plan.packing.balance import balance_rows
 from shardload.plan.packing.pack import BUILD_CHUNK, PackBatcher, RankRows, count_at_once
 from shardload.plan.rankplan import RankPlan
 from shardload.plan.request import EpochSpec, PlanInputs, check_request, memo_has
@@ -106,6 +108,8 @@ class EpochPlanner:
         self.shard_starts = offsets_from_lengths(inputs.shard_sizes)
         #: the draw of the epoch's shard and sample orders (:mod:`shardload.plan.length`; 0: the run's seed)
         self.draw = 0
+        #: whether packed evaluation ranks were re-cut by the rows they pack (:meth:`_cut_by_rows`)
+        self.cut_by_rows = False
         counts = self._lay_out(0)
         natural = natural_target(counts, batching.uneven)
         #: the batch count of every rank: training's steps per epoch (steady), else the natural target
@@ -128,6 +132,8 @@ class EpochPlanner:
             header["mixture"] = inputs.identity()
         if self.draw:  # only a redrawn epoch names its draw: other plans keep their digest
             header["draw"] = self.draw
+        if self.cut_by_rows:  # only a plan whose ranks were re-cut says so: other plans keep their digest
+            header["rank_cuts"] = "rows"
         windows = chunk_identity(self.chunks)
         if windows is not None:  # only a plan that uses chunk windows names them: other plans keep their digest
             header["chunk_windows"] = windows
@@ -157,6 +163,7 @@ class EpochPlanner:
     def _lay_out(self, draw: int) -> NDArray[np.int64]:
         """Lay out and count the epoch at ``draw``: ``(W,)`` every rank's natural batch count."""
         self.draw = draw
+        self.cut_by_rows = False
         #: the seed of the shard and sample orders (the run's seed at draw 0)
         self.order_seed = draw_seed(self.spec.seed, draw)
         self.mix: MixBatcher | None = None
@@ -165,6 +172,7 @@ class EpochPlanner:
         if isinstance(self.inputs, MixInputs):  # a selection step, then one batcher per source (plan/mix/batcher.py)
             self.mix = MixBatcher(self.inputs, self.spec, self.batching, order_seed=self.order_seed)
             self.chunks = self.mix.chunks
+            self.cut_by_rows = self.mix.cut_by_rows
             return self.mix.count_batches()
         return self._single(self.inputs)
 
@@ -174,6 +182,8 @@ class EpochPlanner:
         chunks = resolve_chunk_windows(self.batching, inputs.chunk_rows, shuffled=self.spec.shuffled)
         self.chunks = [chunks]
         self.batcher: Batcher = _batcher_of(inputs, self.spec, self.batching, self.order_seed, chunks)
+        if isinstance(self.batcher, PackBatcher) and not self.spec.shuffled:
+            self.batcher = self._cut_by_rows(inputs, self.batcher)
         self.layout = self.batcher.layout
         if (
             self.batching.packing
@@ -182,6 +192,22 @@ class EpochPlanner:
                 _count_probes_at_once(inputs, self.spec, self.batching, self.batcher)
             return inputs.memo(_packed_key(self.batching, self.batcher), self.batcher.count_batches)
         return self.batcher.count_batches()
+
+    def _cut_by_rows(self, inputs: PlanInputs, batcher: PackBatcher) -> PackBatcher:
+        """Evaluation: the ranks re-cut by the rows they pack (:mod:`~shardload.plan.packing.balance`), the cuts
+        and counts kept with the inputs for the next epoch (an evaluation layout never changes)."""
+
+        def cut() -> NDArray[np.int64]:
+            balanced, rows = balance_rows(batcher, inputs.shard_tokens)
+            inputs.memo(_packed_key(self.batching, balanced), lambda: -(-rows // balanced.rows_per_batch))
+            return balanced.layout.rank_starts.copy()
+
+        layout = batcher.layout
+        starts = inputs.memo(("packed row cuts", self.batching.identity(), layout_key(layout)), cut)
+        if np.array_equal(starts, layout.rank_starts):
+            return batcher
+        self.cut_by_rows = True
+        return batcher.relaid(ShardLayout(layout.shard_starts, layout.order, layout.epoch_starts, starts))
 
     def plans(self) -> Iterator[RankPlan]:
         """Every rank's plan, in rank order (packed ranks are packed a group at a time, in one run each)."""

@@ -25,6 +25,7 @@ from shardload.plan.chunks import ChunkWindows, resolve_chunk_windows
 from shardload.plan.equalize import equalize_batches
 from shardload.plan.mix.inputs import MixInputs, Selection, refuse_long_samples_in, select_source, source_seed
 from shardload.plan.options import Batching, Uneven
+from shardload.plan.packing.balance import balance_rows
 from shardload.plan.packing.pack import PackBatcher
 from shardload.plan.request import EpochSpec, PlanInputs
 from shardload.plan.shuffle import permute_batches
@@ -111,6 +112,10 @@ class MixBatcher:
                     f"({selection.ratio:.3g} per sample) ran out of memory: lower the epoch size or its weight, "
                     "or set max_repeats to refuse such an epoch"
                 ) from None
+        #: whether evaluation's packed ranks were re-cut by the rows they pack (:meth:`_cut_by_rows`)
+        self.cut_by_rows = False
+        if self.packed and not train:
+            self._cut_by_rows()
 
     def _part(self, k: int, selection: Selection) -> SourcePart:
         mix, spec, source = self.mix, self.spec, self.mix.sources[k]
@@ -141,6 +146,33 @@ class MixBatcher:
             chunks=chunks,
         )
         return SourcePart(k, int(mix.offsets[k]), selection, entries, inputs, layout, batcher)
+
+    def _cut_by_rows(self) -> None:
+        """Evaluation: each source's ranks re-cut by the rows they pack, given the rows of the sources before it,
+        so that every rank's rows of all sources need near the same batches (:mod:`~shardload.plan.packing.balance`);
+        the cuts and rows kept with each source's inputs for the next epoch."""
+        per, world = self.batching.rows_per_batch, self.spec.world_size
+        assert per is not None
+        before = np.zeros(world, dtype=np.int64)  # (W,) rows of the sources already cut
+        for k, part in enumerate(self.parts):
+            batcher, layout = part.batcher, part.layout
+            assert isinstance(batcher, PackBatcher) and part.entries is None  # evaluation: every sample once
+
+            def cut(
+                batcher: PackBatcher = batcher, before: NDArray[np.int64] = before, inputs: PlanInputs = part.inputs
+            ) -> NDArray[np.int64]:
+                balanced, rows = balance_rows(batcher, inputs.shard_tokens, per=per, before=before)
+                return np.concatenate([balanced.layout.rank_starts, rows])
+
+            key = ("packed row cuts", per, self.unit_batching.identity(), layout_key(layout), before.tobytes())
+            kept = part.inputs.memo(key, cut)
+            starts, rows = kept[: world + 1], kept[world + 1 :]
+            if not np.array_equal(starts, layout.rank_starts):
+                self.cut_by_rows = True
+                layout = ShardLayout(layout.shard_starts, layout.order, layout.epoch_starts, starts)
+                self.parts[k] = dataclasses.replace(part, layout=layout, batcher=batcher.relaid(layout))
+                part.inputs.memo(("packed counts", self.unit_batching.identity(), layout_key(layout)), rows.copy)
+            before = before + rows
 
     def _units_counted(self, part: SourcePart) -> NDArray[np.int64]:
         """``(W,)`` units (batches, or packed rows) of every rank for one source."""

@@ -11,6 +11,7 @@ on the multiset of its sizes, so counting every rank and building one give the s
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -19,13 +20,14 @@ from numpy.typing import NDArray
 
 from shardload._base.ranges import offsets_from_lengths, range_positions
 from shardload.errors import PlanError
+from shardload.plan.assign import ShardLayout
 from shardload.plan.batcher import Batcher, Batches
 from shardload.plan.options import Batching
 from shardload.plan.packing.rows import SizeRuns, count_rows, pieces_per_sample
 from shardload.plan.packing.track import TrackedRows, largest_first, pack_segments, track_runs
 from shardload.plan.steps import step_positions
 
-__all__ = ["PackBatcher", "PackedBatches", "RankRows", "count_at_once", "refuse_long_samples"]
+__all__ = ["PackBatcher", "PackedBatches", "RankRows", "count_at_once", "refuse_long_samples", "rows_at_once"]
 
 #: samples whose sizes are gathered at once when counting every rank (bounds the memory of counting)
 COUNT_CHUNK = 1 << 22
@@ -116,6 +118,19 @@ class PackBatcher(Batcher):
             end = min(max(end, rank + 1), rank + max_ranks, world)
             yield range(rank, end)
             rank = end
+
+    def relaid(self, layout: ShardLayout) -> PackBatcher:
+        """The same batcher over other rank ranges of the same epoch order (:mod:`~shardload.plan.packing.balance`)."""
+        return PackBatcher(
+            self.lengths,
+            layout,
+            self.batching,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            epoch=self.epoch,
+            max_length=self.max_length,
+            chunks=self.chunks,
+        )
 
     def _count(self) -> NDArray[np.int64]:
         """Every rank's ``ceil(rows / rows_per_batch)``, from one best-fit run; equal to the built counts."""
@@ -384,6 +399,12 @@ def count_at_once(batchers: list[PackBatcher]) -> list[NDArray[np.int64]]:
     each is a segment of its own, packed as if alone, so the counts are those of counting each
     batcher alone, and the run's steps (one per distinct size) are paid once.
     """
+    rows = rows_at_once(batchers)
+    return [-(-r // b.rows_per_batch) for b, r in zip(batchers, rows)]
+
+
+def rows_at_once(batchers: list[PackBatcher]) -> list[NDArray[np.int64]]:
+    """``(W,)`` each rank's packed rows of each batcher, from one best-fit run (:func:`count_at_once`)."""
     if not batchers:
         return []
     capacity = batchers[0].capacity
@@ -419,7 +440,7 @@ def count_at_once(batchers: list[PackBatcher]) -> list[NDArray[np.int64]]:
             parts.append(SizeRuns(part.seg + lo, part.size, part.count) if lo else part)
         runs = SizeRuns.concat(parts) if len(parts) > 1 else parts[0]
     rows = count_rows(runs, segments, capacity)
-    return [-(-rows[lo:hi] // b.rows_per_batch) for b, lo, hi in zip(batchers, bounds[:-1], bounds[1:])]
+    return [rows[lo:hi] for lo, hi in itertools.pairwise(bounds.tolist())]
 
 
 def refuse_long_samples(lengths: NDArray[np.integer], max_length: int, batching: Batching) -> None:
