@@ -25,6 +25,7 @@ from shardload.errors import InputError, OutputError
 from shardload.prepare.mapconfig import checked_map_args, parse_map_arg
 from shardload.prepare.mapping import load_map
 from shardload.prepare.options import PrepareOptions
+from tests.helpers.order import in_input_order
 
 from .conftest import corpus
 
@@ -109,15 +110,6 @@ def pieces(d: Path, max_tokens: int) -> list[np.ndarray]:
             ids = tok.encode(json.loads(line)["text"]).ids
             out += [np.asarray(ids[i : i + max_tokens], dtype=np.int32) for i in range(0, len(ids), max_tokens)]
     return out
-
-
-def in_input_order(out: Path) -> list[np.ndarray]:
-    ds = shardload.open(out)
-    origin = np.load(out / "origin.npy")
-    got: list[Any] = [None] * len(ds)
-    for i in range(len(ds)):
-        got[int(origin[i])] = ds[i]["input_ids"]
-    return got
 
 
 def same_pieces(out: Path, d: Path, max_tokens: int) -> None:

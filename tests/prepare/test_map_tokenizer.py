@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 
 import shardload
 from tests.distributed.watchdog import python, run_with_watchdog
+from tests.helpers.order import in_input_order
 
 from .conftest import corpus
 
@@ -69,15 +70,6 @@ def expected(texts: list[str], tokenizer_file: Path) -> list[np.ndarray]:
         ids = tok.encode(text).ids if text.strip() else []
         out += [np.asarray(ids[i : i + MAX_TOKENS], dtype=np.int32) for i in range(0, len(ids), MAX_TOKENS)]
     return out
-
-
-def in_input_order(out: Path) -> list[np.ndarray]:
-    ds = shardload.open(out)
-    origin = np.load(out / "origin.npy")
-    pieces: list[Any] = [None] * len(ds)
-    for i in range(len(ds)):
-        pieces[int(origin[i])] = ds[i]["input_ids"]
-    return pieces
 
 
 def in_origin_order(out: Path) -> list[np.ndarray]:
