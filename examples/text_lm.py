@@ -62,6 +62,7 @@ import hashlib
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ import numpy as np
 import torch
 from common import DEFAULT_WORKDIR
 from packed_lm import TinyCausalLM
-from tokenize_map import END_OF_TEXT, make_encoder
+from tokenize_map import END_OF_TEXT, in_validation, make_encoder
 
 import shardload
 
@@ -139,14 +140,31 @@ def train_tokenizer(corpora: dict[str, Path], path: Path, vocab_size: int) -> Pa
 
 
 # -- 3: prepare -------------------------------------------------------------------------------------------
-def prepared_set(corpus: Path, out: Path, tokenizer: Path, map_args: dict[str, Any], workers: int) -> Path:
-    """``corpus`` tokenized into the shard set ``out``, unless ``out`` was made with this map, arguments and file."""
+def texts(corpus: Path) -> Iterator[str]:
+    """The non-blank texts of a JSON Lines corpus, as the map sees them."""
+    with open(corpus, encoding="utf-8") as f:
+        for line in f:
+            try:
+                text = json.loads(line).get("text") if line.strip() else None
+            except (ValueError, AttributeError):
+                continue  # prepare names the line
+            if isinstance(text, str) and text.strip():
+                yield text
+
+
+def prepared_set(corpus: Path, out: Path, tokenizer: Path, map_args: dict[str, Any], workers: int) -> Path | None:
+    """``corpus`` tokenized into the shard set ``out``, unless ``out`` was made with this map, arguments and file.
+
+    ``None`` when the split would hold no record of the corpus.
+    """
     if (out / "manifest.json").exists():
         recorded = shardload.open(out).manifest.options
         sha256 = hashlib.sha256(tokenizer.read_bytes()).hexdigest()
         recorded_file = recorded.get("map_files", {}).get("tokenizer", {})
         if recorded.get("map_args") == map_args and recorded_file.get("sha256") == sha256:
             return out
+    if not any(in_validation(text, map_args["val_percent"]) == (map_args["split"] == "val") for text in texts(corpus)):
+        return None  # the map would drop every record: nothing to prepare
     result = shardload.prepare(
         corpus,
         out,
@@ -161,9 +179,12 @@ def prepared_set(corpus: Path, out: Path, tokenizer: Path, map_args: dict[str, A
     return out
 
 
-def prepare_sets(corpora: dict[str, Path], args: argparse.Namespace) -> dict[str, dict[str, Path]]:
-    """``{"train": {source: set}, "val": {source: set}}``, prepared where they are missing or out of date."""
-    sets: dict[str, dict[str, Path]] = {"train": {}, "val": {}}
+def prepare_sets(corpora: dict[str, Path], args: argparse.Namespace) -> dict[str, dict[str, Path | None]]:
+    """``{"train": {source: set}, "val": {source: set}}``, prepared where they are missing or out of date.
+
+    A set is ``None`` where its split holds no record of the corpus.
+    """
+    sets: dict[str, dict[str, Path | None]] = {"train": {}, "val": {}}
     for name, corpus in corpora.items():
         st = corpus.stat()  # a set per corpus file (its path, size and time), so another corpus is not mistaken
         key = hashlib.sha256(f"{corpus.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
@@ -248,6 +269,39 @@ class StopAt(pl.Callback):
             trainer.should_stop = True
 
 
+def at_least(low: int) -> Any:
+    """An argparse type: an integer of at least ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+
+    return parse
+
+
+def percent(text: str) -> int:
+    """An argparse type: the share held out for validation, 1 to 99 (each split needs records)."""
+    value = at_least(1)(text)
+    if value > 99:
+        raise argparse.ArgumentTypeError(f"{value} leaves no record for training: 1 to 99")
+    return value
+
+
+def devices(text: str) -> int | str:
+    """An argparse type: ``auto``, ``-1`` (every device) or a count."""
+    if text == "auto":
+        return text
+    value = at_least(-1)(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("0 devices: a count, -1 for all, or auto")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Command-line options of this example."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -257,21 +311,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR / "text", help="corpora, tokenizer, sets")
     p.add_argument("--out", type=Path, default=Path("text-lm-run"), help="result.json, model.pt, rank*.json")
-    p.add_argument("--records", type=int, default=160, help="records per synthetic corpus")
-    p.add_argument("--vocab-size", type=int, default=512, help="of the trained tokenizer")
-    p.add_argument("--val-percent", type=int, default=15, help="records held out for validation")
-    p.add_argument("--prepare-workers", type=int, default=2)
+    p.add_argument("--records", type=at_least(1), default=160, help="records per synthetic corpus")
+    p.add_argument("--vocab-size", type=at_least(1), default=512, help="of the trained tokenizer")
+    p.add_argument("--val-percent", type=percent, default=15, help="records held out for validation")
+    p.add_argument("--prepare-workers", type=at_least(1), default=2)
     p.add_argument("--prepare-only", action="store_true", help="stop once the sets are prepared")
     p.add_argument("--weights", default="0.7,0.3", help="training shares of the corpora, by tokens")
-    p.add_argument("--pack-length", type=int, default=128, help="tokens per packed row (and the longest piece)")
-    p.add_argument("--rows-per-batch", type=int, default=4)
+    p.add_argument("--pack-length", type=at_least(1), default=128, help="tokens per packed row (and the longest piece)")
+    p.add_argument("--rows-per-batch", type=at_least(1), default=4)
     p.add_argument("--accelerator", default="auto", help="cpu, gpu, auto")
-    p.add_argument("--devices", default="auto", help="device count, -1 for all, or auto")
+    p.add_argument("--devices", type=devices, default="auto", help="device count, -1 for all, or auto")
     p.add_argument("--strategy", default="auto", help="ddp, auto ...")
-    p.add_argument("--max-epochs", type=int, default=2)
-    p.add_argument("--num-workers", type=int, default=1, help="loader workers per rank")
+    p.add_argument("--max-epochs", type=at_least(1), default=2)
+    p.add_argument("--num-workers", type=at_least(0), default=1, help="loader workers per rank")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stop-at-step", type=int, help="save OUT/interrupted.ckpt after this step and stop")
+    p.add_argument("--stop-at-step", type=at_least(1), help="save OUT/interrupted.ckpt after this step and stop")
     p.add_argument("--resume", type=Path, help="a checkpoint to resume from (any --devices)")
     return p
 
@@ -286,13 +340,26 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--corpus takes NAME=FILE, a file, once per distinct NAME; got {args.corpus}")
     else:
         corpora = synthetic_corpora(args.workdir, args.records)
-    if len(args.weights.split(",")) != len(corpora):
-        parser.error(f"--weights {args.weights}: one weight per corpus ({', '.join(corpora)})")
+    try:
+        shares = [float(w) for w in args.weights.split(",")]
+    except ValueError:
+        shares = []
+    if len(shares) != len(corpora) or not all(w >= 0 for w in shares) or not sum(shares) > 0:
+        parser.error(f"--weights {args.weights}: one weight per corpus ({', '.join(corpora)}), >= 0, not all 0")
+    if args.resume is not None and not args.resume.is_file():
+        parser.error(f"--resume {args.resume}: no such checkpoint file")
     args.tokenizer = args.tokenizer or train_tokenizer(corpora, args.workdir / "tokenizer.json", args.vocab_size)
-    sets = prepare_sets(corpora, args)
+    prepared = prepare_sets(corpora, args)
+    empty = [f"{name} ({split})" for split, by_name in prepared.items() for name, path in by_name.items() if not path]
+    if empty:
+        parser.error(
+            f"no record for {', '.join(empty)}: --val-percent {args.val_percent} holds out about that share of each "
+            "corpus's records, by a hash of each text; give each corpus more records, or another --val-percent"
+        )
     if args.prepare_only:
         return
-    weights = dict(zip(corpora, map(float, args.weights.split(","))))
+    sets = {split: {name: path for name, path in by_name.items() if path} for split, by_name in prepared.items()}
+    weights = dict(zip(corpora, shares))
 
     from tokenizers import Tokenizer
 

@@ -146,3 +146,33 @@ def test_text_lm_exact_per_source_loss_and_every_document_once_across_an_elastic
     assert abs(share - 0.7) < 0.05
     # the next epoch is a whole epoch on the 3 new ranks
     assert documents(records, 1) == uninterrupted(mixture, batching, 3, 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--val-percent", "0"], "--val-percent"),
+        (["--val-percent", "100"], "--val-percent"),
+        (["--pack-length", "0"], "--pack-length"),
+        (["--records", "0"], "--records"),
+        (["--rows-per-batch", "-1"], "--rows-per-batch"),
+        (["--weights", "web,code"], "--weights"),
+        (["--weights=-1,2"], "--weights"),
+        (["--devices", "two"], "--devices"),
+        (["--stop-at-step", "0"], "--stop-at-step"),
+        (["--resume", "no-such.ckpt"], "--resume"),
+        (["--records", "1"], "no record for"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_odd_arguments_are_refused_by_name_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    text_lm = load_example("text_lm")
+    work = ["--workdir", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--prepare-workers", "1"]
+    with pytest.raises(SystemExit) as exit_:
+        text_lm.main([*work, *args])
+    err = capsys.readouterr().err
+    # Invariant: a usage error (exit 2) that names the option, never a traceback from prepare or the trainer
+    assert exit_.value.code == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "w" / "sets").exists() or args == ["--records", "1"]

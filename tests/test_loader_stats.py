@@ -201,8 +201,11 @@ class Model(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def fit(root: Path, small_set: Path, model: Model, **options: Any) -> tuple[Recorder, list[warnings.WarningMessage]]:
+def fit(
+    root: Path, small_set: Path, model: Model, trainer_options: dict[str, Any] | None = None, **options: Any
+) -> tuple[Recorder, list[warnings.WarningMessage]]:
     logger = Recorder()
+    trainer_options = {"log_every_n_steps": 3, "max_epochs": 2} | (trainer_options or {})
     dm = ShardDataModule(
         train=small_set, batch_size=8, loader_options=shardload.LoaderOptions(num_workers=0, **options)
     )
@@ -210,12 +213,11 @@ def fit(root: Path, small_set: Path, model: Model, **options: Any) -> tuple[Reco
         accelerator="cpu",
         devices=1,
         logger=logger,
-        log_every_n_steps=3,
-        max_epochs=2,
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
         default_root_dir=root,
+        **trainer_options,
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", LoaderBottleneckWarning)
@@ -237,6 +239,21 @@ def test_the_stats_reach_the_trainers_logger(tmp_path: Path, small_set: Path) ->
         assert m["data/tokens_per_s"] > 0 and 0 <= m["data/padding"] < 1
     # Invariant: a fast loader does not warn
     assert warned == []
+
+
+@pytest.mark.parametrize(
+    ("every", "epochs", "accumulate"), [(5, 3, 1), (20, 3, 1), (2, 2, 3)], ids=["5-of-12", "20-of-12", "accumulate3"]
+)
+def test_the_stats_are_logged_at_the_steps_lightning_logs_at_across_epochs(
+    tmp_path: Path, small_set: Path, every: int, epochs: int, accumulate: int
+) -> None:
+    options = {"log_every_n_steps": every, "max_epochs": epochs, "accumulate_grad_batches": accumulate}
+    logger, _ = fit(tmp_path, small_set, Model(), options)
+    own_steps = [step for step, m in logger.logged if "loss_seen" in m]
+    data_steps = [step for step, m in logger.logged if "data/wait_fraction" in m]
+    # Invariant: Lightning counts log_every_n_steps over the run (an epoch of 12 steps is not a multiple of 5,
+    # and shorter than 20) and over optimizer steps; the loader's figures share every row of the module's own
+    assert own_steps and data_steps == own_steps
 
 
 def test_a_slow_loader_warns_once_per_run(tmp_path: Path, small_set: Path, slow_batches: None) -> None:

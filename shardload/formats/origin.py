@@ -358,3 +358,41 @@ def _ids_at(order: NDArray[np.integer], a: int, b: int, path: Path) -> NDArray[n
             "source position per sample (damaged); re-run prepare"
         )
     return ids
+
+
+def check_order(root: Path, total: int, parts: Sequence[tuple[int, int]] = ()) -> None:
+    """Check the set's ``origin.npy``, which :func:`record_pieces` reads: one source position per sample.
+
+    The header and size as the lengths indexes' are checked, then the values: each sample of a part
+    (``parts``: ``(first sample, samples)`` of each, the whole set when empty) at a position inside
+    the part, no position held twice. A set without the file passes (its pieces are not recorded).
+    ``O(N)`` time, ``N`` bytes of memory, the file read once in chunks.
+
+    Raises:
+        ShardSetError: the file is unreadable, of another size, or not one source position per sample.
+    """
+    path = root / ORDER_NAME
+    try:
+        order = open_index(path, what="the sample order index", samples=total)
+    except ShardSetError as exc:
+        if reason_of(exc) == "missing":
+            return
+        raise
+    held = np.zeros(total, dtype=bool)  # held[p]: some sample is at source position p
+    for first, count in parts or [(0, total)]:
+        for start in range(first, first + count, _SCAN_CHUNK):
+            stop = min(first + count, start + _SCAN_CHUNK)
+            chunk = np.asarray(order[start:stop], dtype=np.int64)
+            outside = np.flatnonzero((chunk < first) | (chunk >= first + count))
+            if len(outside):
+                i = start + int(outside[0])
+                raise ShardSetError(
+                    f"{path}: says sample {i} is at source position {int(order[i])}, outside "
+                    f"[{first}, {first + count}); the file is damaged; re-run prepare"
+                )
+            if held[chunk].any() or len(np.unique(chunk)) < len(chunk):
+                raise ShardSetError(
+                    f"{path}: two samples are at one source position: the file is not one source position per "
+                    "sample (damaged); re-run prepare"
+                )
+            held[chunk] = True

@@ -1,8 +1,9 @@
 """The training loader's stats in the trainer's loggers: ``data/wait_fraction``, ``data/tokens_per_s``, ``data/padding``.
 
 :class:`LoaderStatsLogger` is the Lightning callback that :class:`~shardload.ShardDataModule` adds to its trainer
-when ``LoaderOptions(stats=True)`` (the default). Every ``log_every_n_steps`` training steps it takes the
-training loader's :class:`~shardload.load.stats.LoaderStats` of the interval, gathers them from every rank (one
+when ``LoaderOptions(stats=True)`` (the default). Every ``log_every_n_steps`` training steps, where Lightning
+logs ``self.log`` values (counted over the run, not the epoch; never on a step that only accumulates), it takes
+the training loader's :class:`~shardload.load.stats.LoaderStats` of the interval, gathers them from every rank (one
 small ``all_gather``: every rank logs at the same step, since every rank has the same number of batches), logs
 the mean and the largest over ranks to each of the trainer's loggers, and starts a new interval. Once per run,
 after the first interval (workers starting, the page cache warming), rank 0 warns
@@ -18,7 +19,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from shardload.integrations.trainer import logging_step
+from shardload.integrations.trainer import logging_step, logs_after_this_step
 from shardload.load.loader import ShardLoader
 from shardload.load.stats import LoaderStats, warn_bottleneck
 
@@ -59,9 +60,8 @@ class LoaderStatsLogger(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        every = int(getattr(trainer, "log_every_n_steps", 50))  # set by Lightning, not declared on Trainer
         loader = self._loader()
-        if every <= 0 or (batch_idx + 1) % every or loader is None or loader.stats is None:
+        if loader is None or loader.stats is None or not logs_after_this_step(trainer):
             return
         stats = loader.stats
         loader.reset_stats()

@@ -6,9 +6,12 @@ Lightning 2.2 and 2.6, the oldest and newest supported (tests/distributed/test_t
 * Read, public: ``global_rank``, ``world_size`` and ``current_epoch``; for the loader's stats
   (``integrations/loader_stats.py``) ``log_every_n_steps``, ``loggers``, ``strategy.all_gather`` and
   ``is_global_zero``.
-* Read, not public (:func:`logging_step`): the step Lightning logs ``self.log`` values at,
-  ``fit_loop.epoch_loop._batches_that_stepped`` (what its own ``LearningRateMonitor`` logs at), so that the
-  loader's figures share their rows; ``global_step`` (optimizer steps) where it is absent.
+* Read, not public (:func:`logging_step`, :func:`logs_after_this_step`): the step Lightning logs ``self.log``
+  values at, ``fit_loop.epoch_loop._batches_that_stepped`` (what its own ``LearningRateMonitor`` logs at),
+  and whether it logs them after the step under way (its rule: that count plus one a multiple of
+  ``log_every_n_steps``, counted over the run, not the epoch, and not on a step that only accumulates
+  gradients, ``epoch_loop._should_accumulate()``), so that the loader's figures share their rows;
+  ``global_step`` (optimizer steps) where the count is absent.
 * Written, public: the DataModule appends its ``LoaderStatsLogger`` to ``callbacks`` in ``setup`` (a
   DataModule has no ``configure_callbacks``; the trainer runs the hooks of that list as it is at each call).
 * Read, not public (:func:`restored_steps`): the steps of this epoch a restore
@@ -29,7 +32,15 @@ from typing import Any
 
 from shardload.load.sampler import TrainerLink
 
-__all__ = ["TrainerLink", "current_epoch", "limited_batches", "logging_step", "restored_steps", "train_link"]
+__all__ = [
+    "TrainerLink",
+    "current_epoch",
+    "limited_batches",
+    "logging_step",
+    "logs_after_this_step",
+    "restored_steps",
+    "train_link",
+]
 
 
 def limited_batches(length: int, limit: int | float) -> int:
@@ -52,6 +63,22 @@ def logging_step(trainer: Any) -> int:
     """The step at which the trainer logs the values of ``self.log`` now."""
     loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
     return int(getattr(loop, "_batches_that_stepped", trainer.global_step))
+
+
+def logs_after_this_step(trainer: Any) -> bool:
+    """Whether the trainer logs the values of ``self.log`` after the training step under way (Lightning's rule).
+
+    Called in ``on_train_batch_end``, before Lightning counts the step: every ``log_every_n_steps`` steps of the
+    run (the count goes on over epochs, so an epoch shorter than the interval still gets its rows), never on a
+    step that only accumulates gradients. The same on every rank: every rank runs the same steps.
+    """
+    every = int(getattr(trainer, "log_every_n_steps", 50))  # set by Lightning, not declared on Trainer
+    if every <= 0:
+        return False
+    accumulating = getattr(getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None), "_should_accumulate", None)
+    if callable(accumulating) and accumulating():
+        return False
+    return (logging_step(trainer) + 1) % every == 0
 
 
 def restored_steps(progress: Any, restart_stages: bool) -> int:

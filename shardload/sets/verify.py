@@ -33,7 +33,7 @@ from shardload.errors import CorruptShardError, MissingDependencyError, ShardSet
 from shardload.formats import Columns, get_format
 from shardload.formats.arrow.writer import to_arrow
 from shardload.formats.manifest import Manifest, ShardInfo, resolve_inside
-from shardload.formats.origin import ORIGINS_NAME, read_origins
+from shardload.formats.origin import ORDER_NAME, ORIGINS_NAME, check_order, read_origins
 from shardload.remote.options import RemoteOptions
 from shardload.remote.url import is_remote, local_path
 from shardload.schema.fields import Field, Schema
@@ -209,12 +209,16 @@ def verify(
         bar.close()
     problems.extend(index_problems)
     if cache is not None:
-        cache.fetch_origins()
+        cache.fetch_origins(order=True)
     if (root / ORIGINS_NAME).exists():  # a set of an older shardload has none
         try:
             read_origins(root, manifest.total_samples, every_row=True)
         except ShardSetError as exc:
             problems.append(Problem(None, ORIGINS_NAME, "unreadable", str(exc)))
+    try:  # what origin(i) reads for the pieces of a record; a set copied without it passes
+        check_order(root, manifest.total_samples, [(p.first_sample, p.samples) for p in manifest.parts])
+    except ShardSetError as exc:
+        problems.append(Problem(None, ORDER_NAME, "unreadable", str(exc)))
     return VerifyReport(
         path=redact(str(path)) if cache is not None else str(root),
         shards=len(manifest.shards),

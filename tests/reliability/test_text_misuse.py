@@ -171,3 +171,39 @@ def test_verify_reports_damaged_sample_origins(tmp_path: Path, damage: str) -> N
     want = {"garbage": "cannot be read", "too-few-rows": "4 entries for 5 samples", "unknown-kind": "'bogus'"}[damage]
     assert want in report.problems[0].detail
     assert shardload.open(tmp_path / "out")[0]["t"] == "a"  # the samples are not affected
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "too-few", "duplicate", "out-of-range"])
+def test_verify_reports_a_damaged_sample_order_index(tmp_path: Path, damage: str) -> None:
+    from shardload.sets.verify import verify
+
+    # origin(i) reads origin.npy to find the pieces of a split record: a damage there must not pass verify
+    shardload.write([{"x": np.arange(3)} for _ in range(6)], tmp_path / "out")
+    path = tmp_path / "out" / "origin.npy"
+    assert verify(tmp_path / "out").ok
+    order = np.load(path)
+    if damage == "garbage":
+        path.write_bytes(b"garbage")
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[:-8])
+    elif damage == "too-few":
+        np.save(path, order[:5])
+    elif damage == "duplicate":
+        order[1] = order[0]
+        np.save(path, order)
+    else:
+        order[2] = 6
+        np.save(path, order)
+    report = verify(tmp_path / "out")
+    assert [(p.file, p.reason) for p in report.problems] == [("origin.npy", "unreadable")], report.problems
+    want = {
+        "garbage": "not a valid .npy",
+        "truncated": "truncated",
+        "too-few": "expected 6 integers",
+        "duplicate": "source position",
+        "out-of-range": "outside [0, 6)",
+    }[damage]
+    assert want in report.problems[0].detail
+    (tmp_path / "out" / "origin.npy").unlink()
+    # a set copied without origin.npy is valid: origin(i) says its pieces are not recorded
+    assert verify(tmp_path / "out").ok
