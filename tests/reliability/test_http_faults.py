@@ -174,7 +174,9 @@ def test_https_to_a_plain_http_server_says_to_check_the_scheme(served: FaultProx
     url = served.url.replace("http://", "https://") + "/set"
     started = time.monotonic()
     with pytest.raises(RemoteError) as caught:
-        shardload.open(url, remote=remote(tmp_path, retry=RetryPolicy(tries=5, base_delay=30.0, max_delay=30.0, jitter=0.0)))
+        shardload.open(
+            url, remote=remote(tmp_path, retry=RetryPolicy(tries=5, base_delay=30.0, max_delay=30.0, jitter=0.0))
+        )
     message = str(caught.value)
     # Invariant: a TLS handshake answered in plain HTTP is not retried (a retry would wait 30 s first): the
     # scheme is wrong, not the network. The margin is wide: the refusal itself took up to 4 s on a loaded machine
