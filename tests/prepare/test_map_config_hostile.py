@@ -1,0 +1,115 @@
+"""Configured maps under careless or hostile use: values no record can hold and map files that change while prepare
+runs are refused by name (exit 3), never an internal error, and never a set whose record misstates its map file."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardload.cli import main
+from shardload.errors import InputError
+from shardload.prepare.mapconfig import checked_map_args, parse_map_arg
+
+MODULE = """
+import os
+
+import numpy as np
+
+
+def make(tokenizer, then="keep"):
+    with open(tokenizer, "rb") as fh:
+        size = len(fh.read())
+    if then == "append":  # the file changes after this process read it, as an editor saving it would
+        with open(tokenizer, "ab") as fh:
+            fh.write(b" ")
+    elif then == "delete":
+        os.unlink(tokenizer)
+
+    def encode(sample):
+        return {"ids": np.full(len(sample["text"]), size, dtype=np.int32)}
+
+    return encode
+
+
+def anything(**kwargs):
+    def encode(sample):
+        return {"ids": np.zeros(1, dtype=np.int32)}
+
+    return encode
+"""
+
+
+@pytest.fixture
+def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Any]:
+    """A directory with the map's module ``hostilemap`` (importable), ``tok.json`` and two JSON Lines files."""
+    d = tmp_path / "job"
+    (d / "src").mkdir(parents=True)
+    (d / "hostilemap.py").write_text(MODULE)
+    (d / "tok.json").write_text('{"vocab": 1}')
+    for k in range(2):
+        lines = [json.dumps({"text": "x" * (i % 7 + 1)}) + "\n" for i in range(50)]
+        (d / "src" / f"part-{k}.jsonl").write_text("".join(lines))
+    monkeypatch.setattr(sys, "path", [str(d), *sys.path])
+    monkeypatch.delitem(sys.modules, "hostilemap", raising=False)
+    import hostilemap  # type: ignore[import-not-found]
+
+    return d, hostilemap
+
+
+def test_a_map_argument_nested_too_deeply_is_refused_by_name() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(InputError, match=r"--map-arg x=\.\.\.: the value's JSON nests lists or dicts too deeply"):
+        parse_map_arg(f"x={deep}")
+    nested: list[Any] = []
+    for _ in range(100_000):
+        nested = [nested]
+    with pytest.raises(InputError, match=r"map_args\['x'\] nests lists or dicts too deeply to be recorded"):
+        checked_map_args({"x": nested})
+    # a map file's path is never read as JSON: a file may be named like a number or a list
+    assert parse_map_arg("tok=1e999", "--map-file") == ("tok", "1e999")
+    assert parse_map_arg(f"tok={deep[:10]}", "--map-file") == ("tok", deep[:10])
+
+
+def test_a_number_beyond_a_float_is_refused_naming_the_argument() -> None:
+    with pytest.raises(InputError, match=r"--map-arg 'x=1e999': the number 1e999 is beyond the range of a float"):
+        parse_map_arg("x=1e999")
+    with pytest.raises(InputError, match="beyond the range"):
+        parse_map_arg('x={"a": [-1e400]}')
+    assert parse_map_arg('x="1e999"') == ("x", "1e999")
+    assert parse_map_arg("x=1e308") == ("x", 1e308)
+
+
+def test_map_arguments_that_are_not_unicode_are_refused() -> None:
+    # what Python makes of command-line bytes that are not UTF-8 (b"a\xff")
+    with pytest.raises(InputError, match=r"map_args\['x'\] = 'a\\udcff' holds text that is not valid Unicode"):
+        checked_map_args({"x": "a\udcff"})
+    with pytest.raises(InputError, match="not valid Unicode"):
+        checked_map_args({"x": {"k": ["a\udcff"]}})
+    assert checked_map_args({"x": "é"}) == {"x": "é"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--map-arg", "x=" + "[" * 100_000 + "]" * 100_000], "nests lists or dicts too deeply"),
+        (["--map-arg", "x=1e999"], "beyond the range of a float"),
+        (["--map-arg", "x=a\udcff"], "not valid Unicode"),
+    ],
+)
+def test_command_line_map_arguments_no_record_can_hold_exit_3(
+    tmp_path: Path, job: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any, extra: list[str], message: str
+) -> None:
+    d, _ = job
+    monkeypatch.chdir(d)
+    out = tmp_path / "out"
+    assert (
+        main(["prepare", "src", "-o", str(out), "--no-progress", "--map-factory", "hostilemap:anything", *extra]) == 3
+    )
+    err = capsys.readouterr().err
+    assert message in err and "internal error" not in err
+    assert len(err) < 2000  # the value is not repeated whole
+    assert not out.exists()
