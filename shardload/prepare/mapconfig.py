@@ -34,6 +34,7 @@ __all__ = [
     "checked_map_args",
     "map_file_digests",
     "map_files_change",
+    "map_files_changed_since",
     "parse_map_arg",
 ]
 
@@ -182,6 +183,32 @@ def map_files_change(old: object, new: object) -> str:
             was, now = (x.get("path") if isinstance(x, dict) else x for x in (a, b))
             said.append(f"the map file map_files[{key!r}] was {was!r}, now {now!r}")
     return "; ".join(said)
+
+
+def map_files_changed_since(record: object) -> str | None:
+    """What changed in the map files since ``record`` (the options' ``map_files`` record, hashed when the run
+    started) as an error message for a run that read them meanwhile, or None when every file is as it was."""
+    if not isinstance(record, dict):
+        return None
+    said = []
+    for key, was in record.items():
+        try:
+            now = _sha256_of(was["path"])
+        except OSError as exc:  # deleted, or made unreadable, during the run
+            said.append(f"{was['path']} (map_files[{key!r}]) cannot be read any more ({exc.strerror or exc})")
+            continue
+        if now != was["sha256"]:
+            said.append(
+                f"{was['path']} (map_files[{key!r}]) changed while prepare ran (sha256 {was['sha256'][:16]}... when "
+                f"it started, {now[:16]}... now)"
+            )
+    if not said:
+        return None
+    return (
+        f"the map file {'; '.join(said)}: the samples may not all come from the file recorded when the run started, "
+        "so nothing was committed and the work staged is discarded (no --resume could tell which do). Keep a map's "
+        "files as they are while prepare runs (give it a copy of a file being edited), then run prepare again"
+    )
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -54,6 +55,7 @@ from shardload.prepare.guards import (
 from shardload.prepare.index import new_manifest, write_index
 from shardload.prepare.ingest import SampleChecker, cast_fields, ingest, unit_key
 from shardload.prepare.jobs import ShardJob, ShardRecord, StagedUnit
+from shardload.prepare.mapconfig import map_files_changed_since
 from shardload.prepare.mapping import MappedSamples, check_sendable, map_name
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.parts import (
@@ -321,6 +323,10 @@ def _run_prepare(
             wd.check_state(state)
             check_inputs(wd, units, [unit_key(k) for k in range(len(units))])
         records = _ingest_all(wd, units, source_options, schema, options, located, pool)
+        changed = map_files_changed_since(options.layout_key().get("map_files"))
+        if changed:  # samples from either version of a file: no resume can tell which, so none is offered
+            shutil.rmtree(wd.work, ignore_errors=True)
+            raise InputError(changed)
         staged = collect_staged(records, schema, wd.staging)
         n = len(staged.lengths)
         if n == 0 and part is None:

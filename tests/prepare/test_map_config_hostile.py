@@ -3,13 +3,16 @@ runs are refused by name (exit 3), never an internal error, and never a set whos
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import shardload
 from shardload.cli import main
 from shardload.errors import InputError
 from shardload.prepare.mapconfig import checked_map_args, parse_map_arg
@@ -113,3 +116,40 @@ def test_command_line_map_arguments_no_record_can_hold_exit_3(
     assert message in err and "internal error" not in err
     assert len(err) < 2000  # the value is not repeated whole
     assert not out.exists()
+
+
+def set_files(out: Path) -> dict[Path, bytes]:
+    """The bytes of the set's files (a failed run's work dir aside)."""
+    return {
+        p: p.read_bytes()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and not p.relative_to(out).parts[0].startswith(".prepare")
+    }
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(("then", "said"), [("append", "changed while prepare ran"), ("delete", "cannot be read any")])
+def test_a_map_file_changed_while_prepare_runs_commits_nothing(
+    tmp_path: Path, job: Any, workers: int, then: str, said: str
+) -> None:
+    d, mod = job
+    out = tmp_path / "out"
+    shardload.prepare(d / "src", out, progress=False)
+    before = set_files(out)
+    kwargs: dict[str, Any] = {"map_factory": mod.make, "map_files": {"tokenizer": str(d / "tok.json")}}
+    with pytest.raises(InputError) as caught:
+        shardload.prepare(
+            d / "src", out, overwrite=True, workers=workers, progress=False, map_args={"then": then}, **kwargs
+        )
+    # the old set is intact
+    assert set_files(out) == before
+    if then == "delete" and workers == 2 and "FileNotFoundError" in str(caught.value):
+        return  # the other worker's factory found no file: that is the error, and nothing was committed
+    assert re.search(rf"the map file \S+tok.json \(map_files\['tokenizer'\]\) {said}", str(caught.value))
+    assert not (out / ".prepare").exists()  # nothing left to resume: its samples may come from either file
+    # with the file left as it is now, the same run makes a set whose record is the file it read
+    (d / "tok.json").write_text('{"vocab": 2}')
+    shardload.prepare(d / "src", out, overwrite=True, workers=workers, progress=False, **kwargs)
+    recorded = json.loads((out / "manifest.json").read_text())["options"]["map_files"]["tokenizer"]
+    assert recorded["sha256"] == hashlib.sha256(b'{"vocab": 2}').hexdigest()
+    assert int(shardload.open(out)[0]["ids"][0]) == len(b'{"vocab": 2}')
