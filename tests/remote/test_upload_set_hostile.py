@@ -1,0 +1,79 @@
+"""``shardload upload`` under careless use: the local set is rewritten while it is being uploaded, or is still
+being prepared. The upload never makes a set in storage of files it did not verify together: it stops before the
+manifest is put, naming the set, and a run once the set is finished puts it whole."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import shardload
+import shardload.sets.upload as upload_module
+from shardload.errors import ManifestError, OutputError
+from shardload.remote import RemoteOptions
+from shardload.sets.verify import verify
+from shardload.testing import synthetic_samples
+from tests.helpers.servers import S3Server
+from tests.remote.test_remote_sets import make_set
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "cache"
+    monkeypatch.setenv("SHARDLOAD_CACHE_DIR", str(path))
+    return path
+
+
+@pytest.mark.parametrize("shards", [6, 9])  # the same file names, and more shards than the set verified
+def test_a_set_replaced_while_it_is_uploaded_is_not_made_a_set_in_storage(
+    s3: S3Server, tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, shards: int
+) -> None:
+    url = f"s3://bucket/upload-hostile/{tmp_path.name}/set"
+    local = make_set(tmp_path, n=120, shards=6)
+    verified = upload_module._refuse_damaged
+
+    def then_replaced(*args: object) -> None:  # as a `prepare --overwrite` of the same directory, committed now
+        verified(*args)  # type: ignore[arg-type]
+        shardload.write(synthetic_samples(90, seed=2), local, num_shards=shards, overwrite=True, progress=False)
+
+    monkeypatch.setattr(upload_module, "_refuse_damaged", then_replaced)
+    with pytest.raises(OutputError, match=rf"{local}: changed while it was uploaded .*manifest.json was not put"):
+        shardload.upload_set(local, url, storage_options=s3.storage_options, progress=False)
+    fs = s3.filesystem()
+    assert not fs.exists(f"{url.removeprefix('s3://')}/manifest.json")  # no reader opens a mix of two sets
+    monkeypatch.setattr(upload_module, "_refuse_damaged", verified)
+    result = shardload.upload_set(local, url, storage_options=s3.storage_options, progress=False)
+    assert (result.shards, result.samples) == (shards, 90)
+    assert verify(url, remote=RemoteOptions(storage_options=s3.storage_options, cache_dir=cache)).ok
+
+
+def test_a_set_being_prepared_is_named_as_such(s3: S3Server, tmp_path: Path) -> None:
+    src = tmp_path / "src.jsonl"
+    src.write_text("".join(json.dumps({"tokens": [i, i + 1]}) + "\n" for i in range(20)))
+    out = tmp_path / "out"
+    mod = tmp_path / "slowmap.py"
+    # the first sample (the schema's) at once, then slowly: the run holds its lock meanwhile
+    mod.write_text(
+        "import time\n\ndef slow(sample):\n    time.sleep(30 if sample['tokens'][0] else 0)\n    return sample\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardload", "prepare", str(src), "-o", str(out), "--map", f"{mod}:slow"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / ".prepare.lock").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        with pytest.raises(ManifestError, match="A prepare is writing it right now: wait for it to finish") as caught:
+            shardload.upload_set(out, "s3://bucket/upload-hostile/being-written", storage_options=s3.storage_options)
+        assert "--resume" not in str(caught.value)
+    finally:
+        proc.kill()
+        proc.wait()
