@@ -77,3 +77,27 @@ def test_a_set_being_prepared_is_named_as_such(s3: S3Server, tmp_path: Path) -> 
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_object_deleted_from_storage_is_found_though_its_shard_is_cached(
+    s3: S3Server, tmp_path: Path, cache: Path
+) -> None:
+    url = f"s3://bucket/upload-hostile/{tmp_path.name}/set"
+    local = make_set(tmp_path, n=60, shards=3)
+    shardload.upload_set(local, url, storage_options=s3.storage_options, progress=False)
+    remote = RemoteOptions(storage_options=s3.storage_options, cache_dir=cache)
+    assert verify(url, remote=remote).ok  # every shard is in the node cache now
+    fs = s3.filesystem()
+    fs.rm(f"{url.removeprefix('s3://')}/shards/shard-000001.arrow")
+    report = verify(url, remote=remote)
+    # the good copy in the cache does not hide that storage lost the object
+    assert [(p.shard, p.reason) for p in report.problems] == [(1, "missing")]
+    assert "is missing from storage (its copy in the node cache is good)" in report.problems[0].detail
+    assert "shardload upload SET URL" in report.problems[0].detail
+    fs.pipe(f"{url.removeprefix('s3://')}/shards/shard-000001.arrow", b"short")
+    report = verify(url, remote=remote)
+    assert [(p.shard, p.reason) for p in report.problems] == [(1, "size_mismatch")]
+    # a rerun of the upload puts it back
+    result = shardload.upload_set(local, url, storage_options=s3.storage_options, progress=False)
+    assert result.uploaded_objects == 1
+    assert verify(url, remote=remote).ok
