@@ -17,11 +17,13 @@ what is and is not compared: docs/cli.md, ``--map-factory``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import inspect
 import json
 import math
 import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -158,8 +160,16 @@ def map_file_digests(files: object) -> dict[str, dict[str, str]]:
 
 
 def _sha256_of(name: str) -> str:
+    """The sha256 of the regular file ``name``; anything else is an OSError saying what it is, never read (a FIFO
+    would wait for a writer for ever, ``/dev/zero`` never end)."""
     digest = hashlib.sha256()
-    with open(name, "rb") as fh:
+    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with open(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device), which prepare does not read")
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

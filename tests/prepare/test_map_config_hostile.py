@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +155,30 @@ def test_a_map_file_changed_while_prepare_runs_commits_nothing(
     recorded = json.loads((out / "manifest.json").read_text())["options"]["map_files"]["tokenizer"]
     assert recorded["sha256"] == hashlib.sha256(b'{"vocab": 2}').hexdigest()
     assert int(shardload.open(out)[0]["ids"][0]) == len(b'{"vocab": 2}')
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_map_file_that_is_no_regular_file_is_refused_without_reading_it(tmp_path: Path, job: Any, kind: str) -> None:
+    d, mod = job
+    if kind == "fifo":  # no writer: an open for reading would wait for one for ever
+        path = tmp_path / "tok.fifo"
+        os.mkfifo(path)
+    else:  # never ends
+        path = Path("/dev/zero")
+    out = tmp_path / "out"
+    outcome: list[InputError] = []
+
+    def run() -> None:
+        try:
+            shardload.prepare(d / "src", out, map_factory=mod.make, map_files={"tokenizer": path}, progress=False)
+        except InputError as exc:  # anything else fails the test below: no outcome
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "prepare hung on the map file"
+    assert len(outcome) == 1
+    assert f"the map file {path} (--map-file tokenizer={path}" in str(outcome[0])
+    assert "not a regular file" in str(outcome[0])
+    assert not out.exists()
