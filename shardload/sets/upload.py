@@ -129,8 +129,8 @@ def upload_set(
             )
         replaced = True
     uploader.check_target(objects, resume=True, overwrite=force, expected={name for name, _ in files})
-    before = _identities(files)  # taken before the verification: what is put is what was verified
-    _refuse_damaged(root, workers, progress)
+    # The cache directory and the lock before the verification, which takes as long as reading the set: a bad
+    # $SHARDLOAD_CACHE_DIR or a second upload to this URL is said at once.
     record_dir = _record_dir(url)
     lock = OutputLock(
         record_dir / ".lock",
@@ -138,6 +138,8 @@ def upload_set(
     )
     lock.acquire()
     try:
+        before = _identities(files)  # taken before the verification: what is put is what was verified
+        _refuse_damaged(root, workers, progress)
         # A record of this set's objects put to this URL (what a rerun skips where the store's ETag is no MD5:
         # multipart uploads); started afresh when another set is replaced, whose objects it cannot vouch for.
         record = UploadRecord(record_dir / "uploaded.log", root / MANIFEST_NAME, fresh=replaced, by_content=True)

@@ -14,7 +14,8 @@ import pytest
 
 import shardload
 import shardload.sets.upload as upload_module
-from shardload.errors import ManifestError, OutputError
+from shardload._base.output import OutputLock
+from shardload.errors import InputError, ManifestError, OutputError, OutputLockedError
 from shardload.remote import RemoteOptions
 from shardload.sets.verify import verify
 from shardload.testing import synthetic_samples
@@ -101,3 +102,27 @@ def test_an_object_deleted_from_storage_is_found_though_its_shard_is_cached(
     result = shardload.upload_set(local, url, storage_options=s3.storage_options, progress=False)
     assert result.uploaded_objects == 1
     assert verify(url, remote=remote).ok
+
+
+def test_a_bad_cache_dir_or_a_second_upload_is_said_before_the_set_is_verified(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"s3://bucket/upload-hostile/{tmp_path.name}/set"
+    local = make_set(tmp_path, n=60, shards=3)
+    verified: list[object] = []
+    monkeypatch.setattr(upload_module, "_refuse_damaged", lambda *args: verified.append(args))
+    not_a_dir = tmp_path / "cache-is-a-file"
+    not_a_dir.write_text("")
+    monkeypatch.setenv("SHARDLOAD_CACHE_DIR", str(not_a_dir))
+    with pytest.raises(InputError, match=r"cache-is-a-file is a file, not a directory"):
+        shardload.upload_set(local, url, storage_options=s3.storage_options, progress=False)
+    monkeypatch.setenv("SHARDLOAD_CACHE_DIR", str(tmp_path / "cache"))
+    held = OutputLock(upload_module._record_dir(url) / ".lock", busy="held by this test")
+    held.acquire()
+    try:
+        with pytest.raises(OutputLockedError, match="another upload to this URL runs on this machine right now"):
+            shardload.upload_set(local, url, storage_options=s3.storage_options, progress=False)
+    finally:
+        held.release(remove=False)
+    # the set is read once an upload can go on: not before
+    assert verified == []
