@@ -143,9 +143,13 @@ def upload_set(
         # A record of this set's objects put to this URL (what a rerun skips where the store's ETag is no MD5:
         # multipart uploads); started afresh when another set is replaced, whose objects it cannot vouch for.
         record = UploadRecord(record_dir / "uploaded.log", root / MANIFEST_NAME, fresh=replaced, by_content=True)
-        uploaded = uploader.upload_set(
-            root, record, files=files, check=True, unchanged=lambda: _check_unchanged(root, url, files, before)
-        )
+        try:
+            uploaded = uploader.upload_set(
+                root, record, files=files, check=True, unchanged=lambda: _check_unchanged(root, url, files, before)
+            )
+        except FileNotFoundError:  # a local file removed while it was uploaded: said as the change it is
+            _check_unchanged(root, url, files, before)
+            raise
     finally:
         lock.release(remove=False)
     return UploadResult(

@@ -15,7 +15,7 @@ import pytest
 import shardload
 import shardload.sets.upload as upload_module
 from shardload._base.output import OutputLock
-from shardload.errors import InputError, ManifestError, OutputError, OutputLockedError
+from shardload.errors import InputError, ManifestError, OutputError, OutputLockedError, ShardSetError
 from shardload.remote import RemoteOptions
 from shardload.sets.verify import verify
 from shardload.testing import synthetic_samples
@@ -30,7 +30,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-@pytest.mark.parametrize("shards", [6, 9])  # the same file names, and more shards than the set verified
+@pytest.mark.parametrize("shards", [6, 9, 0])  # the same file names, more shards than verified, a shard removed
 def test_a_set_replaced_while_it_is_uploaded_is_not_made_a_set_in_storage(
     s3: S3Server, tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, shards: int
 ) -> None:
@@ -40,7 +40,10 @@ def test_a_set_replaced_while_it_is_uploaded_is_not_made_a_set_in_storage(
 
     def then_replaced(*args: object) -> None:  # as a `prepare --overwrite` of the same directory, committed now
         verified(*args)  # type: ignore[arg-type]
-        shardload.write(synthetic_samples(90, seed=2), local, num_shards=shards, overwrite=True, progress=False)
+        if shards:
+            shardload.write(synthetic_samples(90, seed=2), local, num_shards=shards, overwrite=True, progress=False)
+        else:
+            (local / "shards" / "shard-000002.arrow").unlink()
 
     monkeypatch.setattr(upload_module, "_refuse_damaged", then_replaced)
     with pytest.raises(OutputError, match=rf"{local}: changed while it was uploaded .*manifest.json was not put"):
@@ -48,6 +51,10 @@ def test_a_set_replaced_while_it_is_uploaded_is_not_made_a_set_in_storage(
     fs = s3.filesystem()
     assert not fs.exists(f"{url.removeprefix('s3://')}/manifest.json")  # no reader opens a mix of two sets
     monkeypatch.setattr(upload_module, "_refuse_damaged", verified)
+    if not shards:  # the set on disk is damaged now: refused, nothing more put
+        with pytest.raises(ShardSetError, match="is damaged, nothing was uploaded"):
+            shardload.upload_set(local, url, storage_options=s3.storage_options, progress=False)
+        return
     result = shardload.upload_set(local, url, storage_options=s3.storage_options, progress=False)
     assert (result.shards, result.samples) == (shards, 90)
     assert verify(url, remote=RemoteOptions(storage_options=s3.storage_options, cache_dir=cache)).ok
