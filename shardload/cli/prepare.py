@@ -276,9 +276,10 @@ def _map_options(args: argparse.Namespace) -> dict[str, Any]:
         for text in items:
             key, value = parse_map_arg(text, flag)
             if key in given:
-                raise InputError(f"{flag} {text!r}: {key!r} is given already ({given[key]}); give each argument once")
-            given[key] = f"{flag} {text}"
-            values[key] = value if flag == "--map-arg" else text.partition("=")[2]
+                shown = text if len(text) <= 200 else text[:197] + "..."
+                raise InputError(f"{flag} {shown!r}: {key!r} is given already ({given[key]}); give each argument once")
+            given[key] = f"{flag} {text if len(text) <= 200 else text[:197] + '...'}"
+            values[key] = value
         if values:
             options[name] = values
     for flag, name in (("--map", "map"), ("--map-factory", "map_factory")):

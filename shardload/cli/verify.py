@@ -41,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from shardload.remote.url import is_remote
     from shardload.sets.verify import verify
 
     report = verify(
@@ -59,5 +60,6 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"FAILED: {len(report.problems)} problem(s) in {len(report.damaged_shards)} of {report.shards:,} shards "
             f"of {report.path}; re-run prepare (with --overwrite) to rebuild the set"
+            + (", or put the local set there again (shardload upload SET URL)" if is_remote(args.path) else "")
         )
     return Exit.OK if report.ok else Exit.PROBLEMS

@@ -22,7 +22,7 @@ import numpy as np
 from shardload._base.checksum import checksum_text as checksum_text  # this module's own names in 0.1.0
 from shardload._base.checksum import file_checksum as file_checksum
 from shardload._base.identity import SET_ID_CHARS, is_set_id
-from shardload._base.output import atomic_file, atomic_write_text
+from shardload._base.output import OutputLock, atomic_file, atomic_write_text
 from shardload._base.setfiles import ENV_MAX_MANIFEST_BYTES, MAX_MANIFEST_BYTES, env_limit, read_small
 from shardload._base.setfiles import resolve_inside as resolve_inside  # re-exported: readers import it from here
 from shardload._base.setfiles import safe_relative_path as safe_relative_path
@@ -227,7 +227,9 @@ class Manifest:
         hint = ""
         with contextlib.suppress(OSError, ValueError):
             failed = Path(directory) / ".prepare" / "FAILED"  # written by a run that stopped on bad input
-            if failed.is_file():
+            if OutputLock.held_by_another(Path(directory) / ".prepare.lock"):  # prepare's lock (prepare/workdir.py)
+                hint = " A prepare is writing it right now: wait for it to finish."
+            elif failed.is_file():
                 with open(failed, encoding="utf-8", errors="replace") as fh:
                     why = " ".join(fh.read(2000).split())
                 hint = (

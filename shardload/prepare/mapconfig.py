@@ -17,10 +17,13 @@ what is and is not compared: docs/cli.md, ``--map-factory``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import inspect
 import json
+import math
 import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +36,7 @@ __all__ = [
     "checked_map_args",
     "map_file_digests",
     "map_files_change",
+    "map_files_changed_since",
     "parse_map_arg",
 ]
 
@@ -44,25 +48,50 @@ _made: dict[tuple[str, str], tuple[int, object, tuple[str, ...], MapFunction]] =
 
 def parse_map_arg(text: str, flag: str = "--map-arg") -> tuple[str, Any]:
     """``KEY=VALUE`` as ``(KEY, VALUE)``: the value read as JSON where it parses (``2048``, ``true``, ``[1, 2]``,
-    ``"12"``), else kept as the text itself (``tokenizer.json``).
+    ``"12"``), else kept as the text itself (``tokenizer.json``); for ``--map-file``, always the text (a path).
 
     Raises:
-        InputError: no ``=``, or a key that is no keyword name.
+        InputError: no ``=``, a key that is no keyword name, or a JSON value no record can hold (a number beyond a
+            float's range, lists nested deeper than the JSON reader goes).
     """
     key, sep, value = text.partition("=")
     if not sep or not key.isidentifier():
         raise InputError(
-            f"{flag} {text!r}: write KEY=VALUE with KEY a keyword of the map (a Python name), e.g. "
+            f"{flag} {_short(text)}: write KEY=VALUE with KEY a keyword of the map (a Python name), e.g. "
             f"{flag} max_tokens=2048; VALUE is read as JSON where it parses, else kept as text"
         )
+    if flag == "--map-file":
+        return key, value
     try:
-        return key, json.loads(value, parse_constant=_no_constant)
+        return key, json.loads(value, parse_constant=_no_constant, parse_float=_finite_float)
+    except _OutOfRange as exc:
+        number = str(exc)[:40]
+        raise InputError(
+            f"{flag} {_short(text)}: the number {number} is beyond the range of a float, so no record could compare "
+            f"it: give a smaller number, or pass it as text in JSON quotes ({flag} '{key}=\"{number}\"')"
+        ) from None
+    except RecursionError:  # nested deeper than the JSON reader goes: neither a value it can read nor meant as text
+        raise InputError(
+            f"{flag} {key}=...: the value's JSON nests lists or dicts too deeply to be read ({len(value):,} "
+            "characters); give a flatter value, or put it in a file the map reads (--map-file KEY=PATH)"
+        ) from None
     except ValueError:  # not JSON (or NaN/Infinity, which a record could not compare): the text itself
         return key, value
 
 
+class _OutOfRange(Exception):
+    """A JSON number a float cannot hold (``1e999``), which JSON reads as inf."""
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _OutOfRange(text)
+    return value
 
 
 def checked_map_args(args: object, what: str = "map_args") -> dict[str, Any]:
@@ -80,12 +109,25 @@ def checked_map_args(args: object, what: str = "map_args") -> dict[str, Any]:
             raise InputError(f"{what}: {key!r} is not a keyword name (a Python name, e.g. max_tokens)")
         try:
             text = json.dumps(value, allow_nan=False, sort_keys=True)
+        except RecursionError:
+            raise InputError(
+                f"{what}[{key!r}] nests lists or dicts too deeply to be recorded: give a flatter value, or put it in a "
+                "file the map reads (map_files=, --map-file KEY=PATH)"
+            ) from None
         except (TypeError, ValueError) as exc:
             raise InputError(
                 f"{what}[{key!r}] = {_short(value)} is not a JSON value ({exc}): a map's arguments are recorded so that "
                 "--resume can compare them. Pass text, a number, a bool, or lists and dicts of those (a path the map "
                 "opens rather than the object it makes), or bind the object with functools.partial (recorded by a "
                 "hash of its repr only)"
+            ) from None
+        try:  # the record is UTF-8 JSON: a lone surrogate (command-line bytes that are not UTF-8) has no place there
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError(
+                f"{what}[{key!r}] = {_short(value)} holds text that is not valid Unicode (a lone surrogate: on the "
+                "command line, bytes that are not UTF-8), which the record of the run cannot hold: give UTF-8 text "
+                "(a file with such a name: --map-file KEY=PATH)"
             ) from None
         out[key] = json.loads(text)
     return dict(sorted(out.items()))
@@ -106,18 +148,31 @@ def map_file_digests(files: object) -> dict[str, dict[str, str]]:
         if not isinstance(path, (str, os.PathLike)):
             raise InputError(f"map_files[{key!r}] must be a file path, got {type(path).__name__} {path!r}")
         name = os.fsdecode(path)
-        digest = hashlib.sha256()
         try:
-            with open(name, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(block)
+            sha256 = _sha256_of(name)
         except OSError as exc:
             raise InputError(
                 f"the map file {name} (--map-file {key}={name}, map_files[{key!r}]) cannot be read: "
                 f"{exc.strerror or exc}. Name a file the map reads (a directory: name its files one by one)"
             ) from None
-        out[key] = {"path": name, "sha256": digest.hexdigest()}
+        out[key] = {"path": name, "sha256": sha256}
     return dict(sorted(out.items()))
+
+
+def _sha256_of(name: str) -> str:
+    """The sha256 of the regular file ``name``; anything else is an OSError saying what it is, never read (a FIFO
+    would wait for a writer for ever, ``/dev/zero`` never end)."""
+    digest = hashlib.sha256()
+    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with open(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device), which prepare does not read")
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def map_files_change(old: object, new: object) -> str:
@@ -138,6 +193,32 @@ def map_files_change(old: object, new: object) -> str:
             was, now = (x.get("path") if isinstance(x, dict) else x for x in (a, b))
             said.append(f"the map file map_files[{key!r}] was {was!r}, now {now!r}")
     return "; ".join(said)
+
+
+def map_files_changed_since(record: object) -> str | None:
+    """What changed in the map files since ``record`` (the options' ``map_files`` record, hashed when the run
+    started) as an error message for a run that read them meanwhile, or None when every file is as it was."""
+    if not isinstance(record, dict):
+        return None
+    said = []
+    for key, was in record.items():
+        try:
+            now = _sha256_of(was["path"])
+        except OSError as exc:  # deleted, or made unreadable, during the run
+            said.append(f"{was['path']} (map_files[{key!r}]) cannot be read any more ({exc.strerror or exc})")
+            continue
+        if now != was["sha256"]:
+            said.append(
+                f"{was['path']} (map_files[{key!r}]) changed while prepare ran (sha256 {was['sha256'][:16]}... when "
+                f"it started, {now[:16]}... now)"
+            )
+    if not said:
+        return None
+    return (
+        f"the map file {'; '.join(said)}: the samples may not all come from the file recorded when the run started, "
+        "so nothing was committed and the work staged is discarded (no --resume could tell which do). Keep a map's "
+        "files as they are while prepare runs (give it a copy of a file being edited), then run prepare again"
+    )
 
 
 @dataclass(frozen=True)

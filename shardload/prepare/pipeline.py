@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from shardload.prepare.guards import (
 from shardload.prepare.index import new_manifest, write_index
 from shardload.prepare.ingest import SampleChecker, cast_fields, ingest, unit_key
 from shardload.prepare.jobs import ShardJob, ShardRecord, StagedUnit, record_counts
+from shardload.prepare.mapconfig import map_files_changed_since
 from shardload.prepare.mapping import MappedSamples, check_sendable, map_name
 from shardload.prepare.options import PrepareOptions
 from shardload.prepare.parts import (
@@ -309,6 +311,10 @@ def _run_prepare(
             wd.check_state(state)
             check_inputs(wd, units, [unit_key(k) for k in range(len(units))])
         records = _ingest_all(wd, units, source_options, schema, options, located, pool)
+        changed = map_files_changed_since(options.layout_key().get("map_files"))
+        if changed:  # samples from either version of a file: no resume can tell which, so none is offered
+            shutil.rmtree(wd.work, ignore_errors=True)
+            raise InputError(changed)
         staged = collect_staged(records, schema, wd.staging)
         n = len(staged.lengths)
         if n == 0 and part is None:

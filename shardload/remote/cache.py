@@ -247,6 +247,15 @@ class RemoteSet(CacheSpace):
                     if reason_of(exc) != "missing":
                         raise
 
+    def stored_size(self, shard: int) -> int | None:
+        """The size of shard ``shard``'s object in storage (one ``info()``), or None when storage has none."""
+        rel = self._path(shard).relative_to(self.mirror).as_posix()
+        try:
+            info = self._call("reading a shard's metadata", rel, lambda fs, p: fs.info(p))
+        except FileNotFoundError:
+            return None
+        return int(info.get("size") or 0)
+
     def cached(self, shard: int) -> bool:
         path = self._path(shard)
         return path.is_file() and not path.is_symlink()
@@ -336,7 +345,7 @@ class RemoteSet(CacheSpace):
             f"shard {shard} ({self.shard_url(shard)}) is damaged in storage: its copy in the node cache failed "
             f"the check on first open, and so does a fresh download, which matches the manifest's size and sha256 "
             f"(the manifest was written for, or edited to agree with, the damaged object): {diagnosis(problem)}. Run "
-            f"`shardload verify {self.url}`, and upload the set again (prepare -o URL --overwrite).",
+            f"`shardload verify {self.url}`, and upload the set again (shardload upload SET URL).",
             reason_of(problem),
         )
 
@@ -417,7 +426,7 @@ class RemoteSet(CacheSpace):
                 raise tagged(
                     CorruptShardError,
                     f"shard {shard} ({url}) is missing from storage though the manifest names it: run "
-                    f"`shardload verify {self.url}`, and upload the set again (prepare -o URL).",
+                    f"`shardload verify {self.url}`, and upload the set again (shardload upload SET URL).",
                     "missing",
                 ) from None
             size = part.stat().st_size

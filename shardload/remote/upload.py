@@ -214,7 +214,13 @@ class SetUploader:
 
     # -- the upload -------------------------------------------------------------------------------
     def upload_set(
-        self, local: Path, record: UploadRecord, *, files: list[tuple[str, Path]] | None = None, check: bool = False
+        self,
+        local: Path,
+        record: UploadRecord,
+        *,
+        files: list[tuple[str, Path]] | None = None,
+        check: bool = False,
+        unchanged: Callable[[], None] | None = None,
     ) -> int:
         """Upload the finished set in ``local``, ``manifest.json`` last; return the bytes uploaded.
 
@@ -222,7 +228,8 @@ class SetUploader:
         (not this set's own) is deleted first, its other objects the new one lacks at the end.
         ``files``: the set's files as (object name, path), the manifest last (default: every file in
         ``local`` not hidden). ``check``: compare every object with its file before the manifest is put
-        (:meth:`check_objects`), and the manifest read back with the local one after.
+        (:meth:`check_objects`), and the manifest read back with the local one after. ``unchanged``: called once
+        every other object is put, before the manifest is (it raises if the local files changed meanwhile).
 
         Raises:
             OutputError: with ``check``, an object that does not match its file after its upload.
@@ -246,6 +253,8 @@ class SetUploader:
             # call, retried whole); the rest one by one.
             batches = [shards[i : i + UPLOAD_THREADS] for i in range(0, len(shards), UPLOAD_THREADS)]
             for batch in [*batches, *([t] for t in rest), *manifest]:
+                if unchanged is not None and batch[0][0] == MANIFEST_NAME:
+                    unchanged()
                 if check and batch[0][0] == MANIFEST_NAME:
                     self.check_objects([t for t in files if t[0] != MANIFEST_NAME], record)
                 self.put_many(batch)
@@ -258,6 +267,8 @@ class SetUploader:
                         crash_point(f"upload:{len(record.sizes)}")
         finally:
             bar.close()
+        if unchanged is not None and not manifest:
+            unchanged()
         if check:
             if not manifest:
                 self.check_objects([t for t in files if t[0] != MANIFEST_NAME], record)

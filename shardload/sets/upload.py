@@ -129,7 +129,8 @@ def upload_set(
             )
         replaced = True
     uploader.check_target(objects, resume=True, overwrite=force, expected={name for name, _ in files})
-    _refuse_damaged(root, workers, progress)
+    # The cache directory and the lock before the verification, which takes as long as reading the set: a bad
+    # $SHARDLOAD_CACHE_DIR or a second upload to this URL is said at once.
     record_dir = _record_dir(url)
     lock = OutputLock(
         record_dir / ".lock",
@@ -137,10 +138,18 @@ def upload_set(
     )
     lock.acquire()
     try:
+        before = _identities(files)  # taken before the verification: what is put is what was verified
+        _refuse_damaged(root, workers, progress)
         # A record of this set's objects put to this URL (what a rerun skips where the store's ETag is no MD5:
         # multipart uploads); started afresh when another set is replaced, whose objects it cannot vouch for.
         record = UploadRecord(record_dir / "uploaded.log", root / MANIFEST_NAME, fresh=replaced, by_content=True)
-        uploaded = uploader.upload_set(root, record, files=files, check=True)
+        try:
+            uploaded = uploader.upload_set(
+                root, record, files=files, check=True, unchanged=lambda: _check_unchanged(root, url, files, before)
+            )
+        except FileNotFoundError:  # a local file removed while it was uploaded: said as the change it is
+            _check_unchanged(root, url, files, before)
+            raise
     finally:
         lock.release(remove=False)
     return UploadResult(
@@ -212,6 +221,35 @@ def _refuse_damaged(root: Path, workers: int, progress: bool | None) -> None:
     raise ShardSetError(
         f"{root}: is damaged, nothing was uploaded: {len(report.problems)} problem(s) ({quoted}{more}). Run "
         f"`shardload verify {root}` for the list, and prepare the set again (with --overwrite)"
+    )
+
+
+def _identities(files: list[tuple[str, Path]]) -> list[tuple[int, int, int, int] | None]:
+    """Each file's (device, inode, size, mtime), the manifest's included, or None when it is gone: a file
+    replaced (a ``prepare --overwrite`` commits by renames) or rewritten in place changes it."""
+    out: list[tuple[int, int, int, int] | None] = []
+    for _, path in files:
+        try:
+            st = os.stat(path)
+        except OSError:
+            out.append(None)
+        else:
+            out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    return out
+
+
+def _check_unchanged(root: Path, url: str, files: list[tuple[str, Path]], before: object) -> None:
+    """Refuse to make the objects put a set when the local set changed since it was verified.
+
+    Raises:
+        OutputError: a file of the set was replaced, changed or removed (a prepare into the directory meanwhile).
+    """
+    if _identities(files) == before:
+        return
+    raise OutputError(
+        f"{root}: changed while it was uploaded (its files are not those verified when the upload started: a "
+        f"prepare --overwrite into it meanwhile?), so {redact(url)}/manifest.json was not put and no reader opens "
+        "the objects put as a set. Let whatever writes the directory finish, then run the upload again"
     )
 
 

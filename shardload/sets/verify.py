@@ -318,6 +318,8 @@ class _ShardChecker:
             return [Problem(k, file, _reason(exc), str(exc))], [], 0
         finally:
             self.cache.release(k)
+        if not problems and was_cached:  # a good copy says nothing of the object: is it still in storage?
+            return self._stored(k, file, url), [], read
         if not problems:
             return [], [], read
         if was_cached and not again:
@@ -337,6 +339,25 @@ class _ShardChecker:
             [],
             read,
         )
+
+    def _stored(self, k: int, file: str, url: str) -> list[Problem]:
+        """The problem of shard ``k``'s object in storage (one ``info()``) when its copy in the node cache is good."""
+        assert self.cache is not None
+        size, want = self.cache.stored_size(k), self.manifest.shards[k].bytes
+        if size == want:
+            return []
+        found = (
+            "is missing from storage" if size is None else f"has {size:,} bytes in storage, the manifest says {want:,}"
+        )
+        return [
+            Problem(
+                k,
+                file,
+                "missing" if size is None else "size_mismatch",
+                f"shard {k} ({url}) {found} (its copy in the node cache is good): upload the set again "
+                "(shardload upload SET URL)",
+            )
+        ]
 
     def _check(self, k: int) -> tuple[list[Problem], int]:
         info = self.manifest.shards[k]
