@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import shardload
 from shardload.load.worker_start import MarkStart, await_start, new_board
@@ -79,3 +80,47 @@ def test_a_marked_worker_is_not_waited_for_and_an_idle_unmarked_one_is_stuck() -
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def loader_of(data: Path, workers: int) -> shardload.ShardLoader:
+    options = shardload.LoaderOptions(num_workers=workers, persistent_workers=False, timeout=60)
+    return shardload.make_loader(data, rank=0, world_size=1, stage="val", batch_size=8, loader_options=options)
+
+
+@pytest.mark.parametrize("done", [0, 7])
+def test_workers_replaced_at_the_end_of_a_resumed_epoch_serve_only_its_rest(
+    data: Path, done: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch's new iterator takes prefetch_factor * num_workers keys as it is made: with 3 batches left that runs
+    # the sampler's keys to their end, and a second iterator made then must still start at the resumed batch.
+    reference = loader_of(data, 0)
+    assert len(reference) == 10
+    it = iter(reference)
+    for _ in range(done):
+        next(it)
+    state = reference.state_dict()
+    want = [b["sample_id"].tolist() for b in it]
+
+    import shardload.load.loader as loader_module
+
+    calls: list[int] = []
+
+    def stuck_once(workers: list[object], board: object, **_: object) -> list[object]:
+        calls.append(1)
+        return list(workers[:1]) if len(calls) == 1 else []
+
+    monkeypatch.setattr(loader_module, "await_start", stuck_once)
+    loader = loader_of(data, 2)
+    loader.load_state_dict(state)
+    torch.manual_seed(5)
+    got = [b["sample_id"].tolist() for b in loader]
+    after_retry = torch.random.get_rng_state()
+    assert len(calls) == 2  # the first workers were taken as stuck and replaced
+    assert got == want
+    # the pass leaves torch's random state as a pass whose workers started at once does
+    monkeypatch.setattr(loader_module, "await_start", lambda workers, board, **_: [])
+    loader = loader_of(data, 2)
+    loader.load_state_dict(state)
+    torch.manual_seed(5)
+    assert [b["sample_id"].tolist() for b in loader] == want
+    assert torch.equal(torch.random.get_rng_state(), after_retry)

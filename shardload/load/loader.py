@@ -191,7 +191,12 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         if self.num_workers == 0 or (self.persistent_workers and self._iterator is not None):
             return super().__iter__()  # no workers, or the last pass's, which started
         stuck: list[Any] = []
-        for _ in range(START_ATTEMPTS):
+        # Each try starts the same pass: the sampler's start and the random draw torch's iterator makes
+        mark, rng = self.plan_sampler.pass_mark(), self._rng_state()
+        for attempt in range(START_ATTEMPTS):
+            if attempt:
+                self.plan_sampler.rewind(mark)
+                self._set_rng_state(rng)
             board = new_board(self.num_workers, self.multiprocessing_context)
             user_init = self.worker_init_fn
             self.worker_init_fn = MarkStart(board, user_init)  # read by torch's iterator as it starts the workers
@@ -217,6 +222,16 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             "workers once per run instead of once per pass, and docs/loading.md, 'A worker stuck at its start', "
             "shows how to find the thread."
         )
+
+    def _rng_state(self) -> torch.Tensor:
+        """The state of the generator torch's iterator draws its base seed from (the loader's, else the global)."""
+        return self.generator.get_state() if self.generator is not None else torch.random.get_rng_state()
+
+    def _set_rng_state(self, state: torch.Tensor) -> None:
+        if self.generator is not None:
+            self.generator.set_state(state)
+        else:
+            torch.random.set_rng_state(state)
 
     def _forget_workers(self, it: Any) -> None:
         """After a failure: ``it``'s workers end now, and the next iteration starts new ones.

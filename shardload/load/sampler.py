@@ -174,6 +174,18 @@ class PlanSampler(DistributedSampler):  # type: ignore[type-arg]
         if plan.epoch == self.spec.epoch:
             self.start, self._rest_served = 0, bool(self.history)
 
+    def pass_mark(self) -> tuple[int, bool]:
+        """Where this pass's keys start, for :meth:`rewind` (torch's iterator made again before any batch).
+
+        torch's iterator takes its first keys as it is made; where the pass is short, that runs :meth:`__iter__`'s
+        keys to their end, which starts the next pass at batch 0.
+        """
+        return self.start, self._rest_served
+
+    def rewind(self, mark: tuple[int, bool]) -> None:
+        """Start the keys again where :meth:`pass_mark` said (no batch of the pass has been taken)."""
+        self.start, self._rest_served = mark
+
     def begin_pass(self) -> None:
         """A pass begins at :attr:`start`: count consumed batches from there (after the rest of a resumed epoch: all of it)."""
         if self._rest_served and self.history:
