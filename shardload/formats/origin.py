@@ -45,8 +45,9 @@ OriginKind = Literal["row", "line", "member", "file", "index", "other"]
 _ROW_OR_LINE = re.compile(r"^(?P<file>.*): (?P<kind>row|line) (?P<n>\d+)$", re.S)
 _MEMBER = re.compile(r"^(?P<file>.*): sample (?P<key>'.*'|\".*\")$", re.S)
 _INDEX = re.compile(r"^sample (?P<n>\d+)$")
-#: what the map step adds to a locator (shardload.prepare.mapping): a piece of a split, and the function
-_MAPPED = re.compile(r"^(?P<locator>.*?)(?:, piece \d+ of \d+)? \(mapped by [^()]*\)$", re.S)
+#: what the map step adds to a locator (shardload.prepare.mapping): a piece of a split, and the function (a
+#: factory's name ends in "()": ``tok:make_encoder()``)
+_MAPPED = re.compile(r"^(?P<locator>.*?)(?:, piece \d+ of \d+)? \(mapped by [^()]*(?:\(\))?\)$", re.S)
 
 
 @dataclass(frozen=True)

@@ -247,7 +247,8 @@ class ShardSet:
             IndexError: ``sample_id`` is not in ``[0, len(self))``.
             ShardSetError: the set records no origins (prepared by an older shardload).
         """
-        mapped = "map" in self.manifest.options  # without a map, every record is one sample
+        options = self.manifest.options  # without a map (a function or a factory), every record is one sample
+        mapped = "map" in options or "map_factory" in options
         if self._remote is not None:
             self._remote.fetch_origins(order=mapped)  # on first use only
         parts = [(p.first_sample, p.samples) for p in self.manifest.parts]

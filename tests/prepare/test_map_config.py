@@ -25,7 +25,7 @@ from shardload.errors import InputError, OutputError
 from shardload.prepare.mapconfig import checked_map_args, parse_map_arg
 from shardload.prepare.mapping import load_map
 from shardload.prepare.options import PrepareOptions
-from tests.helpers.order import in_input_order
+from tests.helpers.order import in_input_order, in_origin_order
 
 from .conftest import corpus
 
@@ -116,6 +116,8 @@ def same_pieces(out: Path, d: Path, max_tokens: int) -> None:
     got, want = in_input_order(out), pieces(d, max_tokens)
     assert len(got) == len(want) > 0
     assert all(np.array_equal(g, w) and g.dtype == np.int32 for g, w in zip(got, want, strict=True))
+    # ShardSet.origin alone (record, then piece) gives the same order, whichever way the map was given
+    assert all(np.array_equal(g, w) for g, w in zip(in_origin_order(out), want, strict=True))
 
 
 def test_a_factory_is_called_once_in_each_worker_and_never_in_the_main_process(tmp_path: Path, job: Any) -> None:

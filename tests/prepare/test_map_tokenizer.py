@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 import shardload
 from tests.distributed.watchdog import python, run_with_watchdog
-from tests.helpers.order import in_input_order
+from tests.helpers.order import in_input_order, in_origin_order
 
 from .conftest import corpus
 
@@ -70,17 +70,6 @@ def expected(texts: list[str], tokenizer_file: Path) -> list[np.ndarray]:
         ids = tok.encode(text).ids if text.strip() else []
         out += [np.asarray(ids[i : i + MAX_TOKENS], dtype=np.int32) for i in range(0, len(ids), MAX_TOKENS)]
     return out
-
-
-def in_origin_order(out: Path) -> list[np.ndarray]:
-    """The samples ordered by what ``ShardSet.origin`` says of each: its record, then its piece of it."""
-    ds = shardload.open(out)
-    origins = [ds.origin(i) for i in range(len(ds))]
-    place = {i: (o.file or "", o.position, o.piece) for i, o in enumerate(origins)}
-    # Invariant: the pieces of a record are numbered 0 .. pieces - 1
-    for o in origins:
-        assert o.piece is not None and o.pieces is not None and 0 <= o.piece < o.pieces
-    return [ds[i]["input_ids"] for i in sorted(place, key=place.__getitem__)]
 
 
 def test_tokenize_while_writing(tmp_path: Path, map_dir: Path, tokenizer_file: Path) -> None:
