@@ -230,10 +230,7 @@ class RemoteSet(CacheSpace):
             )
 
     def fetch_origins(self, *, order: bool = False) -> None:
-        """Download ``origins.arrow`` (and, with ``order``, ``origin.npy``) into the mirror on first use.
-
-        A set without one is left as it is (its origins, or their pieces, are then not recorded).
-        """
+        """Download ``origins.arrow`` (and, with ``order``, ``origin.npy``) on first use; a set without one: none."""
         names = [ORIGINS_NAME, *([ORDER_NAME] if order else [])]
         if all((self.mirror / name).is_file() for name in names):
             return
@@ -248,24 +245,23 @@ class RemoteSet(CacheSpace):
                         raise
 
     def stored_size(self, shard: int) -> int | None:
-        """The size of shard ``shard``'s object in storage (one ``info()``), or None when storage has none."""
+        """The size of shard ``shard``'s object in storage (one ``info()``); -1 when storage gives none (HTTP
+        without Content-Length); None when there is no such object."""
         rel = self._path(shard).relative_to(self.mirror).as_posix()
         try:
             info = self._call("reading a shard's metadata", rel, lambda fs, p: fs.info(p))
         except FileNotFoundError:
             return None
-        return int(info.get("size") or 0)
+        return -1 if info.get("size") is None else int(info["size"])
 
     def cached(self, shard: int) -> bool:
         path = self._path(shard)
         return path.is_file() and not path.is_symlink()
 
     def _clear_foreign(self, shard: int) -> None:
-        """Remove what the cache did not write where shard ``shard``'s file belongs (:func:`_mirror.clear_way`).
-
-        A link, a directory where the shard belongs, a file where its folder belongs: cache damage, after which
-        the shard is downloaded again. Nothing outside the mirror is removed, and no link is followed.
-        """
+        """Remove what the cache did not write where shard ``shard``'s file belongs (:func:`_mirror.clear_way`): a
+        link, a directory where the shard belongs, a file where its folder belongs (cache damage, after which the
+        shard is downloaded again). Nothing outside the mirror is removed, and no link is followed."""
         assert self.manifest is not None
         rel = self.manifest.shards[shard].file
         if sound(self.mirror, rel):

@@ -28,7 +28,7 @@ from shardload._base.progress import Progress
 from shardload._base.redact import get_logger
 from shardload.errors import OutputError, OutputExistsError, ShardloadError
 from shardload.formats.manifest import MANIFEST_NAME
-from shardload.formats.origin import ORIGINS_NAME
+from shardload.formats.origin import ORDER_NAME, ORIGINS_NAME
 from shardload.formats.shardtable import SHARD_TABLE_NAME
 from shardload.remote.retry import RetryPolicy, with_retries
 from shardload.remote.url import join_url, normalize_url, open_filesystem
@@ -45,14 +45,16 @@ AT_URL = ""
 UPLOAD_THREADS = 4
 _MD5 = re.compile(r"^[0-9a-f]{32}$")
 _LENGTHS = re.compile(r"^lengths(\.[^/]+)?\.npy$")
+#: the shards of a set merged from parts (shardload merge) stay under their part's folder
+_PART_SHARDS = re.compile(r"^parts/\d+-of-\d+/shards/")
 
 
 def is_owned(name: str) -> bool:
     """Whether ``name`` (relative to a set's root) is an object a shard set owns and an overwrite replaces."""
     return (
-        name in (MANIFEST_NAME, SHARD_TABLE_NAME, "origin.npy", ORIGINS_NAME)
+        name in (MANIFEST_NAME, SHARD_TABLE_NAME, ORDER_NAME, ORIGINS_NAME)
         or name.startswith("shards/")
-        or bool(_LENGTHS.match(name))
+        or bool(_LENGTHS.match(name) or _PART_SHARDS.match(name))
     )
 
 
@@ -182,7 +184,7 @@ class SetUploader:
         """Refuse a URL that holds a set or an unfinished upload (as the options say), or other objects.
 
         With ``resume`` a set there is accepted (an old one not yet replaced, or this run's own). ``expected``:
-        names of the set being uploaded that :func:`is_owned` does not cover (a merged set's ``parts/...``).
+        names of the set being uploaded that :func:`is_owned` does not cover.
 
         Raises:
             OutputExistsError: naming the URL and the option that goes on.

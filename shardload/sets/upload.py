@@ -17,11 +17,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from shardload._base.checks import check_bool, check_scalar
 from shardload._base.output import OutputLock
 from shardload._base.redact import redact
-from shardload.errors import OutputError, OutputExistsError, ShardSetError
+from shardload.errors import InputError, OutputError, OutputExistsError, ShardSetError
 from shardload.formats.manifest import MANIFEST_NAME, Manifest, metadata_files
-from shardload.formats.origin import ORIGINS_NAME
+from shardload.formats.origin import ORDER_NAME, ORIGINS_NAME
 from shardload.remote.options import RemoteOptions
 from shardload.remote.retry import RetryPolicy
 from shardload.remote.upload import SetUploader, UploadRecord
@@ -30,8 +31,6 @@ from shardload.sets.verify import verify
 
 __all__ = ["UploadResult", "set_files", "upload_set"]
 
-#: the per-sample origin index of sets written before ``origins.arrow`` (docs/format.md), uploaded when present
-_OLD_ORIGINS = "origin.npy"
 #: how many of a damaged set's problems the refusal quotes
 _QUOTED = 3
 
@@ -113,6 +112,10 @@ def upload_set(
     UploadResult(path='out', url='s3://bucket/sets/train', shards=7, ..., uploaded_objects=10, ...)
     """
     started = time.perf_counter()
+    force = check_bool("force", force)
+    workers = check_scalar("workers", workers, low=1, high=1024, error=InputError)
+    if progress is not None:
+        progress = check_bool("progress", progress)
     root = _local_set(path)
     url = _writable_url(url, root)
     manifest = Manifest.load(root)  # ManifestError (exit 5): "is not a shard set", with why
@@ -171,7 +174,7 @@ def set_files(root: Path, manifest: Manifest) -> list[tuple[str, Path]]:
     ``manifest.json`` last. Only what a reader of the set opens: other files in the directory stay behind."""
     names = [info.file for info in manifest.shards]
     names += metadata_files(manifest)
-    names += [name for name in (ORIGINS_NAME, _OLD_ORIGINS) if (root / name).is_file()]
+    names += [name for name in (ORIGINS_NAME, ORDER_NAME) if (root / name).is_file()]
     return [*((name, root / name) for name in dict.fromkeys(names)), (MANIFEST_NAME, root / MANIFEST_NAME)]
 
 

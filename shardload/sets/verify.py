@@ -344,7 +344,7 @@ class _ShardChecker:
         """The problem of shard ``k``'s object in storage (one ``info()``) when its copy in the node cache is good."""
         assert self.cache is not None
         size, want = self.cache.stored_size(k), self.manifest.shards[k].bytes
-        if size == want:
+        if size == want or size == -1:  # -1: storage does not say, and the cached copy was checked whole
             return []
         found = (
             "is missing from storage" if size is None else f"has {size:,} bytes in storage, the manifest says {want:,}"

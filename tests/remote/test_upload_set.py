@@ -263,6 +263,28 @@ def test_a_merged_set_is_uploaded_with_its_parts_shards_only(
     assert shardload.upload_set(local, url, storage_options=s3.storage_options, progress=False).uploaded_objects == 0
     assert verify(url, remote=_remote(s3, cache)).ok
     assert_same(batches(url, _remote(s3, cache)), batches(local))
+    # Invariant: forcing another set over it leaves exactly that set's objects (the parts' shards go too)
+    plain = make_set(tmp_path, n=30, shards=2)
+    shardload.upload_set(plain, url, storage_options=s3.storage_options, force=True, progress=False)
+    assert set(_objects(s3, url)) == set(_files(plain))
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("workers", "2", "workers must be an integer"),
+        ("workers", 0, "workers must be >= 1"),
+        ("force", "yes", "force must be True or False"),
+        ("progress", 1, "progress must be True or False"),
+    ],
+)
+def test_misused_options_are_named_before_anything_is_read(
+    s3: S3Server, url: str, tmp_path: Path, option: str, value: object, says: str
+) -> None:
+    local = make_set(tmp_path, n=10, shards=1)
+    with pytest.raises(shardload.ShardloadError, match=says):
+        shardload.upload_set(local, url, storage_options=s3.storage_options, **{option: value})  # type: ignore[arg-type]
+    assert _objects(s3, url) == {}
 
 
 def test_ctrl_c_says_to_run_it_again(s3: S3Server, url: str, tmp_path: Path) -> None:
