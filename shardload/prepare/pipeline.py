@@ -346,7 +346,7 @@ def _run_prepare(
         return dataclasses.replace(
             result_of(wd.out, time.perf_counter() - started, in_bytes, dropped),
             records=read,
-            split=split,
+            split=None if read is None else split,  # counted only where the records were
             field_bytes=staged.field_bytes(schema, len(shard_records)),
             repeated_fields={k: n for k, n in repeated.items() if k in stored},
         )

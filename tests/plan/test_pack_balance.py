@@ -119,7 +119,7 @@ def test_a_mixture_gives_no_rank_more_filler_than_one_batch_a_source(
 
 
 def test_two_corpora_in_natural_order_get_no_extra_batches() -> None:
-    # long documents cut into rows of 512 by a map, then short documents: the friction as a user reported it
+    # long documents cut into rows of 512 by a map, then short documents: the layout that gave one rank 4 filler batches
     lengths = _pieces_then_short(700, seed=5, pack_length=512)
     inputs = PlanInputs(lengths, np.array([300, 400]))
     spec = EpochSpec(world_size=2, stage="val")
