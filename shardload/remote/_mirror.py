@@ -212,7 +212,7 @@ def check_fetched_indexes(incoming: Path, manifest: Manifest, url: str) -> None:
             why = str(exc).replace(f" ({path})", "").replace(f"{path}: ", "").replace("; re-run prepare", "")
             raise ManifestError(
                 f"{join_url(url, rel)}: {why}. The object in storage is damaged (a fresh download): upload the set "
-                "again (prepare -o URL --overwrite)."
+                "again (shardload upload SET URL --force, or prepare -o URL --overwrite)."
             ) from None
 
 

@@ -204,7 +204,7 @@ class RemoteSet(CacheSpace):
                     ShardSetError,
                     f"{join_url(self.url, rel)}: the manifest of {self.url} names {rel}, and storage has no such "
                     "object: the set is incomplete (objects deleted, or copied without it). Upload the set again "
-                    "(prepare -o URL --overwrite).",
+                    "(shardload upload SET URL --force, or prepare -o URL --overwrite).",
                     "missing",
                 ) from None
             os.replace(part, dest)
@@ -439,7 +439,7 @@ class RemoteSet(CacheSpace):
             CorruptShardError,
             f"shard {shard} ({url}) does not match the manifest, twice: it is {found}, the manifest says {want}. "
             f"The object in storage is damaged or was replaced: run `shardload verify {self.url}`, and upload "
-            "the set again (prepare -o URL).",
+            "the set again (shardload upload SET URL, or prepare -o URL).",
             "checksum_mismatch" if hashed else "truncated" if size < info.bytes else "size_mismatch",
         )
 

@@ -473,7 +473,7 @@ def with_retries(
                         else "The storage service rejected the request, and another try would not change its "
                         "answer: check the URL (bucket and prefix), the endpoint (AWS_ENDPOINT_URL, or "
                         "storage_options) and that the service supports the call; if the objects of the set were "
-                        "changed by hand, upload the set again (prepare -o URL --overwrite)."
+                        "changed by hand, upload the set again (shardload upload SET URL --force, or prepare -o URL --overwrite)."
                     ),
                     url,
                 ) from exc
