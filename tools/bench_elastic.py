@@ -33,19 +33,18 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from baseline import REPO, add_baseline_arguments, checked_tree, run_child
 from bench_mix import synthetic_lengths, synthetic_shards
 
 from shardload.plan import Batching, EpochPlanner, EpochSpec, PlanInputs, plan_rank
 from shardload.plan.resume import ResumeInputs
 
-REPO = Path(__file__).resolve().parent.parent
 MODES = {
     "max_tokens=16384, bucketing": Batching(max_tokens=16384, bucketing=True),
     "max_tokens=16384": Batching(max_tokens=16384),
@@ -87,18 +86,6 @@ def row(label: str, got: dict[str, float], library: str | None) -> str:
     return "| " + " | ".join(cells + ([library] if library else [])) + " |"
 
 
-def run_child(args: argparse.Namespace, label: str, tree: Path) -> dict[str, float]:
-    """One batching's figures, measured in a fresh interpreter that imports the library of the checkout at ``tree``."""
-    job = {"samples": args.samples, "old": args.old, "new": args.new, "label": label}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(job)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tree)}, check=False)
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            got: dict[str, float] = json.loads(line[len("RESULT ") :])
-            return got
-    raise SystemExit(f"the measurement with {tree} failed:\n{out.stderr[-3000:]}")
-
-
 def make_inputs(samples: int) -> PlanInputs:
     lengths = synthetic_lengths(samples, 256, seed=0)
     return PlanInputs(lengths, synthetic_shards(samples, seed=10), digest="bench")
@@ -111,14 +98,7 @@ def main() -> None:
     p.add_argument("--to", dest="new", type=int, default=768, help="world size that resumes")
     p.add_argument("--packing", action="store_true", help="also time packed batches (L=4096, R=8)")
     p.add_argument("--packing-only", action="store_true", help="time packed batches (L=4096, R=8) only")
-    p.add_argument(
-        "--baseline-tree",
-        type=Path,
-        help="another shardload checkout (e.g. a git worktree of main): also measure with its library, "
-        "in alternation, and print the after/before ratios",
-    )
-    p.add_argument("--repeat", type=int, default=1, help="runs of each library with --baseline-tree")
-    p.add_argument("--child", help=argparse.SUPPRESS)  # one measurement, as JSON (run by --baseline-tree)
+    add_baseline_arguments(p, measured="measures", repeat_help="runs of each library with --baseline-tree")
     args = p.parse_args()
     if args.child is not None:
         job = json.loads(args.child)
@@ -128,10 +108,7 @@ def main() -> None:
     labels = list(MODES)[:2] if not args.packing_only else []
     if args.packing or args.packing_only:
         labels.append("packing L=4096 R=8")
-    if args.baseline_tree is not None:
-        args.baseline_tree = args.baseline_tree.resolve()
-        if not (args.baseline_tree / "shardload" / "plan").is_dir():
-            p.error("--baseline-tree: give a shardload checkout (with shardload/plan)")
+    args.baseline_tree = checked_tree(p, args.baseline_tree)
     print(
         f"{args.samples:,} samples, {args.old} -> {args.new} ranks, epoch 1, rank 0, stopped halfway "
         f"({os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f})"
@@ -153,7 +130,8 @@ def main() -> None:
         runs: dict[str, list[dict[str, float]]] = {"this checkout": [], "baseline": []}
         for _ in range(args.repeat):  # in alternation: both libraries under the same load
             for name, tree in (("this checkout", REPO), ("baseline", args.baseline_tree)):
-                got = run_child(args, label, tree)
+                job = {"samples": args.samples, "old": args.old, "new": args.new, "label": label}
+                got = run_child(__file__, job, tree)
                 runs[name].append(got)
                 print(row(label, got, name))
         wall = [statistics.median(r["resume_s"] for r in runs[n]) for n in runs]

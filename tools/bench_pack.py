@@ -59,13 +59,12 @@ import argparse
 import itertools
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from baseline import REPO, add_baseline_arguments, checked_tree, run_child
 from bench_plan import synthetic_lengths, synthetic_shards
 from numpy.typing import NDArray
 
@@ -78,7 +77,6 @@ from shardload.plan.strategy import make_batcher
 
 DATASETS = ("long-tailed", "text-like")
 FILLER_DATASETS = ("two-corpora", "text-like", "long-tailed")
-REPO = Path(__file__).resolve().parent.parent
 
 
 def text_like_lengths(num: int, seed: int) -> NDArray[np.int32]:
@@ -300,7 +298,7 @@ def timing_table(args: argparse.Namespace) -> None:
             runs: dict[str, list[dict[str, float]]] = {"this checkout": [], "baseline": []}
             for _ in range(args.repeat):  # in alternation: both libraries under the same load
                 for name, tree in (("this checkout", REPO), ("baseline", args.baseline_tree)):
-                    got = run_child(job, tree)
+                    got = run_child(__file__, job, tree)
                     runs[name].append(got)
                     counts = np.array(got["counts"])
                     print("| " + " | ".join(timing_cells(num, got, int(got["num_batches"]), counts, name)) + " |")
@@ -339,7 +337,7 @@ def load_table(args: argparse.Namespace) -> None:
         runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
         for k in range(args.repeat):  # in alternation: both libraries under the same load
             for name, tree in trees:
-                got = run_child(job, tree)
+                got = run_child(__file__, job, tree)
                 runs[name].append(got)
                 print(
                     f"| {k + 1} | {int(got['batches'])} | {int(got['tokens']):,} | {got['wall_s']:.3f} s "
@@ -410,18 +408,6 @@ def time_planning(job: dict[str, int | str]) -> tuple[EpochPlanner, dict[str, fl
     return planner, got
 
 
-def run_child(job: dict[str, int | str], tree: Path) -> dict[str, float]:
-    """``job``'s figures, measured in a fresh interpreter that imports the library of the checkout at ``tree``."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(job)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            got: dict[str, float] = json.loads(line[len("RESULT ") :])
-            return got
-    raise SystemExit(f"the measurement with {tree} failed:\n{out.stderr[-3000:]}")
-
-
 def child(job: dict[str, int | str]) -> None:
     import shardload
 
@@ -477,24 +463,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true", help="split the planning time (adds a second count pass)")
     parser.add_argument("--quick", action="store_true", help="1M samples, items up to 100k, timing on 1M")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--baseline-tree",
-        type=Path,
-        help="another shardload checkout (e.g. a git worktree of main): the timing table also plans with its "
-        "library, in alternation, and prints the after/before ratios",
+    add_baseline_arguments(
+        parser,
+        measured="the timing table and the load part plan and load",
+        repeat_help="runs of each library with --baseline-tree (and of load)",
     )
-    parser.add_argument("--repeat", type=int, default=1, help="runs of each library with --baseline-tree (and of load)")
-    parser.add_argument("--child", help=argparse.SUPPRESS)  # one measurement, as JSON (run by --baseline-tree)
     args = parser.parse_args(argv)
     if args.child is not None:
         child(json.loads(args.child))
         return
-    if args.baseline_tree is not None:
-        args.baseline_tree = args.baseline_tree.resolve()
-        if not (args.baseline_tree / "shardload" / "plan").is_dir():
-            parser.error("--baseline-tree: give a shardload checkout (with shardload/plan)")
-        if args.profile:
-            parser.error("--profile splits this checkout's planning time: run it without --baseline-tree")
+    args.baseline_tree = checked_tree(parser, args.baseline_tree)
+    if args.baseline_tree is not None and args.profile:
+        parser.error("--profile splits this checkout's planning time: run it without --baseline-tree")
     if args.quick:
         args.samples, args.timing_samples = min(args.samples, 1_000_000), [1_000_000]
         args.items = [n for n in args.items if n <= 100_000] or [10_000]
