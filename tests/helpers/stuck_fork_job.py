@@ -26,10 +26,26 @@ worker_start.START_PATIENCE = 1.0
 loader_module.START_PATIENCE = 1.0
 marks = out.with_suffix(".stuck")
 marks.mkdir()
+places = out.with_suffix(".places")
+places.mkdir()
+
+
+def claim_a_place() -> bool:
+    """Whether this child is one of the first STUCK: children forked together race, so each claims a numbered
+    place with an exclusive create rather than counting the marks already made."""
+    if stuck < 0:
+        return True
+    for place in range(stuck):
+        try:
+            os.close(os.open(places / str(place), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        return True
+    return False
 
 
 def stop_some_children() -> None:
-    if stuck >= 0 and len(list(marks.iterdir())) >= stuck:
+    if not claim_a_place():
         return
     (marks / str(os.getpid())).touch()
     while True:  # asleep, without using the CPU: as a child waiting on an inherited lock
