@@ -90,7 +90,9 @@ class WorkDir:
     def __enter__(self) -> WorkDir:
         out = self.out
         _check_output_path(out)
-        if out.is_dir():  # refused now, nothing is created; checked again under the lock (a race)
+        if not out.is_dir():
+            self._make_out()
+        elif not (out / RETIRED).exists():  # refused now, nothing is created; checked again under the lock (a race)
             try:
                 with output_errors(out, "checking the output directory", started=False):
                     self._check_existing(dry=True)
@@ -98,8 +100,7 @@ class WorkDir:
                 if OutputLock.held_by_another(out / LOCK):  # what is there is a run in progress: say that
                     raise OutputLockedError(_busy_message(out)) from None
                 raise
-        else:
-            self._make_out()
+        # (A finished run's leftover work dir is removed under the lock first, even by a run then refused.)
         try:
             self._take_lock()
             with output_errors(out, "preparing the output directory", started=False):
@@ -188,6 +189,10 @@ class WorkDir:
         With ``dry``, only look; otherwise also replace a work dir with nothing to resume by a fresh one.
         """
         out = self.out
+        if not dry:
+            # A finished run's work dir, left by a stop while it was being removed: it can hold as many bytes as
+            # the set, and no run resumes it. Removed even when this run is then refused.
+            _remove(out / RETIRED)
         has_set = (out / MANIFEST_NAME).exists()
         if self.work.exists() and not _holds_work(self.work) and not dry:
             # A run refused or killed before it staged anything: nothing to resume, nothing to lose.
@@ -210,7 +215,6 @@ class WorkDir:
             )
         if dry:
             return
-        _remove(out / RETIRED)  # a finished run's work dir, if the run stopped while removing it
         if self.overwrite and self.work.exists():
             shutil.rmtree(self.work)
         if self.committing:

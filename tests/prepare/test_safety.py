@@ -181,9 +181,12 @@ def test_killed_while_removing_its_work_dir_leaves_a_whole_set(tmp_path: Path) -
     # The set is complete: only the renamed work dir is left, never a half .prepare taken for an interrupted run
     assert verify(out, progress=False).ok
     assert not (out / ".prepare").exists()
+    assert (out / ".prepare.done").is_dir()
+    # Any later run into OUT clears what the stop left (it can be as big as the set), even one that is refused
     with pytest.raises(shardload.OutputExistsError, match="no interrupted run to resume"):
         shardload.write(synthetic_samples(20, seed=9), out, resume=True, progress=False)
-    # The next run that writes there clears what the stop left
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+    assert verify(out, progress=False).ok
     shardload.write(synthetic_samples(20, seed=9), out, overwrite=True, progress=False)
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
 
