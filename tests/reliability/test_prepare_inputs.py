@@ -463,3 +463,19 @@ def test_resume_with_a_fingerprint_record_of_the_wrong_shape_is_refused(tmp_path
     (out / ".prepare" / "inputs.json").write_text(json.dumps(record))
     with pytest.raises(shardload.OutputError, match="recorded no fingerprint.*--overwrite"):
         shardload.prepare([str(f) for f in files], out, resume=True, progress=False)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("name", ["data.jsonl", "data.json"])
+def test_a_gzipped_jsonl_file_without_gz_in_its_name_is_named_as_gzip(tmp_path: Path, name: str, workers: int) -> None:
+    import gzip
+
+    src = tmp_path / name
+    with gzip.open(src, "wt", compresslevel=1) as fh:
+        fh.writelines(json.dumps({"x": list(range(i % 7 + 1)), "t": str(i) * 50}) + "\n" for i in range(30000))
+    assert src.stat().st_size > 200_000  # read in several byte ranges: whichever fails first says the same
+    with pytest.raises(shardload.InputError, match=r"data\.jsonl?: the file is gzip-compressed .*\.jsonl\.gz"):
+        shardload.prepare(
+            src, tmp_path / "out", source_format="jsonl", workers=workers, unit_bytes=100_000, progress=False
+        )
+    assert not (tmp_path / "out" / "manifest.json").exists()

@@ -32,6 +32,10 @@ from shardload.prepare.sources.jsonl._values import (
 BOM = "\ufeff"
 
 
+#: the first bytes of a gzip stream
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def gzipped(path: str) -> bool:
     """Whether the file at ``path`` is read through gzip (then it is one unit, read line by line)."""
     return path.lower().endswith(".gz")
@@ -81,6 +85,15 @@ def line_cuts(path: str, size: int, unit_bytes: int) -> list[tuple[int, int, int
     return cuts
 
 
+def _gzip_inside(path: str) -> bool:
+    """Whether the file at ``path`` starts as a gzip stream does (asked only of a file that is not valid UTF-8)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+    except OSError:
+        return False
+
+
 def _open(path: str) -> io.BufferedIOBase:
     if gzipped(path):
         return gzip.open(path, "rb")
@@ -113,6 +126,11 @@ def read_lines(
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
+                    if _gzip_inside(path):
+                        raise InputError(
+                            f"{path}: the file is gzip-compressed but its name does not end in .gz; rename it "
+                            "to end in .jsonl.gz (read through gzip) or gunzip it"
+                        ) from None
                     raise InputError(
                         f"{where}: not valid UTF-8 (byte {exc.start + 1} of the line); "
                         "JSON Lines files must be UTF-8: re-encode the file"
