@@ -6,6 +6,7 @@ measured the wrong interval (the step instead of the wait, nothing, or a batch t
 
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from pathlib import Path
@@ -20,7 +21,7 @@ import shardload
 from shardload.integrations.datamodule import ShardDataModule
 from shardload.integrations.loader_stats import LoaderStatsLogger, reduce_over_ranks
 from shardload.load.dataset import ShardBatchDataset
-from shardload.load.stats import LoaderBottleneckWarning, LoaderStats
+from shardload.load.stats import BOTTLENECK_MIN_STEPS, LoaderBottleneckWarning, LoaderStats
 from shardload.plan import Batching
 from shardload.testing import synthetic_samples
 
@@ -263,6 +264,22 @@ def test_a_slow_loader_warns_once_per_run(tmp_path: Path, small_set: Path, slow_
     assert "num_workers" in str(warned[0].message) and "prefetch_factor" in str(warned[0].message)
     data = [m for _, m in logger.logged if "data/wait_fraction" in m]
     assert data and all(m["data/wait_fraction"] > 0.5 for m in data)
+
+
+def test_a_slow_loader_is_not_judged_on_fewer_steps_than_the_least(
+    tmp_path: Path, small_set: Path, slow_batches: None
+) -> None:
+    # 12 steps logged every 6: after the first interval (start-up, not evidence) 6 steps, under BOTTLENECK_MIN_STEPS
+    assert BOTTLENECK_MIN_STEPS > 6
+    logger, warned = fit(tmp_path, small_set, Model(), {"log_every_n_steps": 6, "max_epochs": 1})
+    data = [m for _, m in logger.logged if "data/wait_fraction" in m]
+    assert len(data) == 2 and all(m["data/wait_fraction"] > 0.5 for m in data)  # slow, but too short to say
+    assert warned == []
+    # one more epoch: 12 steps after the first interval, judged together (each interval alone is 6)
+    logger, warned = fit(tmp_path, small_set, Model(), {"log_every_n_steps": 6, "max_epochs": 2})
+    assert len(warned) == 1
+    judged = int(re.search(r"over (\d+) steps", str(warned[0].message)).group(1))  # type: ignore[union-attr]
+    assert judged > 6 and judged >= BOTTLENECK_MIN_STEPS  # (an epoch's first step has no step time of its own)
 
 
 def test_turning_stats_off_logs_nothing_and_adds_no_callback(tmp_path: Path, small_set: Path) -> None:

@@ -1,7 +1,9 @@
 """Warnings a user did not cause and cannot act on, filtered when Lightning sets up a ShardDataModule.
 
-Lightning 2.6 builds ``torch.utils._pytree.LeafSpec`` objects, which torch 2.13 deprecates: every rank of
-every run printed the deprecation once, naming Lightning's own file. Each filter here names the exact
+Lightning 2.6 builds ``torch.utils._pytree.LeafSpec`` objects and gathers through
+``torch.distributed.nn.functional.all_gather``, both of which torch 2.13 deprecates: every rank of every run
+(of every multi-process run, for the gather the loader stats make) printed the deprecation once, naming
+Lightning's own file. Each filter here names the exact
 message, its category and the module that warns, so the same warning from the user's own code, and
 every other warning, still prints. Importing shardload sets no filter: the filters are installed by
 ``ShardDataModule.setup``, which Lightning calls in every rank's process before its loops run.
@@ -16,6 +18,12 @@ __all__ = ["FOREIGN_WARNINGS", "quiet_foreign_warnings"]
 #: (message, category, module that warns), each a regular expression as ``warnings.filterwarnings`` takes them
 FOREIGN_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning, r"lightning\.pytorch\.utilities\._pytree"),
+    # Lightning's all_gather (the loader stats' per-interval gather on every rank of a multi-process run)
+    (
+        r"torch\.distributed\.nn\.functional\.all_gather is deprecated",
+        FutureWarning,
+        r"lightning\.fabric\.utilities\.distributed",
+    ),
 )
 
 

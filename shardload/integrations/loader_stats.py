@@ -6,9 +6,10 @@ logs ``self.log`` values (counted over the run, not the epoch; never on a step t
 the training loader's :class:`~shardload.load.stats.LoaderStats` of the interval, gathers them from every rank (one
 small ``all_gather``: every rank logs at the same step, since every rank has the same number of batches), logs
 the mean and the largest over ranks to each of the trainer's loggers, and starts a new interval. Once per run,
-after the first interval (workers starting, the page cache warming), rank 0 warns
-(:class:`~shardload.load.stats.LoaderBottleneckWarning`) when a rank waited for its batches more than
-:data:`~shardload.load.stats.BOTTLENECK_FRACTION` of its steps. docs/loading.md, "Is the loader the bottleneck?".
+rank 0 warns (:class:`~shardload.load.stats.LoaderBottleneckWarning`) when a rank waited for its batches more
+than :data:`~shardload.load.stats.BOTTLENECK_FRACTION` of its steps since the first interval (workers starting,
+the page cache warming), once those are :data:`~shardload.load.stats.BOTTLENECK_MIN_STEPS` or more.
+docs/loading.md, "Is the loader the bottleneck?".
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class LoaderStatsLogger(pl.Callback):
         self._options = options
         self._intervals = 0
         self._warned = False
+        #: (W, 5) rank 0's sums of every rank's intervals after the first: what the warning judges
+        self._since_first: torch.Tensor | None = None
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -78,7 +81,10 @@ class LoaderStatsLogger(pl.Callback):
         step = logging_step(trainer)
         for logger in trainer.loggers:
             logger.log_metrics(figures, step=step)
-        if self._intervals > 1 and not self._warned:
-            worst = int(gathered[:, 1].div(gathered[:, 2].clamp(min=1e-12)).argmax())
-            s, w, t, r, p = gathered[worst].tolist()
-            self._warned = warn_bottleneck(LoaderStats(int(s), w, t, int(r), int(p)), f"rank {worst}; {self._options}")
+        if self._intervals == 1 or self._warned:
+            return
+        seen = gathered if self._since_first is None else self._since_first + gathered
+        self._since_first = seen
+        worst = int(seen[:, 1].div(seen[:, 2].clamp(min=1e-12)).argmax())
+        s, w, t, r, p = seen[worst].tolist()
+        self._warned = warn_bottleneck(LoaderStats(int(s), w, t, int(r), int(p)), f"rank {worst}; {self._options}")
