@@ -59,6 +59,7 @@ import argparse
 import itertools
 import json
 import os
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -301,16 +302,21 @@ def timing_table(args: argparse.Namespace) -> None:
                     got = run_child(__file__, job, tree)
                     runs[name].append(got)
                     counts = np.array(got["counts"])
-                    print("| " + " | ".join(timing_cells(num, got, int(got["num_batches"]), counts, name)) + " |")
-            medians = {name: {k: median([r[k] for r in rs]) for k in ("total_s", "cpu_s")} for name, rs in runs.items()}
+                    label = f"{name}, peak RSS {got['peak_rss_mib']:,.0f} MiB"
+                    print("| " + " | ".join(timing_cells(num, got, int(got["num_batches"]), counts, label)) + " |")
+            keys = ("total_s", "cpu_s", "peak_rss_mib")
+            medians = {name: {k: median([r[k] for r in rs]) for k in keys} for name, rs in runs.items()}
             for name, m in medians.items():
-                print(f"| {num:,} | | | **{m['total_s']:.2f} s** | {m['cpu_s']:.2f} s | | median, {name} |")
+                print(
+                    f"| {num:,} | | | **{m['total_s']:.2f} s** | {m['cpu_s']:.2f} s | | median, {name}, "
+                    f"peak RSS {m['peak_rss_mib']:,.0f} MiB |"
+                )
             mine, base = medians["this checkout"], medians["baseline"]
-            ratios.append((num, mine["total_s"] / base["total_s"], mine["cpu_s"] / base["cpu_s"]))
-    for num, wall, cpu in ratios:
+            ratios.append((num, *(mine[k] / base[k] for k in keys)))
+    for num, wall, cpu, rss in ratios:
         print(
-            f"\nafter/before ({num:,} samples, medians of {args.repeat} runs each): wall {wall:.2f}, CPU {cpu:.2f} "
-            f"(this checkout over {args.baseline_tree})"
+            f"\nafter/before ({num:,} samples, medians of {args.repeat} runs each): wall {wall:.2f}, CPU {cpu:.2f}, "
+            f"peak RSS {rss:.2f} (this checkout over {args.baseline_tree})"
         )
 
 
@@ -417,7 +423,9 @@ def child(job: dict[str, int | str]) -> None:
     planner, got = time_planning(job)
     library = str(Path(shardload.__file__).resolve().parent.parent)
     counts = planner.rank_batch_counts.tolist()
-    print("RESULT " + json.dumps({**got, "num_batches": planner.num_batches, "counts": counts, "library": library}))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux: the child's own peak, in MiB
+    result = {**got, "num_batches": planner.num_batches, "counts": counts, "library": library, "peak_rss_mib": peak}
+    print("RESULT " + json.dumps(result))
 
 
 def profile_count(planner: EpochPlanner) -> tuple[float, float]:

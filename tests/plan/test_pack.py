@@ -231,8 +231,11 @@ def _best_fit_decreasing(sizes: list[int], capacity: int) -> list[int]:
     st.lists(st.lists(st.integers(0, 200), max_size=80), min_size=1, max_size=5),
     st.integers(1, 200),
     st.sampled_from([1 << 24, 64, 1]),
+    st.sampled_from([1 << 19, 2, 1]),
 )
-def test_rows_are_those_of_textbook_best_fit_decreasing(groups: list[list[int]], capacity: int, table: int) -> None:
+def test_rows_are_those_of_textbook_best_fit_decreasing(
+    groups: list[list[int]], capacity: int, table: int, open_chunk: int
+) -> None:
     import shardload.plan.packing.rows as packrows
 
     sizes = [[min(x, capacity) for x in g] for g in groups]
@@ -241,6 +244,7 @@ def test_rows_are_those_of_textbook_best_fit_decreasing(groups: list[list[int]],
     with pytest.MonkeyPatch.context() as patch:
         # small tables look sizes up by buckets and wake rows early: the rows must not change
         patch.setattr(packrows, "_DENSE_BINS", table)
+        patch.setattr(packrows, "OPEN_CHUNK", open_chunk)  # step 0 in chunks: the same rows as in one go
         _, used, row_seg = pack_segments(flat, seg, len(sizes), capacity)
         rows = count_rows(SizeRuns.of(flat, seg, len(sizes), capacity), len(sizes), capacity)
     for k, group in enumerate(sizes):
@@ -418,9 +422,10 @@ def _best_fit_decreasing_rows(sizes: list[int], capacity: int) -> tuple[list[int
     st.lists(st.lists(st.integers(0, 60), max_size=80), min_size=1, max_size=5),
     st.integers(1, 60),
     st.sampled_from([1 << 24, 64, 1]),
+    st.sampled_from([1 << 19, 2, 1]),
 )
 def test_each_item_goes_to_the_row_textbook_best_fit_gives_it(
-    groups: list[list[int]], capacity: int, table: int
+    groups: list[list[int]], capacity: int, table: int, open_chunk: int
 ) -> None:
     import shardload.plan.packing.rows as packrows
 
@@ -430,6 +435,7 @@ def test_each_item_goes_to_the_row_textbook_best_fit_gives_it(
     seg = np.repeat(np.arange(len(sizes)), [len(g) for g in sizes])[shuffled]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(packrows, "_DENSE_BINS", table)  # small tables: runs found by a sort, sizes by buckets
+        patch.setattr(packrows, "OPEN_CHUNK", open_chunk)  # step 0 in chunks: each item's row as in one go
         row_of, used, row_seg = pack_segments(flat[shuffled], seg, len(sizes), capacity)
     for k in range(len(sizes)):
         expected_rows, expected_used = _best_fit_decreasing_rows(flat[shuffled][seg == k].tolist(), capacity)
