@@ -21,7 +21,7 @@ class Progress:
     work is reading every byte); ``total`` is the expected count, if known.
     ``enabled=None`` shows a tqdm bar if stderr is a terminal; without one, a
     line goes to logger ``log`` every ``every`` seconds and at the end (the
-    names ``shardload.prepare``, ``.verify``, ``.export`` stay when modules
+    names ``shardload.prepare``, ``.verify``, ``.export``, ``.upload`` stay when modules
     move, so that a user can quieten one).
     """
 
@@ -85,6 +85,9 @@ class Progress:
             self._logger.info("%s: %d%s samples, %.0f samples/s, %.1f MB/s", self.desc, self.samples, of, sps, mbps)
         else:
             of = f" of {self.total / 1e6:.0f}" if self.total is not None else ""
+            if not self.samples:  # bytes of files, not of samples (an upload): no samples to give a rate of
+                self._logger.info("%s: %.0f%s MB, %.1f MB/s", self.desc, self.nbytes / 1e6, of, mbps)
+                return
             self._logger.info("%s: %.0f%s MB, %.1f MB/s, %.0f samples/s", self.desc, self.nbytes / 1e6, of, mbps, sps)
 
     def close(self) -> None:

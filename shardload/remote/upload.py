@@ -35,7 +35,7 @@ from shardload.remote.url import join_url, normalize_url, open_filesystem
 
 __all__ = ["AT_URL", "RemoteObject", "SetUploader", "UploadRecord", "is_owned"]
 
-logger = get_logger("shardload.prepare")
+logger = get_logger("shardload.upload")  # (also the upload step of prepare -o URL)
 
 T = TypeVar("T")
 

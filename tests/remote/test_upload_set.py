@@ -227,7 +227,12 @@ def test_cli_upload_then_verify(
     fsspec.get_filesystem_class("s3").clear_instance_cache()
     try:
         assert main(["upload", str(local), url, "--no-progress", "--json"]) == 0
-        result = json.loads(capsys.readouterr().out)
+        captured = capsys.readouterr()
+        result = json.loads(captured.out)
+        # the progress lines are the upload's, in bytes (no samples/s of files that hold no samples)
+        lines = [line for line in captured.err.splitlines() if ": upload: " in line]
+        assert lines and all(line.startswith("shardload.upload: upload: ") for line in lines), captured.err
+        assert not any("samples" in line for line in lines), captured.err
         assert result["url"] == url and result["uploaded_objects"] == result["objects"] > 3
         assert main(["upload", str(local), url, "--no-progress"]) == 0
         out = capsys.readouterr().out
