@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
@@ -178,6 +179,18 @@ def worker_died(procs: Sequence[BaseProcess], out: Path | None, what: str) -> Ou
     )
 
 
+def still_running(p: BaseProcess) -> bool:
+    """Whether ``p`` has not exited, read from its sentinel when its exit code is not known.
+
+    The pool's manager thread joins the workers too: when it reaps one first, ``exitcode`` stays ``None`` here for
+    a while (``waitpid`` finds no child), though the process is gone and its pid may be another's. The sentinel
+    (the read end of a pipe whose write end only the process holds) is ready once it has exited.
+    """
+    if p.exitcode is not None:
+        return False
+    return not multiprocessing.connection.wait([p.sentinel], timeout=0)
+
+
 def end_finished_workers(procs: Sequence[BaseProcess], what: str) -> None:
     """After every result is in: wait :data:`STOP_GRACE` for the workers to exit, then end those still alive.
 
@@ -188,7 +201,7 @@ def end_finished_workers(procs: Sequence[BaseProcess], what: str) -> None:
     deadline = time.monotonic() + STOP_GRACE
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
-    lingering = [p for p in procs if p.exitcode is None]
+    lingering = [p for p in procs if still_running(p)]
     for p in lingering:
         p.kill()
         p.join(1.0)
@@ -218,7 +231,7 @@ def stop_workers(pool: ProcessPoolExecutor, procs: Sequence[BaseProcess]) -> Non
     deadline = time.monotonic() + STOP_GRACE
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
-        if p.exitcode is None:
+        if still_running(p):
             p.kill()
             p.join(1.0)
     if manager is not None:

@@ -403,3 +403,38 @@ def test_the_error_names_a_pid_only_where_it_is_the_first_death(codes: list[int 
     assert ("(pid " in message) == (named is not None), message
     if named is not None:
         assert f"(pid {named})" in message, message
+
+
+def _exit_at_once() -> None:
+    pass
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["finished", "stopped"])
+def test_a_worker_reaped_by_another_thread_is_not_taken_for_one_left_running(
+    caplog: pytest.LogCaptureFixture, stop: bool
+) -> None:
+    import multiprocessing
+
+    from shardload._base import pool as pool_module
+
+    # The pool's manager thread joins the workers too. When it reaps one first, that worker's exitcode stays
+    # None in this thread (waitpid finds no child): the same state as a worker reaped here by hand.
+    p = multiprocessing.get_context("fork").Process(target=_exit_at_once)
+    p.start()
+    os.waitpid(p.pid, 0)
+    assert p.exitcode is None  # the state the race leaves
+    start = time.monotonic()
+    with caplog.at_level("WARNING", logger="shardload"):
+        if stop:
+
+            class Done:  # stop_workers shuts its pool down first
+                def shutdown(self, wait: bool, cancel_futures: bool) -> None:
+                    pass
+
+            pool_module.stop_workers(Done(), [p])  # type: ignore[arg-type]
+        else:
+            pool_module.end_finished_workers([p], "staging the samples")
+    # Invariant: an exited worker is not waited for, not killed (its pid may be another's) and not blamed on a map
+    assert time.monotonic() - start < 2.0
+    assert not [r for r in caplog.records if "still ran" in r.getMessage()]
+    assert not pool_module.still_running(p)
