@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.loggers import Logger
 
 import shardload
+import shardload.load.stats as stats_module
 from shardload.integrations.datamodule import ShardDataModule
 from shardload.integrations.loader_stats import LoaderStatsLogger, reduce_over_ranks
 from shardload.load.dataset import ShardBatchDataset
@@ -257,7 +258,14 @@ def test_the_stats_are_logged_at_the_steps_lightning_logs_at_across_epochs(
     assert own_steps and data_steps == own_steps
 
 
-def test_a_slow_loader_warns_once_per_run(tmp_path: Path, small_set: Path, slow_batches: None) -> None:
+def test_a_slow_loader_warns_once_per_run(
+    tmp_path: Path, small_set: Path, slow_batches: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 24 steps of about 0.02 s: under BOTTLENECK_MIN_SECONDS of steps, a run too short to be judged...
+    logger, warned = fit(tmp_path, small_set, Model())
+    assert warned == []
+    # ...unless the floor is lowered (the same run, judged)
+    monkeypatch.setattr(stats_module, "BOTTLENECK_MIN_SECONDS", 0.0)
     logger, warned = fit(tmp_path, small_set, Model())
     # Invariant: the loader is the bottleneck in every interval, and the run warns once, naming what to change
     assert len(warned) == 1
@@ -267,8 +275,9 @@ def test_a_slow_loader_warns_once_per_run(tmp_path: Path, small_set: Path, slow_
 
 
 def test_a_slow_loader_is_not_judged_on_fewer_steps_than_the_least(
-    tmp_path: Path, small_set: Path, slow_batches: None
+    tmp_path: Path, small_set: Path, slow_batches: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(stats_module, "BOTTLENECK_MIN_SECONDS", 0.0)  # steps alone (seconds: the test above)
     # 12 steps logged every 6: after the first interval (start-up, not evidence) 6 steps, under BOTTLENECK_MIN_STEPS
     assert BOTTLENECK_MIN_STEPS > 6
     logger, warned = fit(tmp_path, small_set, Model(), {"log_every_n_steps": 6, "max_epochs": 1})

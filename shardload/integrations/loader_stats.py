@@ -8,7 +8,8 @@ small ``all_gather``: every rank logs at the same step, since every rank has the
 the mean and the largest over ranks to each of the trainer's loggers, and starts a new interval. Once per run,
 rank 0 warns (:class:`~shardload.load.stats.LoaderBottleneckWarning`) when a rank waited for its batches more
 than :data:`~shardload.load.stats.BOTTLENECK_FRACTION` of its steps since the first interval (workers starting,
-the page cache warming), once those are :data:`~shardload.load.stats.BOTTLENECK_MIN_STEPS` or more.
+the page cache warming), once those are :data:`~shardload.load.stats.BOTTLENECK_MIN_STEPS` steps and
+:data:`~shardload.load.stats.BOTTLENECK_MIN_SECONDS` seconds or more.
 docs/loading.md, "Is the loader the bottleneck?".
 """
 

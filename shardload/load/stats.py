@@ -23,6 +23,7 @@ from shardload.schema.fields import WEIGHT_KEY, Schema, lengths_key
 
 __all__ = [
     "BOTTLENECK_FRACTION",
+    "BOTTLENECK_MIN_SECONDS",
     "BOTTLENECK_MIN_STEPS",
     "LoaderBottleneckWarning",
     "LoaderStats",
@@ -33,8 +34,10 @@ __all__ = [
 
 #: the share of the step spent waiting for the batch above which the loader is called the bottleneck
 BOTTLENECK_FRACTION = 0.2
-#: the fewest steps the share is judged over: a few steps of a smoke run say more about start-up than the loader
+#: the fewest steps, and seconds of steps, the share is judged over: a short run's waits are mostly the workers
+#: starting and each epoch's first batches, which say more about start-up than about the loader
 BOTTLENECK_MIN_STEPS = 8
+BOTTLENECK_MIN_SECONDS = 5.0
 
 
 class LoaderBottleneckWarning(UserWarning):
@@ -179,13 +182,15 @@ class StatsRecorder:
 
 
 def warn_bottleneck(stats: LoaderStats, options: str) -> bool:
-    """Warn (:class:`LoaderBottleneckWarning`) if ``stats``, of :data:`BOTTLENECK_MIN_STEPS` steps or more, waited
-    more than :data:`BOTTLENECK_FRACTION`.
+    """Warn (:class:`LoaderBottleneckWarning`) if ``stats``, of :data:`BOTTLENECK_MIN_STEPS` steps and
+    :data:`BOTTLENECK_MIN_SECONDS` seconds of steps or more, waited more than :data:`BOTTLENECK_FRACTION`.
 
     ``options``: the loader's delivery options as the user would change them (e.g. ``num_workers=0``). Returns
     whether it warned, so that a caller can warn once per run.
     """
-    if stats.steps < max(BOTTLENECK_MIN_STEPS, 1) or stats.wait_fraction <= BOTTLENECK_FRACTION:
+    if stats.steps < max(BOTTLENECK_MIN_STEPS, 1) or stats.step_s < BOTTLENECK_MIN_SECONDS:
+        return False
+    if stats.wait_fraction <= BOTTLENECK_FRACTION:
         return False
     warnings.warn(
         f"the training loop waited for its batches {stats.wait_fraction:.0%} of {stats.step_s:.1f} s over "

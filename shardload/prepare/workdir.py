@@ -92,7 +92,7 @@ class WorkDir:
         _check_output_path(out)
         if not out.is_dir():
             self._make_out()
-        elif not (out / RETIRED).exists():  # refused now, nothing is created; checked again under the lock (a race)
+        elif not _is_retired_work(out / RETIRED):  # refused now, nothing is created; checked again under the lock
             try:
                 with output_errors(out, "checking the output directory", started=False):
                     self._check_existing(dry=True)
@@ -189,10 +189,16 @@ class WorkDir:
         With ``dry``, only look; otherwise also replace a work dir with nothing to resume by a fresh one.
         """
         out = self.out
-        if not dry:
+        if not dry and _is_retired_work(out / RETIRED):
             # A finished run's work dir, left by a stop while it was being removed: it can hold as many bytes as
             # the set, and no run resumes it. Removed even when this run is then refused.
             _remove(out / RETIRED)
+        retired = out / RETIRED  # prepare renames its finished work dir to this name
+        if (retired.exists() or retired.is_symlink()) and not _is_retired_work(retired):
+            raise OutputExistsError(
+                f"{out}: {retired} is not a folder prepare made, and prepare uses that name; move it out of the "
+                "output directory, then run again"
+            )
         has_set = (out / MANIFEST_NAME).exists()
         if self.work.exists() and not _holds_work(self.work) and not dry:
             # A run refused or killed before it staged anything: nothing to resume, nothing to lose.
@@ -475,6 +481,14 @@ def _holds_work(work: Path) -> bool:
         return True
     dirs = [work / d for d in ("staging", "shards", "done") if (work / d).is_dir()]
     return any(p.name != STAGING_MARK for d in dirs for p in d.iterdir())  # the boot mark alone is no work
+
+
+def _is_retired_work(path: Path) -> bool:
+    """Whether ``path`` (``OUT/.prepare.done``) is a work dir a prepare run renamed there: a folder holding the run's
+    record or its staging mark (a user's file or folder of that name is not prepare's to remove)."""
+    if not path.is_dir() or path.is_symlink():
+        return False
+    return (path / "state.json").is_file() or (path / "staging" / STAGING_MARK).is_file()
 
 
 def _looks_like_owned(names: list[str]) -> bool:

@@ -191,6 +191,24 @@ def test_killed_while_removing_its_work_dir_leaves_a_whole_set(tmp_path: Path) -
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
 
 
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_a_users_own_prepare_done_is_never_removed(tmp_path: Path, kind: str) -> None:
+    out = tmp_path / "s"
+    shardload.write(synthetic_samples(20, seed=9), out, progress=False)
+    mine = out / ".prepare.done"
+    if kind == "folder":
+        mine.mkdir()
+        (mine / "thesis.tex").write_text("mine")
+    else:
+        mine.write_text("mine")
+    for options in ({"resume": True}, {"overwrite": True}, {}):
+        # Invariant: prepare removes only the work dir it renamed there (its run record inside), never a user's
+        with pytest.raises(shardload.OutputExistsError, match=r"\.prepare\.done is not a folder prepare made"):
+            shardload.write(synthetic_samples(20, seed=9), out, progress=False, **options)
+        assert (mine / "thesis.tex" if kind == "folder" else mine).read_text() == "mine"
+        assert verify(out, progress=False).ok
+
+
 @pytest.mark.slow
 def test_killed_overwrite_keeps_the_old_set_until_the_commit(tmp_path: Path) -> None:
     out = tmp_path / "s"
