@@ -479,3 +479,24 @@ def test_a_gzipped_jsonl_file_without_gz_in_its_name_is_named_as_gzip(tmp_path: 
             src, tmp_path / "out", source_format="jsonl", workers=workers, unit_bytes=100_000, progress=False
         )
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["bzip2", "xz", "zstd", "gzip twice"])
+def test_a_jsonl_file_compressed_another_way_is_named_with_what_undoes_it(tmp_path: Path, kind: str) -> None:
+    import bz2
+    import gzip
+    import lzma
+
+    text = "".join(json.dumps({"x": list(range(i % 7 + 1))}) + "\n" for i in range(200)).encode()
+    name, data, undo = {
+        "bzip2": ("data.jsonl", bz2.compress(text), "bunzip2 it"),
+        "xz": ("data.jsonl", lzma.compress(text), "unxz it"),
+        "zstd": ("data.jsonl", b"\x28\xb5\x2f\xfd" + bytes(range(200, 256)) * 4, "unzstd it"),  # its magic: enough
+        "gzip twice": ("data.jsonl.gz", gzip.compress(gzip.compress(text)), "gunzip it, then gunzip what that gives"),
+    }[kind]
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(shardload.InputError) as info:
+        shardload.prepare(tmp_path / name, tmp_path / "out", source_format="jsonl", progress=False)
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / name}: the file is") and undo in message, message
+    assert ("twice" in message) == (kind == "gzip twice") and "UTF-8" not in message

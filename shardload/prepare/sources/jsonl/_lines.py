@@ -34,6 +34,13 @@ BOM = "\ufeff"
 
 #: the first bytes of a gzip stream
 GZIP_MAGIC = b"\x1f\x8b"
+#: the first bytes of compressed streams, and the tool that undoes each (a file that is not UTF-8 is looked up here)
+COMPRESSED_MAGIC = (
+    (GZIP_MAGIC, "gzip", "gunzip"),
+    (b"BZh", "bzip2", "bunzip2"),
+    (b"\xfd7zXZ\x00", "xz", "unxz"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+)
 
 
 def gzipped(path: str) -> bool:
@@ -85,13 +92,32 @@ def line_cuts(path: str, size: int, unit_bytes: int) -> list[tuple[int, int, int
     return cuts
 
 
-def _gzip_inside(path: str) -> bool:
-    """Whether the file at ``path`` starts as a gzip stream does (asked only of a file that is not valid UTF-8)."""
+def compressed_hint(path: str) -> str | None:
+    """The message for a file that is not UTF-8 because it is compressed (``None``: its bytes are no known
+    compressed stream). A ``.gz`` file is looked into: gzip read as text gives the stream inside it."""
     try:
-        with open(path, "rb") as fh:
-            return fh.read(len(GZIP_MAGIC)) == GZIP_MAGIC
-    except OSError:
-        return False
+        with _open(path) as fh:
+            head = fh.read(8)
+    except (OSError, EOFError):
+        return None
+    for magic, name, undo in COMPRESSED_MAGIC:
+        if not head.startswith(magic):
+            continue
+        if gzipped(path):
+            return (
+                f"{path}: the file is compressed twice (gzip, then {name} inside it); gunzip it, then {undo} what "
+                "that gives (gzip it again, named .jsonl.gz, to keep it compressed)"
+            )
+        if magic == GZIP_MAGIC:
+            return (
+                f"{path}: the file is gzip-compressed but its name does not end in .gz; rename it to end in .jsonl.gz "
+                "(read through gzip) or gunzip it"
+            )
+        return (
+            f"{path}: the file is {name}-compressed, and JSON Lines are read as plain text or gzip; {undo} it "
+            "(then gzip it, named .jsonl.gz, to keep it compressed)"
+        )
+    return None
 
 
 def _open(path: str) -> io.BufferedIOBase:
@@ -126,11 +152,9 @@ def read_lines(
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    if _gzip_inside(path):
-                        raise InputError(
-                            f"{path}: the file is gzip-compressed but its name does not end in .gz; rename it "
-                            "to end in .jsonl.gz (read through gzip) or gunzip it"
-                        ) from None
+                    hint = compressed_hint(path)
+                    if hint is not None:
+                        raise InputError(hint) from None
                     raise InputError(
                         f"{where}: not valid UTF-8 (byte {exc.start + 1} of the line); "
                         "JSON Lines files must be UTF-8: re-encode the file"
