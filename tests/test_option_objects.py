@@ -115,16 +115,38 @@ def test_every_loader_option_reaches_both_loaders(small_set: Path, field: str) -
     dm.setup("fit")
     from_dm = dm.train_dataloader()
     assert isinstance(from_dm, shardload.ShardLoader)
-    expected: dict[str, Any] = options.dataloader_kwargs()
-    for made in (loader, from_dm):
+    # Invariant: options that leave num_workers unset take each loader's default (make_loader 0, the DataModule 2)
+    # and change nothing else
+    workers = {None: (0, 2)}.get(options.num_workers, (options.num_workers, options.num_workers))
+    for made, default in ((loader, workers[0]), (from_dm, workers[1])):
+        expected: dict[str, Any] = dataclasses.replace(options, num_workers=default).dataloader_kwargs()
         # Invariant: what the DataLoader runs with is what the options say (workers off in debug mode)
         got = {name: getattr(made, name) for name in ("num_workers", "pin_memory", "timeout")}
         assert got == {name: expected[name] for name in got}
         assert made.plan_sampler.debug == options.debug
         assert (made.stats is not None) == options.stats
-        if options.workers:
+        if expected["num_workers"]:
             assert made.prefetch_factor == (options.prefetch_factor or 2)
             assert made.persistent_workers == options.persistent_workers
+
+
+@pytest.mark.parametrize("keyword", [None, 0, 3])
+def test_options_that_leave_num_workers_unset_agree_with_the_keyword_and_the_default(
+    small_set: Path, keyword: int | None
+) -> None:
+    options = shardload.LoaderOptions(stats=False)
+    dm = shardload.ShardDataModule(train=small_set, batch_size=4, loader_options=options, num_workers=keyword)
+    loader = shardload.make_loader(
+        small_set, batch_size=4, loader_options=options, num_workers=keyword, rank=0, world_size=1
+    )
+    # Invariant: stats=False turns the stats off and nothing else; a num_workers keyword beside it is no clash
+    assert dm.loader_options == dataclasses.replace(options, num_workers=2 if keyword is None else keyword)
+    assert loader.num_workers == (0 if keyword is None else keyword) and loader.stats is None
+    # ...while a num_workers given in both places must still agree
+    with pytest.raises(shardload.PlanError, match="num_workers=3 disagrees with loader_options"):
+        shardload.ShardDataModule(
+            train=small_set, batch_size=4, loader_options=shardload.LoaderOptions(num_workers=1), num_workers=3
+        )
 
 
 @pytest.mark.parametrize(

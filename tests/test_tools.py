@@ -178,12 +178,14 @@ def check_pack(out: str, tmp: Path) -> None:
 
 def check_pack_baseline(out: str, tmp: Path) -> None:
     timing = table(out, "| samples | EpochPlanner")
-    libraries = [r[-1] for r in timing]
+    libraries = [r[-2] for r in timing]
     assert libraries == ["this checkout", "baseline"] * 2 + ["median, this checkout", "median, baseline"], timing
-    assert all(number(r[3]) > 0 and number(r[4]) > 0 for r in timing), timing
+    assert all(number(r[3]) > 0 and number(r[4]) > 0 and number(r[-1]) > 10 for r in timing), timing  # MiB of RSS
     assert len({r[5] for r in timing[:4]}) == 1, timing  # the same batch counts with either library
-    ratio = re.search(r"after/before \(10,000 samples, medians of 2 runs each\): wall ([\d.]+), CPU ([\d.]+)", out)
-    assert ratio and float(ratio.group(1)) > 0 and float(ratio.group(2)) > 0, out[-2000:]
+    ratio = re.search(
+        r"after/before \(10,000 samples, medians of 2 runs each\): wall ([\d.]+), CPU ([\d.]+), peak RSS ([\d.]+)", out
+    )
+    assert ratio and all(float(ratio.group(k)) > 0 for k in (1, 2, 3)), out[-2000:]
 
 
 def check_pack_load(out: str, tmp: Path) -> None:

@@ -273,6 +273,8 @@ def timing_table(args: argparse.Namespace) -> None:
     )
     if args.profile:
         header += " rest of construction | size histograms, all ranks | best fit, all ranks |"
+    if args.baseline_tree is not None:  # each run in a child of its own: its peak RSS (the lengths' pages included)
+        header += " peak RSS |"
     print(header)
     print("|---:" * (header.count("|") - 1) + "|")
     ratios = []
@@ -302,14 +304,14 @@ def timing_table(args: argparse.Namespace) -> None:
                     got = run_child(__file__, job, tree)
                     runs[name].append(got)
                     counts = np.array(got["counts"])
-                    label = f"{name}, peak RSS {got['peak_rss_mib']:,.0f} MiB"
-                    print("| " + " | ".join(timing_cells(num, got, int(got["num_batches"]), counts, label)) + " |")
+                    cells = timing_cells(num, got, int(got["num_batches"]), counts, name)
+                    print("| " + " | ".join([*cells, f"{got['peak_rss_mib']:,.0f} MiB"]) + " |")
             keys = ("total_s", "cpu_s", "peak_rss_mib")
             medians = {name: {k: median([r[k] for r in rs]) for k in keys} for name, rs in runs.items()}
             for name, m in medians.items():
                 print(
-                    f"| {num:,} | | | **{m['total_s']:.2f} s** | {m['cpu_s']:.2f} s | | median, {name}, "
-                    f"peak RSS {m['peak_rss_mib']:,.0f} MiB |"
+                    f"| {num:,} | | | **{m['total_s']:.2f} s** | {m['cpu_s']:.2f} s | | median, {name} | "
+                    f"{m['peak_rss_mib']:,.0f} MiB |"
                 )
             mine, base = medians["this checkout"], medians["baseline"]
             ratios.append((num, *(mine[k] / base[k] for k in keys)))

@@ -149,7 +149,13 @@ T = TypeVar("T")
 
 
 def with_shortcuts(
-    given: T | None, cls: type[T], owner: str, *, defaults: Mapping[str, object] | None = None, **shortcuts: object
+    given: T | None,
+    cls: type[T],
+    owner: str,
+    *,
+    defaults: Mapping[str, object] | None = None,
+    open_fields: tuple[str, ...] = (),
+    **shortcuts: object,
 ) -> T:
     """An option object from its keyword ``owner=`` (``given``) and its shortcut keywords, which must agree.
 
@@ -158,7 +164,10 @@ def with_shortcuts(
     :class:`PlanError` (never silently ignored), and one that equals it is
     still checked as that field (``batch_size=True`` beside
     ``Batching(batch_size=1)`` is refused, as alone); so is a ``given`` that is
-    not a ``cls``.
+    not a ``cls``. A field named in ``open_fields`` that the object leaves
+    ``None`` (where that means "the caller's default":
+    ``LoaderOptions.num_workers``) takes the shortcut, else its ``defaults``
+    value.
     """
     passed = {name: value for name, value in shortcuts.items() if value is not None}
     if given is None:
@@ -167,14 +176,19 @@ def with_shortcuts(
         raise PlanError(
             f"{owner} must be a shardload.{cls.__name__}, got {type(given).__name__}: e.g. {owner}={cls.__name__}(...)"
         )
-    clash = [f"{name}={value!r}" for name, value in passed.items() if getattr(given, name) != value]
+    unset = {
+        name for name in open_fields if getattr(given, name) is None and (name in passed or name in (defaults or {}))
+    }
+    clash = [
+        f"{name}={value!r}" for name, value in passed.items() if name not in unset and getattr(given, name) != value
+    ]
     if clash:
         raise PlanError(
             f"{', '.join(clash)} disagrees with {owner}={given!r}: give each option once, in {owner}= or as a keyword"
         )
-    if passed:
-        dataclasses.replace(given, **passed)  # type: ignore[type-var]  # the field's own checks, for their types
-    return given
+    filled = {name: passed.get(name, (defaults or {}).get(name)) for name in unset}
+    checked = dataclasses.replace(given, **{**passed, **filled})  # type: ignore[type-var]  # the fields' own checks
+    return checked if filled else given
 
 
 def unknown_keywords(owner: str, given: Iterable[str], known: Iterable[str], homes: Mapping[str, type]) -> str | None:

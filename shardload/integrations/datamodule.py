@@ -118,6 +118,7 @@ class ShardDataModule(pl.LightningDataModule):
             LoaderOptions,
             "loader_options",
             defaults=self.DEFAULT_LOADER_OPTIONS,
+            open_fields=("num_workers",),
             num_workers=num_workers,
         )
         # Everything that does not need the shard sets is checked now, where the user wrote it.

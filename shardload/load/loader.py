@@ -362,7 +362,9 @@ def make_loader(
     """
     source = as_source("path", path)
     batching = with_shortcuts(batching, Batching, "batching", batch_size=batch_size, max_tokens=max_tokens)
-    options = with_shortcuts(loader_options, LoaderOptions, "loader_options", num_workers=num_workers)
+    options = with_shortcuts(
+        loader_options, LoaderOptions, "loader_options", open_fields=("num_workers",), num_workers=num_workers
+    )
     if (rank is None) != (world_size is None):
         raise PlanError(
             f"give rank and world_size together (got rank={rank!r}, world_size={world_size!r}), "

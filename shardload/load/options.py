@@ -58,7 +58,10 @@ class LoaderOptions:
 
     Attributes:
         num_workers: DataLoader worker processes (``0 .. 1024``); 0 builds
-            batches in the training process.
+            batches in the training process. ``None`` (the default): the
+            default of what the options are given to, 0 for ``make_loader``
+            and 2 for ``ShardDataModule``, so that ``LoaderOptions(stats=False)``
+            changes nothing else and agrees with a ``num_workers=`` keyword.
         pin_memory: Pin batches for faster host-to-device copies; ``None``:
             when CUDA is available.
         prefetch_factor: Batches each worker loads ahead (``None``: torch's
@@ -100,7 +103,7 @@ class LoaderOptions:
         0
     """
 
-    num_workers: int = 0
+    num_workers: int | None = None
     pin_memory: bool | None = None
     prefetch_factor: int | None = None
     persistent_workers: bool = True
@@ -110,18 +113,19 @@ class LoaderOptions:
 
     def __post_init__(self) -> None:
         fixed: dict[str, object] = {
-            "num_workers": check_scalar(
-                "num_workers",
-                self.num_workers,
-                low=0,
-                high=MAX_WORKERS,
-                hint="0 builds batches in the training process",
-            ),
             "persistent_workers": check_bool("persistent_workers", self.persistent_workers),
             "timeout": check_timeout(self.timeout),
             "debug": check_bool("debug", self.debug),
             "stats": check_bool("stats", self.stats),
         }
+        if self.num_workers is not None:
+            fixed["num_workers"] = check_scalar(
+                "num_workers",
+                self.num_workers,
+                low=0,
+                high=MAX_WORKERS,
+                hint="0 builds batches in the training process",
+            )
         if self.pin_memory is not None:
             fixed["pin_memory"] = check_bool("pin_memory", self.pin_memory)
         if self.prefetch_factor is not None:
@@ -133,8 +137,8 @@ class LoaderOptions:
 
     @property
     def workers(self) -> int:
-        """The worker processes the loader starts: ``num_workers``, or 0 in debug mode."""
-        return 0 if self.debug else self.num_workers
+        """The worker processes the loader starts: ``num_workers`` (``None``: 0), or 0 in debug mode."""
+        return 0 if self.debug or self.num_workers is None else self.num_workers
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``torch.utils.data.DataLoader`` these options stand for."""
