@@ -18,18 +18,8 @@ from tests.distributed.watchdog import python, run_with_watchdog
 
 pytestmark = pytest.mark.slow
 
-FIT = """
-    import sys, warnings
-    import lightning.pytorch as pl, torch
-    from lightning.pytorch.utilities._pytree import _tree_flatten
-    from shardload import ShardDataModule
-
-    # control: with the pinned torch and Lightning, Lightning's own code warns (if this stops, drop the filter)
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        _tree_flatten(torch.zeros(1))
-    print("CONTROL", any("LeafSpec" in str(w.message) for w in seen), flush=True)
-
+#: the module both fits train (no braces: it goes into the templates below through format)
+MODEL = """
     class Model(pl.LightningModule):
         def __init__(self):
             super().__init__()
@@ -43,7 +33,21 @@ FIT = """
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
+"""
 
+FIT = """
+    import sys, warnings
+    import lightning.pytorch as pl, torch
+    from lightning.pytorch.utilities._pytree import _tree_flatten
+    from shardload import ShardDataModule
+
+    # control: with the pinned torch and Lightning, Lightning's own code warns (if this stops, drop the filter)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _tree_flatten(torch.zeros(1))
+    print("CONTROL", any("LeafSpec" in str(w.message) for w in seen), flush=True)
+
+{model}
     warnings.filterwarnings("ignore", ".*does not have many workers.*")  # advice to the test's own setup
     dm = ShardDataModule(train={train!r}, val={val!r}, batch_size=4)
     pl.Trainer(
@@ -57,7 +61,7 @@ FIT = """
 def test_a_default_fit_prints_no_lightning_deprecation_of_torch(tmp_path: Path) -> None:
     shardload.write(synthetic_samples(24, seed=1), tmp_path / "train", num_shards=2)
     shardload.write(synthetic_samples(9, seed=2), tmp_path / "val", num_shards=2)
-    code = textwrap.dedent(FIT.format(train=str(tmp_path / "train"), val=str(tmp_path / "val")))
+    code = textwrap.dedent(FIT.format(model=MODEL, train=str(tmp_path / "train"), val=str(tmp_path / "val")))
     res = run_with_watchdog(python("-c", code), timeout=240)
     assert not res.hung and res.returncode == 0, res.tail()
     assert "CONTROL True" in res.output, res.tail()
@@ -74,17 +78,8 @@ DDP_FIT = """
     from lightning.pytorch.loggers import CSVLogger
     from shardload import ShardDataModule
 
-    class Model(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(1, 1)
-
-        def training_step(self, batch, i):
-            return self.layer(batch["features"].float().mean(dim=(1, 2)).unsqueeze(1)).sum()
-
-        def validation_step(self, batch, i):
-            self.log("val", self.layer(batch["features"].float().mean(dim=(1, 2)).unsqueeze(1)).sum(), sync_dist=True)
-
+{model}
+    class Gathering(Model):
         def on_train_end(self):
             # control: with the pinned torch and Lightning, Lightning's gather warns (if this stops, drop the filter)
             with warnings.catch_warnings(record=True) as seen:
@@ -93,16 +88,13 @@ DDP_FIT = """
             warned = any("all_gather is deprecated" in str(w.message) for w in seen)
             open({logs!r} + f"/control-{{self.global_rank}}", "w").write(str(warned))  # (the ranks' prints interleave)
 
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
     warnings.filterwarnings("ignore", ".*does not have many workers.*")  # advice to the test's own setup
     dm = ShardDataModule(train={train!r}, val={val!r}, batch_size=4)
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=CSVLogger({logs!r}, name="", version=0),
         log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )
-    trainer.fit(Model(), dm)
+    trainer.fit(Gathering(), dm)
     open({logs!r} + f"/done-{{trainer.global_rank}}", "w").write("FIT DONE")
 """
 
@@ -114,7 +106,9 @@ def test_a_two_rank_fit_that_logs_the_loader_stats_prints_no_lightning_deprecati
     logs = tmp_path / "logs"
     logs.mkdir()
     script.write_text(
-        textwrap.dedent(DDP_FIT.format(train=str(tmp_path / "train"), val=str(tmp_path / "val"), logs=str(logs)))
+        textwrap.dedent(
+            DDP_FIT.format(model=MODEL, train=str(tmp_path / "train"), val=str(tmp_path / "val"), logs=str(logs))
+        )
     )
     res = run_with_watchdog(python(str(script)), timeout=240)
     assert not res.hung and res.returncode == 0, res.tail()
