@@ -500,3 +500,11 @@ def test_a_jsonl_file_compressed_another_way_is_named_with_what_undoes_it(tmp_pa
     message = str(info.value)
     assert message.startswith(f"{tmp_path / name}: the file is") and undo in message, message
     assert ("twice" in message) == (kind == "gzip twice") and "UTF-8" not in message
+
+
+def test_a_control_character_in_a_json_line_is_named_once_with_its_column(tmp_path: Path) -> None:
+    src = tmp_path / "data.jsonl"
+    src.write_bytes(b'{"x": [1, 2]}\n{"x": [1], "t": "a\x00b"}\n')
+    with pytest.raises(shardload.InputError) as info:
+        shardload.prepare(src, tmp_path / "out", progress=False)
+    assert "line 2: invalid JSON (Invalid control character at column 19)" in str(info.value), str(info.value)

@@ -235,7 +235,8 @@ def _decode_line(text: str, where: str, options: SourceOptions, seen: _Seen) -> 
     try:
         obj, checked = loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); fix or remove the line") from None
+        what = exc.msg.removesuffix(" at")  # ("Invalid control character at": json's own message ends in "at")
+        raise InputError(f"{where}: invalid JSON ({what} at column {exc.colno}); fix or remove the line") from None
     except RecursionError:
         raise InputError(f"{where}: JSON nested too deeply") from None
     except Refused as exc:
