@@ -318,7 +318,7 @@ def _run_prepare(
         staged = collect_staged(records, schema, wd.staging)
         n = len(staged.lengths)
         if n == 0 and part is None:
-            raise InputError("the sources hold no samples; nothing to prepare")
+            raise InputError(f"the sources hold no samples{_read_from(units)}; nothing to prepare")
         # Same options, sources and staged bytes give the same id, so --resume writes the same shards.
         set_id = set_id_of(state, staged.chunk_paths)
         in_bytes = int(staged.sample_bytes.sum())
@@ -350,6 +350,15 @@ def _run_prepare(
             field_bytes=staged.field_bytes(schema, len(shard_records)),
             repeated_fields={k: n for k, n in repeated.items() if k in stored},
         )
+
+
+def _read_from(units: Sequence[SourceUnit]) -> str:
+    """`` (read from FILE, ...)``: the files of ``units``, for a message that they held no samples."""
+    files = list(dict.fromkeys(f for unit in units for f in unit.files()))
+    if not files:
+        return ""
+    more = f" and {len(files) - 3:,} more" if len(files) > 3 else ""
+    return f" (read from {', '.join(files[:3])}{more}: empty, or blank lines only)"
 
 
 def _infer_schema(
@@ -391,7 +400,7 @@ def _infer_schema(
             "on a few records"
         )
     if first is None:
-        raise InputError("the sources hold no samples; nothing to prepare")
+        raise InputError(f"the sources hold no samples{_read_from(units)}; nothing to prepare")
     where, sample = first
     check_dtype_fields(sample, options.dtypes, where)
     sample = cast_fields(sample, options.dtypes, where) if options.dtypes else sample

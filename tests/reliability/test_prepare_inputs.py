@@ -508,3 +508,12 @@ def test_a_control_character_in_a_json_line_is_named_once_with_its_column(tmp_pa
     with pytest.raises(shardload.InputError) as info:
         shardload.prepare(src, tmp_path / "out", progress=False)
     assert "line 2: invalid JSON (Invalid control character at column 19)" in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n  \n"], ids=["empty", "blank lines"])
+def test_sources_with_no_samples_are_named(tmp_path: Path, content: bytes) -> None:
+    for name in ("a.jsonl", "b.jsonl"):
+        (tmp_path / name).write_bytes(content)
+    with pytest.raises(shardload.InputError, match="the sources hold no samples") as info:
+        shardload.prepare([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], tmp_path / "out", progress=False)
+    assert f"read from {tmp_path / 'a.jsonl'}, {tmp_path / 'b.jsonl'}: empty" in str(info.value), str(info.value)
