@@ -189,11 +189,9 @@ class WorkDir:
         With ``dry``, only look; otherwise also replace a work dir with nothing to resume by a fresh one.
         """
         out = self.out
-        if not dry and _is_retired_work(out / RETIRED):
-            # A finished run's work dir, left by a stop while it was being removed: it can hold as many bytes as
-            # the set, and no run resumes it. Removed even when this run is then refused.
-            _remove(out / RETIRED)
-        retired = out / RETIRED  # prepare renames its finished work dir to this name
+        retired = out / RETIRED  # a finished run's work dir, if a stop came while it was removed (up to a set's size)
+        if not dry and _is_retired_work(retired):  # no run resumes it: removed even when this run is then refused
+            _remove(retired)
         if (retired.exists() or retired.is_symlink()) and not _is_retired_work(retired):
             raise OutputExistsError(
                 f"{out}: {retired} is not a folder prepare made, and prepare uses that name; move it out of the "
@@ -486,9 +484,8 @@ def _holds_work(work: Path) -> bool:
 def _is_retired_work(path: Path) -> bool:
     """Whether ``path`` (``OUT/.prepare.done``) is a work dir a prepare run renamed there: a folder holding the run's
     record or its staging mark (a user's file or folder of that name is not prepare's to remove)."""
-    if not path.is_dir() or path.is_symlink():
-        return False
-    return (path / "state.json").is_file() or (path / "staging" / STAGING_MARK).is_file()
+    ours = (path / "state.json").is_file() or (path / "staging" / STAGING_MARK).is_file()
+    return ours and path.is_dir() and not path.is_symlink()
 
 
 def _looks_like_owned(names: list[str]) -> bool:
