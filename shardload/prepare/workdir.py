@@ -11,6 +11,7 @@ Layout while a run is in progress::
     OUT/.prepare/COMMIT      present once the old set (if any) has been removed and the new one is moving in
     OUT/.prepare/OLD_PARTS   present when the set being replaced was merged from parts: OUT/parts/ goes with it
     OUT/.prepare/FAILED      the message of the bad input the run stopped on, if it did (after staging some)
+    OUT/.prepare.done/       the work dir once the set is committed, until removed (a stop then: the next run's)
 
 ``manifest.json`` is moved into ``OUT`` last, so a directory is a valid shard
 set exactly when it has one, and an interrupted run never looks complete (the
@@ -92,7 +93,8 @@ class WorkDir:
         _check_output_path(out)
         if not out.is_dir():
             self._make_out()
-        elif not _is_retired_work(out / RETIRED):  # refused now, nothing is created; checked again under the lock
+        elif not _is_retired_work(out / RETIRED):  # refused now, nothing created; again under the lock (a leftover:
+            # a finished run's work dir goes first, under the lock, even if this run is then refused)
             try:
                 with output_errors(out, "checking the output directory", started=False):
                     self._check_existing(dry=True)
@@ -100,7 +102,6 @@ class WorkDir:
                 if OutputLock.held_by_another(out / LOCK):  # what is there is a run in progress: say that
                     raise OutputLockedError(_busy_message(out)) from None
                 raise
-        # (A finished run's leftover work dir is removed under the lock first, even by a run then refused.)
         try:
             self._take_lock()
             with output_errors(out, "preparing the output directory", started=False):
@@ -190,9 +191,9 @@ class WorkDir:
         """
         out = self.out
         retired = out / RETIRED  # a finished run's work dir, if a stop came while it was removed (up to a set's size)
-        if not dry and _is_retired_work(retired):  # no run resumes it: removed even when this run is then refused
+        if _is_retired_work(retired) and not dry:  # no run resumes it: removed even when this run is then refused
             _remove(retired)
-        if (retired.exists() or retired.is_symlink()) and not _is_retired_work(retired):
+        elif not _is_retired_work(retired) and (retired.exists() or retired.is_symlink()):
             raise OutputExistsError(
                 f"{out}: {retired} is not a folder prepare made, and prepare uses that name; move it out of the "
                 "output directory, then run again"

@@ -98,7 +98,7 @@ def compressed_hint(path: str) -> str | None:
     try:
         with _open(path) as fh:
             head = fh.read(8)
-    except (OSError, EOFError):
+    except (OSError, EOFError, zlib.error):  # (unreadable now: the caller's own message stands)
         return None
     for magic, name, undo in COMPRESSED_MAGIC:
         if not head.startswith(magic):
